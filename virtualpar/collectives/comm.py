@@ -1,0 +1,57 @@
+"""The tiny point-to-point protocol every collective algorithm is written over.
+
+Collective algorithms know nothing of processes, shared memory or meshes: they see a ``Comm``,
+i.e. their own position ``rank`` in a group of ``size`` members and four point-to-point calls
+addressed by group position.  The runtime adapts a device and a mesh group to this protocol; tests
+adapt threads and queues to it.  Messages between a pair of positions are FIFO.
+
+Every byte an algorithm moves goes through ``send``/``isend`` and is therefore counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Comm", "Request", "sendrecv"]
+
+
+@runtime_checkable
+class Request(Protocol):
+    """A pending non-blocking operation; ``wait()`` completes it (an irecv returns its array)."""
+
+    def wait(self) -> Any: ...
+
+
+@runtime_checkable
+class Comm(Protocol):
+    """Point-to-point messaging among ``size`` group members, addressed by position ``0..size-1``.
+
+    ``send`` may return before the peer receives (messages are buffered); ``recv`` blocks until the
+    next message from ``peer`` arrives and returns a new array (or fills ``out`` and returns it).
+    """
+
+    rank: int
+    size: int
+
+    def send(self, x: np.ndarray, peer: int) -> None: ...
+
+    def recv(self, peer: int, out: np.ndarray | None = None) -> np.ndarray: ...
+
+    def isend(self, x: np.ndarray, peer: int) -> Request: ...
+
+    def irecv(self, peer: int, out: np.ndarray | None = None) -> Request: ...
+
+
+def sendrecv(comm: Comm, x: np.ndarray, dst: int, src: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Send ``x`` to ``dst`` while receiving from ``src``; returns the received array.
+
+    Posting the receive first and the send second lets both directions progress at once, so a ring
+    step never deadlocks however large the message.
+    """
+    incoming = comm.irecv(src, out=out)
+    outgoing = comm.isend(x, dst)
+    result = incoming.wait()
+    outgoing.wait()
+    return result

@@ -1,0 +1,146 @@
+"""The exceptions virtualpar raises.
+
+Every error says what was received, what was expected, and where (rank, mesh index, op and its
+sequence number).  All of them pickle: a device raises them in its own process and the driver
+re-raises them, so each carries its details as plain attributes and rebuilds itself from
+``(message, details)``.
+
+Hierarchy::
+
+    VirtualParError
+    ├── MeshError (also ValueError)            bad mesh axes / shapes / names
+    ├── ShardingError (also ValueError)        a tensor that cannot be laid out as asked
+    ├── UsageError (also ValueError)           bad arguments to a device call (root, dst, group, out=)
+    ├── PayloadError (also TypeError)          a payload that is not an array / cannot be pickled
+    ├── DeviceError                            user code raised on a device (remote traceback as cause)
+    ├── DeviceDied                             a device process was killed or exited
+    ├── DeviceAborted                          a device stopped because another one failed (secondary)
+    ├── CollectiveTimeout                      a collective did not complete in time
+    ├── CollectiveMismatch                     devices of a group called different collectives
+    ├── P2PTimeout                             a send or recv did not complete in time
+    ├── UnmatchedMessages                      messages sent and never received
+    ├── NonFiniteError (also FloatingPointError)  NaN/Inf input with check_nan on
+    ├── InjectedFault                          raised by ``cluster.inject(..., action="raise")``
+    └── ClusterClosedError                     use of a cluster after close() or after a fatal failure
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "VirtualParError",
+    "MeshError",
+    "ShardingError",
+    "UsageError",
+    "PayloadError",
+    "DeviceError",
+    "DeviceDied",
+    "DeviceAborted",
+    "CollectiveTimeout",
+    "CollectiveMismatch",
+    "P2PTimeout",
+    "UnmatchedMessages",
+    "NonFiniteError",
+    "InjectedFault",
+    "ClusterClosedError",
+    "RemoteTraceback",
+]
+
+
+def _rebuild(cls: type, message: str, details: dict[str, Any]) -> "VirtualParError":
+    err = cls.__new__(cls)
+    VirtualParError.__init__(err, message, **details)
+    return err
+
+
+class VirtualParError(Exception):
+    """Base class of every virtualpar error.
+
+    ``VirtualParError(message, **details)``: the details become attributes (``err.rank``,
+    ``err.op``, ...), travel with the error between processes and are shown by ``repr``.
+    """
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = dict(details)
+        for key, value in details.items():
+            setattr(self, key, value)
+
+    def __reduce__(self):  # keep details across pickling (Exception pickles only .args)
+        return (_rebuild, (type(self), self.message, self.details))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class MeshError(VirtualParError, ValueError):
+    """A mesh that cannot exist: unknown or duplicate axis names, shapes not matching the device count."""
+
+
+class ShardingError(VirtualParError, ValueError):
+    """A tensor that cannot be sharded as asked (e.g. a dim not divisible by the mesh axis size)."""
+
+
+class UsageError(VirtualParError, ValueError):
+    """A bad argument to a device call: root/dst out of range, unknown group, wrong ``out=`` buffer."""
+
+
+class PayloadError(VirtualParError, TypeError):
+    """A payload of the wrong kind: not an array where one is required, or not picklable."""
+
+
+class DeviceError(VirtualParError):
+    """User code raised on a device.
+
+    Attributes: ``rank``, ``index`` (mesh coordinates), ``op_seq`` (the device's last op number),
+    ``exc_type`` and ``remote_traceback``; the driver sets the remote traceback as ``__cause__``.
+    """
+
+
+class DeviceDied(VirtualParError):
+    """A device process exited or was killed: ``rank``, ``index``, ``exitcode``, ``signal``, ``last_op``."""
+
+
+class DeviceAborted(VirtualParError):
+    """A device gave up its current op because another device failed first (a secondary error)."""
+
+
+class CollectiveTimeout(VirtualParError):
+    """A collective did not complete in time: ``reached`` / ``missing`` ranks, flight records, stacks."""
+
+
+class CollectiveMismatch(VirtualParError):
+    """The devices of a group disagree on the collective call (op, shape, dtype, reduce op, root, dim)."""
+
+
+class P2PTimeout(VirtualParError):
+    """A point-to-point send or recv did not complete in time."""
+
+
+class UnmatchedMessages(VirtualParError):
+    """Messages were sent and never received: ``messages`` lists (src, dst, tag, description)."""
+
+
+class NonFiniteError(VirtualParError, FloatingPointError):
+    """A collective input holds NaN or Inf while ``check_nan`` is on."""
+
+
+class InjectedFault(VirtualParError):
+    """Raised on purpose by fault injection (``cluster.inject(rank, at_op=k, action="raise")``)."""
+
+
+class ClusterClosedError(VirtualParError):
+    """The cluster was closed, or shut down after a fatal failure; it cannot run anything more."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the formatted traceback of an exception raised in another process (as ``__cause__``)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n\n" + self.tb

@@ -1,0 +1,360 @@
+"""Network topologies: a networkx graph of devices and switches whose links carry α (latency) and β⁻¹ (bandwidth).
+
+A message of ``n`` bytes from device ``s`` to device ``d`` follows one route and costs
+
+    T(n) = Σ_{links on the route} latency  +  n / min_{links on the route} bandwidth
+
+i.e. the α–β (Hockney) model with store-and-forward latency and a cut-through bottleneck bandwidth.
+Contention between concurrent messages is not modelled here (the cost model may add it).
+
+Device nodes are the ints ``0..n-1`` (the global rank); every other node is a switch named by a
+string (``"node0-switch"``, ``"core-switch"``).  Graphs are undirected: each link is full duplex with
+the same figures in both directions.  A route is the minimum-total-latency path; ties go to fewer
+hops, then to the lexicographically smallest path (devices before switches, ints by value, strings
+by text) listed from the lower-numbered endpoint; the opposite direction reuses that path reversed,
+so a route and its reverse always have equal cost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from virtualpar.errors import MeshError
+
+__all__ = [
+    "Link",
+    "Route",
+    "Topology",
+    "TOPOLOGIES",
+    "NVLINK_LATENCY",
+    "NVLINK_BANDWIDTH",
+    "INFINIBAND_LATENCY",
+    "INFINIBAND_BANDWIDTH",
+]
+
+# NVLink 4 (H100 SXM, DGX H100): 18 links x 25 GB/s = 450 GB/s per direction per GPU (900 GB/s
+# bidirectional; NVIDIA H100 datasheet).  Through NVSwitch any pair of the 8 GPUs can use the full
+# per-GPU figure, so we use it per device pair.  Small-message GPU-to-GPU latency over NVLink as
+# measured by nccl-tests / OSU on DGX systems is a few microseconds; we take 2 us per hop.
+NVLINK_LATENCY: float = 2e-6
+NVLINK_BANDWIDTH: float = 450e9
+
+# InfiniBand NDR (ConnectX-7 / Quantum-2): 400 Gb/s = 50 GB/s per direction per port.  End-to-end
+# MPI latency across one switch is ~1-5 us; in ``hierarchical`` a cross-node message takes 4 hops
+# (device -> node switch -> core -> node switch -> device), so 1 us per hop gives 4 us end to end.
+INFINIBAND_LATENCY: float = 1e-6
+INFINIBAND_BANDWIDTH: float = 50e9
+
+
+def _check_figures(where: str, latency: float, bandwidth: float) -> tuple[float, float]:
+    """Validate one link's figures: finite latency >= 0 s, bandwidth > 0 B/s (inf allowed)."""
+    try:
+        lat, bw = float(latency), float(bandwidth)
+    except (TypeError, ValueError):
+        raise MeshError(f"{where}: latency and bandwidth must be numbers; got latency={latency!r}, "
+                        f"bandwidth={bandwidth!r}") from None
+    if not (math.isfinite(lat) and lat >= 0.0):
+        raise MeshError(f"{where}: latency must be a finite number of seconds >= 0; got {latency!r}")
+    if not bw > 0.0:  # also rejects NaN
+        raise MeshError(f"{where}: bandwidth must be > 0 bytes/second; got {bandwidth!r}")
+    return lat, bw
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MeshError(f"{name} must be a positive integer; got {value!r}")
+    return value
+
+
+def _is_device(node: Hashable) -> bool:
+    return isinstance(node, int) and not isinstance(node, bool)
+
+
+def _node_key(node: Hashable) -> tuple[int, Any]:
+    """Total order on mixed int/str nodes: devices (by value) before switches (by name)."""
+    return (0, node) if _is_device(node) else (1, node)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One full-duplex link: ``latency`` in seconds, ``bandwidth`` in bytes/second per direction."""
+
+    latency: float
+    bandwidth: float
+
+    def time(self, nbytes: int) -> float:
+        """α + n/β: seconds to push ``nbytes`` across this link alone."""
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Route:
+    """The path a message takes from device ``src`` to device ``dst``.
+
+    ``latency`` = Σ link latencies along ``links``; ``bandwidth`` = min link bandwidth (the
+    bottleneck).  A device's route to itself has no hops, latency 0 and bandwidth inf.
+    """
+
+    src: int
+    dst: int
+    path: tuple[Hashable, ...]
+    links: tuple[tuple[Hashable, Hashable], ...]
+    latency: float
+    bandwidth: float
+
+    @property
+    def hops(self) -> int:
+        return len(self.links)
+
+    def time(self, nbytes: int) -> float:
+        """T(n) = latency + n / bandwidth seconds (0 for a self-route)."""
+        if nbytes < 0:
+            raise MeshError(f"route {self.src}->{self.dst}: nbytes must be >= 0; got {nbytes!r}")
+        return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
+
+
+class Topology:
+    """An immutable network of ``num_devices`` devices (int nodes) and switches (str nodes).
+
+    ``Topology(graph, name=...)`` copies and freezes ``graph`` (an undirected ``networkx.Graph``
+    whose every edge has ``latency`` and ``bandwidth``) and checks that all devices are connected.
+    Equality and hashing are by structure (nodes, edges and their figures), not by name.
+    """
+
+    def __init__(self, graph: nx.Graph, *, name: str | None = None) -> None:
+        if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
+            raise MeshError(f"a topology needs an undirected networkx.Graph; got {type(graph).__name__}")
+        devices = sorted(n for n in graph.nodes if _is_device(n))
+        n = len(devices)
+        if n == 0 or devices != list(range(n)):
+            raise MeshError(f"topology device nodes must be the ints 0..n-1 with n >= 1; got {devices}")
+        others = [v for v in graph.nodes if not _is_device(v)]
+        bad = [v for v in others if not isinstance(v, str)]
+        if bad:
+            raise MeshError(f"topology switch nodes must be strings; got {bad!r}")
+        g = nx.Graph()
+        g.add_nodes_from(devices)
+        g.add_nodes_from(sorted(others))
+        for u, v, data in graph.edges(data=True):
+            if u == v:
+                raise MeshError(f"topology has a self-loop on node {u!r}")
+            if "latency" not in data or "bandwidth" not in data:
+                raise MeshError(f"topology edge ({u!r}, {v!r}) needs 'latency' and 'bandwidth' "
+                                f"attributes; got {sorted(data)}")
+            lat, bw = _check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
+            g.add_edge(u, v, latency=lat, bandwidth=bw)
+        component = nx.node_connected_component(g, 0)
+        missing = [d for d in devices if d not in component]
+        if missing:
+            raise MeshError(f"topology {name or 'graph'} is disconnected: no path between device 0 and "
+                            f"device {missing[0]} (unreachable devices: {missing})")
+        object.__setattr__(self, "_graph", nx.freeze(g))
+        object.__setattr__(self, "_n", n)
+        object.__setattr__(self, "_name", name or f"custom({n})")
+        object.__setattr__(self, "_routes", {})
+        object.__setattr__(self, "_key", None)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"Topology is immutable; cannot set {key!r}")
+
+    # -- pickling: drop the caches, keep the graph and the name -----------------------------------
+    def __reduce__(self):
+        return (_rebuild_topology, (nx.Graph(self._graph), self._name))
+
+    # -- properties -------------------------------------------------------------------------------
+    @property
+    def graph(self) -> nx.Graph:
+        """The frozen graph (modifying it raises ``networkx.NetworkXError``)."""
+        return self._graph
+
+    @property
+    def num_devices(self) -> int:
+        return self._n
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(range(self._n))
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _check_device(self, node: Any, role: str) -> int:
+        if not _is_device(node) or not 0 <= node < self._n:
+            raise MeshError(f"route {role} must be a device 0..{self._n - 1} of topology "
+                            f"{self._name}; got {node!r}")
+        return node
+
+    def link(self, u: Hashable, v: Hashable) -> Link:
+        """The figures of the direct link between nodes ``u`` and ``v``."""
+        if not self._graph.has_edge(u, v):
+            raise MeshError(f"topology {self._name} has no link between {u!r} and {v!r}")
+        data = self._graph.edges[u, v]
+        return Link(data["latency"], data["bandwidth"])
+
+    def route(self, src: int, dst: int) -> Route:
+        """The minimum-latency route from device ``src`` to device ``dst`` (cached, deterministic)."""
+        self._check_device(src, "source")
+        self._check_device(dst, "destination")
+        cached = self._routes.get((src, dst))
+        if cached is not None:
+            return cached
+        if src == dst:
+            route = Route(src, dst, (src,), (), 0.0, math.inf)
+        else:
+            lo, hi = min(src, dst), max(src, dst)
+            path = self._best_path(lo, hi)
+            if src != lo:
+                path = path[::-1]
+            links = tuple(zip(path[:-1], path[1:]))
+            latency = 0.0
+            for u, v in links:  # summed in path order, as the search did, so ties stay exact
+                latency += self._graph.edges[u, v]["latency"]
+            bandwidth = min(self._graph.edges[u, v]["bandwidth"] for u, v in links)
+            route = Route(src, dst, path, links, latency, bandwidth)
+        self._routes[(src, dst)] = route
+        return route
+
+    def _best_path(self, src: int, dst: int) -> tuple[Hashable, ...]:
+        """Dijkstra on the label (latency, hops, path keys): lexicographic, so ties are deterministic."""
+        heap: list[tuple[float, int, tuple, tuple]] = [(0.0, 0, (_node_key(src),), (src,))]
+        settled: set[Hashable] = set()
+        adj = self._graph.adj
+        while heap:
+            lat, hops, keys, path = heapq.heappop(heap)
+            node = path[-1]
+            if node in settled:
+                continue
+            settled.add(node)
+            if node == dst:
+                return path
+            for nbr, data in adj[node].items():
+                if nbr not in settled:
+                    heapq.heappush(heap, (lat + data["latency"], hops + 1,
+                                          keys + (_node_key(nbr),), path + (nbr,)))
+        raise MeshError(f"topology {self._name} has no path between device {src} and device {dst}")
+
+    # -- value semantics ----------------------------------------------------------------------------
+    def _structure(self) -> tuple:
+        if self._key is None:
+            edges = []
+            for u, v, d in self._graph.edges(data=True):
+                a, b = sorted((_node_key(u), _node_key(v)))
+                edges.append((a, b, d["latency"], d["bandwidth"]))
+            switches = tuple(sorted(v for v in self._graph.nodes if not _is_device(v)))
+            object.__setattr__(self, "_key", (self._n, switches, tuple(sorted(edges))))
+        return self._key
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return self is other or self._structure() == other._structure()
+
+    def __hash__(self) -> int:
+        return hash(self._structure())
+
+    def __repr__(self) -> str:
+        return f"Topology<{self._name}: {self._n} devices, {self._graph.number_of_edges()} links>"
+
+    # -- presets ------------------------------------------------------------------------------------
+    @classmethod
+    def fully_connected(cls, n: int, latency: float = NVLINK_LATENCY,
+                        bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
+        """A direct link between every pair of ``n`` devices (one NVSwitch node): every route is 1 hop."""
+        _positive("fully_connected: n", n)
+        lat, bw = _check_figures("fully_connected", latency, bandwidth)
+        g = nx.complete_graph(n)
+        nx.set_edge_attributes(g, lat, "latency")
+        nx.set_edge_attributes(g, bw, "bandwidth")
+        return cls(g, name=f"fully_connected({n})")
+
+    @classmethod
+    def ring(cls, n: int, latency: float = NVLINK_LATENCY, bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
+        """A bidirectional ring i -- (i+1) mod n; route i->j takes min(|i-j|, n-|i-j|) hops.
+
+        n=1 has no links; n=2 has a single link (not two parallel ones).
+        """
+        _positive("ring: n", n)
+        lat, bw = _check_figures("ring", latency, bandwidth)
+        g = nx.Graph()
+        g.add_nodes_from(range(n))
+        for i in range(n):
+            j = (i + 1) % n
+            if i != j:  # n=2 adds (0,1) twice; nx.Graph keeps one edge
+                g.add_edge(i, j, latency=lat, bandwidth=bw)
+        return cls(g, name=f"ring({n})")
+
+    @classmethod
+    def torus2d(cls, rows: int, cols: int, latency: float = NVLINK_LATENCY,
+                bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
+        """A rows x cols torus (TPU-style ICI): device r sits at (r // cols, r % cols) with wrap-around links.
+
+        Hops between (a, b) and (c, d): min(|a-c|, rows-|a-c|) + min(|b-d|, cols-|b-d|).  A dimension
+        of size 1 has no links and one of size 2 has a single link per pair (no self-loops, no
+        doubled edges; the doubled bandwidth of a real size-2 wrap is not modelled).
+        """
+        _positive("torus2d: rows", rows)
+        _positive("torus2d: cols", cols)
+        lat, bw = _check_figures("torus2d", latency, bandwidth)
+        g = nx.Graph()
+        g.add_nodes_from(range(rows * cols))
+        for r in range(rows):
+            for c in range(cols):
+                me = r * cols + c
+                for nbr in (r * cols + (c + 1) % cols, ((r + 1) % rows) * cols + c):
+                    if nbr != me:
+                        g.add_edge(me, nbr, latency=lat, bandwidth=bw)
+        return cls(g, name=f"torus2d({rows}x{cols})")
+
+    @classmethod
+    def hierarchical(cls, nodes: int, devices_per_node: int,
+                     intra_latency: float = NVLINK_LATENCY, intra_bandwidth: float = NVLINK_BANDWIDTH,
+                     inter_latency: float = INFINIBAND_LATENCY,
+                     inter_bandwidth: float = INFINIBAND_BANDWIDTH) -> Topology:
+        """``nodes`` machines of ``devices_per_node`` GPUs: NVLink inside, a two-level network between.
+
+        Device r lives in node ``r // devices_per_node``.  Inside a node every pair has a direct
+        intra link.  Each device also has an inter link to ``"node{i}-switch"`` (its NIC / leaf
+        switch), and every node switch has an inter link to ``"core-switch"``.  So::
+
+            same node:   r -> s                                        1 hop,  α_intra, β_intra
+            cross node:  r -> node{i}-switch -> core-switch -> node{j}-switch -> s
+                                                                       4 hops, 4·α_inter, β_inter
+
+        (with the minimum-latency rule a same-node route goes through the switch only if
+        2·α_inter < α_intra).
+        """
+        _positive("hierarchical: nodes", nodes)
+        _positive("hierarchical: devices_per_node", devices_per_node)
+        ia, ib = _check_figures("hierarchical intra", intra_latency, intra_bandwidth)
+        ea, eb = _check_figures("hierarchical inter", inter_latency, inter_bandwidth)
+        g = nx.Graph()
+        g.add_nodes_from(range(nodes * devices_per_node))
+        for i in range(nodes):
+            members = range(i * devices_per_node, (i + 1) * devices_per_node)
+            for a in members:
+                for b in members:
+                    if a < b:
+                        g.add_edge(a, b, latency=ia, bandwidth=ib)
+                g.add_edge(a, f"node{i}-switch", latency=ea, bandwidth=eb)
+            g.add_edge(f"node{i}-switch", "core-switch", latency=ea, bandwidth=eb)
+        return cls(g, name=f"hierarchical({nodes}x{devices_per_node})")
+
+
+def _rebuild_topology(graph: nx.Graph, name: str) -> Topology:
+    return Topology(graph, name=name)
+
+
+#: Preset builders by name; ``TOPOLOGIES["ring"](8)``.  Unknown names raise ``KeyError`` (plain dict).
+TOPOLOGIES: dict[str, Callable[..., Topology]] = {
+    "fully_connected": Topology.fully_connected,
+    "ring": Topology.ring,
+    "torus2d": Topology.torus2d,
+    "hierarchical": Topology.hierarchical,
+}

@@ -1,0 +1,235 @@
+"""One collective call on one device: validate, check the contract, run the algorithm.
+
+The contract check is what turns the classic silent hang into an error.  Before any data moves,
+every device of the group sends a *fingerprint* of its call (op, group, sequence number, shape,
+dtype, reduce op, root, dim, algorithm) to the group's leader (position 0), which compares them
+and answers every member with a verdict: ``None`` if they agree, else every fingerprint, so that
+every device raises the same ``CollectiveMismatch`` naming each device's call and what differs.
+Cost: 2(n−1) small control messages per collective (not counted as data, no modelled time);
+``VirtualCluster(check_collectives=False)`` skips it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..collectives import ALGORITHMS, DEFAULT_ALGORITHMS
+from ..collectives.ops import check_op
+from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
+from .config import TAG_COLLECTIVE, TAG_FINGERPRINT, TAG_VERDICT
+from .recorder import format_records
+from .requests import Request
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .device import VirtualDevice
+
+__all__ = ["CollectiveSpec", "GroupComm", "run_collective"]
+
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+_ROOT_ONLY_INPUT = ("broadcast", "scatter")  # x is read on the root only
+_DIM_MASKED = ("all_gather", "gather")  # pieces may differ in size along dim
+
+
+@dataclass
+class CollectiveSpec:
+    """A validated collective call: what runs, on which group, with which parameters."""
+
+    name: str
+    x: Any
+    axes: tuple[str, ...]
+    ranks: tuple[int, ...]
+    position: int
+    algorithm: str
+    params: dict[str, Any]
+    group_desc: str
+    fingerprint: tuple[str, str, tuple] = field(default=("", "", ()))
+
+    @classmethod
+    def build(cls, dev: "VirtualDevice", name: str, x: Any, axes: tuple[str, ...], ranks: tuple[int, ...], algorithm: str | None, params: dict[str, Any]) -> "CollectiveSpec":
+        n = len(ranks)
+        pos = ranks.index(dev.rank)
+        gdesc = dev.mesh.describe_group(axes, ranks)
+        where = f"{dev.name}: {name} on group {gdesc}"
+        choices = ALGORITHMS[name]
+        algo = DEFAULT_ALGORITHMS[name] if algorithm is None else algorithm
+        if algo not in choices:
+            raise UsageError(f"{where}: unknown algorithm {algo!r}; choose one of {sorted(choices)}")
+        if "root" in params:
+            root = params["root"]
+            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < n:
+                raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, 0..{n - 1}")
+            params["root"] = int(root)
+        reads_x = name != "barrier" and not (name in _ROOT_ONLY_INPUT and pos != params.get("root"))
+        if reads_x:
+            if not isinstance(x, np.ndarray):
+                raise PayloadError(f"{where}: needs a numpy array, got {type(x).__name__}")
+            if x.dtype.hasobject or x.dtype.names is not None:
+                raise PayloadError(f"{where}: cannot move arrays of dtype {x.dtype} as raw bytes; use send() for objects")
+            for key in ("dim", "split_dim", "concat_dim"):
+                if key in params:
+                    params[key] = _normalize_dim(where, key, params[key], x.ndim)
+            if "op" in params:
+                check_op(params["op"], x.dtype)
+        elif name != "barrier":
+            x = None
+        if "op" in params and not isinstance(params["op"], str):
+            raise UsageError(f"{where}: op must be a name such as 'sum', got {params['op']!r}")
+        spec = cls(name, x, axes, ranks, pos, algo, params, gdesc)
+        spec.fingerprint = _fingerprint(name, x, algo, params)
+        return spec
+
+
+def _normalize_dim(where: str, key: str, dim: Any, ndim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise UsageError(f"{where}: {key} must be an int, got {dim!r}")
+    if ndim == 0 or not -ndim <= dim < ndim:
+        raise UsageError(f"{where}: {key}={dim} is out of range for an array of shape with {ndim} dims")
+    return int(dim) % ndim
+
+
+def _fingerprint(name: str, x: Any, algo: str, params: dict[str, Any]) -> tuple[str, str, tuple]:
+    """(op, readable description, comparable key) of one call."""
+    parts = []
+    shape = dtype = None
+    if isinstance(x, np.ndarray):
+        shape, dtype = tuple(x.shape), str(x.dtype)
+        parts += [f"shape={shape}", dtype]
+    parts += [f"{k}={v}" for k, v in params.items()]
+    parts.append(f"algorithm={algo}")
+    key_shape: Any = shape
+    if shape is not None and name in _DIM_MASKED:
+        key_shape = tuple("*" if i == params["dim"] else s for i, s in enumerate(shape))
+    key = (("shape", key_shape), ("dtype", dtype), *sorted(params.items()), ("algorithm", algo))
+    return name, f"{name}({', '.join(parts)})", key
+
+
+def _differences(fps: list[tuple[str, str, tuple]], name: str) -> list[str]:
+    fields: dict[str, set] = {"collective": {fp[0] for fp in fps}}
+    for fp in fps:
+        for k, v in fp[2]:
+            if v is None and name in _ROOT_ONLY_INPUT and k in ("shape", "dtype"):
+                continue  # non-roots of broadcast/scatter have no input to compare
+            fields.setdefault(k, set()).add(repr(v))
+    return [k for k, vals in fields.items() if len(vals) > 1]
+
+
+class GroupComm:
+    """Adapts one device and one mesh group to the ``Comm`` protocol the algorithms use."""
+
+    def __init__(self, dev: "VirtualDevice", spec: CollectiveSpec, deadline: float, on_timeout: Any) -> None:
+        self.rank = spec.position
+        self.size = len(spec.ranks)
+        self._dev = dev
+        self._ranks = spec.ranks
+        self._deadline = deadline
+        self._on_timeout = on_timeout
+
+    def isend(self, x: np.ndarray, peer: int) -> Request:
+        dst = self._ranks[peer]
+        inner, flow = self._dev._post_send(x, dst, TAG_COLLECTIVE)
+        return Request(self._dev, inner, "send", dst, TAG_COLLECTIVE, self._deadline, self._on_timeout, None, flow)
+
+    def irecv(self, peer: int, out: np.ndarray | None = None) -> Request:
+        src = self._ranks[peer]
+        inner = self._dev._endpoint.irecv(src, TAG_COLLECTIVE, out)
+        return Request(self._dev, inner, "recv", src, TAG_COLLECTIVE, self._deadline, self._on_timeout)
+
+    def send(self, x: np.ndarray, peer: int) -> None:
+        self.isend(x, peer).wait()
+
+    def recv(self, peer: int, out: np.ndarray | None = None) -> np.ndarray:
+        return self.irecv(peer, out).wait()
+
+
+def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, timeout: float) -> Any:
+    """Count, record, check and run one collective on this device."""
+    seq = dev._group_seq[spec.ranks] = dev._group_seq.get(spec.ranks, 0) + 1
+    label = f"{spec.name} #{seq} on {spec.group_desc}"
+    wall0, model0 = time.monotonic(), dev.clock
+    bytes0 = int(dev._endpoint._bytes_row.sum())
+    slot = dev._begin_op(f"{label}: {spec.fingerprint[1]}")
+    deadline = time.monotonic() + timeout
+    on_timeout = _timeout_builder(dev, spec, seq, label, timeout)
+    try:
+        if dev.config.check_nan and isinstance(spec.x, np.ndarray) and spec.x.dtype.kind in "fc":
+            _check_finite(dev, spec, label)
+        if dev.config.check_collectives and len(spec.ranks) > 1:
+            _check_contract(dev, spec, seq, label, deadline, on_timeout)
+        comm = GroupComm(dev, spec, deadline, on_timeout)
+        algorithm = ALGORITHMS[spec.name][spec.algorithm]
+        result = algorithm(comm) if spec.name == "barrier" else algorithm(comm, spec.x, **spec.params)
+    except BaseException:
+        dev._recorder.finish(slot, dev.clock, failed=True)
+        raise
+    dev._recorder.finish(slot, dev.clock)
+    nbytes = int(dev._endpoint._bytes_row.sum()) - bytes0
+    dev._event("collective", spec.name, wall0, model0, dev.clock, nbytes=nbytes, group=spec.ranks,
+               shape=tuple(spec.x.shape) if isinstance(spec.x, np.ndarray) else None,
+               dtype=str(spec.x.dtype) if isinstance(spec.x, np.ndarray) else None,
+               args=(("algorithm", spec.algorithm), ("group_seq", seq)))
+    return result
+
+
+def _check_finite(dev: "VirtualDevice", spec: CollectiveSpec, label: str) -> None:
+    x = spec.x
+    if not np.isfinite(x).all():
+        nan = int(np.isnan(x).sum())
+        inf = int(np.isinf(x).sum())
+        raise NonFiniteError(
+            f"{dev.name}: input to {label} holds {nan} NaN and {inf} Inf values (op #{dev.op_seq}); "
+            "check_nan is on", rank=dev.rank, index=str(dev.index), op=spec.name, op_seq=dev.op_seq,
+        )
+
+
+def _check_contract(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, label: str, deadline: float, on_timeout: Any) -> None:
+    ep = dev._endpoint
+    leader = spec.ranks[0]
+    mine = (dev.rank, spec.fingerprint)
+    if dev.rank == leader:
+        reqs = [(r, ep.irecv(r, TAG_FINGERPRINT)) for r in spec.ranks[1:]]
+        fps = [mine] + [(r, req.wait(deadline - time.monotonic(), on_timeout)[1]) for r, req in reqs]
+        verdict = fps if _differences([fp for _, fp in fps], spec.name) else None
+        for r in spec.ranks[1:]:
+            ep.isend(verdict, r, TAG_VERDICT, control=True)
+    else:
+        ep.isend(mine, leader, TAG_FINGERPRINT, control=True)
+        verdict = ep.irecv(leader, TAG_VERDICT).wait(deadline - time.monotonic(), on_timeout)
+    if verdict is not None:
+        differs = _differences([fp for _, fp in verdict], spec.name)
+        calls = "; ".join(f"device {r} {dev.mesh.index(r)} called {fp[1]}" for r, fp in verdict)
+        records = {r: dev._recorders[r].records() for r in spec.ranks}
+        raise CollectiveMismatch(
+            f"collective #{seq} on group {spec.group_desc}: {calls}\n  differs in: {', '.join(differs)}"
+            f"\n  (seen by {dev.name}, op #{dev.op_seq})",
+            rank=dev.rank, group=spec.ranks, seq=seq, differs=differs, calls={r: fp[1] for r, fp in verdict},
+            flight_records=records,
+        )
+
+
+def _timeout_builder(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, label: str, timeout: float):
+    key = f" #{seq} on {spec.group_desc}:"
+
+    def build() -> CollectiveTimeout:
+        records = {r: dev._recorders[r].records() for r in spec.ranks}
+        reached = [r for r in spec.ranks if any(key in rec.text for rec in records[r])]
+        missing = [r for r in spec.ranks if r not in reached]
+        lines = [
+            f"{label} did not complete within {timeout:g} s on {dev.name} (op #{dev.op_seq}).",
+            f"  reached: {_ranks(reached)}; missing: {_ranks(missing) or 'none (stuck inside the collective)'}",
+        ]
+        for r in missing or [r for r in spec.ranks if r != dev.rank]:
+            lines.append(f"  device {r} {dev.mesh.index(r)} last ops:\n{format_records(records[r], 4)}")
+        return CollectiveTimeout(
+            "\n".join(lines), rank=dev.rank, index=str(dev.index), op=spec.name, group=spec.ranks, seq=seq,
+            op_seq=dev.op_seq, reached=reached, missing=missing, flight_records=records,
+        )
+
+    return build
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(f"device {r}" for r in ranks)

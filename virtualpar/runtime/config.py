@@ -1,0 +1,35 @@
+"""Settings shared by the driver and every device of one cluster, and the runtime's reserved tags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ClusterConfig", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
+
+# User tags are >= 0; the runtime's own traffic uses negative tags so it can never be confused
+# with (or steal) a user's message.
+TAG_FINGERPRINT = -1  # a device's description of the collective it is entering, to the group leader
+TAG_VERDICT = -2  # the leader's answer: None if every device agrees, else every fingerprint
+TAG_COLLECTIVE = -3  # the data of collective algorithms
+TAG_HOST = -4  # arrays placed on / fetched from devices by the driver
+
+FAULT_ACTIONS = ("raise", "kill", "hang", "exit", "delay")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What every device needs to know besides the mesh.
+
+    ``timeout``: seconds any single blocking op (send, recv, collective) may wait before it raises.
+    ``check_collectives``: compare a fingerprint of every collective call across its group first.
+    ``check_nan``: raise on a collective whose input holds NaN or Inf.
+    ``trace``: record events for ``cluster.trace()``; ``max_events`` caps them per device.
+    ``t0``: the driver's ``time.monotonic()`` at start-up; wall times in traces are relative to it.
+    """
+
+    timeout: float = 60.0
+    check_collectives: bool = True
+    check_nan: bool = False
+    trace: bool = True
+    max_events: int = 200_000
+    t0: float = 0.0

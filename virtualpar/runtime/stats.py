@@ -1,0 +1,53 @@
+"""Traffic counters of a cluster: bytes and messages per device pair, host traffic apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["TrafficStats"]
+
+
+@dataclass(frozen=True)
+class TrafficStats:
+    """A snapshot of what moved since start-up (or the last ``reset_stats()``).
+
+    ``bytes[s, d]`` / ``messages[s, d]``: payload bytes and messages device s sent to device d.
+    ``host_to_device[d]`` / ``device_to_host[s]``: bytes between the driver and the devices.
+    ``control_bytes``: the runtime's own small messages (collective contract checks), not data.
+    """
+
+    bytes: np.ndarray
+    messages: np.ndarray
+    host_to_device: np.ndarray
+    device_to_host: np.ndarray
+    control_bytes: int
+
+    @classmethod
+    def from_counters(cls, counters: np.ndarray, n: int) -> "TrafficStats":
+        data, msgs, ctrl = counters
+        return cls(
+            bytes=data[:n, :n].copy(), messages=msgs[:n, :n].copy(),
+            host_to_device=data[n, :n].copy(), device_to_host=data[:n, n].copy(),
+            control_bytes=int(ctrl.sum()),
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        """Device-to-device payload bytes."""
+        return int(self.bytes.sum())
+
+    def sent(self, rank: int) -> int:
+        """Payload bytes device ``rank`` sent to other devices."""
+        return int(self.bytes[rank].sum())
+
+    def received(self, rank: int) -> int:
+        return int(self.bytes[:, rank].sum())
+
+    def format(self) -> str:
+        n = self.bytes.shape[0]
+        head = "src\\dst " + " ".join(f"{d:>10}" for d in range(n))
+        rows = [f"{s:>7} " + " ".join(f"{int(self.bytes[s, d]):>10}" for d in range(n)) for s in range(n)]
+        tail = f"device-to-device {self.total_bytes} B; host->device {int(self.host_to_device.sum())} B; device->host {int(self.device_to_host.sum())} B"
+        return "\n".join([head, *rows, tail])

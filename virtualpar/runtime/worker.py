@@ -1,0 +1,178 @@
+"""The main loop of a device process, and its sidecar thread.
+
+A device process serves commands from the driver over its own pipe (``Connection.send`` pickles in
+the caller, so nothing is silently lost as with ``multiprocessing.Queue``) until told to close.
+A sidecar thread watches the driver: when the driver dies, even by SIGKILL, the device notices
+within half a second (its parent pid changes) and exits; the same thread answers "where are you
+stuck?" requests with the main thread's stack, which works even while the main thread sleeps in C.
+Devices ignore SIGINT: Ctrl-C belongs to the driver, which then reaps them.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeviceAborted, DeviceError, PayloadError, VirtualParError
+from ..transport.endpoint import Endpoint
+from ..transport.shm import Layout, SharedArena
+from .config import ClusterConfig
+from .recorder import FlightRecorder
+
+__all__ = ["device_main", "WorkerArgs"]
+
+_PARENT_POLL = 0.5
+
+
+class WorkerArgs:
+    """Everything a device process needs, picklable for spawn/forkserver."""
+
+    def __init__(self, rank: int, mesh: Any, config: ClusterConfig, layout: Layout, arena_name: str, doorbells: list, cmd: Any, side: Any, clock: Any) -> None:
+        self.rank = rank
+        self.mesh = mesh
+        self.config = config
+        self.layout = layout
+        self.arena_name = arena_name
+        self.doorbells = doorbells
+        self.cmd = cmd
+        self.side = side
+        self.clock = clock
+
+
+def _sidecar(side: Any, ppid: int, main_ident: int) -> None:
+    while True:
+        if os.getppid() != ppid:
+            os._exit(0)  # the driver is gone: nobody will ever collect our results
+        try:
+            if not side.poll(_PARENT_POLL):
+                continue
+            side.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        frame = sys._current_frames().get(main_ident)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(no main thread)"
+        try:
+            side.send(stack)
+        except (OSError, ValueError):
+            os._exit(0)
+
+
+def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
+    """Entry point of a device process (``arena`` is given when forked: the mapping is inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ppid = os.getppid()
+    if arena is None:
+        arena = SharedArena.attach(args.arena_name, args.layout.total_bytes)
+    threading.Thread(target=_sidecar, args=(args.side, ppid, threading.get_ident()), daemon=True, name="virtualpar-sidecar").start()
+
+    from .device import VirtualDevice  # after the fork: keeps start-up imports in one place
+
+    layout = args.layout
+    endpoint = Endpoint(args.rank, arena, layout, args.doorbells)
+    recorders = [FlightRecorder(arena, layout, r) for r in range(layout.devices)]
+    clocks = arena.view(layout.clocks_offset, layout.endpoints, np.float64)
+    dev = VirtualDevice(args.rank, args.mesh, args.config, endpoint, recorders, args.clock, clocks[args.rank : args.rank + 1])
+    cmd = args.cmd
+    cmd.send(("ready", os.getpid()))
+    handlers = _Handlers(dev, endpoint)
+    while True:
+        try:
+            msg = cmd.recv()
+        except (EOFError, OSError):
+            break
+        kind = msg[0]
+        if kind == "close":
+            cmd.send(("ok", None))
+            break
+        try:
+            reply = getattr(handlers, kind)(*msg[1:])
+        except BaseException as exc:  # everything goes back to the driver, never lost
+            reply = ("err", package_error(dev, exc))
+        try:
+            cmd.send(reply)
+        except Exception as exc:
+            cmd.send(("err", package_error(dev, PayloadError(f"{dev.name}: the result cannot be sent to the driver: it cannot be pickled ({exc})"))))
+    os._exit(0)
+
+
+class _Handlers:
+    """One method per driver command; each returns the reply tuple."""
+
+    def __init__(self, dev: Any, endpoint: Endpoint) -> None:
+        self.dev = dev
+        self.endpoint = endpoint
+
+    def run(self, payload: bytes) -> tuple:
+        fn, fargs, fkwargs = pickle.loads(payload)
+        name = getattr(fn, "__qualname__", repr(fn))
+        dev = self.dev
+        slot = dev._recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock)
+        try:
+            result = fn(dev, *fargs, **fkwargs)
+        except BaseException:
+            dev._recorder.finish(slot, dev.clock, failed=True)
+            raise
+        dev._recorder.finish(slot, dev.clock)
+        pickle.dumps(result)  # fail here, with a clear message, rather than in cmd.send
+        self.endpoint.drain()
+        return ("ok", result, self.endpoint.pending())
+
+    def inject(self, at_op: int, action: str, params: dict) -> tuple:
+        self.dev._faults[self.dev.op_seq + at_op] = (action, params)
+        return ("ok", None)
+
+    def put(self, key: str) -> tuple:
+        self.dev.state[key] = self.dev._from_host()
+        return ("ok", None)
+
+    def get(self, key: str) -> tuple:
+        if key not in self.dev.state:
+            raise KeyError(f"{self.dev.name} has no state[{key!r}]; it holds {sorted(self.dev.state)}")
+        self.dev._to_host(self.dev.state[key])
+        return ("ok", None)
+
+    def pending(self) -> tuple:
+        self.endpoint.drain()
+        return ("ok", self.endpoint.pending())
+
+    def reset(self) -> tuple:
+        self.endpoint.reset()
+        self.dev._group_seq.clear()
+        self.dev._faults.clear()
+        return ("ok", None)
+
+    def trace(self, clear: bool) -> tuple:
+        events = list(self.dev._events)
+        if clear:
+            self.dev._events.clear()
+        return ("ok", events)
+
+    def clear_trace(self) -> tuple:
+        self.dev._events.clear()
+        return ("ok", None)
+
+
+def package_error(dev: Any, exc: BaseException) -> tuple:
+    """(error object, formatted traceback, monotonic time) ready to pickle to the driver."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if isinstance(exc, VirtualParError):
+        err: BaseException = exc
+    else:
+        err = DeviceError(
+            f"{dev.name} raised {type(exc).__name__} in user code (last op #{dev.op_seq}): {exc}",
+            rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__,
+            remote_traceback=tb,
+        )
+    try:
+        pickle.dumps(err)
+    except Exception:
+        err = DeviceError(f"{dev.name} raised {type(exc).__name__}: {exc}", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, remote_traceback=tb)
+    return (err, tb, time.monotonic(), isinstance(exc, DeviceAborted))

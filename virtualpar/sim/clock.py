@@ -1,0 +1,145 @@
+"""The modelled clock of one device: seconds on the virtual hardware, independent of this machine's load.
+
+Every device process owns one :class:`DeviceClock`.  ``now`` is modelled seconds since the cluster
+started; it moves only through the device's own program order:
+
+* **compute** — ``now += max(flops / peak(dtype), bytes / memory_bandwidth)`` (roofline).
+* **send** (``on_send``) — the message is injected on the first link of its route at
+  ``depart = max(now, busy_until[first link])``; that link is then busy until
+  ``depart + nbytes / β_first``.  The sender's ``now`` does *not* advance: sends are asynchronous
+  and buffered (the runtime copies the payload out and returns), so a device may post several sends
+  back to back and they overlap unless they share a link.  ``depart`` travels in the envelope.
+* **receive** (``on_recv``), applied when the receive *completes in program order*::
+
+      arrival = depart + α_route + nbytes / β_route              (α–β / Hockney, cut-through)
+      arrival = max(arrival, busy_until[last link] + nbytes / β_last)
+      busy_until[last link] = arrival;   now = max(now, arrival)
+
+  A message to oneself costs nothing.
+
+Why this is deterministic: a clock reads the (immutable) topology and keeps busy-until times only
+for its own egress links (first hops of its sends) and ingress links (last hops of its receives).
+No two processes share mutable state and each update depends only on the device's program order
+and on the stamps in the messages it receives, so the modelled time is a pure function of the
+program — never of how busy this laptop is or of the wall order in which messages land.
+
+What is and is not contended: two messages on one link *from the same sender* serialize (egress),
+and two messages on one link *into the same receiver* serialize (ingress, in the receiver's program
+order).  Messages from *different senders* crossing a shared middle link (e.g. a node switch's
+uplink to the core switch in ``Topology.hierarchical``) are not arbitrated: that needs a global
+order of events, which no single device has.  Such routes still pay the bottleneck bandwidth, so the
+model is optimistic only under cross-traffic.  Latency is pipelined with transfers on a link (a link
+is busy for ``nbytes / β`` per message, not ``α + nbytes / β``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Hashable
+
+from virtualpar.errors import UsageError
+from virtualpar.mesh.topology import Topology
+from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
+
+__all__ = ["DeviceClock"]
+
+LinkKey = tuple[Hashable, Hashable]
+
+
+def _transfer(nbytes: float, bandwidth: float) -> float:
+    """Serialization time nbytes / β (0 for an empty message, even at β = inf)."""
+    return nbytes / bandwidth if nbytes else 0.0
+
+
+class DeviceClock:
+    """Modelled time of device ``rank`` on ``topology`` with compute priced by ``device_spec``.
+
+    Picklable (the topology pickles without its route cache).  Not thread-safe: one per process.
+    """
+
+    def __init__(self, rank: int, topology: Topology, device_spec: DeviceSpec = IDEAL_DEVICE) -> None:
+        n = topology.num_devices
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+            raise UsageError(f"DeviceClock: rank must be an int in 0..{n - 1} for {topology!r}; got {rank!r}",
+                             rank=rank)
+        self.rank = rank
+        self.topology = topology
+        self.device = device_spec
+        self.now = 0.0
+        # busy-until per directed link; egress links start at self.rank and ingress links end at it,
+        # so one dict holds both without collisions
+        self._busy: dict[LinkKey, float] = {}
+
+    # -- state ----------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Back to time 0 with every link idle."""
+        self.now = 0.0
+        self._busy.clear()
+
+    def busy_until(self, u: Hashable, v: Hashable) -> float:
+        """When the directed link ``u -> v`` is next free, as this device knows it (0.0 if never used)."""
+        return self._busy.get((u, v), 0.0)
+
+    def __repr__(self) -> str:
+        return (f"DeviceClock(rank={self.rank}, now={self.now:.9g}s, topology={self.topology.name}, "
+                f"device={self.device.name}, links={len(self._busy)})")
+
+    # -- compute --------------------------------------------------------------------------------------
+    def compute(self, flops: float = 0.0, nbytes: float = 0.0, dtype: Any = "float32") -> tuple[float, float]:
+        """Run a kernel of ``flops`` FLOPs touching ``nbytes`` bytes; returns its modelled ``(start, end)``."""
+        start = self.now
+        self.now = start + self.device.compute_time(flops, nbytes, dtype)
+        return start, self.now
+
+    def advance_to(self, t: float) -> float:
+        """``now = max(now, t)`` (e.g. wait for an event stamped ``t``); returns the new ``now``."""
+        t = float(t)
+        if math.isnan(t):
+            raise UsageError(f"DeviceClock.advance_to on rank {self.rank}: expected a time in seconds; got nan",
+                             rank=self.rank)
+        self.now = max(self.now, t)
+        return self.now
+
+    # -- messages -------------------------------------------------------------------------------------
+    def _check_nbytes(self, op: str, peer: int, nbytes: float) -> float:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real) or not nbytes >= 0:
+            raise UsageError(f"DeviceClock.{op} on rank {self.rank} (peer {peer}): nbytes must be a number "
+                             f">= 0; got {nbytes!r}", rank=self.rank, op=op)
+        return nbytes
+
+    def on_send(self, dst: int, nbytes: float) -> float:
+        """Account a message of ``nbytes`` leaving for ``dst``; returns its departure stamp for the envelope.
+
+        ``depart = max(now, busy_until[first link])``; the first link is then busy for
+        ``nbytes / β_first``.  ``now`` is unchanged (asynchronous, buffered send).
+        """
+        self._check_nbytes("on_send", dst, nbytes)
+        route = self.topology.route(self.rank, dst)
+        if not route.links:  # to oneself: no link, no cost
+            return self.now
+        first = route.links[0]
+        depart = max(self.now, self._busy.get(first, 0.0))
+        self._busy[first] = depart + _transfer(nbytes, self.topology.link(*first).bandwidth)
+        return depart
+
+    def on_recv(self, src: int, nbytes: float, stamp: float) -> float:
+        """Complete the receive of ``nbytes`` from ``src`` that departed at ``stamp``; returns its arrival.
+
+        ``arrival = max(stamp + α_route + nbytes / β_route, busy_until[last link] + nbytes / β_last)``,
+        then ``now = max(now, arrival)``.  Call in program order, not in wall-arrival order.
+        """
+        self._check_nbytes("on_recv", src, nbytes)
+        stamp = float(stamp)
+        if not math.isfinite(stamp):
+            raise UsageError(f"DeviceClock.on_recv on rank {self.rank} (from {src}): the departure stamp "
+                             f"must be a finite time; got {stamp!r}", rank=self.rank, op="on_recv")
+        route = self.topology.route(src, self.rank)
+        if not route.links:
+            return self.advance_to(stamp)  # a self-message left at or before now: costs nothing
+        last = route.links[-1]
+        arrival = stamp + route.latency + _transfer(nbytes, route.bandwidth)
+        arrival = max(arrival, self._busy.get(last, 0.0) + _transfer(nbytes, self.topology.link(*last).bandwidth))
+        self._busy[last] = arrival
+        self.now = max(self.now, arrival)
+        return arrival
