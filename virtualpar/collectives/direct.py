@@ -1,0 +1,126 @@
+"""Direct (one-hop) collectives: every message goes straight from its source to its destination.
+
+Simple and latency-friendly (one step, or n−1 pairwise steps), but all_reduce here moves
+(n−1)·M bytes per member — n/2 times the ring's 2(n−1)/n·M — and is kept for teaching comparisons.
+gather, scatter and all_to_all are naturally direct: every byte must travel from source to
+destination anyway.  Source for the schedules: Thakur, Rabenseifner & Gropp, "Optimization of
+collective communication operations in MPICH", IJHPCA 2005.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from virtualpar.collectives.comm import Comm, sendrecv
+from virtualpar.collectives.ops import combine, finalize
+
+__all__ = ["all_reduce", "all_gather", "gather", "scatter", "all_to_all", "barrier"]
+
+
+def _exchange_with_all(comm: Comm, x: np.ndarray) -> list[np.ndarray]:
+    """Send ``x`` to every peer and receive every peer's array; returns them indexed by rank.
+
+    All receives are posted before any send so the exchange cannot deadlock on bounded buffers;
+    sends go to r+1, r+2, … so that not everyone hits member 0 first.
+    """
+    n, r = comm.size, comm.rank
+    x = np.asarray(x, order="C")  # not ascontiguousarray: it turns a 0-d array into 1-d
+    recvs = {(r - k) % n: comm.irecv((r - k) % n) for k in range(1, n)}
+    sends = [comm.isend(x, (r + k) % n) for k in range(1, n)]
+    arrays = [x if peer == r else recvs[peer].wait() for peer in range(n)]
+    for req in sends:
+        req.wait()
+    return arrays
+
+
+def all_reduce(comm: Comm, x: np.ndarray, op: str = "sum") -> np.ndarray:
+    """Direct all_reduce: one step, (n−1)·M bytes sent per member; every member sums all n arrays.
+
+    Every member evaluates ``((x_0 ⊕ x_1) ⊕ x_2) ⊕ …`` in rank order, the same expression with the
+    same operand order everywhere, so the results are bit-identical::
+
+        r0 ⇄ r1, r0 ⇄ r2, r1 ⇄ r2  (everyone sends everything to everyone)
+    """
+    arrays = _exchange_with_all(comm, np.asarray(x))
+    # A received array is fresh and ours to accumulate into; our own input must not be touched.
+    acc = np.array(arrays[0], copy=True) if comm.rank == 0 else arrays[0]
+    for contribution in arrays[1:]:
+        combine(op, acc, contribution)
+    return finalize(op, acc, comm.size)
+
+
+def all_gather(comm: Comm, x: np.ndarray, dim: int = 0) -> np.ndarray:
+    """Direct all_gather (allgatherv): one step, each member sends its piece to all n−1 peers.
+
+    Same (n−1)/n·M bytes per member as the ring for equal pieces, but n−1 messages at once instead of
+    n−1 sequential steps.  Result: all pieces concatenated along ``dim`` in rank order.
+    """
+    return np.concatenate(_exchange_with_all(comm, np.asarray(x)), axis=dim)
+
+
+def gather(comm: Comm, x: np.ndarray, root: int = 0, dim: int = 0) -> np.ndarray | None:
+    """Direct gather: every non-root sends its piece to ``root`` (1 message); root concatenates.
+
+    Pieces may differ in size along ``dim``.  The root receives (n−1) pieces, i.e. (n−1)/n·M bytes
+    for equal pieces.  Returns the concatenation in rank order on the root, None elsewhere.
+    """
+    n, r = comm.size, comm.rank
+    x = np.asarray(x)
+    if r != root:
+        comm.send(np.ascontiguousarray(x), root)
+        return None
+    pieces = [x if peer == root else comm.recv(peer) for peer in range(n)]
+    return np.concatenate(pieces, axis=dim)
+
+
+def scatter(comm: Comm, x: np.ndarray | None, root: int = 0, dim: int = 0) -> np.ndarray:
+    """Direct scatter: root splits ``x`` with ``numpy.array_split`` along ``dim``; piece i goes to i.
+
+    The root sends n−1 pieces ((n−1)/n·M bytes for equal pieces); everyone else receives one.
+    ``x`` is only read on the root (others may pass None).  Returns this member's piece (a new array).
+    """
+    n, r = comm.size, comm.rank
+    if r != root:
+        return comm.recv(root)
+    pieces = np.array_split(np.asarray(x), n, axis=dim)
+    sends = [comm.isend(np.ascontiguousarray(pieces[peer]), peer) for peer in range(n) if peer != root]
+    for req in sends:
+        req.wait()
+    return np.array(pieces[root], copy=True)
+
+
+def all_to_all(comm: Comm, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0) -> np.ndarray:
+    """Pairwise all_to_all: n−1 steps; piece j of member i ends up as block i of member j's result.
+
+    ``x`` is split with ``numpy.array_split(x, n, axis=split_dim)``; at step k member r sends piece
+    r+k to member r+k and receives from r−k (``sendrecv``, so no step can deadlock).  Each member
+    sends all but its own piece: (n−1)/n·M bytes for equal pieces.  The received blocks are
+    concatenated along ``concat_dim`` in rank order::
+
+        n = 3   step 1: 0→1 1→2 2→0    step 2: 0→2 1→0 2→1
+    """
+    n, r = comm.size, comm.rank
+    pieces = np.array_split(np.asarray(x), n, axis=split_dim)
+    blocks: list[np.ndarray | None] = [None] * n
+    blocks[r] = pieces[r]
+    for k in range(1, n):
+        dst, src = (r + k) % n, (r - k) % n
+        blocks[src] = sendrecv(comm, np.ascontiguousarray(pieces[dst]), dst, src)
+    return np.concatenate(blocks, axis=concat_dim)
+
+
+_TOKEN = np.empty(0, dtype=np.uint8)
+
+
+def barrier(comm: Comm) -> None:
+    """Dissemination barrier: ⌈log2 n⌉ rounds of one empty (0-byte) message per member.
+
+    In round k member r signals r + 2^k and waits for r − 2^k; after the last round every member
+    has (transitively) heard from every other, so none leaves before all have entered.
+    Source: Hensgen, Finkel & Manber, "Two algorithms for barrier synchronization", IJPP 1988.
+    """
+    n, r = comm.size, comm.rank
+    step = 1
+    while step < n:
+        sendrecv(comm, _TOKEN, (r + step) % n, (r - step) % n)
+        step <<= 1

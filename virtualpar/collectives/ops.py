@@ -1,0 +1,84 @@
+"""Reduce operations for the collectives: an explicit registry, in-place combine, and finalize.
+
+A reduction ``x_0 ⊕ x_1 ⊕ … ⊕ x_{n-1}`` is computed by the algorithms as a sequence of binary
+``combine(op, acc, incoming)`` steps (``acc ← acc ⊕ incoming``, in place, no allocation) followed
+by one ``finalize(op, acc, n)`` (the identity except for ``avg``, which divides the sum by ``n``).
+
+Bit-identical results on every device.  IEEE ``+`` and ``*`` are commutative but not associative,
+and ``maximum``/``minimum`` are not even bit-commutative: ``np.maximum(-0.0, 0.0)`` is ``0.0`` while
+``np.maximum(0.0, -0.0)`` is ``-0.0``, and of two NaNs the first operand's payload wins.  So the
+algorithms either compute every element of the result exactly once and copy it to the other devices
+(ring, binomial reduce), or make every device evaluate the same expression tree with the same operand
+order (recursive doubling combines ``lower-rank ⊕ higher-rank`` on both partners; direct sums in rank
+order).  ``finalize`` is elementwise and deterministic, so it preserves bit-identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from virtualpar.errors import UsageError
+
+__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize"]
+
+
+@dataclass(frozen=True)
+class ReduceOp:
+    """A named elementwise reduction: the binary ufunc and whether integer dtypes are allowed.
+
+    ``average`` marks ``avg``: reduced with ``add``, then divided by the group size at the end.
+    """
+
+    name: str
+    ufunc: Callable[..., np.ndarray]
+    average: bool = False
+
+
+REDUCE_OPS: dict[str, ReduceOp] = {
+    "sum": ReduceOp("sum", np.add),
+    "prod": ReduceOp("prod", np.multiply),
+    "max": ReduceOp("max", np.maximum),
+    "min": ReduceOp("min", np.minimum),
+    "avg": ReduceOp("avg", np.add, average=True),
+}
+
+
+def check_op(op: str, dtype: np.dtype | type | str) -> ReduceOp:
+    """Return the registered ``ReduceOp`` for ``op``; raise ``UsageError`` if it is unknown or unfit.
+
+    ``avg`` needs an inexact dtype (float or complex): an integer average would silently truncate.
+    """
+    try:
+        spec = REDUCE_OPS[op]
+    except (KeyError, TypeError):
+        raise UsageError(
+            f"unknown reduce op {op!r}: expected one of {sorted(REDUCE_OPS)}", op=op
+        ) from None
+    dt = np.dtype(dtype)
+    if spec.average and not np.issubdtype(dt, np.inexact):
+        raise UsageError(
+            f"reduce op 'avg' on dtype {dt}: the average of integers is not an integer; "
+            f"use op='sum' and divide yourself, or cast to a float dtype first",
+            op=op,
+            dtype=str(dt),
+        )
+    return spec
+
+
+def combine(op: str, acc: np.ndarray, incoming: np.ndarray) -> np.ndarray:
+    """``acc ← acc ⊕ incoming`` in place (``acc`` is the first operand); returns ``acc``.
+
+    ``acc`` must be a writable array owned by the caller; ``incoming`` is only read.
+    """
+    REDUCE_OPS[op].ufunc(acc, incoming, out=acc)
+    return acc
+
+
+def finalize(op: str, acc: np.ndarray, n: int) -> np.ndarray:
+    """Finish a reduction of ``n`` contributions in place (``avg``: divide by n); returns ``acc``."""
+    if REDUCE_OPS[op].average and n != 1:
+        np.divide(acc, n, out=acc)
+    return acc

@@ -1,0 +1,37 @@
+"""Events recorded by the devices and the views on them.
+
+Every device records :class:`Event` objects timed on two clocks (``wall``: this machine,
+``model``: the virtual hardware); the driver merges them into a :class:`Trace`, which renders as
+
+* Chrome trace JSON for Perfetto / chrome://tracing (:func:`to_chrome`, :func:`write_chrome`),
+* a text timeline for terminals and error messages (:func:`to_text`),
+* a PNG Gantt chart (:func:`to_png`, needs ``pip install virtualpar[viz]``),
+* a :class:`Summary`: busy / comm / idle time, bytes per link, the critical path (:func:`summarize`).
+
+Everything here is pure: no processes, no numpy required.
+"""
+
+from __future__ import annotations
+
+from virtualpar.trace.chrome import to_chrome, write_chrome
+from virtualpar.trace.events import CLOCKS, KINDS, Event, Trace, check_clock
+from virtualpar.trace.gantt import to_png
+from virtualpar.trace.summary import Summary, critical_path, format_bytes, summarize
+from virtualpar.trace.text import format_seconds, to_text
+
+__all__ = [
+    "Event",
+    "Trace",
+    "KINDS",
+    "CLOCKS",
+    "check_clock",
+    "to_chrome",
+    "write_chrome",
+    "to_text",
+    "to_png",
+    "Summary",
+    "summarize",
+    "critical_path",
+    "format_seconds",
+    "format_bytes",
+]

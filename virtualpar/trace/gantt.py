@@ -1,0 +1,108 @@
+"""A PNG Gantt chart of a trace (needs matplotlib: ``pip install virtualpar[viz]``).
+
+Two rows per device, top to bottom by rank: ``compute`` and ``comm``.  On the comm row a
+collective is a full-height pale bar and the send/recv events inside it are thin bars on top of it
+(sends in the upper half, recvs in the lower, so overlapping ones both show), so a ring all_reduce
+reads as one block striped by its steps.  Optional flow lines join each
+send to its matching recv.  Zero-length events get a minimum width of 1/1000 of the span so that
+they stay visible.
+
+matplotlib is imported only inside :func:`to_png`, so this module (and virtualpar) imports without
+it.  The figure is drawn with ``matplotlib.figure.Figure`` on an Agg canvas rather than through
+pyplot: that writes a PNG without touching the process-wide backend (``matplotlib.use("Agg")``
+would switch a notebook user's interactive backend) and without pyplot's global figure registry.
+"""
+
+from __future__ import annotations
+
+import os
+
+from virtualpar.trace.events import Trace, check_clock
+
+__all__ = ["to_png", "COLOURS"]
+
+#: Bar colour of each event kind.
+COLOURS: dict[str, str] = {"compute": "#4c72b0", "send": "#dd8452", "recv": "#55a868",
+                           "collective": "#b8a9d9", "wait": "#bbbbbb"}
+_MAX_FLOWS = 2000  # beyond this the arrows hide the bars and cost more than they tell
+_INSTALL_HINT = "to_png needs matplotlib, which is not installed: pip install virtualpar[viz]"
+
+
+def _unit(span: float) -> tuple[float, str]:
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if span >= scale:
+            return scale, unit
+    return 1e-9, "ns"
+
+
+def to_png(trace: Trace, path: str | os.PathLike[str], clock: str = "model", title: str | None = None,
+           flows: bool = True, dpi: int = 120) -> str:
+    """Draw ``trace`` on ``clock`` as a Gantt chart and write it to ``path`` as PNG; returns the path.
+
+    Raises ``ImportError`` (with the ``pip install virtualpar[viz]`` hint) when matplotlib is missing.
+    """
+    check_clock(clock, "to_png")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as exc:
+        raise ImportError(_INSTALL_HINT) from exc
+
+    ranks = trace.ranks
+    t0, t1 = trace.bounds(clock)
+    scale, unit = _unit(t1 - t0)
+    extent = (t1 - t0) / scale or 1.0  # a trace of zero-length events still gets an x axis
+    min_w = extent / 1000
+    row = {}  # (rank, "compute" | "comm") -> y of the row's centre
+    for k, rank in enumerate(ranks):
+        base = 2 * (len(ranks) - 1 - k)  # rank 0 on top
+        row[(rank, "compute")] = base + 1.0
+        row[(rank, "comm")] = float(base)
+
+    fig = Figure(figsize=(12, max(2.5, 0.55 * 2 * len(ranks) + 1.2)), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    bars: dict[tuple[str, float, float], list[tuple[float, float]]] = {}
+    for e in trace.events:
+        x = (e.start(clock) - t0) / scale
+        w = max(e.duration(clock) / scale, min_w)
+        track = "compute" if e.kind == "compute" else "comm"
+        # sends in the upper half of the comm row, recvs in the lower: a ring step's overlapping
+        # send and recv both stay visible
+        height = 0.8 if e.kind in ("compute", "collective") else 0.34
+        y = row[(e.rank, track)] + {"send": 0.2, "recv": -0.2}.get(e.kind, 0.0)
+        bars.setdefault((e.kind, y, height), []).append((x, w))
+    # collectives first so that the send/recv inside them are drawn on top
+    order = {"collective": 0, "wait": 1, "compute": 2, "send": 3, "recv": 4}
+    for (kind, y, height), spans in sorted(bars.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+        ax.broken_barh(spans, (y - height / 2, height), facecolors=COLOURS[kind],
+                       edgecolors="black" if kind != "collective" else COLOURS[kind], linewidth=0.3)
+
+    if flows:
+        sends = {e.flow: e for e in trace.events if e.kind == "send" and e.flow is not None}
+        pairs = [(sends[e.flow], e) for e in trace.events
+                 if e.kind == "recv" and e.flow in sends][:_MAX_FLOWS]
+        for s, r in pairs:
+            ax.annotate("", xy=((r.end(clock) - t0) / scale, row[(r.rank, "comm")] - 0.2),
+                        xytext=((s.start(clock) - t0) / scale, row[(s.rank, "comm")] + 0.2),
+                        arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.5, "alpha": 0.6})
+
+    ticks = sorted(row.items(), key=lambda kv: kv[1])
+    ax.set_yticks([y for _, y in ticks])
+    ax.set_yticklabels([f"{trace.device_name(rank)}: {track}" for (rank, track), _ in ticks], fontsize=8)
+    ax.set_ylim(-0.8, 2 * len(ranks) - 0.2 if ranks else 1)
+    ax.set_xlim(0, extent * 1.01)
+    ax.set_xlabel(f"{clock} time [{unit}] from {t0 / scale:.4g} {unit}")
+    ax.grid(axis="x", linestyle=":", linewidth=0.5)
+    if not len(trace):
+        ax.text(0.5, 0.5, "(no events)", ha="center", va="center", transform=ax.transAxes)
+    kinds = [k for k in COLOURS if any(e.kind == k for e in trace.events)]
+    if kinds:
+        ax.legend(handles=[Patch(facecolor=COLOURS[k], label=k) for k in kinds], loc="lower right",
+                  bbox_to_anchor=(1.0, 1.0), fontsize=8, ncol=len(kinds), frameon=False)
+    ax.set_title(title or f"virtualpar trace ({clock} clock, span {(t1 - t0) / scale:.4g} {unit})",
+                 loc="left")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return os.fspath(path)
