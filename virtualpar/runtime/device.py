@@ -113,6 +113,12 @@ class VirtualDevice:
         self._event("compute", name, wall0, start, end, args=(("flops", float(flops)), ("bytes", float(bytes))))
         return end - start
 
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a @ b`` with numpy, charging 2mnk flops to the modelled clock (see :mod:`virtualpar.kernels`)."""
+        from ..kernels import matmul
+
+        return matmul(self, a, b)
+
     # -- point to point ---------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
@@ -258,7 +264,11 @@ class VirtualDevice:
             flow = f"{peer}>{self.rank}#{header.seq}"
             self._event("recv", "recv", wall0, model0, self.clock, nbytes=inner.nbytes, peer=peer, flow=flow)
         else:
+            # Hockney's model: a send costs its sender alpha + M/beta, charged when it is waited
+            # on, so an isend overlapped with compute costs max(compute, transfer), not the sum.
             end = inner.stamp + self.mesh_route_time(peer, inner.nbytes)
+            self._clock.advance_to(end)
+            self._publish_clock()
             self._event("send", "send", wall0, inner.stamp, end, nbytes=inner.nbytes, peer=peer, flow=flow)
 
     def mesh_route_time(self, peer: int, nbytes: int) -> float:
