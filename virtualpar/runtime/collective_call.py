@@ -63,6 +63,7 @@ class CollectiveSpec:
             if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < n:
                 raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, 0..{n - 1}")
             params["root"] = int(root)
+        raw = {k: params[k] for k in ("dim", "split_dim", "concat_dim") if k in params}
         reads_x = name != "barrier" and not (name in _ROOT_ONLY_INPUT and pos != params.get("root"))
         if reads_x:
             if not isinstance(x, np.ndarray):
@@ -79,7 +80,8 @@ class CollectiveSpec:
         if "op" in params and not isinstance(params["op"], str):
             raise UsageError(f"{where}: op must be a name such as 'sum', got {params['op']!r}")
         spec = cls(name, x, axes, ranks, pos, algo, params, gdesc)
-        spec.fingerprint = _fingerprint(name, x, algo, params)
+        # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
+        spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
         return spec
 
 
@@ -100,19 +102,26 @@ def _fingerprint(name: str, x: Any, algo: str, params: dict[str, Any]) -> tuple[
         parts += [f"shape={shape}", dtype]
     parts += [f"{k}={v}" for k, v in params.items()]
     parts.append(f"algorithm={algo}")
-    key_shape: Any = shape
-    if shape is not None and name in _DIM_MASKED:
-        key_shape = tuple("*" if i == params["dim"] else s for i, s in enumerate(shape))
-    key = (("shape", key_shape), ("dtype", dtype), *sorted(params.items()), ("algorithm", algo))
+    key = (("shape", shape), ("dtype", dtype), *sorted(params.items()), ("algorithm", algo))
     return name, f"{name}({', '.join(parts)})", key
 
 
 def _differences(fps: list[tuple[str, str, tuple]], name: str) -> list[str]:
+    """The fields on which the fingerprints disagree, in fingerprint order ("collective" first).
+
+    Pieces of an all_gather/gather may differ in size along the gathered dim, so when every device
+    gathers along the same dim, that dim is left out of the shape comparison.
+    """
+    keys = [dict(fp[2]) for fp in fps]
+    dims = {k.get("dim") for k in keys}
+    masked = name in _DIM_MASKED and len({fp[0] for fp in fps}) == 1 and len(dims) == 1
     fields: dict[str, set] = {"collective": {fp[0] for fp in fps}}
-    for fp in fps:
-        for k, v in fp[2]:
+    for key in keys:
+        for k, v in key.items():
             if v is None and name in _ROOT_ONLY_INPUT and k in ("shape", "dtype"):
                 continue  # non-roots of broadcast/scatter have no input to compare
+            if k == "shape" and masked and v is not None:
+                v = tuple("*" if i == key["dim"] else s for i, s in enumerate(v))
             fields.setdefault(k, set()).add(repr(v))
     return [k for k, vals in fields.items() if len(vals) > 1]
 
@@ -200,11 +209,11 @@ def _check_contract(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, label:
         verdict = ep.irecv(leader, TAG_VERDICT).wait(deadline - time.monotonic(), on_timeout)
     if verdict is not None:
         differs = _differences([fp for _, fp in verdict], spec.name)
-        calls = "; ".join(f"device {r} {dev.mesh.index(r)} called {fp[1]}" for r, fp in verdict)
+        calls = "".join(f"\n  device {r} {dev.mesh.index(r)} called {fp[1]}" for r, fp in verdict)
         records = {r: dev._recorders[r].records() for r in spec.ranks}
         raise CollectiveMismatch(
-            f"collective #{seq} on group {spec.group_desc}: {calls}\n  differs in: {', '.join(differs)}"
-            f"\n  (seen by {dev.name}, op #{dev.op_seq})",
+            f"collective #{seq} on group {spec.group_desc} does not match across the group "
+            f"(seen by {dev.name} at op #{dev.op_seq}):{calls}\n  differs in: {', '.join(differs)}",
             rank=dev.rank, group=spec.ranks, seq=seq, differs=differs, calls={r: fp[1] for r, fp in verdict},
             flight_records=records,
         )
@@ -215,7 +224,7 @@ def _timeout_builder(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, label
 
     def build() -> CollectiveTimeout:
         records = {r: dev._recorders[r].records() for r in spec.ranks}
-        reached = [r for r in spec.ranks if any(key in rec.text for rec in records[r])]
+        reached = [r for r in spec.ranks if any(rec.run == dev._run and key in rec.text for rec in records[r])]
         missing = [r for r in spec.ranks if r not in reached]
         lines = [
             f"{label} did not complete within {timeout:g} s on {dev.name} (op #{dev.op_seq}).",

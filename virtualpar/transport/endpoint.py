@@ -39,7 +39,7 @@ _WAKE_SLICE = 0.5  # longest sleep between re-checks of the abort word
 def encode(obj: Any) -> tuple[int, np.ndarray, str, tuple[int, ...]]:
     """(kind, payload bytes as uint8, dtype str, shape) for any picklable object; arrays go raw."""
     if isinstance(obj, np.ndarray) and not obj.dtype.hasobject and len(obj.dtype.str) <= 16 and obj.dtype.names is None:
-        arr = np.ascontiguousarray(obj)
+        arr = np.asarray(obj, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
         return KIND_ARRAY, arr.reshape(-1).view(np.uint8), arr.dtype.str, arr.shape
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)

@@ -1,0 +1,327 @@
+"""Point-to-point messages between real device processes: send/recv, isend/irecv, out=, tags, FIFO.
+
+Arrays of every dtype and layout must arrive with their exact shape, dtype and bytes (raw, not
+pickled: the byte counters see exactly ``x.nbytes``); messages larger than a channel's ring stream
+through it in chunks; two devices that both send 32 MiB before receiving must not deadlock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from virtualpar import VirtualCluster
+from virtualpar.errors import UsageError
+
+TIMEOUT = 20.0  # a deadlock fails within this many seconds instead of hanging the suite
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def eight():
+    with VirtualCluster(8, timeout=TIMEOUT) as c:
+        yield c
+
+
+def digest(x: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(x).view(np.uint8).reshape(-1).tobytes()).hexdigest()
+
+
+def big(nbytes: int, seed: int) -> np.ndarray:
+    """A float64 array of ``nbytes`` whose every element differs (so a misplaced chunk shows)."""
+    return np.arange(nbytes // 8, dtype=np.float64) * (seed + 1) + seed
+
+
+# -- arrays of many dtypes, shapes and layouts ----------------------------------------------------
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+          "float32", "float64", "complex64", "complex128", ">i4", ">f8", "<U5", "S3", "datetime64[ns]",
+          "timedelta64[s]"]
+SHAPES = [(), (0,), (0, 3), (1,), (7,), (3, 4, 5), (1, 1, 1, 1, 1, 2)]
+LAYOUTS = ["c", "fortran", "strided", "transposed"]
+
+
+def make_array(dtype: str, shape: tuple[int, ...], layout: str) -> np.ndarray:
+    """Deterministic values in ``dtype``, laid out C-contiguous or as a non-contiguous view."""
+    def base(s: tuple[int, ...]) -> np.ndarray:
+        return (np.arange(int(np.prod(s, dtype=np.int64))) % 97 + 1).astype(dtype).reshape(s)
+    if layout == "c":
+        return base(shape)
+    if layout == "fortran":
+        return np.asfortranarray(base(shape))
+    if layout == "strided":
+        return base(shape[:-1] + (2 * shape[-1],))[..., ::2]
+    return base(shape[::-1]).T  # transposed
+
+
+def p2p_cases() -> list[tuple[str, tuple[int, ...], str]]:
+    cases = []
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            for layout in LAYOUTS if len(shape) >= 2 else ["c", "strided"] if shape else ["c"]:
+                cases.append((dtype, shape, layout))
+    return cases
+
+
+def send_all(dev, cases) -> list[Any]:
+    if dev.rank == 0:
+        for i, case in enumerate(cases):
+            dev.send(make_array(*case), 1, tag=i % 3)
+        return []
+    # dtype and bytes are described here: pickling the result back to the driver may change byte order
+    return [describe(dev.recv(0, tag=i % 3)) for i in range(len(cases))]
+
+
+def describe(y: Any) -> Any:
+    if not isinstance(y, np.ndarray):
+        return type(y).__name__
+    return y.dtype.str, y.shape, bool(y.flags.c_contiguous), y, digest(y)
+
+
+def test_arrays_of_every_dtype_shape_and_layout(pair):
+    cases = p2p_cases()
+    pair.reset_stats()
+    got = pair.run(send_all, cases)[1]
+    stats = pair.stats()
+    problems = []
+    for case, desc in zip(cases, got):
+        x = make_array(*case)
+        if isinstance(desc, str):
+            problems.append(f"{case}: received a {desc}, not an array")
+            continue
+        dtype, shape, contiguous, y, dig = desc
+        if dtype != x.dtype.str or shape != x.shape:
+            problems.append(f"{case}: sent {x.shape} {x.dtype.str}, received {shape} {dtype}")
+        elif not contiguous:
+            problems.append(f"{case}: received a non-contiguous array")
+        elif dig != digest(x) or not np.array_equal(y, x):
+            problems.append(f"{case}: values differ")
+    assert not problems, f"{len(problems)} of {len(cases)} messages wrong:\n  " + "\n  ".join(problems[:30])
+    # arrays travel raw: exactly their nbytes are counted, one message each, nothing in the other direction
+    assert stats.bytes[0, 1] == sum(make_array(*c).nbytes for c in cases)
+    assert stats.messages[0, 1] == len(cases) and stats.bytes[1, 0] == 0
+
+
+def large_with_out(dev, nbytes: int) -> Any:
+    if dev.rank == 0:
+        dev.send(big(nbytes, 3), 1, tag=7)
+        dev.send(big(nbytes, 4), 1, tag=8)
+        return None
+    out = np.full(nbytes // 8, -1.0)
+    into = dev.recv(0, tag=7, out=out)
+    fresh = dev.recv(0, tag=8)
+    return into is out, digest(out), fresh.dtype.str, fresh.shape, digest(fresh)
+
+
+def test_large_message_streams_through_the_ring_and_into_out(pair):
+    nbytes = 16 * MiB  # four times the 4 MiB ring of a 2-device cluster
+    assert nbytes > pair.layout.ring_bytes
+    pair.reset_stats()
+    is_out, d_out, dtype, shape, d_fresh = pair.run(large_with_out, nbytes)[1]
+    assert is_out, "recv(out=...) must return the very array it was given"
+    assert d_out == digest(big(nbytes, 3))
+    assert (dtype, shape, d_fresh) == ("<f8", (nbytes // 8,), digest(big(nbytes, 4)))
+    assert pair.stats().bytes[0, 1] == 2 * nbytes
+
+
+def small_out(dev) -> Any:
+    if dev.rank == 0:
+        for k in range(3):
+            dev.send(np.arange(6, dtype=np.int32).reshape(2, 3) * k, 1)
+        return None
+    out = np.zeros((2, 3), np.int32)
+    results = []
+    for _ in range(3):
+        y = dev.recv(0, out=out)
+        results.append((y is out, y.copy()))
+    return results
+
+
+def test_recv_into_out_reuses_the_buffer(pair):
+    got = pair.run(small_out)[1]
+    for k, (same, y) in enumerate(got):
+        assert same
+        np.testing.assert_array_equal(y, np.arange(6, dtype=np.int32).reshape(2, 3) * k)
+
+
+def wrong_out(dev) -> Any:
+    if dev.rank == 0:
+        dev.send(np.zeros(5, np.float64), 1)
+        return None
+    return dev.recv(0, out=np.zeros(4, np.float64))
+
+
+def test_recv_into_out_of_the_wrong_shape_raises_usage_error(pair):
+    with pytest.raises(UsageError, match="shape"):
+        pair.run(wrong_out)
+    assert pair.run(small_out)[1][2][0]  # the cluster is usable afterwards
+
+
+# -- ordering and tags -----------------------------------------------------------------------------
+def interleaved(dev, nbytes: int) -> Any:
+    sequence = [(1, "a0"), (2, "b0"), (1, "a1"), (2, "b1"), (1, "a2"), (2, "b2")]
+    if dev.rank == 0:
+        for tag, label in sequence:
+            dev.send({"label": label, "data": np.full(nbytes // 8, float(ord(label[0]) * 10 + int(label[1])))}, 1, tag=tag)
+        return None
+    got = [dev.recv(0, tag=2) for _ in range(3)] + [dev.recv(0, tag=1) for _ in range(3)]
+    return [(m["label"], float(m["data"][0]), float(m["data"][-1]), m["data"].size) for m in got]
+
+
+@pytest.mark.parametrize("nbytes", [64, MiB], ids=["small", "1MiB-each-6MiB-total"])
+def test_fifo_per_tag_with_interleaved_tags(pair, nbytes):
+    """Messages tagged 1 and 2 are received in the opposite order of sending: FIFO holds per (src, tag)."""
+    got = pair.run(interleaved, nbytes)[1]
+    assert [g[0] for g in got] == ["b0", "b1", "b2", "a0", "a1", "a2"]
+    for label, first, last, size in got:
+        value = float(ord(label[0]) * 10 + int(label[1]))
+        assert first == last == value and size == nbytes // 8
+
+
+def nonblocking(dev) -> Any:
+    x = np.arange(1000, dtype=np.int64)
+    if dev.rank == 0:
+        assert dev.recv(1, tag=6) == "go"  # device 1 has posted its irecv and tested it by now
+        req = dev.isend(x, 1, tag=5)
+        sent = req.wait()
+        return sent, req.test()
+    req = dev.irecv(0, tag=5)
+    before = req.test()  # nothing can have been sent yet: device 0 waits for our "go"
+    dev.send("go", 0, tag=6)
+    polls = 0
+    while not req.test():
+        polls += 1
+        time.sleep(0.0002)
+    value = req.wait()
+    again = req.wait()
+    return before, req.test(), value, again is value
+
+
+def test_isend_irecv_wait_and_test(pair):
+    (sent, sent_done), (before, after, value, idempotent) = pair.run(nonblocking)
+    assert sent is None and sent_done is True
+    assert before is False, "test() reported a message that cannot have been sent yet"
+    assert after is True and idempotent
+    np.testing.assert_array_equal(value, np.arange(1000, dtype=np.int64))
+
+
+def many_outstanding(dev, k: int) -> Any:
+    peer = 1 - dev.rank
+    recvs = [dev.irecv(peer, tag=t) for t in reversed(range(k))]  # posted in the reverse order
+    sends = [dev.isend(np.full(1000, dev.rank * 100 + t), peer, tag=t) for t in range(k)]
+    values = [int(r.wait()[0]) for r in recvs]
+    for s in sends:
+        s.wait()
+    return values
+
+
+def test_many_outstanding_requests_match_by_tag(pair):
+    k = 6
+    r0, r1 = pair.run(many_outstanding, k)
+    assert r0 == [100 + t for t in reversed(range(k))]
+    assert r1 == [t for t in reversed(range(k))]
+
+
+def both_send_first(dev, nbytes: int) -> Any:
+    peer = 1 - dev.rank
+    dev.send(big(nbytes, dev.rank), peer)  # blocking, and larger than the ring: must not deadlock
+    y = dev.recv(peer)
+    return digest(y)
+
+
+def test_both_devices_send_32mib_before_receiving(pair):
+    nbytes = 32 * MiB
+    got = pair.run(both_send_first, nbytes)
+    assert got == [digest(big(nbytes, 1)), digest(big(nbytes, 0))]
+
+
+# -- pickled objects -------------------------------------------------------------------------------
+OBJECTS = [
+    {"a": 1, "b": [1, 2, 3], "nested": {"x": (1, "s"), "y": None}},
+    [1, "two", 3.0, None, (4, 5)],
+    ("tuple", 1),
+    None,
+    "a string",
+    12345678901234567890,
+    list(range(200_000)),  # a pickle larger than one 256 KiB copy chunk
+]
+
+
+def send_objects(dev) -> Any:
+    if dev.rank == 0:
+        for obj in OBJECTS:
+            dev.send(obj, 1, tag=3)
+        dev.send({"array": np.arange(5.0), "list": [np.int8(3)]}, 1, tag=3)
+        return None
+    got = [dev.recv(0, tag=3) for _ in OBJECTS]
+    mixed = dev.recv(0, tag=3)
+    return got, mixed
+
+
+def test_pickled_python_objects(pair):
+    got, mixed = pair.run(send_objects)[1]
+    assert got == OBJECTS
+    assert [type(g) for g in got] == [type(o) for o in OBJECTS]
+    np.testing.assert_array_equal(mixed["array"], np.arange(5.0))
+    assert mixed["list"] == [3] and mixed["list"][0].dtype == np.int8
+
+
+# -- eight devices ---------------------------------------------------------------------------------
+def ring_exchange(dev, nbytes: int) -> Any:
+    n, r = dev.size, dev.rank
+    dev.send(big(nbytes, r), (r + 1) % n, tag=1)  # everyone sends first: buffered, so no deadlock
+    dev.send(np.array([r], np.int64), (r - 1) % n, tag=2)  # and the other way round, with another tag
+    from_left = dev.recv((r - 1) % n, tag=1)
+    from_right = dev.recv((r + 1) % n, tag=2)
+    return digest(from_left), from_right
+
+
+@pytest.mark.parametrize("nbytes", [800, 3 * MiB], ids=["small", "3MiB-over-the-2MiB-ring"])
+def test_ring_exchange_over_8_devices(eight, nbytes):
+    assert nbytes < eight.layout.ring_bytes or nbytes > eight.layout.ring_bytes
+    eight.reset_stats()
+    got = eight.run(ring_exchange, nbytes)
+    n = 8
+    for r, (d, right) in enumerate(got):
+        assert d == digest(big(nbytes, (r - 1) % n)), f"device {r} got the wrong array from its left"
+        assert isinstance(right, np.ndarray) and right.shape == (1,) and int(right[0]) == (r + 1) % n, right
+    stats = eight.stats()
+    want = np.zeros((n, n), np.int64)
+    for r in range(n):
+        want[r, (r + 1) % n] += nbytes
+        want[r, (r - 1) % n] += 8
+    np.testing.assert_array_equal(stats.bytes, want)
+
+
+def bad_peer(dev, dst: Any) -> None:
+    dev.send(np.zeros(1), dst)
+
+
+@pytest.mark.parametrize("dst", [0, 8, -1, 1.5], ids=["self", "too-large", "negative", "float"])
+def test_bad_destination_is_a_usage_error(eight, dst):
+    with pytest.raises(UsageError, match="dst"):
+        eight.run(bad_peer, dst)
+
+
+def zero_d(dev) -> Any:
+    if dev.rank == 0:
+        dev.send(np.array(2.5), 1)
+        dev.send(np.array(7, np.int64), 1)
+        return None
+    plain = dev.recv(0)
+    out = np.zeros((), np.int64)
+    into = dev.recv(0, out=out)
+    return plain.shape, float(plain.reshape(-1)[0]), into is out, int(out)
+
+
+def test_zero_d_array_keeps_its_shape(pair):
+    assert pair.run(zero_d)[1] == ((), 2.5, True, 7)
