@@ -74,6 +74,12 @@ class VirtualParError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def replace(self, message: str | None = None, **details: Any) -> "VirtualParError":
+        """A copy of this error (same type, same cause) with a new message and/or more details."""
+        err = _rebuild(type(self), self.message if message is None else message, {**self.details, **details})
+        err.__cause__ = self.__cause__
+        return err
+
 
 class MeshError(VirtualParError, ValueError):
     """A mesh that cannot exist: unknown or duplicate axis names, shapes not matching the device count."""

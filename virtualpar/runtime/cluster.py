@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import (ClusterClosedError, CollectiveTimeout, DeviceDied, DeviceError, PayloadError,
+from ..errors import (ClusterClosedError, CollectiveTimeout, DeviceDied, P2PTimeout, PayloadError,
                       RemoteTraceback, UnmatchedMessages, UsageError, VirtualParError)
 from ..mesh import Mesh
 from ..transport.endpoint import Endpoint
@@ -97,11 +97,15 @@ class VirtualCluster:
         self.layout = layout = Layout(n, ring_bytes or _default_ring_bytes(n))
         self._arena = SharedArena.create(layout.total_bytes)
         self._procs: list[Any] = []
+        self._cmd: list[Any] = []
+        self._side: list[Any] = []
+        self._recorders: list[FlightRecorder] = []
+        self._final_records: list[list] = []
         try:
             self._start(topology, device_spec)
         except BaseException:
             self._kill_all()
-            self._arena.close()
+            self._release()
             raise
         self._closed = False
 
@@ -117,23 +121,24 @@ class VirtualCluster:
         if forked:
             self._arena.unlink()  # children inherit the mapping: the name is never needed again
         self._doorbells = [ctx.Semaphore(0) for _ in range(layout.endpoints)]
-        self._cmd, self._side = [], []
-        for r in range(n):
-            here, there = ctx.Pipe(duplex=True)
-            side_here, side_there = ctx.Pipe(duplex=True)
-            args = WorkerArgs(r, self.mesh, self.config, layout, self._arena.name, self._doorbells, there, side_there,
-                              DeviceClock(r, topology, device_spec))
-            proc = ctx.Process(target=device_main, args=(args, self._arena if forked else None), daemon=True,
-                               name=f"virtualpar-device-{r}")
-            self._cmd.append(here)
-            self._side.append(side_here)
-            self._procs.append((proc, there, side_there))
-        for proc, _, _ in self._procs:
-            proc.start()
-        for i, (proc, there, side_there) in enumerate(self._procs):
-            there.close()  # the child has its own copy; ours would hide the child's death
-            side_there.close()
-            self._procs[i] = proc
+        child_ends = []
+        try:
+            for r in range(n):
+                here, there = ctx.Pipe(duplex=True)
+                self._cmd.append(here)
+                child_ends.append(there)
+                side_here, side_there = ctx.Pipe(duplex=True)
+                self._side.append(side_here)
+                child_ends.append(side_there)
+                args = WorkerArgs(r, self.mesh, self.config, layout, self._arena.name, self._doorbells, there,
+                                  side_there, DeviceClock(r, topology, device_spec))
+                self._procs.append(ctx.Process(target=device_main, args=(args, self._arena if forked else None),
+                                               daemon=True, name=f"virtualpar-device-{r}"))
+            for proc in self._procs:
+                proc.start()
+        finally:
+            for conn in child_ends:
+                conn.close()  # the child has its own copy; ours would hide the child's death
         self._host = Endpoint(layout.host, self._arena, layout, self._doorbells)
         self._abort = self._arena.view(layout.abort_offset, 1, np.int64)
         self._clocks = self._arena.view(layout.clocks_offset, layout.endpoints, np.float64)
@@ -212,21 +217,16 @@ class VirtualCluster:
         """Place ``x`` in ``device.state[key]`` of device ``rank`` over the host->device channel."""
         self._check_open()
         self._check_rank(rank)
-        self._cmd[rank].send(("put", key))
-        req = self._host.isend(x, rank, TAG_HOST)
-        self._host_wait(rank, lambda: req.done, "put")
-        self._finish_command(rank)
+        req = self._host.isend(x, rank, TAG_HOST)  # an unpicklable x fails here, before the device is involved
+        self._host_command(rank, ("put", key), lambda: req.done, "put")
 
     def get(self, rank: int, key: str) -> Any:
         """Fetch ``device.state[key]`` from device ``rank`` over the device->host channel."""
         self._check_open()
         self._check_rank(rank)
-        self._cmd[rank].send(("get", key))
         req = self._host.irecv(rank, TAG_HOST)
-        reply = self._host_wait(rank, lambda: req.done, "get")
-        value = req.wait(0.0)
-        self._finish_command(rank, reply)
-        return value
+        self._host_command(rank, ("get", key), lambda: req.done, "get")
+        return req.wait(0.0)
 
     def stats(self) -> TrafficStats:
         """Bytes and messages moved so far, per device pair, with host traffic apart."""
@@ -243,9 +243,11 @@ class VirtualCluster:
         return [float(c) for c in self._clocks[: self.size]]
 
     def flight_records(self, rank: int) -> list:
-        """Device ``rank``'s last 64 ops (readable even after the device died)."""
+        """Device ``rank``'s last 64 ops (readable even after the device died or the cluster closed)."""
         self._check_rank(rank)
-        return self._recorders[rank].records()
+        if self._recorders:
+            return self._recorders[rank].records()
+        return list(self._final_records[rank]) if self._final_records else []
 
     def trace(self, clear: bool = False) -> Any:
         """Every device's events merged into one :class:`~virtualpar.trace.Trace`."""
@@ -288,20 +290,48 @@ class VirtualCluster:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
             raise UsageError(f"rank must be a device rank 0..{self.size - 1}, got {rank!r}")
 
-    def _command(self, rank: int, msg: tuple) -> Any:
-        self._cmd[rank].send(msg)
-        return self._finish_command(rank)
+    def _send(self, rank: int, msg: tuple, what: str | None = None) -> None:
+        """Send a command; a device that is gone (its pipe broke: spawn, forkserver) is a fatal DeviceDied."""
+        try:
+            self._cmd[rank].send(msg)
+        except (OSError, ValueError):
+            died = self._died(rank, during=what or f"the {msg[0]!r} command")
+            self._fatal_shutdown(str(died))
+            raise died from None
 
-    def _finish_command(self, rank: int, reply: tuple | None = None) -> Any:
+    def _command(self, rank: int, msg: tuple) -> Any:
+        self._send(rank, msg)
+        return self._finish_command(rank, what=f"the {msg[0]!r} command")
+
+    def _finish_command(self, rank: int, reply: tuple | None = None, what: str = "a driver command") -> Any:
         try:
             if reply is None:
-                reply = self._recv_reply(rank, time.monotonic() + self.config.timeout + 5, "a driver command")
+                reply = self._recv_reply(rank, time.monotonic() + self.config.timeout + 5, what)
         except DeviceDied as died:
             self._fatal_shutdown(str(died))
             raise
         if reply[0] == "err":
             raise self._reraise(reply[1])
         return reply[1]
+
+    def _host_command(self, rank: int, msg: tuple, done: Callable[[], bool], what: str) -> None:
+        """Send a put/get command and move its data over the host channel.
+
+        A device that fails the command (a missing key, an unpicklable value) leaves the host's
+        half of the transfer posted; the cluster is then reset exactly as after a failed run, so the
+        next command starts clean.  A timeout or Ctrl-C leaves the device's state unknown: fatal.
+        """
+        try:
+            self._send(rank, msg, what)
+            reply = self._host_wait(rank, done, what)
+            self._finish_command(rank, reply, what)
+        except (KeyboardInterrupt, P2PTimeout) as exc:
+            self._fatal_shutdown(f"{what} with device {rank} was interrupted: {type(exc).__name__}")
+            raise
+        except VirtualParError:
+            if not self._closed:
+                self._reset()
+            raise
 
     def _host_wait(self, rank: int, done: Callable[[], bool], what: str) -> tuple | None:
         """Progress the host endpoint until ``done``, watching device ``rank`` for an early reply."""
@@ -317,13 +347,17 @@ class VirtualCluster:
                 self._fatal_shutdown(str(died))
                 raise died
 
-        self._host.wait(done, self.config.timeout, None, f"{what} with device {rank}", on_idle=watch)
+        def timed_out() -> P2PTimeout:
+            return P2PTimeout(f"host: {what} with device {rank} {self.mesh.index(rank)} did not complete within "
+                              f"{self.config.timeout:g} s", rank=rank, index=str(self.mesh.index(rank)))
+
+        self._host.wait(done, self.config.timeout, timed_out, f"{what} with device {rank}", on_idle=watch)
         return box[0] if box else None
 
     def _broadcast_command(self, msg: tuple, what: str) -> list[Any]:
         try:
-            for conn in self._cmd:
-                conn.send(msg)
+            for r in range(self.size):
+                self._send(r, msg, what)
             return self._collect(what)
         except KeyboardInterrupt:
             self._fatal_shutdown("interrupted by Ctrl-C")
@@ -387,7 +421,7 @@ class VirtualCluster:
             if root is None:
                 root = VirtualParError(f"devices {stuck} did not return after an abort{extra}")
             else:
-                root = _with_message(root, str(root) + extra, stacks=stacks)
+                root = root.replace(str(root) + extra, stacks=stacks)
         self._fatal_shutdown(f"devices {stuck} were stuck and had to be killed")
         raise root
 
@@ -427,10 +461,10 @@ class VirtualCluster:
         self._tails[:] = 0
         self._abort[0] = 0
         self._host.reset()
-        for conn in self._cmd:
-            conn.send(("reset",))
         for r in range(self.size):
-            self._finish_command(r)
+            self._send(r, ("reset",))
+        for r in range(self.size):
+            self._finish_command(r, what="the 'reset' command")
 
     def _stack(self, rank: int) -> str:
         try:
@@ -469,10 +503,11 @@ class VirtualCluster:
         self._release()
 
     def _kill_all(self) -> None:
-        for proc in self._procs:
+        started = [proc for proc in self._procs if proc.pid is not None]
+        for proc in started:
             if proc.is_alive():
                 proc.kill()
-        for proc in self._procs:
+        for proc in started:
             proc.join(5.0)
             try:
                 proc.close()
@@ -480,21 +515,18 @@ class VirtualCluster:
                 pass
 
     def _release(self) -> None:
-        for conn in getattr(self, "_cmd", []) + getattr(self, "_side", []):
+        """Close the pipes and drop every view of the arena, so its memory and fd are freed now."""
+        for conn in self._cmd + self._side:
             conn.close()
+        if self._recorders:
+            self._final_records = [rec.records() for rec in self._recorders]
+        self._recorders = []
         self._host = None
         self._heads = self._tails = self._abort = self._clocks = self._counters = None
-        self._recorders_cache = self._recorders
+        self._doorbells = []
         self._arena.close()
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.rstrip().splitlines())
 
-
-def _with_message(err: BaseException, message: str, **extra: Any) -> BaseException:
-    if isinstance(err, VirtualParError):
-        new = type(err)(message, **{**err.details, **extra})
-        new.__cause__ = err.__cause__
-        return new
-    return err

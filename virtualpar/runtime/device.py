@@ -64,6 +64,8 @@ class VirtualDevice:
         self._clock = clock
         self._clock_slot = clock_slot
         self._op_seq = 0
+        self._last_op = ""  # what op #_op_seq was, for error messages
+        self._run = 0  # how many cluster.run calls this device has served (same on every device)
         self._group_seq: dict[tuple[int, ...], int] = {}
         self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
         self._events: list[Event] = []
@@ -221,7 +223,8 @@ class VirtualDevice:
     def _begin_op(self, text: str) -> int:
         """Count an op, record it, and fire an injected fault due at it."""
         self._op_seq += 1
-        slot = self._recorder.start(self._op_seq, text, self.clock)
+        self._last_op = text
+        slot = self._recorder.start(self._op_seq, text, self.clock, self._run)
         fault = self._faults.pop(self._op_seq, None)
         if fault is not None:
             self._fire(fault, text)
@@ -288,18 +291,24 @@ class VirtualDevice:
 
     def _p2p_timeout(self, what: str, peer: int, tag: int, timeout: float | None):
         def build() -> P2PTimeout:
-            last = self._recorders[peer].records()
+            records = {r: self._recorders[r].records() for r in (self.rank, peer)}
             return P2PTimeout(
                 f"{self.name}: {what} device {peer} (tag {tag}) did not complete within {self._timeout(timeout):g} s "
-                f"(op #{self._op_seq}).\n  device {peer} {self.mesh.index(peer)} last ops:\n{format_records(last, 4)}",
-                rank=self.rank, index=str(self.index), peer=peer, tag=tag, op_seq=self._op_seq,
+                f"(op #{self._op_seq}).\n  device {peer} {self.mesh.index(peer)} last ops:\n{format_records(records[peer], 4)}",
+                rank=self.rank, index=str(self.index), peer=peer, tag=tag, op_seq=self._op_seq, flight_records=records,
             )
         return build
 
     # -- host channel (used by the worker loop) -----------------------------------------------------
     def _from_host(self) -> Any:
         req = self._endpoint.irecv(self.size, TAG_HOST)
-        return req.wait(self.config.timeout, None)
+        return req.wait(self.config.timeout, self._host_timeout("receiving from"))
 
     def _to_host(self, x: Any) -> None:
-        self._endpoint.isend(x, self.size, TAG_HOST).wait(self.config.timeout, None)
+        self._endpoint.isend(x, self.size, TAG_HOST).wait(self.config.timeout, self._host_timeout("sending to"))
+
+    def _host_timeout(self, what: str):
+        def build() -> P2PTimeout:
+            return P2PTimeout(f"{self.name}: {what} the host did not complete within {self.config.timeout:g} s",
+                              rank=self.rank, index=str(self.index), peer=self.size, tag=TAG_HOST, op_seq=self._op_seq)
+        return build

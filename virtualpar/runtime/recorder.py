@@ -4,7 +4,10 @@ Because the records live in the cluster's shared arena rather than in the device
 they survive the device: the driver reads a SIGKILLed device's last op, and a device whose
 collective timed out reads what each of its peers is doing right now.  Each record is 256 bytes::
 
-    seq i64 | state i32 | pad i32 | wall_start f64 | wall_end f64 | model_start f64 | model_end f64 | text 208s
+    seq i64 | state i32 | run i32 | wall_start f64 | wall_end f64 | model_start f64 | model_end f64 | text 208s
+
+``run`` numbers the ``cluster.run`` calls (the same on every device, since every device serves every
+run), so that "op #2 on group G" of this run is never confused with one of an earlier run.
 
 Writing one record costs one ``struct.pack_into`` (about a microsecond).
 """
@@ -29,7 +32,7 @@ _STATE_NAMES = {STARTED: "started", DONE: "done", FAILED: "failed"}
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One recorded op of one device (wall times are ``time.monotonic()`` seconds)."""
+    """One recorded op of one device (wall times are ``time.monotonic()`` seconds; ``run``: see module doc)."""
 
     rank: int
     seq: int
@@ -39,6 +42,7 @@ class OpRecord:
     model_start: float
     model_end: float
     text: str
+    run: int = 0
 
     def describe(self, now: float | None = None) -> str:
         if self.state == "started":
@@ -57,10 +61,10 @@ class FlightRecorder:
         self._buf = arena.view(base + 64, RECORD_SLOTS * RECORD_BYTES)
         self._mv = memoryview(self._buf)
 
-    def start(self, seq: int, text: str, model: float) -> int:
+    def start(self, seq: int, text: str, model: float, run: int = 0) -> int:
         slot = int(self._count[0]) % RECORD_SLOTS
         raw = text.encode("utf-8", "replace")[:208]
-        _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, STARTED, 0, time.monotonic(), 0.0, model, 0.0, raw)
+        _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, STARTED, run, time.monotonic(), 0.0, model, 0.0, raw)
         self._count[0] += 1
         return slot
 
@@ -75,9 +79,9 @@ class FlightRecorder:
         count = int(self._count[0])
         out = []
         for i in range(max(0, count - RECORD_SLOTS), count):
-            seq, state, _, ws, we, ms, me, raw = _REC.unpack_from(self._mv, (i % RECORD_SLOTS) * RECORD_BYTES)
+            seq, state, run, ws, we, ms, me, raw = _REC.unpack_from(self._mv, (i % RECORD_SLOTS) * RECORD_BYTES)
             text = raw.rstrip(b"\0").decode("utf-8", "replace")
-            out.append(OpRecord(self.rank, seq, _STATE_NAMES.get(state, "?"), ws, we, ms, me, text))
+            out.append(OpRecord(self.rank, seq, _STATE_NAMES.get(state, "?"), ws, we, ms, me, text, run))
         return out
 
     def last(self) -> OpRecord | None:

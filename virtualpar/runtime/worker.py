@@ -58,11 +58,18 @@ def _sidecar(side: Any, ppid: int, main_ident: int) -> None:
         except (EOFError, OSError):
             os._exit(0)
         frame = sys._current_frames().get(main_ident)
-        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(no main thread)"
+        stack = _device_stack(frame) if frame is not None else "(no main thread)"
         try:
             side.send(stack)
         except (OSError, ValueError):
             os._exit(0)
+
+
+def _device_stack(frame: Any) -> str:
+    """The main thread's stack from ``device_main`` down (a forked child also has the driver's frames above)."""
+    frames = traceback.extract_stack(frame)
+    starts = [i for i, f in enumerate(frames) if f.name == "device_main"]
+    return "".join(traceback.format_list(frames[starts[-1] if starts else 0 :]))
 
 
 def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
@@ -111,17 +118,22 @@ class _Handlers:
         self.endpoint = endpoint
 
     def run(self, payload: bytes) -> tuple:
+        dev = self.dev
+        dev._run += 1  # first: every device counts every run, even one whose payload fails to load
         fn, fargs, fkwargs = pickle.loads(payload)
         name = getattr(fn, "__qualname__", repr(fn))
-        dev = self.dev
-        slot = dev._recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock)
+        slot = dev._recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock, dev._run)
         try:
             result = fn(dev, *fargs, **fkwargs)
         except BaseException:
             dev._recorder.finish(slot, dev.clock, failed=True)
             raise
         dev._recorder.finish(slot, dev.clock)
-        pickle.dumps(result)  # fail here, with a clear message, rather than in cmd.send
+        try:  # fail here, with a clear message, rather than in cmd.send
+            pickle.dumps(result)
+        except Exception as exc:
+            raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to the driver: it cannot be "
+                               f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
         self.endpoint.drain()
         return ("ok", result, self.endpoint.pending())
 
@@ -161,18 +173,39 @@ class _Handlers:
 
 
 def package_error(dev: Any, exc: BaseException) -> tuple:
-    """(error object, formatted traceback, monotonic time) ready to pickle to the driver."""
+    """(error, formatted traceback, monotonic time, secondary?) ready to pickle to the driver.
+
+    Exceptions from user code become a ``DeviceError``.  virtualpar's own errors keep their type,
+    but one raised below the device layer (a bad mesh axis, an unpicklable payload) does not know
+    which device it happened on, so it gets the device's name, rank and last op here.  An error
+    is *secondary* if it is, or was caused by, a ``DeviceAborted``: it never hides the root cause.
+    """
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    last = f"last op #{dev.op_seq}: {dev._last_op}" if dev.op_seq else "before any op"
     if isinstance(exc, VirtualParError):
         err: BaseException = exc
+        if getattr(exc, "rank", None) is None:
+            prefix = "" if exc.message.startswith(dev.name) else f"{dev.name}: "
+            err = exc.replace(f"{prefix}{exc.message} ({last})", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq)
     else:
         err = DeviceError(
-            f"{dev.name} raised {type(exc).__name__} in user code (last op #{dev.op_seq}): {exc}",
+            f"{dev.name} raised {type(exc).__name__} in user code: {exc} ({last})",
             rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__,
             remote_traceback=tb,
         )
     try:
         pickle.dumps(err)
     except Exception:
-        err = DeviceError(f"{dev.name} raised {type(exc).__name__}: {exc}", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, remote_traceback=tb)
-    return (err, tb, time.monotonic(), isinstance(exc, DeviceAborted))
+        err = DeviceError(f"{dev.name} raised {type(exc).__name__}: {exc} ({last})", rank=dev.rank,
+                          index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__, remote_traceback=tb)
+    return (err, tb, time.monotonic(), _caused_by_abort(exc))
+
+
+def _caused_by_abort(exc: BaseException | None) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DeviceAborted):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
