@@ -59,6 +59,12 @@ def _device_step(dev: Any, op: str, group: Any, algorithm: str) -> tuple[Any, fl
     return result, t0, dev.clock
 
 
+def _imbalanced_step(dev: Any) -> None:
+    """Unequal compute, then a gradient all_reduce: the timeline shows who waits for whom."""
+    dev.compute(flops=(dev.rank + 1) * 20e9, bytes=0, name="forward+backward")
+    dev.all_reduce(np.zeros(16 << 20, np.float32))
+
+
 def _check(mesh: Mesh, op: str, group: Any, results: list[Any]) -> bool:
     for ranks in mesh.groups(group):
         expected = TOUR_CASES[op][1]([_input(r) for r in ranks])
@@ -89,12 +95,18 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
                     # the op's modelled time: from the last device entering to the last leaving
                     modelled = max(r[2] for r in replies) - max(r[1] for r in replies)
                     rows.append(TourRow(op, label, algorithm, nbytes, modelled, _check(mesh, op, group, results)))
-        trace = cluster.trace()
+        trace = cluster.trace(clear=True)
+        cluster.run(_imbalanced_step)
+        demo = cluster.trace()
     _print_table(out, rows)
     path = trace.write_chrome(trace_path, clock="model")
     out.write(f"\ntrace: {os.path.abspath(path)}  ({len(trace)} events, modelled clock)\n")
     out.write("  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing\n\n")
-    out.write(trace.filter(kind=("collective", "compute")).to_text(clock="model", width=78) + "\n")
+    out.write("One training-like step: device r computes (r+1) x 20 GFLOP, then all devices all_reduce 64 MiB\n")
+    out.write("of gradients. The fast devices enter the all_reduce early and wait inside it ('=') for the\n")
+    out.write("slowest, whose compute is the critical path:\n\n")
+    out.write(demo.filter(kind=("collective", "compute")).to_text(clock="model", width=78) + "\n\n")
+    out.write(demo.summary(clock="model").format(max_path=6) + "\n")
     bad = [r for r in rows if not r.correct]
     out.write(f"\n{len(rows) - len(bad)} of {len(rows)} collective runs match numpy on every device.\n")
     return rows

@@ -55,7 +55,7 @@ def _symbol(mask: int) -> str:
 def format_seconds(t: float) -> str:
     """``t`` seconds in a readable unit with 4 significant digits: ``"12.5 ms"``, ``"3 µs"``."""
     a = abs(t)
-    if a == 0:
+    if a < 1e-12:  # below a picosecond is float rounding of differences, not time
         return "0 s"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if a >= scale:
