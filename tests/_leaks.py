@@ -91,7 +91,9 @@ def open_fds() -> dict[int, str]:
 
 
 def shm_entries() -> set[str]:
-    return {e for e in os.listdir("/dev/shm") if not e.startswith("sem.")}
+    """virtualpar's segments in /dev/shm (every segment it creates is named ``virtualpar-*``;
+    other programs' segments, e.g. an MPI benchmark running meanwhile, are not ours to judge)."""
+    return {e for e in os.listdir("/dev/shm") if e.startswith("virtualpar-")}
 
 
 def own_shm_entries() -> set[str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .errors import (ClusterClosedError, CollectiveMismatch, CollectiveTimeout, DeviceAborted, DeviceDied,
                      DeviceError, InjectedFault, MeshError, NonFiniteError, P2PTimeout, PayloadError,
-                     ShardingError, UnmatchedMessages, UsageError, VirtualParError)
+                     RunTimeout, ShardingError, UnmatchedMessages, UsageError, VirtualParError)
 from .mesh import Mesh, MeshIndex, Topology
 from .runtime import VirtualCluster, VirtualDevice
 from .transport.channel import VirtualChannel
@@ -28,5 +28,5 @@ __all__ = [
     "Mesh", "MeshIndex", "Topology", "VirtualCluster", "VirtualDevice", "VirtualChannel",
     "VirtualParError", "MeshError", "ShardingError", "UsageError", "PayloadError", "DeviceError",
     "DeviceDied", "DeviceAborted", "CollectiveTimeout", "CollectiveMismatch", "P2PTimeout",
-    "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError", "__version__",
+    "RunTimeout", "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError", "__version__",
 ]

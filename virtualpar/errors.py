@@ -18,6 +18,7 @@ Hierarchy::
     ├── CollectiveTimeout                      a collective did not complete in time
     ├── CollectiveMismatch                     devices of a group called different collectives
     ├── P2PTimeout                             a send or recv did not complete in time
+    ├── RunTimeout (also TimeoutError)         a whole ``cluster.run`` exceeded ``run_timeout``
     ├── UnmatchedMessages                      messages sent and never received
     ├── NonFiniteError (also FloatingPointError)  NaN/Inf input with check_nan on
     ├── InjectedFault                          raised by ``cluster.inject(..., action="raise")``
@@ -40,6 +41,7 @@ __all__ = [
     "CollectiveTimeout",
     "CollectiveMismatch",
     "P2PTimeout",
+    "RunTimeout",
     "UnmatchedMessages",
     "NonFiniteError",
     "InjectedFault",
@@ -123,6 +125,15 @@ class CollectiveMismatch(VirtualParError):
 
 class P2PTimeout(VirtualParError):
     """A point-to-point send or recv did not complete in time."""
+
+
+class RunTimeout(VirtualParError, TimeoutError):
+    """A whole ``cluster.run`` did not finish within the cluster's ``run_timeout``.
+
+    Raised by the driver, never on a device: the devices still running were killed and the cluster
+    shut down.  Attributes: ``running`` (their ranks), ``last_ops`` and ``stacks`` (rank -> text,
+    from the flight recorder and the device's sidecar), ``run_timeout`` and ``function``.
+    """
 
 
 class UnmatchedMessages(VirtualParError):

@@ -6,6 +6,10 @@ A sidecar thread watches the driver: when the driver dies, even by SIGKILL, the 
 within half a second (its parent pid changes) and exits; the same thread answers "where are you
 stuck?" requests with the main thread's stack, which works even while the main thread sleeps in C.
 Devices ignore SIGINT: Ctrl-C belongs to the driver, which then reaps them.
+
+After an error reply to a host-channel command (``put``/``get``) the device rings the host's
+doorbell: the driver is asleep on it, waiting for the transfer, and would otherwise notice the
+error on the pipe only when its wait slice ends (see :mod:`.host_link`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .recorder import FlightRecorder
 __all__ = ["device_main", "WorkerArgs"]
 
 _PARENT_POLL = 0.5
+_HOST_COMMANDS = frozenset({"put", "get"})  # commands whose data crosses the host channel
 
 
 class WorkerArgs:
@@ -106,7 +111,12 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
         try:
             cmd.send(reply)
         except Exception as exc:
-            cmd.send(("err", package_error(dev, PayloadError(f"{dev.name}: the result cannot be sent to the driver: it cannot be pickled ({exc})"))))
+            reply = ("err", package_error(dev, PayloadError(f"{dev.name}: the result cannot be sent to the driver: it cannot be pickled ({exc})")))
+            cmd.send(reply)
+        if kind in _HOST_COMMANDS and reply[0] == "err":
+            # The driver waits for a host transfer asleep on its doorbell and reads this pipe only
+            # between sleeps: ring, or the error would wait out the driver's wake slice (0.5 s).
+            args.doorbells[layout.host].release()
     os._exit(0)
 
 

@@ -1,0 +1,176 @@
+"""The driver's side of a running cluster: commands to devices, and the two ends of a failure.
+
+A command is a tuple sent down a device's command pipe (``("run", payload)``, ``("get", key)``...);
+the device answers ``("ok", value[, unmatched messages])`` or ``("err", packaged error)``.  A command
+to every device (``broadcast``) is collected by the :class:`~.supervisor.Supervisor`, which also
+decides what a failure means.  A failed command ends one of two ways:
+
+- **reset** (every device came back, some with an error): the rings' heads and tails and the abort
+  word are zeroed, the host endpoint forgets what was in flight, and every device is told to do the
+  same.  No message of the failed command can leak into the next one, and the cluster stays usable.
+- **fatal shutdown** (a device died, was stuck, or overran ``run_timeout``): every process is killed
+  and reaped, every pipe closed, every view of the shared arena dropped and the arena freed at once;
+  later calls raise ``ClusterClosedError`` naming the reason.
+
+After a successful run the rings must be empty: a message sent and never received is reported as
+``UnmatchedMessages`` (and the cluster reset), never silently carried into the next run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages
+from ..mesh import Mesh
+from ..transport.endpoint import Endpoint
+from ..transport.shm import Layout, SharedArena
+from .config import ClusterConfig
+from .supervisor import Supervisor, Verdict, unpack_error
+
+__all__ = ["ClusterControl"]
+
+_CLOSE_WAIT = 2.0  # seconds devices get to leave their loop on close before they are killed
+_REPLY_SLACK = 5.0  # a command's reply may take the op timeout plus this
+
+
+class ClusterControl:
+    """Commands, reset and shutdown for the devices ``sup`` watches (owns every arena view)."""
+
+    def __init__(self, mesh: Mesh, config: ClusterConfig, layout: Layout, arena: SharedArena, sup: Supervisor,
+                 doorbells: list[Any]) -> None:
+        self.mesh = mesh
+        self.size = mesh.size
+        self.config = config
+        self.sup = sup
+        self.closed = False
+        self.fatal: str | None = None  # why the cluster was shut down, if it was
+        self._arena = arena
+        self.host: Endpoint | None = Endpoint(layout.host, arena, layout, doorbells)
+        E = layout.endpoints
+        self._abort = arena.view(layout.abort_offset, 1, np.int64)
+        self.clocks = arena.view(layout.clocks_offset, E, np.float64)
+        self.counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
+        ctrl = arena.view(layout.ring_ctrl_offset, E * E * 16, np.uint64).reshape(E * E, 16)
+        self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
+
+    def check_open(self) -> None:
+        if self.closed:
+            why = f" after a fatal failure: {self.fatal}" if self.fatal else ""
+            raise ClusterClosedError(f"this VirtualCluster({self.mesh}) is closed{why}; create a new one")
+
+    # -- commands -----------------------------------------------------------------------------------
+    def send(self, rank: int, msg: tuple, what: str | None = None) -> None:
+        """Send a command; a device that is gone (its pipe broke: spawn, forkserver) is a fatal DeviceDied."""
+        try:
+            self.sup.cmd[rank].send(msg)
+        except (OSError, ValueError):
+            died = self.sup.died(rank, during=what or f"the {msg[0]!r} command")
+            self.fatal_shutdown(str(died))
+            raise died from None
+
+    def command(self, rank: int, msg: tuple) -> Any:
+        """Send a command to one device and return its reply's value (or raise its error)."""
+        self.send(rank, msg)
+        return self.finish(rank, what=f"the {msg[0]!r} command")
+
+    def finish(self, rank: int, reply: tuple | None = None, what: str = "a driver command") -> Any:
+        """Wait for device ``rank``'s reply (unless given) and unpack it; a death is fatal."""
+        try:
+            if reply is None:
+                reply = self.sup.recv_reply(rank, time.monotonic() + self.config.timeout + _REPLY_SLACK, what)
+        except DeviceDied as died:
+            self.fatal_shutdown(str(died))
+            raise
+        if reply[0] == "err":
+            raise unpack_error(reply[1])
+        return reply[1]
+
+    def broadcast(self, msg: tuple, what: str, run_timeout: float | None = None, check_unmatched: bool = True) -> list[Any]:
+        """Send ``msg`` to every device; their replies in rank order, or the root cause of a failure.
+
+        ``run_timeout``: seconds the whole round may take from now (None: no limit).
+        """
+        deadline = None if run_timeout is None else time.monotonic() + run_timeout
+        try:
+            for r in range(self.size):
+                self.send(r, msg, what)
+            got = self.sup.collect(what, deadline)
+            verdict = self.sup.judge(got, what, run_timeout)
+        except KeyboardInterrupt:
+            self.fatal_shutdown("interrupted by Ctrl-C")
+            raise
+        if verdict is not None:
+            self.fail(verdict)
+        if check_unmatched and (got.pending or self._rings_busy()):
+            self._report_unmatched(got.pending)
+        return got.results
+
+    def fail(self, verdict: Verdict) -> None:
+        """End a failed command as the verdict says (shut down, or reset), then raise its error."""
+        if verdict.fatal is not None:
+            self.fatal_shutdown(verdict.fatal)
+        else:
+            self.reset()
+        raise verdict.error
+
+    def _rings_busy(self) -> bool:
+        return bool(np.any(self._heads != self._tails))
+
+    def _report_unmatched(self, found: list[tuple]) -> None:
+        found = list(found)
+        for r in range(self.size):
+            found.extend(self.command(r, ("pending",)))
+        found = sorted(set(found))
+        self.reset()
+        if found:
+            lines = "\n".join(f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found)
+            raise UnmatchedMessages(f"{len(found)} message(s) were sent and never received:\n{lines}", messages=found)
+
+    # -- the two ends of a failure ------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything in flight after a failed command; every device is idle in its loop."""
+        self._heads[:] = 0
+        self._tails[:] = 0
+        self._abort[0] = 0
+        self.host.reset()
+        for r in range(self.size):
+            self.send(r, ("reset",))
+        for r in range(self.size):
+            self.finish(r, what="the 'reset' command")
+
+    def fatal_shutdown(self, reason: str) -> None:
+        """Shut down for good after a failure; later calls raise ClusterClosedError with ``reason``."""
+        if self.closed:
+            return
+        self.fatal = reason
+        self.closed = True
+        self.shutdown()
+
+    def close(self) -> None:
+        """Ask every device to leave its loop, give them ``_CLOSE_WAIT`` s, then shut down.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        sup = self.sup
+        for r, proc in enumerate(sup.procs):
+            try:
+                if proc.is_alive():
+                    sup.cmd[r].send(("close",))
+            except (OSError, ValueError):
+                pass  # already gone: shutdown reaps it
+        deadline = time.monotonic() + _CLOSE_WAIT
+        for proc in sup.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Kill and reap every process, close the pipes, drop every view of the arena and free it now."""
+        self.closed = True
+        self.sup.kill_all()
+        self.sup.release()
+        self.host = None
+        self._heads = self._tails = self._abort = self.clocks = self.counters = None  # type: ignore[assignment]
+        self._arena.close()

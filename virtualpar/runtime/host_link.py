@@ -1,0 +1,83 @@
+"""``cluster.put`` / ``cluster.get``: data between the driver and one device over the host channel.
+
+The host is endpoint ``layout.host`` (index ``n``), with its own rings to and from every device, so
+an array crosses in two copies like any device-to-device message.  A transfer has two halves:
+
+1. the driver posts its half on the host endpoint (``put``: the send; ``get``: the receive) and sends
+   the command (``("put", key)`` / ``("get", key)``) down the device's pipe;
+2. the driver makes progress on the host endpoint until its half is done, sleeping on the host's
+   doorbell between checks; the device posts the other half, then replies on its pipe.
+
+The device may fail instead (a missing key, a value it cannot unpickle).  Its error reply arrives on
+the pipe, which the driver reads only between doorbell sleeps, so the device rings the host's
+doorbell after an error reply to a host command (``worker.device_main``): the driver wakes at once
+instead of after its wait slice.  A failed transfer leaves the driver's half posted; the cluster is
+then reset exactly as after a failed run, so the next command starts clean.  A timeout or Ctrl-C
+leaves the device's state unknown: fatal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import P2PTimeout, VirtualParError
+from .config import TAG_HOST
+from .control import ClusterControl
+from .supervisor import unpack_error
+
+__all__ = ["put", "get"]
+
+
+def put(ctl: ClusterControl, rank: int, key: str, x: Any) -> None:
+    """Place ``x`` in ``device.state[key]`` of device ``rank``."""
+    req = ctl.host.isend(x, rank, TAG_HOST)  # an unpicklable x fails here, before the device is involved
+    _transfer(ctl, rank, ("put", key), lambda: req.done, "put")
+
+
+def get(ctl: ClusterControl, rank: int, key: str) -> Any:
+    """``device.state[key]`` of device ``rank``."""
+    req = ctl.host.irecv(rank, TAG_HOST)
+    _transfer(ctl, rank, ("get", key), lambda: req.done, "get")
+    return req.wait(0.0)
+
+
+def _transfer(ctl: ClusterControl, rank: int, msg: tuple, done: Callable[[], bool], what: str) -> None:
+    """Send the command, complete the host's half, and take the device's reply (see module doc)."""
+    try:
+        ctl.send(rank, msg, what)
+        reply = _wait(ctl, rank, done, what)
+        ctl.finish(rank, reply, what)
+    except (KeyboardInterrupt, P2PTimeout) as exc:
+        ctl.fatal_shutdown(f"{what} with device {rank} was interrupted: {type(exc).__name__}")
+        raise
+    except VirtualParError:
+        if not ctl.closed:
+            ctl.reset()
+        raise
+
+
+def _wait(ctl: ClusterControl, rank: int, done: Callable[[], bool], what: str) -> tuple | None:
+    """Progress the host endpoint until ``done``, watching device ``rank`` for an early reply or death.
+
+    Returns the device's reply if it came while waiting (None: it is still to be read).
+    """
+    box: list[tuple] = []
+    conn, proc = ctl.sup.cmd[rank], ctl.sup.procs[rank]
+
+    def watch() -> None:
+        if not box and conn.poll():
+            box.append(conn.recv())
+            if box[0][0] == "err":
+                raise unpack_error(box[0][1])
+        if not proc.is_alive():
+            died = ctl.sup.died(rank, during=what)
+            ctl.fatal_shutdown(str(died))
+            raise died
+
+    def timed_out() -> P2PTimeout:
+        index = ctl.mesh.index(rank)
+        return P2PTimeout(f"host: {what} with device {rank} {index} did not complete within "
+                          f"{ctl.config.timeout:g} s", rank=rank, index=str(index))
+
+    ctl.host.wait(done, ctl.config.timeout, timed_out, f"{what} with device {rank}", on_idle=watch)
+    return box[0] if box else None

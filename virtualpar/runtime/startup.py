@@ -1,0 +1,106 @@
+"""Starting a cluster's device processes: one process, two pipes and one doorbell each.
+
+Per device the driver creates
+
+- a *command pipe* (``Pipe(duplex=True)``): commands out, replies back.  ``Connection.send`` pickles
+  in the caller, so an unpicklable object fails loudly here instead of being lost on a feeder thread
+  as with ``multiprocessing.Queue``;
+- a *sidecar pipe*, answered by a thread in the device, for stack requests while the device's main
+  thread is stuck;
+- a *doorbell* (a semaphore; one more for the host endpoint), rung by whoever changes something the
+  endpoint may be waiting for (see :mod:`virtualpar.transport.endpoint`).
+
+The driver closes its copies of the child ends at once: otherwise a child's death would not break
+the pipe and the driver could not see it.  The shared arena is unlinked from /dev/shm as early as
+possible: at once under ``fork`` (children inherit the mapping), after the start-up handshake under
+``spawn``/``forkserver`` (every device has mapped it by the time it says "ready").  The handshake
+reply carries the device's pid.
+
+Start-up is all or nothing: if any step fails (a fork error, a device that dies before its
+handshake), every process already started is killed and reaped before the error propagates.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..mesh import Mesh
+from ..transport.shm import Layout, SharedArena
+from .config import ClusterConfig
+from .recorder import FlightRecorder
+from .supervisor import Supervisor
+from .worker import WorkerArgs
+
+__all__ = ["start_devices", "READY_TIMEOUT"]
+
+READY_TIMEOUT = 60.0  # seconds a device may take from start to its "ready" (spawn imports numpy)
+_PRELOAD = ["numpy", "networkx", "virtualpar.runtime.worker", "virtualpar.runtime.device"]
+
+
+def start_devices(
+    mesh: Mesh,
+    config: ClusterConfig,
+    layout: Layout,
+    arena: SharedArena,
+    start_method: str,
+    clocks: list[Any],
+    abort_grace: float,
+    target: Callable[..., None],
+) -> tuple[Supervisor, list[Any], list[int]]:
+    """Start ``mesh.size`` processes running ``target(WorkerArgs, arena or None)``; wait until each is ready.
+
+    ``clocks``: each device's modelled clock (a ``DeviceClock``).  Returns the supervisor watching
+    the processes, the doorbells (index ``layout.host`` is the host's) and the devices' pids.
+    """
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    forked = start_method == "fork"
+    if forked:
+        arena.unlink()  # children inherit the mapping: the name is never needed again
+    doorbells = [ctx.Semaphore(0) for _ in range(layout.endpoints)]
+    recorders = [FlightRecorder(arena, layout, r) for r in range(mesh.size)]
+    sup = Supervisor(mesh, recorders, arena.view(layout.abort_offset, 1, np.int64), doorbells, abort_grace)
+    try:
+        _spawn(ctx, sup, mesh, config, layout, arena, doorbells, clocks, target, forked)
+        deadline = time.monotonic() + READY_TIMEOUT
+        pids = [sup.recv_reply(r, deadline, "start-up")[1] for r in range(mesh.size)]
+    except BaseException:
+        sup.kill_all()
+        sup.release()
+        raise
+    if not forked:
+        arena.unlink()  # every device has mapped it now
+    return sup, doorbells, pids
+
+
+def _spawn(ctx: Any, sup: Supervisor, mesh: Mesh, config: ClusterConfig, layout: Layout, arena: SharedArena,
+           doorbells: list[Any], clocks: list[Any], target: Callable[..., None], forked: bool) -> None:
+    child_ends = []
+    try:
+        for r in range(mesh.size):
+            here: list[Any] = []
+            try:
+                cmd_here, cmd_there = ctx.Pipe(duplex=True)
+                here.append(cmd_here)
+                child_ends.append(cmd_there)
+                side_here, side_there = ctx.Pipe(duplex=True)
+                here.append(side_here)
+                child_ends.append(side_there)
+                args = WorkerArgs(r, mesh, config, layout, arena.name, doorbells, cmd_there, side_there, clocks[r])
+                proc = ctx.Process(target=target, args=(args, arena if forked else None), daemon=True,
+                                   name=f"virtualpar-device-{r}")
+            except BaseException:
+                for conn in here:
+                    conn.close()  # not handed to the supervisor yet
+                raise
+            sup.add(proc, cmd_here, side_here)
+        for proc in sup.procs:
+            proc.start()
+    finally:
+        for conn in child_ends:
+            conn.close()  # the child has its own copy; ours would hide the child's death

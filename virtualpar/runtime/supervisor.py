@@ -1,0 +1,278 @@
+"""The driver's watch over its device processes: replies, failures, aborts and the root cause.
+
+A ``Supervisor`` owns the driver's handles on every device process: the process itself (its
+*sentinel* becomes readable when it exits), its command pipe (replies come back here) and its
+sidecar pipe (asks "where are you stuck?").  ``collect`` waits on all of them at once with
+``multiprocessing.connection.wait``, so a reply, a death and a deadline are noticed in one place and
+nothing is polled.
+
+Failure handling follows torch's spawn: the first failure is the root cause.
+
+1. The first error reply or death raises the *abort word* in shared memory (``1 + culprit``) and
+   rings every doorbell: devices blocked in communication wake, see the word and give up as
+   ``DeviceAborted`` (a *secondary* error, which never hides the root cause).
+2. The driver then waits at most ``abort_grace`` seconds for everybody.  A device still running
+   after that is stuck in user code or in a C call that ignores aborts: its sidecar is asked for
+   its stack, and the cluster kills it (fatal).
+3. The root cause is a death if there was one, else the earliest error that was not caused by an
+   abort (ties: lowest rank), with the remote traceback as its ``__cause__``.
+
+A run may also carry a deadline (``VirtualCluster(run_timeout=...)``).  If it passes before any
+failure, every device still running is reported -- rank, last op from the flight recorder, stack --
+as ``RunTimeout``, and the cluster kills them.  If a failure came first, the deadline only cuts the
+grace short and the root cause is reported as usual.
+
+The supervisor decides *what* went wrong and whether it is fatal (a :class:`Verdict`); the cluster
+acts on it (shuts down, or resets the rings and keeps going).
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection as mpc
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import CollectiveTimeout, DeviceDied, RemoteTraceback, RunTimeout, VirtualParError
+from ..mesh import Mesh
+from .recorder import FlightRecorder, OpRecord, format_records
+
+__all__ = ["Supervisor", "Collected", "Verdict", "unpack_error"]
+
+_STACK_WAIT = 1.0  # seconds a sidecar gets to answer a stack request
+
+
+@dataclass
+class Collected:
+    """What one round of replies brought: results in rank order and everything that went wrong.
+
+    ``errors``: ``(rank, packaged error)`` in arrival order (see ``worker.package_error``).
+    ``stuck``: devices given up on, after the abort grace or the run deadline, with their ``stacks``.
+    ``timed_out``: the run deadline passed before any failure.
+    """
+
+    results: list[Any]
+    pending: list[tuple] = field(default_factory=list)
+    errors: list[tuple[int, tuple]] = field(default_factory=list)
+    deaths: list[DeviceDied] = field(default_factory=list)
+    stuck: list[int] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The error to raise, and why the cluster must shut down (``fatal``) or None to reset and go on."""
+
+    error: BaseException
+    fatal: str | None
+
+
+def unpack_error(packaged: tuple) -> BaseException:
+    """The device's error, with its remote traceback attached as ``__cause__``."""
+    err, tb, _, _ = packaged
+    err.__cause__ = RemoteTraceback(tb)
+    return err
+
+
+class Supervisor:
+    """Watches the device processes of one cluster (handles are added as the cluster starts them)."""
+
+    def __init__(self, mesh: Mesh, recorders: list[FlightRecorder], abort_word: np.ndarray, doorbells: list[Any],
+                 abort_grace: float) -> None:
+        self.mesh = mesh
+        self.abort_grace = abort_grace
+        self.procs: list[Any] = []
+        self.cmd: list[Any] = []
+        self.side: list[Any] = []
+        self._recorders = recorders
+        self._abort = abort_word
+        self._doorbells = doorbells
+        self._final_records: list[list[OpRecord]] = []
+
+    def add(self, proc: Any, cmd: Any, side: Any) -> None:
+        """Watch device ``len(self.procs)``: its process, command pipe and sidecar pipe."""
+        self.procs.append(proc)
+        self.cmd.append(cmd)
+        self.side.append(side)
+
+    # -- one device ---------------------------------------------------------------------------------
+    def recv_reply(self, rank: int, deadline: float, what: str) -> tuple:
+        """Device ``rank``'s next reply; ``DeviceDied`` if it exits first, an error at ``deadline``."""
+        conn, proc = self.cmd[rank], self.procs[rank]
+        budget = deadline - time.monotonic()
+        while True:
+            left = deadline - time.monotonic()
+            ready = mpc.wait([conn, proc.sentinel], timeout=max(0.0, left))
+            if conn in ready:
+                try:
+                    return conn.recv()
+                except (EOFError, OSError):
+                    pass  # the pipe broke: the process is gone, the sentinel says how
+            if proc.sentinel in ready or not proc.is_alive():
+                raise self.died(rank, during=what)
+            if left <= 0:
+                raise VirtualParError(f"device {rank} {self.mesh.index(rank)} did not answer within "
+                                      f"{max(budget, 0.0):g} s during {what}", rank=rank)
+
+    def died(self, rank: int, during: str) -> DeviceDied:
+        """A ``DeviceDied`` for device ``rank``: how it ended (exit code or signal) and its last ops."""
+        proc = self.procs[rank]
+        proc.join(0.5)  # the sentinel fires before the exit code is collected
+        code = proc.exitcode
+        sig = signal.Signals(-code).name if code is not None and code < 0 else None
+        how = f"was killed by {sig}" if sig else f"exited with code {code}" if code is not None else "stopped answering"
+        last_text = self._last_op(rank)
+        return DeviceDied(
+            f"device {rank} {self.mesh.index(rank)} (pid {proc.pid}) {how} during {during}; last op: {last_text}"
+            f"\n  last ops:\n{format_records(self.records(rank), 4)}",
+            rank=rank, index=str(self.mesh.index(rank)), exitcode=code, signal=sig, last_op=last_text,
+        )
+
+    def stack(self, rank: int) -> str:
+        """Device ``rank``'s main-thread stack, from its sidecar thread (works while it sleeps in C)."""
+        try:
+            self.side[rank].send("stack")
+            if self.side[rank].poll(_STACK_WAIT):
+                return self.side[rank].recv()
+        except (OSError, EOFError, ValueError):
+            pass
+        return "(the device did not answer)"
+
+    def records(self, rank: int) -> list[OpRecord]:
+        """Device ``rank``'s flight records (kept after ``release`` for post-mortems)."""
+        if self._recorders:
+            return self._recorders[rank].records()
+        return list(self._final_records[rank]) if self._final_records else []
+
+    def _last_op(self, rank: int) -> str:
+        recs = self.records(rank)
+        return recs[-1].describe() if recs else "no op started"
+
+    # -- every device -------------------------------------------------------------------------------
+    def abort(self, culprit: int) -> None:
+        """Raise the abort word and ring every doorbell, so that blocked devices give up now."""
+        self._abort[0] = culprit + 1
+        for bell in self._doorbells:
+            bell.release()
+
+    def collect(self, what: str, deadline: float | None = None) -> Collected:
+        """Wait for every device's reply; on the first failure abort the rest (see module doc).
+
+        ``deadline``: the ``time.monotonic()`` by which the whole round must be over (None: none).
+        """
+        n = len(self.procs)
+        out = Collected(results=[None] * n)
+        waiting = set(range(n))
+        by_obj = {self.cmd[r]: r for r in range(n)} | {self.procs[r].sentinel: r for r in range(n)}
+        grace: float | None = None
+        while waiting:
+            limit = min((t for t in (grace, deadline) if t is not None), default=None)
+            objs = [self.cmd[r] for r in waiting] + [self.procs[r].sentinel for r in waiting]
+            ready = mpc.wait(objs, timeout=None if limit is None else max(0.0, limit - time.monotonic()))
+            for obj in ready:
+                r = by_obj[obj]
+                if r not in waiting:
+                    continue  # its pipe and its sentinel were both ready
+                failed = self._take_reply(r, obj, what, out)
+                waiting.discard(r)
+                if failed and grace is None:
+                    self.abort(r)
+                    grace = time.monotonic() + self.abort_grace
+            if waiting and limit is not None and time.monotonic() >= limit:
+                out.stuck = sorted(waiting)
+                out.timed_out = grace is None
+                out.stacks = {r: self.stack(r) for r in out.stuck}
+                break
+        return out
+
+    def _take_reply(self, r: int, obj: Any, what: str, out: Collected) -> bool:
+        """File device ``r``'s reply (or death) into ``out``; True if it is a failure."""
+        reply = None
+        if obj is self.cmd[r] or self.cmd[r].poll():  # a device may reply and exit at once
+            try:
+                reply = self.cmd[r].recv()
+            except (EOFError, OSError):
+                reply = None
+        if reply is None:
+            out.deaths.append(self.died(r, during=what))
+            return True
+        if reply[0] == "ok":
+            out.results[r] = reply[1]
+            if len(reply) > 2 and reply[2]:
+                out.pending.extend(reply[2])
+            return False
+        out.errors.append((r, reply[1]))
+        return True
+
+    def judge(self, got: Collected, what: str, run_timeout: float | None = None) -> Verdict | None:
+        """The error ``got`` calls for, and whether it is fatal; None if every device succeeded."""
+        if got.timed_out:
+            err = self._run_timeout(got, what, run_timeout)
+            return Verdict(err, fatal=f"{what}() exceeded run_timeout={run_timeout:g} s; "
+                                      f"devices {got.stuck} were still running and were killed")
+        if got.stuck:
+            root = got.deaths[0] if got.deaths else self.root_error(got.errors)
+            if isinstance(root, CollectiveTimeout):  # the stuck device is the one the others waited for
+                root = root.replace(str(root) + self._stack_text(got), stacks=got.stacks)
+            return Verdict(root, fatal=f"devices {got.stuck} were stuck and had to be killed")
+        if got.deaths:
+            return Verdict(got.deaths[0], fatal=str(got.deaths[0]))
+        if got.errors:
+            return Verdict(self.root_error(got.errors), fatal=None)
+        return None
+
+    def root_error(self, errors: list[tuple[int, tuple]]) -> BaseException:
+        """The first failure that was not itself caused by an abort (earliest, then lowest rank)."""
+        primary = [e for e in errors if not e[1][3]] or errors
+        _, packaged = min(primary, key=lambda e: (e[1][2], e[0]))
+        return unpack_error(packaged)
+
+    def _stack_text(self, got: Collected) -> str:
+        return "".join(f"\n  stack of stuck device {r} {self.mesh.index(r)}:\n{_indent(got.stacks[r])}"
+                       for r in got.stuck)
+
+    def _run_timeout(self, got: Collected, what: str, run_timeout: float | None) -> RunTimeout:
+        names = ", ".join(f"device {r} {self.mesh.index(r)}" for r in got.stuck)
+        last_ops = {r: self._last_op(r) for r in got.stuck}
+        done = [r for r in range(len(self.procs)) if r not in got.stuck]
+        lines = [f"{what}() did not finish within run_timeout={run_timeout:g} s; still running: {names}"]
+        for r in got.stuck:
+            lines.append(f"  device {r} {self.mesh.index(r)} last op: {last_ops[r]}")
+            lines.append(f"  stack of device {r} {self.mesh.index(r)}:\n{_indent(got.stacks[r])}")
+        returned = f"devices {done} had returned; " if done else ""
+        lines.append(f"  {returned}the devices still running were killed and the cluster was shut down. "
+                     "If this function legitimately runs longer, raise run_timeout (None: no limit).")
+        return RunTimeout("\n".join(lines), running=list(got.stuck), last_ops=last_ops, stacks=dict(got.stacks),
+                          run_timeout=run_timeout, function=what)
+
+    # -- the end ------------------------------------------------------------------------------------
+    def kill_all(self) -> None:
+        """SIGKILL every device still alive and reap every process that was started."""
+        started = [proc for proc in self.procs if proc.pid is not None]
+        for proc in started:
+            if proc.is_alive():
+                proc.kill()
+        for proc in started:
+            proc.join(5.0)
+            try:
+                proc.close()
+            except ValueError:
+                pass  # still running after 5 s: cannot happen after SIGKILL, but never raise here
+
+    def release(self) -> None:
+        """Close every pipe and drop every view of the arena (keeping a copy of the flight records)."""
+        for conn in self.cmd + self.side:
+            conn.close()
+        if self._recorders:
+            self._final_records = [rec.records() for rec in self._recorders]
+        self._recorders = []
+        self._abort = None  # type: ignore[assignment]
+        self._doorbells = []
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines())
