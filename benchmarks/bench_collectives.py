@@ -1,15 +1,25 @@
-"""OSU-style benchmarks of virtualpar's transport and collectives, as ratios of references.
+"""OSU-style benchmark of virtualpar's transport and collectives, with same-run references.
 
-Absolute times on a shared 2-core machine mean little, so every bandwidth is printed next to its
-ratio against numpy memcpy measured in the same run (and against mpi4py when it is installed and
-``mpiexec`` is on PATH).  Bus bandwidth follows NCCL's definitions (nccl-tests, PERFORMANCE.md):
-busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and reduce_scatter.
-The modelled column is the op's time on ``--hardware`` (from the last device entering to the last
-leaving, on the devices' modelled clocks).
+    python benchmarks/bench_collectives.py                 # full run (a few minutes), table
+    python benchmarks/bench_collectives.py --quick --json  # smoke run: 2 sizes, 1 iteration, JSON only
+    python benchmarks/bench_collectives.py --hardware h100-cluster --json > result.json
 
-    python benchmarks/bench_collectives.py            # full table
-    python benchmarks/bench_collectives.py --quick    # a few sizes, for smoke tests
-    python benchmarks/bench_collectives.py --json     # machine-readable
+One function per benchmark (``bench_*``), sizes are powers of two from 4 KiB to 64 MiB, every
+figure is the median over ``--repeats`` repeats of the mean over an adaptive number of iterations
+(each repeat lasts about ``--budget`` seconds).  Bandwidths are GB/s (1e9 bytes/s) and are also
+printed as a ratio of numpy's memcpy of the same size measured in the same run (a warm, reused
+destination: the like-for-like reference for a transport receiving into a reused ``out=`` buffer).
+
+Collective bandwidths follow NCCL's definitions (nccl-tests, doc/PERFORMANCE.md): with S the
+"size" (the full array for all_reduce and reduce_scatter, the gathered result for all_gather) and t
+the time of the slowest device, ``algbw = S / t`` and ``busbw = algbw × 2(n−1)/n`` for all_reduce,
+``× (n−1)/n`` for all_gather and reduce_scatter — the bandwidth each link would need, comparable
+across device counts.  ``model`` is the modelled time of one op on ``--hardware``: the largest change
+of ``dev.clock`` over the op across the devices.
+
+Clusters run with ``trace=False`` and ``check_collectives=False`` (the cost of the contract check is
+its own benchmark).  mpi4py (under ``mpiexec``) and torch.distributed gloo are measured in the same
+run when installed; neither is a dependency of virtualpar.
 """
 
 from __future__ import annotations
@@ -17,232 +27,216 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing as mp
 import os
 import platform
-import shutil
-import subprocess
+import statistics
 import sys
 import time
+from typing import Any, Callable
 
 import numpy as np
 
-from virtualpar import VirtualCluster, __version__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _device_ops as ops  # noqa: E402
+import _references as refs  # noqa: E402
+from _report import evaluate_targets, print_report  # noqa: E402
 
-KIB, MIB = 1 << 10, 1 << 20
-HERE = os.path.dirname(os.path.abspath(__file__))
+from virtualpar import VirtualCluster  # noqa: E402
 
-
-def _iters(nbytes: int, quick: bool) -> int:
-    return 2 if quick else max(3, min(200, (256 * MIB) // max(nbytes, 1)))
-
-
-# -- references -------------------------------------------------------------------------------------
-def bench_memcpy(nbytes: int = 64 * MIB, reps: int = 5) -> float:
-    """numpy copyto into a warm destination, bytes/s (the ceiling for moving an array)."""
-    a = np.ones(nbytes, np.uint8)
-    b = np.empty_like(a)
-    np.copyto(b, a)
-    t = time.perf_counter()
-    for _ in range(reps):
-        np.copyto(b, a)
-    return nbytes * reps / (time.perf_counter() - t)
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB ... 64 MiB
+QUICK_SIZES = [4 * KiB, 1 * MiB]
+DEVICE_COUNTS = (2, 4)
+COLLECTIVES = {"all_reduce": ("ring", "tree", "direct"), "all_gather": ("ring", "direct"), "reduce_scatter": ("ring",)}
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
 
 
-def _bare_child(conn) -> None:
-    conn.send(b"x")
+class Settings:
+    """What the command line chose: sizes, iteration budget, repeats, hardware preset."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.quick = args.quick
+        self.sizes = QUICK_SIZES if args.quick else [s for s in SIZES if s <= args.max_size]
+        self.budget = args.budget
+        self.repeats = 1 if args.quick else args.repeats
+        self.hardware = args.hardware
+        self.references = args.references if args.references is not None else not args.quick
+
+    def iterations(self, seconds_per_op: float) -> int:
+        """Iterations so that one repeat takes about ``budget`` seconds (1 in quick mode)."""
+        if self.quick:
+            return 1
+        return max(2, min(1000, int(self.budget / max(seconds_per_op, 1e-6))))
 
 
-def bench_bare_fork(n: int = 8) -> float:
-    """Seconds to fork n processes that each send one message back (the start-up reference)."""
-    ctx = mp.get_context("fork")
-    t = time.perf_counter()
-    pipes = [ctx.Pipe() for _ in range(n)]
-    procs = [ctx.Process(target=_bare_child, args=(child,)) for _, child in pipes]
-    for p in procs:
-        p.start()
-    for parent, _ in pipes:
-        parent.recv()
-    elapsed = time.perf_counter() - t
-    for p in procs:
-        p.join()
-    return elapsed
-
-
-def bench_mpi(n: int, quick: bool) -> dict | None:
-    """mpi4py's figures from ``_mpi_bench.py`` under mpiexec, or None when unavailable."""
-    mpiexec = shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return None
-    if mpiexec is None:
-        return None
-    cmd = [mpiexec, "-n", str(n), sys.executable, os.path.join(HERE, "_mpi_bench.py")] + (["--quick"] if quick else [])
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except Exception:
-        return None
-
-
-# -- virtualpar ---------------------------------------------------------------------------------------
-def _pingpong(dev, nbytes: int, iters: int) -> float:
-    x = np.ones(nbytes, np.uint8)
-    out = np.empty_like(x)
-    for i in range(iters + 2):
-        if i == 2:
-            t = time.perf_counter()
-        if dev.rank == 0:
-            dev.send(x, 1)
-            dev.recv(1, out=out)
-        else:
-            dev.recv(0, out=out)
-            dev.send(x, 0)
-    return (time.perf_counter() - t) / iters / 2
-
-
-def _stream(dev, nbytes: int, iters: int) -> float:
-    x = np.ones(nbytes, np.uint8)
-    out = np.empty_like(x)
-    for i in range(iters + 1):
-        if i == 1:
-            dev.barrier()
-            t = time.perf_counter()
-        if dev.rank == 0:
-            dev.send(x, 1)
-        else:
-            dev.recv(0, out=out)
-    dev.barrier()
-    return nbytes * iters / (time.perf_counter() - t)
-
-
-def _collective(dev, op: str, algorithm: str, nbytes: int, iters: int) -> tuple[float, float, float]:
-    x = np.ones(nbytes // 4, np.float32)
-    call = {
-        "all_reduce": lambda: dev.all_reduce(x, algorithm=algorithm),
-        "all_gather": lambda: dev.all_gather(x[: x.size // dev.size], algorithm=algorithm),
-        "reduce_scatter": lambda: dev.reduce_scatter(x, algorithm=algorithm),
-    }[op]
-    call()
-    dev.barrier()
-    m0 = dev.clock
-    call()
-    m1 = dev.clock
-    dev.barrier()
-    t = time.perf_counter()
-    for _ in range(iters):
-        call()
-    return (time.perf_counter() - t) / iters, m0, m1
-
-
-_BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n}
-
-
-def run(quick: bool, hardware: str, mpi: bool = True) -> dict:
-    memcpy = bench_memcpy()
-    sizes = [4 * KIB, 256 * KIB, 16 * MIB] if quick else [4 * KIB << (2 * i) for i in range(8)]
-    result: dict = {
-        "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()} {os.cpu_count()} cores",
-        "python": platform.python_version(), "numpy": np.__version__, "virtualpar": __version__,
-        "hardware": hardware, "memcpy_Bps": memcpy, "p2p": [], "collectives": [], "mpi": {},
-    }
-    with VirtualCluster(2, check_collectives=False) as cluster:
-        result["latency_4KiB_s"] = min(cluster.run(_pingpong, 4 * KIB, 50 if quick else 2000)[0] for _ in range(2))
-        for nbytes in sizes:
-            bw = cluster.run(_stream, nbytes, _iters(nbytes, quick))[1]
-            result["p2p"].append({"bytes": nbytes, "Bps": bw, "ratio_memcpy": bw / memcpy})
-    for n in (2, 4):
-        result["mpi"][n] = bench_mpi(n, quick) if mpi else None
-        with VirtualCluster(n, check_collectives=False, hardware=hardware) as cluster:
-            for op, algos in (("all_reduce", ("ring", "tree", "direct")), ("all_gather", ("ring",)), ("reduce_scatter", ("ring",))):
-                for algorithm in algos:
-                    for nbytes in [s for s in sizes if s >= 4 * KIB * n]:
-                        replies = cluster.run(_collective, op, algorithm, nbytes, _iters(nbytes, quick))
-                        seconds = max(r[0] for r in replies)
-                        modelled = max(r[2] for r in replies) - max(r[1] for r in replies)
-                        algbw = nbytes / seconds
-                        result["collectives"].append({
-                            "op": op, "algorithm": algorithm, "devices": n, "bytes": nbytes, "seconds": seconds,
-                            "algbw_Bps": algbw, "busbw_Bps": algbw * _BUS[op](n), "ratio_memcpy": algbw / memcpy,
-                            "modelled_s": modelled,
-                        })
-    for check in (False, True):
-        with VirtualCluster(4, check_collectives=check) as cluster:
-            t = max(r[0] for r in cluster.run(_collective, "all_reduce", "ring", 4 * KIB, 20 if quick else 500))
-            result[f"all_reduce_4KiB_check_{'on' if check else 'off'}_s"] = t
-    t = time.perf_counter()
-    with VirtualCluster(8) as cluster:
-        result["startup8_s"] = time.perf_counter() - t
-        cluster.run(_noop)
-    result["bare_fork8_s"] = bench_bare_fork(8)
-    result["targets"] = targets(result)
-    return result
-
-
-def _noop(dev) -> None:
-    return None
-
-
-def targets(r: dict) -> dict:
-    """The issue's targets, each as (measured ratio or value, passed)."""
-    out = {}
-    big = [p for p in r["p2p"] if p["bytes"] == max(q["bytes"] for q in r["p2p"])][0]
-    out["p2p_largest >= 0.7 memcpy"] = (round(big["ratio_memcpy"], 3), big["ratio_memcpy"] >= 0.7)
-    out["8-device start-up <= 0.5 s"] = (round(r["startup8_s"], 3), r["startup8_s"] <= 0.5)
-    for n, mpi in r["mpi"].items():
-        if not mpi:
-            continue
-        if "latency_pickle_4KiB_s" in mpi:
-            ref = mpi["latency_pickle_4KiB_s"]
-            out["4KiB latency <= mpi4py pickle send/recv"] = (round(r["latency_4KiB_s"] / ref, 3), r["latency_4KiB_s"] <= ref)
-        for c in r["collectives"]:
-            ref = mpi.get("allreduce_algbw_Bps", {}).get(str(c["bytes"]))
-            if c["op"] == "all_reduce" and c["devices"] == n and c["algorithm"] == "ring" and ref and c["bytes"] >= MIB:
-                out[f"all_reduce ring n={n} {c['bytes'] // MIB} MiB >= mpi4py"] = (round(c["algbw_Bps"] / ref, 3), c["algbw_Bps"] >= ref)
+def _measure(cluster: VirtualCluster, s: Settings, fn: Callable, *args: Any) -> list[tuple[float, float]]:
+    """Run ``fn(dev, *args, iters)`` ``repeats`` times; (wall, model) per repeat, slowest device each."""
+    probe = max(r[0] for r in cluster.run(fn, *args, 1))
+    iters = s.iterations(probe)
+    out = []
+    for _ in range(s.repeats):
+        res = cluster.run(fn, *args, iters)
+        out.append((max(r[0] for r in res), max(r[1] for r in res)))
     return out
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:8.3f}"
+def _median(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(w for w, _ in samples), statistics.median(m for _, m in samples)
 
 
-def print_table(r: dict) -> None:
-    print(f"# virtualpar {r['virtualpar']} collectives benchmark | {r['date']} | {r['machine']} | python {r['python']} | numpy {r['numpy']}")
-    print(f"# memcpy (numpy copyto, 64 MiB, warm): {r['memcpy_Bps'] / 1e9:.2f} GB/s; modelled hardware: {r['hardware']}")
-    print(f"# 4 KiB one-way latency: {r['latency_4KiB_s'] * 1e6:.1f} us")
-    print("\n# point-to-point bandwidth (2 devices)\n# size        GB/s  x memcpy")
-    for p in r["p2p"]:
-        print(f"{p['bytes']:>10} {_gb(p['Bps'])}  {p['ratio_memcpy']:8.3f}")
-    print("\n# collectives\n# op             algo   n       size   algbw   busbw  x memcpy   wall(ms)  modelled(us)")
-    for c in r["collectives"]:
-        print(f"{c['op']:<16}{c['algorithm']:<7}{c['devices']:>2} {c['bytes']:>10} {_gb(c['algbw_Bps'])}{_gb(c['busbw_Bps'])}  {c['ratio_memcpy']:8.3f} "
-              f"{c['seconds'] * 1e3:10.3f}  {c['modelled_s'] * 1e6:12.2f}")
-    on, off = r["all_reduce_4KiB_check_on_s"], r["all_reduce_4KiB_check_off_s"]
-    print(f"\n# contract check: 4 KiB all_reduce on 4 devices {off * 1e6:.1f} us without, {on * 1e6:.1f} us with ({on / off:.2f}x)")
-    print(f"# start-up of 8 devices: {r['startup8_s'] * 1e3:.1f} ms (bare fork of 8 processes: {r['bare_fork8_s'] * 1e3:.1f} ms, "
-          f"{r['startup8_s'] / r['bare_fork8_s']:.1f}x)")
-    for n, mpi in r["mpi"].items():
-        print(f"# mpi4py n={n}: " + (json.dumps(mpi) if mpi else "not available (pip install mpi4py mpich)"))
-    print("\n# targets")
-    for name, (value, ok) in r["targets"].items():
-        print(f"{'PASS' if ok else 'FAIL'}  {name}: {value}")
+# -- the benchmarks --------------------------------------------------------------------------------
+def bench_memcpy(s: Settings) -> list[dict[str, Any]]:
+    """numpy copyto bandwidth per size, warm and fresh destination (see _references.memcpy)."""
+    return [refs.memcpy(n, s.budget / 2, s.repeats) for n in s.sizes]
+
+
+def bench_p2p_latency(cluster: VirtualCluster, s: Settings) -> dict[str, Any]:
+    """One-way latency of a 4 KiB array between devices 0 and 1 (half a ping-pong)."""
+    samples = _measure(cluster, s, ops.pingpong, 4 * KiB)
+    wall, model = _median(samples)
+    return {"bytes": 4 * KiB, "latency_s": wall, "model_s": model, "samples_s": [w for w, _ in samples]}
+
+
+def bench_p2p_bandwidth(cluster: VirtualCluster, s: Settings) -> list[dict[str, Any]]:
+    """Streaming bandwidth from device 0 to device 1, per size (receiver uses ``out=``)."""
+    rows = []
+    for n in s.sizes:
+        samples = _measure(cluster, s, ops.stream, n)
+        wall, model = _median(samples)
+        rows.append({"bytes": n, "time_s": wall, "GBps": n / wall / 1e9, "model_s": model,
+                     "samples_GBps": [n / w / 1e9 for w, _ in samples]})
+    return rows
+
+
+def bench_collective(cluster: VirtualCluster, s: Settings, op: str, algorithm: str) -> list[dict[str, Any]]:
+    """algbw and busbw of one collective and algorithm on the whole cluster, per size."""
+    n = cluster.size
+    rows = []
+    for size in s.sizes:
+        samples = _measure(cluster, s, ops.collective, op, size, algorithm)
+        wall, model = _median(samples)
+        algbw = size / wall / 1e9
+        rows.append({"op": op, "algorithm": algorithm, "devices": n, "bytes": size, "time_s": wall,
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * BUS_FACTOR[op](n), "model_s": model,
+                     "samples_s": [w for w, _ in samples]})
+    return rows
+
+
+def bench_contract_check(s: Settings) -> list[dict[str, Any]]:
+    """Cost of ``check_collectives=True``: the same all_reduce with the check on and off.
+
+    Both clusters live side by side and are measured in alternation (the idle one sleeps), so a
+    burst of load on this shared machine hits both sides alike; medians over the rounds.
+    """
+    rows = []
+    sizes = [4 * KiB, 1 * MiB] if not s.quick else [4 * KiB]
+    for n in DEVICE_COUNTS:
+        with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as off, \
+                VirtualCluster(n, check_collectives=True, trace=False, hardware=s.hardware) as on:
+            for size in sizes:
+                times: dict[str, list[float]] = {"off": [], "on": []}
+                for _ in range(max(1, s.repeats)):
+                    for name, c in (("off", off), ("on", on)):
+                        times[name] += [w for w, _ in _measure(c, s, ops.collective, "all_reduce", size, None)]
+                t_off, t_on = statistics.median(times["off"]), statistics.median(times["on"])
+                rows.append({"devices": n, "bytes": size, "off_s": t_off, "on_s": t_on, "overhead_s": t_on - t_off})
+    return rows
+
+
+def bench_startup(s: Settings, n: int = 8) -> dict[str, Any]:
+    """Seconds until a fresh ``VirtualCluster(n)`` (default start method) has finished its first
+    run (one message per device), against a bare fork of n processes exchanging one message."""
+    ours, bare = [], []
+    for _ in range(max(3, s.repeats)):
+        t0 = time.perf_counter()
+        with VirtualCluster(n) as c:
+            ready = time.perf_counter() - t0
+            c.run(ops.hello)
+            first = time.perf_counter() - t0
+        ours.append((ready, first))
+        bare.append(refs.bare_fork_startup(n))
+    ready, first = statistics.median(r for r, _ in ours), statistics.median(f for _, f in ours)
+    base = statistics.median(bare)
+    return {"devices": n, "ready_s": ready, "first_run_s": first, "bare_fork_s": base, "ratio_bare": first / base}
+
+
+def bench_references(s: Settings) -> dict[str, Any]:
+    """mpi4py and gloo, same sizes, 2 and 4 processes (p2p at 2)."""
+    out: dict[str, Any] = {}
+    for name, runner in (("mpi4py", refs.run_mpi4py), ("gloo", refs.run_gloo)):
+        if not s.references:
+            out[name] = {"skipped": "references not requested (--references)"}
+            continue
+        per_n = {str(n): runner(n, s.sizes, s.budget, s.repeats, p2p=(n == 2)) for n in DEVICE_COUNTS}
+        out[name] = per_n
+    return out
+
+
+# -- driver ------------------------------------------------------------------------------------------
+def header(s: Settings) -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import virtualpar
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} {cpu}, {len(os.sched_getaffinity(0))} cpus",
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(), "numpy": np.__version__,
+        "virtualpar": getattr(virtualpar, "__version__", "?"),
+        "mpi4py": refs.module_version("mpi4py"), "torch": refs.module_version("torch"),
+        "hardware": s.hardware, "quick": s.quick, "repeats": s.repeats, "budget_s": s.budget,
+        "loadavg_start": os.getloadavg()[0],
+    }
+
+
+def run(s: Settings) -> dict[str, Any]:
+    result: dict[str, Any] = {"meta": header(s)}
+    result["memcpy"] = bench_memcpy(s)
+    with VirtualCluster(2, check_collectives=False, trace=False, hardware=s.hardware) as c:
+        result["p2p_latency"] = bench_p2p_latency(c, s)
+        result["p2p_bandwidth"] = bench_p2p_bandwidth(c, s)
+    rows = []
+    for n in DEVICE_COUNTS:
+        with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as c:
+            for op, algorithms in COLLECTIVES.items():
+                for algorithm in algorithms:
+                    rows.extend(bench_collective(c, s, op, algorithm))
+    result["collectives"] = rows
+    result["contract_check"] = bench_contract_check(s)
+    result["startup"] = bench_startup(s)
+    result["references"] = bench_references(s)
+    result["meta"]["loadavg_end"] = os.getloadavg()[0]
+    result["targets"] = evaluate_targets(result)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a few sizes, few iterations (smoke test)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.add_argument("--hardware", default="h100-node", help="preset for the modelled column")
-    parser.add_argument("--no-mpi", action="store_true", help="skip the mpi4py reference even if installed")
-    args = parser.parse_args(argv)
-    result = run(args.quick, args.hardware, mpi=not args.no_mpi)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 sizes, 1 iteration, no references")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object instead of tables")
+    ap.add_argument("--hardware", default="h100-node", help="preset for the modelled-time column")
+    ap.add_argument("--budget", type=float, default=0.15, help="seconds per repeat of one measurement")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-size", type=int, default=64 * MiB)
+    ap.add_argument("--references", action=argparse.BooleanOptionalAction, default=None,
+                    help="measure mpi4py / gloo too (default: on, off with --quick)")
+    ap.add_argument("--no-mpi", dest="references", action="store_false", help="same as --no-references")
+    args = ap.parse_args(argv)
+    result = run(Settings(args))
     if args.json:
-        print(json.dumps(result, default=str))
+        print(json.dumps(result, indent=1))
     else:
-        print_table(result)
+        print_report(result)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

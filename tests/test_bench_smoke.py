@@ -1,4 +1,9 @@
-"""The collectives benchmark runs and reports every figure it promises (no timing assertions)."""
+"""Smoke test of ``benchmarks/bench_collectives.py``: ``--quick --json`` runs and reports every section.
+
+No timing is asserted (a shared 2-core machine makes any threshold flaky); the test checks that
+every benchmark ran, that the JSON has the documented structure, and that the derived columns
+follow their definitions (NCCL's bus-bandwidth factors, the ratio against the bare fork).
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,60 @@ import os
 import subprocess
 import sys
 
-BENCH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_collectives.py")
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "bench_collectives.py")
 
 
-def test_quick_benchmark_reports_json():
-    out = subprocess.run([sys.executable, BENCH, "--quick", "--json", "--no-mpi"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["memcpy_Bps"] > 0 and r["latency_4KiB_s"] > 0 and r["startup8_s"] > 0
-    assert [p["bytes"] for p in r["p2p"]] == [4096, 262144, 16777216]
-    ops = {(c["op"], c["algorithm"], c["devices"]) for c in r["collectives"]}
+@pytest.fixture(scope="module")
+def result() -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--json"], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_every_section_is_present(result):
+    assert set(result) == {"meta", "memcpy", "p2p_latency", "p2p_bandwidth", "collectives", "contract_check",
+                           "startup", "references", "targets"}
+    meta = result["meta"]
+    for key in ("date", "machine", "python", "numpy", "virtualpar", "hardware", "quick"):
+        assert key in meta, key
+    assert meta["quick"] is True and meta["hardware"] == "h100-node"
+
+
+def test_sizes_and_rows(result):
+    sizes = [r["bytes"] for r in result["memcpy"]]
+    assert sizes == sorted(sizes) and all(s & (s - 1) == 0 for s in sizes)  # powers of two
+    assert [r["bytes"] for r in result["p2p_bandwidth"]] == sizes
+    expected = {("all_reduce", "ring"), ("all_reduce", "tree"), ("all_reduce", "direct"), ("all_gather", "ring"),
+                ("all_gather", "direct"), ("reduce_scatter", "ring")}
     for n in (2, 4):
-        assert {("all_reduce", "ring", n), ("all_reduce", "tree", n), ("all_reduce", "direct", n),
-                ("all_gather", "ring", n), ("reduce_scatter", "ring", n)} <= ops
-    for c in r["collectives"]:
-        factor = 2 * (c["devices"] - 1) / c["devices"] if c["op"] == "all_reduce" else (c["devices"] - 1) / c["devices"]
-        assert abs(c["busbw_Bps"] - c["algbw_Bps"] * factor) <= 1e-6 * c["algbw_Bps"]
-        assert c["modelled_s"] > 0
-    assert r["all_reduce_4KiB_check_on_s"] > 0 and r["all_reduce_4KiB_check_off_s"] > 0
-    assert "8-device start-up <= 0.5 s" in r["targets"]
+        got = {(r["op"], r["algorithm"]) for r in result["collectives"] if r["devices"] == n}
+        assert got == expected, (n, got)
+        for op, algorithm in expected:
+            rows = [r["bytes"] for r in result["collectives"] if r["devices"] == n and (r["op"], r["algorithm"]) == (op, algorithm)]
+            assert rows == sizes, (n, op, algorithm, rows)
+    for r in result["collectives"]:
+        assert r["time_s"] > 0 and r["model_s"] > 0
+
+
+def test_bus_bandwidth_follows_nccl_definitions(result):
+    for r in result["collectives"]:
+        n = r["devices"]
+        factor = 2 * (n - 1) / n if r["op"] == "all_reduce" else (n - 1) / n
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor)
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
+
+
+def test_startup_contract_check_and_targets(result):
+    st = result["startup"]
+    assert st["devices"] == 8 and st["ratio_bare"] == pytest.approx(st["first_run_s"] / st["bare_fork_s"])
+    assert {r["devices"] for r in result["contract_check"]} == {2, 4}
+    for r in result["contract_check"]:
+        assert r["overhead_s"] == pytest.approx(r["on_s"] - r["off_s"])
+    assert set(result["references"]) == {"mpi4py", "gloo"}  # skipped in quick mode, but reported
+    assert all("skipped" in v for v in result["references"].values())
+    assert [t["pass"] in (True, False, None) for t in result["targets"]] == [True] * 4

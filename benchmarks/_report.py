@@ -1,0 +1,157 @@
+"""Tables and targets for ``bench_collectives.py`` (pure: reads the result dict, prints, judges).
+
+Targets (issue 2, section 7), each PASS, FAIL or n/a (a reference was not measured):
+
+* point-to-point bandwidth at 64 MiB >= 0.7 x memcpy (warm destination, 64 MiB, same run);
+* all_reduce algorithm bandwidth (default algorithm) at 2 and 4 devices, 1–64 MiB >= mpi4py
+  ``Allreduce`` of the same size and process count, same run;
+* one-way latency of a 4 KiB message <= mpi4py's pickle-based ``send``/``recv``;
+* a cluster of 8 devices ready for its first ``run`` in <= 0.5 s (default start method).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["evaluate_targets", "print_report", "fmt_bytes"]
+
+MiB = 1 << 20
+DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring"}
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= MiB else f"{n >> 10} KiB"
+
+
+def _memcpy(result: dict[str, Any]) -> dict[int, float]:
+    return {row["bytes"]: row["warm_GBps"] for row in result["memcpy"]}
+
+
+def _ref(result: dict[str, Any], name: str, n: int) -> dict[str, Any] | None:
+    per_n = result["references"].get(name, {})
+    got = per_n.get(str(n)) if isinstance(per_n, dict) else None
+    return got if got and "skipped" not in got else None
+
+
+def _target(name: str, value: float | None, limit: float, better: str, detail: str) -> dict[str, Any]:
+    ok = None if value is None else (value >= limit if better == "higher" else value <= limit)
+    return {"name": name, "value": value, "limit": limit, "better": better, "pass": ok, "detail": detail}
+
+
+def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    targets = []
+    memcpy = _memcpy(result)
+    p2p = {row["bytes"]: row["GBps"] for row in result["p2p_bandwidth"]}
+    big = 64 * MiB
+    ratio = p2p[big] / memcpy[big] if big in p2p else None
+    targets.append(_target("p2p bandwidth 64 MiB / memcpy", ratio, 0.7, "higher",
+                           f"{p2p[big]:.2f} GB/s vs memcpy {memcpy[big]:.2f} GB/s" if ratio else "64 MiB not measured"))
+    worst, detail = None, []
+    mpi_seen = False
+    for n in (2, 4):
+        mpi = _ref(result, "mpi4py", n)
+        rows = [r for r in result["collectives"] if r["op"] == "all_reduce" and r["devices"] == n
+                and r["algorithm"] == DEFAULT_ALGORITHM["all_reduce"] and MiB <= r["bytes"] <= 64 * MiB]
+        if mpi is None or not rows:
+            continue
+        mpi_seen = True
+        for r in rows:
+            ref = mpi["allreduce_GBps"].get(str(r["bytes"]))
+            if ref:
+                q = r["algbw_GBps"] / ref
+                if worst is None or q < worst:
+                    worst = q
+                detail.append(f"n={n} {fmt_bytes(r['bytes'])}: {q:.2f}x")
+    targets.append(_target("all_reduce algbw 1-64 MiB / mpi4py (worst)", worst if mpi_seen else None, 1.0, "higher",
+                           ", ".join(detail) if detail else "mpi4py not measured (or no size in 1-64 MiB)"))
+    mpi2 = _ref(result, "mpi4py", 2)
+    ours = result["p2p_latency"]["latency_s"]
+    if mpi2 and "latency_4KiB_s" in mpi2:
+        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", ours / mpi2["latency_4KiB_s"], 1.0, "lower",
+                               f"{ours * 1e6:.1f} us vs {mpi2['latency_4KiB_s'] * 1e6:.1f} us"))
+    else:
+        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", None, 1.0, "lower", "mpi4py not measured"))
+    st = result["startup"]
+    targets.append(_target("8-device cluster ready (s)", st["ready_s"], 0.5, "lower",
+                           f"first run done after {st['first_run_s']:.3f} s; bare fork {st['bare_fork_s']:.3f} s"))
+    return targets
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
+
+def _table(title: str, head: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    print(f"\n# {title}")
+    print(_row(head, widths))
+    for r in rows:
+        print(_row(r, widths))
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def _num(x: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    return fmt.format(x * scale) if x is not None else "-"
+
+
+def print_report(result: dict[str, Any]) -> None:
+    m = result["meta"]
+    print(f"# virtualpar bench_collectives  {m['date']}  {m['machine']}  {m['os']}")
+    print(f"# python {m['python']}  numpy {m['numpy']}  virtualpar {m['virtualpar']}  mpi4py {m['mpi4py']}  "
+          f"torch {m['torch']}  modelled hardware {m['hardware']}  repeats {m['repeats']}  load avg "
+          f"{m['loadavg_start']:.2f} -> {m.get('loadavg_end', 0):.2f}")
+    memcpy = _memcpy(result)
+    _table("memcpy (numpy copyto), GB/s", ["size", "warm dst", "fresh dst"],
+           [[fmt_bytes(r["bytes"]), f"{r['warm_GBps']:.2f}", f"{r['fresh_GBps']:.2f}"] for r in result["memcpy"]])
+    mpi2, gloo2 = _ref(result, "mpi4py", 2), _ref(result, "gloo", 2)
+    lat = result["p2p_latency"]
+    print(f"\n# point-to-point latency, 4 KiB one-way: {lat['latency_s'] * 1e6:.1f} us  (modelled {lat['model_s'] * 1e6:.2f} us)"
+          + (f"  mpi4py pickle: {mpi2['latency_4KiB_s'] * 1e6:.1f} us" if mpi2 and 'latency_4KiB_s' in mpi2 else "")
+          + (f"  gloo: {gloo2['latency_4KiB_s'] * 1e6:.1f} us" if gloo2 and 'latency_4KiB_s' in gloo2 else ""))
+    rows = []
+    for r in result["p2p_bandwidth"]:
+        b = r["bytes"]
+        ref_m = (mpi2 or {}).get("bandwidth_GBps", {}).get(str(b))
+        ref_g = (gloo2 or {}).get("bandwidth_GBps", {}).get(str(b))
+        rows.append([fmt_bytes(b), f"{r['GBps']:.2f}", _ratio(r["GBps"], memcpy.get(b)), _num(r["model_s"], 1e6),
+                     _num(ref_m), _ratio(r["GBps"], ref_m), _num(ref_g), _ratio(r["GBps"], ref_g)])
+    _table("point-to-point bandwidth, 2 devices (GB/s; x = ratio)", ["size", "GB/s", "x memcpy", "model us",
+           "mpi4py", "x mpi4py", "gloo", "x gloo"], rows)
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in result["collectives"]:
+        groups.setdefault((r["op"], r["devices"], r["algorithm"]), []).append(r)
+    for (op, n, algo), rs in groups.items():
+        mpi, gloo = (_ref(result, "mpi4py", n), _ref(result, "gloo", n)) if op == "all_reduce" else (None, None)
+        rows = []
+        for r in rs:
+            b = r["bytes"]
+            ref_m = (mpi or {}).get("allreduce_GBps", {}).get(str(b))
+            ref_g = (gloo or {}).get("allreduce_GBps", {}).get(str(b))
+            rows.append([fmt_bytes(b), _num(r["time_s"], 1e6, "{:.0f}"), f"{r['algbw_GBps']:.2f}",
+                         _ratio(r["algbw_GBps"], memcpy.get(b)), f"{r['busbw_GBps']:.2f}",
+                         _ratio(r["busbw_GBps"], memcpy.get(b)), _num(r["model_s"], 1e6),
+                         _num(ref_m), _ratio(r["algbw_GBps"], ref_m), _num(ref_g), _ratio(r["algbw_GBps"], ref_g)])
+        _table(f"{op} {algo}, {n} devices (GB/s; x = ratio)", ["size", "time us", "algbw", "x memcpy", "busbw",
+               "x memcpy", "model us", "mpi4py", "x mpi4py", "gloo", "x gloo"], rows)
+    _table("contract check (check_collectives=True vs False), all_reduce default algorithm",
+           ["devices", "size", "off us", "on us", "overhead us"],
+           [[str(r["devices"]), fmt_bytes(r["bytes"]), _num(r["off_s"], 1e6, "{:.0f}"), _num(r["on_s"], 1e6, "{:.0f}"),
+             _num(r["overhead_s"], 1e6, "{:.0f}")] for r in result["contract_check"]])
+    st = result["startup"]
+    print(f"\n# start-up, {st['devices']} devices: ready {st['ready_s'] * 1e3:.0f} ms, first run done "
+          f"{st['first_run_s'] * 1e3:.0f} ms; bare multiprocessing fork + one message {st['bare_fork_s'] * 1e3:.0f} ms "
+          f"(x {st['ratio_bare']:.1f})")
+    for name, per_n in result["references"].items():
+        skipped = [f"{k}: {v['skipped']}" for k, v in per_n.items() if isinstance(v, dict) and "skipped" in v] \
+            if "skipped" not in per_n else [per_n["skipped"]]
+        if skipped:
+            print(f"# {name} skipped: {'; '.join(skipped)}")
+    print("\n# targets (issue 2, section 7)")
+    for t in result["targets"]:
+        verdict = "n/a " if t["pass"] is None else "PASS" if t["pass"] else "FAIL"
+        value = "-" if t["value"] is None else f"{t['value']:.3g}"
+        sign = ">=" if t["better"] == "higher" else "<="
+        print(f"{verdict}  {t['name']}: {value} (target {sign} {t['limit']:g})  {t['detail']}")
