@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from virtualpar.errors import (ClusterClosedError, CollectiveMismatch, Collectiv
                                PayloadError, RemoteTraceback, ShardingError, UnmatchedMessages, UsageError,
                                VirtualParError)
 
+from ._timing import raises_within
 from ._leaks import Snapshot, own_shm_entries, process_alive, shm_entries, wait_for_no_leaks
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
@@ -38,14 +38,6 @@ BOUND = 10.0  # a failure must reach the driver within this many seconds
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@contextmanager
-def raises_within(exc_type: type, bound: float = BOUND):
-    """``pytest.raises`` that also checks the error arrived within ``bound`` seconds."""
-    t0 = time.monotonic()
-    with pytest.raises(exc_type) as info:
-        yield info
-    elapsed = time.monotonic() - t0
-    assert elapsed < bound, f"{exc_type.__name__} took {elapsed:.2f} s (bound {bound} s)"
 
 
 def cluster(n=4, **kw) -> VirtualCluster:

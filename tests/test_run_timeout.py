@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pickle
 import time
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ import virtualpar
 from virtualpar import VirtualCluster
 from virtualpar.errors import ClusterClosedError, DeviceError, RunTimeout, UsageError, VirtualParError
 
+from ._timing import raises_within
 from ._leaks import process_alive
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
@@ -29,14 +29,6 @@ OP_TIMEOUT = 30.0  # far above every run_timeout here: the run deadline must be 
 BOUND = 10.0  # a RunTimeout must reach the driver within this many seconds
 
 
-@contextmanager
-def raises_within(exc_type: type, bound: float = BOUND):
-    """``pytest.raises`` that also checks the error arrived within ``bound`` seconds."""
-    t0 = time.monotonic()
-    with pytest.raises(exc_type) as info:
-        yield info
-    elapsed = time.monotonic() - t0
-    assert elapsed < bound, f"{exc_type.__name__} took {elapsed:.2f} s (bound {bound} s)"
 
 
 # -- functions run on the devices -------------------------------------------------------------------

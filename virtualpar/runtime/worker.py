@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,19 +38,19 @@ _PARENT_POLL = 0.5
 _HOST_COMMANDS = frozenset({"put", "get"})  # commands whose data crosses the host channel
 
 
+@dataclass
 class WorkerArgs:
     """Everything a device process needs, picklable for spawn/forkserver."""
 
-    def __init__(self, rank: int, mesh: Any, config: ClusterConfig, layout: Layout, arena_name: str, doorbells: list, cmd: Any, side: Any, clock: Any) -> None:
-        self.rank = rank
-        self.mesh = mesh
-        self.config = config
-        self.layout = layout
-        self.arena_name = arena_name
-        self.doorbells = doorbells
-        self.cmd = cmd
-        self.side = side
-        self.clock = clock
+    rank: int
+    mesh: Any
+    config: ClusterConfig
+    layout: Layout
+    arena_name: str
+    doorbells: list
+    cmd: Any
+    side: Any
+    clock: Any
 
 
 def _sidecar(side: Any, ppid: int, main_ident: int) -> None:
