@@ -35,11 +35,8 @@ Two protocols, chosen per message (MPI's eager/rendezvous split):
 Receive buffers the transport allocates (no ``out=``) come from a :class:`BufferPool` and return to
 it when the user drops the array, so steady-state loops receive into warm memory.
 
-Posting only when it helps: a producer that finds no room raises a *want-room* flag in its line of
-the channel, and the consumer rings it after freeing room only while that flag is up (see
-:func:`_want_room` for why no wake-up is lost).  Without the flag every consumed message would wake
-its sender, which, in a ring collective, is asleep waiting for a different peer: 8 devices on 2
-cores made ~40% fewer context switches and ran ~10% faster with the flag.
+Posting only when it helps: a producer that finds no room raises a *want-room* flag, and the
+consumer rings it after freeing room only while that flag is up (see :mod:`.want_room`).
 
 Waiting: when every device can have a core (devices <= usable CPUs), a wait first polls its
 doorbell for up to ``SPIN_SECONDS`` (``sched_yield`` between polls, so a peer queued on the same
@@ -49,6 +46,8 @@ sleeps at once and chunks are announced once per message.
 
 Matching is FIFO per (source, tag); a message that arrives before its receive is posted waits in
 an *unexpected* queue (already in private memory, so the ring keeps flowing).
+
+Payload encoding lives in :mod:`.payload`, the per-message request state in :mod:`.requests`.
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ import errno
 import logging
 import os
 import pickle
-import platform
-import threading
 import time
 from collections import defaultdict, deque
 from typing import Any, Callable
@@ -67,9 +64,12 @@ import numpy as np
 
 from ..errors import DeviceAborted, PayloadError, UsageError
 from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .payload import check_out, encode, header_dtype
+from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest
 from .shm import CROSS_MEMORY, PERMANENT_ERRORS, BufferPool, Layout, SharedArena, read_remote
+from .want_room import FENCED, fence, want_room
 
-__all__ = ["Endpoint", "SendRequest", "RecvRequest", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR", "SPIN_SECONDS"]
+__all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR", "SPIN_SECONDS"]
 
 log = logging.getLogger(__name__)
 
@@ -80,64 +80,6 @@ RENDEZVOUS_FLOOR = 1 << 16  # ... and payloads this large too when the ring cann
 SPIN_YIELD = True  # sched_yield between doorbell polls
 SPIN_SECONDS = 50e-6  # longest doorbell poll before sleeping (only when devices <= cores)
 _WAKE_SLICE = 0.5  # longest sleep between re-checks of the abort word
-_NEW, _OFFERED, _STREAM = 0, 1, 2  # states of a send
-# The want-room handshake needs a store-load fence on both sides; a locked instruction is one on
-# x86 (an uncontended Lock acquire/release runs two).  Elsewhere consumers post after every read.
-_FENCED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
-_FENCE_LOCK = threading.Lock()
-
-
-def _fence() -> None:
-    _FENCE_LOCK.acquire()
-    _FENCE_LOCK.release()
-
-
-_RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its str if arrays of it travel raw, else None
-_DTYPES: dict[str, np.dtype] = {}  # dtype str from a header -> dtype
-
-
-def _raw_dtype(dt: np.dtype) -> str | None:
-    try:
-        return _RAW_DTYPES[dt]
-    except KeyError:
-        raw = dt.str if not dt.hasobject and dt.names is None and len(dt.str) <= 16 else None
-        _RAW_DTYPES[dt] = raw
-        return raw
-
-
-def _dtype(s: str) -> np.dtype:
-    dt = _DTYPES.get(s)
-    if dt is None:
-        dt = _DTYPES[s] = np.dtype(s)
-    return dt
-
-
-def encode(obj: Any) -> tuple[int, np.ndarray, str, tuple[int, ...]]:
-    """(kind, payload bytes as uint8, dtype str, shape) for any picklable object; arrays go raw."""
-    if isinstance(obj, np.ndarray) and (dtype := _raw_dtype(obj.dtype)) is not None:
-        arr = obj if obj.flags.c_contiguous else np.asarray(obj, order="C")  # 0-d stays 0-d
-        return KIND_ARRAY, arr.reshape(-1).view(np.uint8), dtype, arr.shape
-    try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
-        raise PayloadError(f"cannot send {type(obj).__name__} object: it cannot be pickled ({exc})") from None
-    return KIND_PICKLE, np.frombuffer(data, np.uint8), "|u1", ()
-
-
-def _want_room(ch: VirtualChannel) -> bool:
-    """Raise the producer's want-room flag; True if the caller should re-check the room once.
-
-    Lost wake-ups are impossible: the producer stores the flag, fences, re-reads ``tail``; the
-    consumer stores ``tail``, fences, reads the flag.  In any order of those four events either
-    the consumer sees the flag (and posts) or the producer sees the freed room (and writes).  If
-    the producer still lacks room the ring holds unread bytes, and the consumer's next read, in
-    whatever wait it is next, sees the flag and posts.
-    """
-    if not _FENCED or ch._want[0]:
-        return False
-    ch._want[0] = 1
-    _fence()
-    return True
 
 
 def _usable_cpus() -> int:
@@ -145,88 +87,6 @@ def _usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-class SendRequest:
-    """A message on its way out: complete once every byte is in the ring (or, for a rendezvous,
-    once the receiver has copied it)."""
-
-    __slots__ = ("endpoint", "dst", "tag", "kind", "dtype", "shape", "seq", "payload", "view", "nbytes",
-                 "padded", "written", "state", "token", "done", "stamp")
-
-    def __init__(self, endpoint: "Endpoint", dst: int, tag: int, kind: int, payload: np.ndarray, dtype: str,
-                 shape: tuple[int, ...], seq: int, stamp: float) -> None:
-        self.endpoint = endpoint
-        self.dst = dst
-        self.tag = tag
-        self.kind = kind
-        self.dtype = dtype
-        self.shape = shape
-        self.seq = seq
-        self.payload = payload  # keeps the bytes alive (and in place, for a rendezvous) until done
-        self.view = memoryview(payload) if payload.size else None
-        self.nbytes = payload.size
-        self.padded = (self.nbytes + 7) & ~7
-        self.written = 0  # payload bytes written to the ring, incl. pad
-        self.state = _NEW
-        self.token = 0
-        self.done = False
-        self.stamp = stamp
-
-    def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> None:
-        if not self.done:
-            self.endpoint.wait(lambda: self.done, timeout, on_timeout, f"send to {self.dst} (tag {self.tag})")
-        self.payload = self.view = None  # drop the reference to the caller's buffer
-
-
-class RecvRequest:
-    """A message on its way in; ``wait()`` returns the array (or object)."""
-
-    __slots__ = ("endpoint", "src", "tag", "out", "header", "target", "buf", "got", "expect", "done", "value", "error", "claimed")
-
-    def __init__(self, endpoint: "Endpoint", src: int, tag: int, out: np.ndarray | None = None) -> None:
-        self.endpoint = endpoint
-        self.src = src
-        self.tag = tag
-        self.out = out
-        self.header: Header | None = None
-        self.target: np.ndarray | None = None  # where the payload lands (uint8, C-contiguous)
-        self.buf: memoryview | None = None  # byte view of target
-        self.got = 0
-        self.expect = 0  # payload bytes (incl. pad) still to come through the ring
-        self.done = False
-        self.value: Any = None
-        self.error: Exception | None = None
-        self.claimed = out is not None
-
-    @property
-    def nbytes(self) -> int:
-        return self.header.nbytes if self.header else 0
-
-    @property
-    def stamp(self) -> float:
-        return self.header.stamp if self.header else 0.0
-
-    def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> Any:
-        if not self.done:
-            self.endpoint.wait(lambda: self.done, timeout, on_timeout, f"recv from {self.src} (tag {self.tag})")
-        if self.error is not None:
-            raise self.error
-        if self.out is not None and self.value is not self.out:
-            _check_out(self.out, self.header)  # an unexpected message adopted by a recv with out=
-            np.copyto(self.out, self.value)
-            self.value = self.out
-        return self.value
-
-
-def _check_out(out: np.ndarray, header: Header | None) -> None:
-    if header is None or header.kind & 0xFF != KIND_ARRAY:
-        raise UsageError("recv(out=...) needs an array message, but the sender sent a pickled object")
-    if out.shape != header.shape or out.dtype != _dtype(header.dtype):
-        raise UsageError(
-            f"recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, "
-            f"but the message holds shape {header.shape} and dtype {np.dtype(header.dtype)}"
-        )
 
 
 class Endpoint:
@@ -325,18 +185,18 @@ class Endpoint:
         try:
             while q:
                 req = q[0]
-                if req.state == _NEW:
+                if req.state == SEND_NEW:
                     rdv = req.kind & FLAG_RENDEZVOUS
                     addr = req.payload.ctypes.data if rdv else 0
                     small = req.padded if not rdv and req.padded <= self._small else 0
                     if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,
                                            self._pid, addr, req.token, small):
-                        if _want_room(ch):
+                        if want_room(ch):
                             continue  # room appeared before the consumer could see the flag
                         return
                     published = True
-                    req.state = _OFFERED if rdv else _STREAM
-                if req.state == _OFFERED:
+                    req.state = SEND_OFFERED if rdv else SEND_STREAM
+                if req.state == SEND_OFFERED:
                     answer = ch.reply()
                     if answer == req.token << 1:
                         req.done = True
@@ -345,11 +205,11 @@ class Endpoint:
                     if answer != (req.token << 1) | 1:
                         return  # the receiver has not taken it yet
                     self._offer_to[dst] = False  # it cannot read our memory: stream this and later ones
-                    req.state = _STREAM
+                    req.state = SEND_STREAM
                 while req.written < req.padded:
                     room = ch.writable()
                     if room <= 0:
-                        if _want_room(ch):
+                        if want_room(ch):
                             continue
                         return
                     n = min(room, req.padded - req.written, CHUNK)
@@ -426,8 +286,8 @@ class Endpoint:
 
     def _room_freed(self, ch: VirtualChannel, src: int) -> None:
         """Ring ``src``'s doorbell if it waits for room in ``ch`` (always, where we cannot fence)."""
-        if _FENCED:
-            _fence()
+        if FENCED:
+            fence()
             if not ch._want[0]:
                 return
         self._bells[src].release()
@@ -468,13 +328,13 @@ class Endpoint:
             target = None
             if req.out is not None:
                 try:
-                    _check_out(req.out, header)
+                    check_out(req.out, header)
                     if req.out.flags.c_contiguous and req.out.flags.writeable:
                         target = req.out
                 except UsageError as exc:
                     req.error = exc  # still drain the bytes, then report at wait()
             if target is None:
-                target = self._pool.array(header.shape, _dtype(header.dtype))
+                target = self._pool.array(header.shape, header_dtype(header.dtype))
             req.value = target
             if header.nbytes:
                 req.target = target.reshape(-1).view(np.uint8)

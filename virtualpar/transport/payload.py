@@ -1,0 +1,65 @@
+"""Message payloads: how an object becomes bytes for the ring, and how a receive buffer is checked.
+
+A C-contiguous view of a numpy array of a plain dtype (no objects, no fields, a dtype string that
+fits the header's 16-byte field) travels raw: kind ``KIND_ARRAY``, its bytes as a flat ``uint8``
+view (no copy unless the array is not C-contiguous), its dtype string and shape in the header.
+Anything else is pickled at the highest protocol and travels as ``KIND_PICKLE`` bytes.
+
+Both dtype conversions, ``np.dtype`` -> header string on the way out and header string ->
+``np.dtype`` on the way in, run once per message and are cached (a handful of distinct values).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from ..errors import PayloadError, UsageError
+from .channel import KIND_ARRAY, KIND_PICKLE, Header
+
+__all__ = ["encode", "header_dtype", "check_out"]
+
+_RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its str if arrays of it travel raw, else None
+_DTYPES: dict[str, np.dtype] = {}  # dtype str from a header -> dtype
+
+
+def _raw_dtype(dt: np.dtype) -> str | None:
+    try:
+        return _RAW_DTYPES[dt]
+    except KeyError:
+        raw = dt.str if not dt.hasobject and dt.names is None and len(dt.str) <= 16 else None
+        _RAW_DTYPES[dt] = raw
+        return raw
+
+
+def header_dtype(s: str) -> np.dtype:
+    """The ``np.dtype`` a header's dtype string names (cached)."""
+    dt = _DTYPES.get(s)
+    if dt is None:
+        dt = _DTYPES[s] = np.dtype(s)
+    return dt
+
+
+def encode(obj: Any) -> tuple[int, np.ndarray, str, tuple[int, ...]]:
+    """(kind, payload bytes as uint8, dtype str, shape) for any picklable object; arrays go raw."""
+    if isinstance(obj, np.ndarray) and (dtype := _raw_dtype(obj.dtype)) is not None:
+        arr = obj if obj.flags.c_contiguous else np.asarray(obj, order="C")  # 0-d stays 0-d
+        return KIND_ARRAY, arr.reshape(-1).view(np.uint8), dtype, arr.shape
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
+        raise PayloadError(f"cannot send {type(obj).__name__} object: it cannot be pickled ({exc})") from None
+    return KIND_PICKLE, np.frombuffer(data, np.uint8), "|u1", ()
+
+
+def check_out(out: np.ndarray, header: Header | None) -> None:
+    """Raise ``UsageError`` unless ``out`` can hold the array message ``header`` describes."""
+    if header is None or header.kind & 0xFF != KIND_ARRAY:
+        raise UsageError("recv(out=...) needs an array message, but the sender sent a pickled object")
+    if out.shape != header.shape or out.dtype != header_dtype(header.dtype):
+        raise UsageError(
+            f"recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, "
+            f"but the message holds shape {header.shape} and dtype {np.dtype(header.dtype)}"
+        )

@@ -1,0 +1,101 @@
+"""Transport-level send and receive requests: the state of one message in flight.
+
+A :class:`SendRequest` starts in ``SEND_NEW`` until its header is in the ring.  An eager message
+then goes ``SEND_STREAM`` (its payload is copied into the ring) and is done when the last byte is
+in; a rendezvous offer goes ``SEND_OFFERED`` and is done when the receiver answers that it copied
+the payload, or goes ``SEND_STREAM`` if the receiver could not read the sender's memory.
+
+A :class:`RecvRequest` is posted by ``irecv``, or created by the progress engine for a message
+nobody has asked for yet (an *unexpected* one, which a later ``irecv`` adopts).
+
+Both only hold state: ``Endpoint`` (``endpoint.py``) moves the bytes, and ``wait()`` runs the
+endpoint's progress engine until the request is done.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from .channel import Header
+from .payload import check_out
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .endpoint import Endpoint
+
+__all__ = ["SendRequest", "RecvRequest", "SEND_NEW", "SEND_OFFERED", "SEND_STREAM"]
+
+SEND_NEW, SEND_OFFERED, SEND_STREAM = 0, 1, 2  # states of a send
+
+
+class SendRequest:
+    """A message on its way out: complete once every byte is in the ring (or, for a rendezvous,
+    once the receiver has copied it)."""
+
+    __slots__ = ("endpoint", "dst", "tag", "kind", "dtype", "shape", "seq", "payload", "view", "nbytes",
+                 "padded", "written", "state", "token", "done", "stamp")
+
+    def __init__(self, endpoint: "Endpoint", dst: int, tag: int, kind: int, payload: np.ndarray, dtype: str,
+                 shape: tuple[int, ...], seq: int, stamp: float) -> None:
+        self.endpoint = endpoint
+        self.dst = dst
+        self.tag = tag
+        self.kind = kind
+        self.dtype = dtype
+        self.shape = shape
+        self.seq = seq
+        self.payload = payload  # keeps the bytes alive (and in place, for a rendezvous) until done
+        self.view = memoryview(payload) if payload.size else None
+        self.nbytes = payload.size
+        self.padded = (self.nbytes + 7) & ~7
+        self.written = 0  # payload bytes written to the ring, incl. pad
+        self.state = SEND_NEW
+        self.token = 0
+        self.done = False
+        self.stamp = stamp
+
+    def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> None:
+        if not self.done:
+            self.endpoint.wait(lambda: self.done, timeout, on_timeout, f"send to {self.dst} (tag {self.tag})")
+        self.payload = self.view = None  # drop the reference to the caller's buffer
+
+
+class RecvRequest:
+    """A message on its way in; ``wait()`` returns the array (or object)."""
+
+    __slots__ = ("endpoint", "src", "tag", "out", "header", "target", "buf", "got", "expect", "done", "value", "error", "claimed")
+
+    def __init__(self, endpoint: "Endpoint", src: int, tag: int, out: np.ndarray | None = None) -> None:
+        self.endpoint = endpoint
+        self.src = src
+        self.tag = tag
+        self.out = out
+        self.header: Header | None = None
+        self.target: np.ndarray | None = None  # where the payload lands (uint8, C-contiguous)
+        self.buf: memoryview | None = None  # byte view of target
+        self.got = 0
+        self.expect = 0  # payload bytes (incl. pad) still to come through the ring
+        self.done = False
+        self.value: Any = None
+        self.error: Exception | None = None
+        self.claimed = out is not None
+
+    @property
+    def nbytes(self) -> int:
+        return self.header.nbytes if self.header else 0
+
+    @property
+    def stamp(self) -> float:
+        return self.header.stamp if self.header else 0.0
+
+    def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> Any:
+        if not self.done:
+            self.endpoint.wait(lambda: self.done, timeout, on_timeout, f"recv from {self.src} (tag {self.tag})")
+        if self.error is not None:
+            raise self.error
+        if self.out is not None and self.value is not self.out:
+            check_out(self.out, self.header)  # an unexpected message adopted by a recv with out=
+            np.copyto(self.out, self.value)
+            self.value = self.out
+        return self.value
