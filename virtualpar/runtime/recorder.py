@@ -1,15 +1,24 @@
-"""The flight recorder: each device's last 64 ops, kept in shared memory.
+"""What a device records about its ops: the flight recorder (shared memory) and the trace event log.
+
+The flight recorder keeps each device's last 64 ops in shared memory.
 
 Because the records live in the cluster's shared arena rather than in the device's own memory,
 they survive the device: the driver reads a SIGKILLed device's last op, and a device whose
 collective timed out reads what each of its peers is doing right now.  Each record is 256 bytes::
 
-    seq i64 | state i32 | run i32 | wall_start f64 | wall_end f64 | model_start f64 | model_end f64 | text 208s
+    seq i64 | wall_start f64 | model_start f64 | run i32 | state i32 | wall_end f64 | model_end f64 | text 208s
+
+(``state``, ``wall_end`` and ``model_end`` are adjacent so that finishing an op is one write.)
 
 ``run`` numbers the ``cluster.run`` calls (the same on every device, since every device serves every
 run), so that "op #2 on group G" of this run is never confused with one of an earlier run.
 
-Writing one record costs one ``struct.pack_into`` (about a microsecond).
+Starting an op costs one ``struct.pack_into`` of the whole record and finishing it one of 20
+bytes (each well under a microsecond).  ``text`` may be passed already encoded: :class:`OpTexts`
+keeps the encoded text of a device's recent point-to-point ops, so a loop of sends formats it once.
+
+The :class:`EventLog` holds the device's trace events as plain tuples and builds the
+:class:`~virtualpar.trace.events.Event` objects only when the trace is read.
 """
 
 from __future__ import annotations
@@ -17,15 +26,19 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 
+from ..trace.events import Event
 from ..transport.shm import RECORD_BYTES, RECORD_SLOTS, Layout, SharedArena
 
-__all__ = ["FlightRecorder", "OpRecord", "format_records"]
+__all__ = ["FlightRecorder", "OpRecord", "OpTexts", "EventLog", "describe_payload", "format_records"]
 
-_REC = struct.Struct("<qii4d208s")
-assert _REC.size == RECORD_BYTES
+_REC = struct.Struct("<qddiidd208s")
+_END = struct.Struct("<idd")  # state, wall_end, model_end
+_END_OFFSET = 28
+assert _REC.size == RECORD_BYTES and RECORD_SLOTS & (RECORD_SLOTS - 1) == 0  # slot = count & (SLOTS - 1)
 STARTED, DONE, FAILED = 1, 2, 3
 _STATE_NAMES = {STARTED: "started", DONE: "done", FAILED: "failed"}
 
@@ -57,29 +70,29 @@ class FlightRecorder:
     def __init__(self, arena: SharedArena, layout: Layout, rank: int) -> None:
         self.rank = rank
         base = layout.recorder_offset(rank)
-        self._count = arena.view(base, 1, np.int64)
+        self._count = memoryview(arena.view(base, 1, np.int64))  # one aligned word: cheaper than numpy indexing
         self._buf = arena.view(base + 64, RECORD_SLOTS * RECORD_BYTES)
         self._mv = memoryview(self._buf)
 
-    def start(self, seq: int, text: str, model: float, run: int = 0) -> int:
-        slot = int(self._count[0]) % RECORD_SLOTS
-        raw = text.encode("utf-8", "replace")[:208]
-        _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, STARTED, run, time.monotonic(), 0.0, model, 0.0, raw)
-        self._count[0] += 1
+    def start(self, seq: int, text: str | bytes, model: float, run: int = 0) -> int:
+        """Record op ``seq`` as started; ``text`` is a str or its UTF-8 encoding (cut to 208 bytes)."""
+        count = self._count[0]
+        slot = count & (RECORD_SLOTS - 1)
+        raw = text if type(text) is bytes else text.encode("utf-8", "replace")  # type: ignore[union-attr]
+        # struct's "208s" cuts longer text (a cut UTF-8 sequence decodes as U+FFFD) and pads with NULs
+        _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0, 0.0, raw)
+        self._count[0] = count + 1
         return slot
 
     def finish(self, slot: int, model: float, failed: bool = False) -> None:
-        off = slot * RECORD_BYTES
-        struct.pack_into("<i", self._mv, off + 8, FAILED if failed else DONE)
-        struct.pack_into("<d", self._mv, off + 24, time.monotonic())
-        struct.pack_into("<d", self._mv, off + 40, model)
+        _END.pack_into(self._mv, slot * RECORD_BYTES + _END_OFFSET, FAILED if failed else DONE, time.monotonic(), model)
 
     def records(self) -> list[OpRecord]:
         """Every kept record, oldest first."""
         count = int(self._count[0])
         out = []
         for i in range(max(0, count - RECORD_SLOTS), count):
-            seq, state, run, ws, we, ms, me, raw = _REC.unpack_from(self._mv, (i % RECORD_SLOTS) * RECORD_BYTES)
+            seq, ws, ms, run, state, we, me, raw = _REC.unpack_from(self._mv, (i % RECORD_SLOTS) * RECORD_BYTES)
             text = raw.rstrip(b"\0").decode("utf-8", "replace")
             out.append(OpRecord(self.rank, seq, _STATE_NAMES.get(state, "?"), ws, we, ms, me, text, run))
         return out
@@ -97,3 +110,84 @@ def format_records(records: list[OpRecord], limit: int = 8) -> str:
     now = time.monotonic()
     lines = [f"    {r.describe(now)}" for r in records[-limit:]]
     return "\n".join(lines) if lines else "    (no ops recorded)"
+
+
+def describe_payload(x: Any) -> str:
+    """How a send's payload appears in its record: ``array(shape=(4, 8), float32)`` or the type name."""
+    if isinstance(x, np.ndarray):
+        return f"array(shape={x.shape}, {x.dtype})"
+    return type(x).__name__
+
+
+class OpTexts:
+    """Flight-recorder texts of point-to-point ops, formatted once per kind of op and reused.
+
+    ``str(dtype)`` alone costs ~2 µs, more than the rest of a send's bookkeeping, so the texts are
+    kept per ``(dst, tag, shape, dtype)`` (or ``(dst, tag, type)``) of a send and per ``(src, tag)``
+    of a receive, each as ``(text, its UTF-8 encoding)``.  At most ``limit`` of each are kept; a
+    loop over many tags or shapes just formats again.  Structured dtypes are never kept: two equal
+    ones can print differently (``align=True``), and the text must name the one actually sent.
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._limit = limit
+        self._sends: dict[tuple, tuple[str, bytes]] = {}
+        self._recvs: dict[tuple, tuple[str, bytes]] = {}
+
+    def send(self, x: Any, dst: int, tag: int) -> tuple[str, bytes]:
+        """``send to {dst} tag={tag} {describe_payload(x)}``, and its encoding."""
+        if isinstance(x, np.ndarray):
+            key: tuple = (dst, tag, x.shape, x.dtype)
+            entry = self._sends.get(key)
+            if entry is None:
+                text = f"send to {dst} tag={tag} {describe_payload(x)}"
+                if x.dtype.names is not None:
+                    return text, text.encode("utf-8", "replace")
+                entry = self._keep(self._sends, key, text)
+            return entry
+        key = (dst, tag, type(x))
+        entry = self._sends.get(key)
+        if entry is None:
+            entry = self._keep(self._sends, key, f"send to {dst} tag={tag} {describe_payload(x)}")
+        return entry
+
+    def recv(self, src: int, tag: int) -> tuple[str, bytes]:
+        """``recv from {src} tag={tag}``, and its encoding."""
+        key = (src, tag)
+        entry = self._recvs.get(key)
+        return entry if entry is not None else self._keep(self._recvs, key, f"recv from {src} tag={tag}")
+
+    def _keep(self, cache: dict[tuple, tuple[str, bytes]], key: tuple, text: str) -> tuple[str, bytes]:
+        if len(cache) >= self._limit:
+            cache.clear()
+        entry = cache[key] = (text, text.encode("utf-8", "replace"))
+        return entry
+
+
+class EventLog:
+    """Device ``rank``'s trace events, stored as tuples and built into :class:`Event` when read.
+
+    A frozen 15-field ``Event`` costs ~2 µs to build, more than the rest of the bookkeeping of the
+    op it records, so :meth:`add` keeps ``(kind, name, wall_start, wall_end, model_start, model_end,
+    seq, fields)`` and iterating builds the events (``list(log)`` is what ``cluster.trace()`` reads).
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._raw: list[tuple[str, str, float, float, float, float, int, dict[str, Any]]] = []
+
+    def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
+            seq: int, fields: dict[str, Any]) -> None:
+        self._raw.append((kind, name, wall_start, wall_end, model_start, model_end, seq, fields))
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __iter__(self) -> Iterator[Event]:
+        rank = self.rank
+        for kind, name, ws, we, ms, me, seq, fields in list(self._raw):
+            yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms, model_end=me,
+                        seq=seq, **fields)
+
+    def clear(self) -> None:
+        self._raw.clear()

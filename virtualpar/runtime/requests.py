@@ -4,6 +4,10 @@ A ``Request`` wraps the transport's send or receive and, when completed, does th
 bookkeeping: the modelled clock (a receive completes at ``max(now, arrival)``, in *program* order,
 so modelled time never depends on which process the OS happened to run first), the trace event and
 the flight-recorder entry.
+
+Cost: every op pays for this bookkeeping, so it is kept to the work its result needs: the wall and
+modelled start times are read only when tracing (only trace events show them), and the timeout
+error of a user-level op is built only if the op actually times out.
 """
 
 from __future__ import annotations
@@ -12,16 +16,21 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..transport.endpoint import RecvRequest, SendRequest
+    from ..transport.requests import RecvRequest, SendRequest
     from .device import VirtualDevice
 
 __all__ = ["Request"]
 
 
 class Request:
-    """A pending ``isend`` or ``irecv``; ``wait()`` completes it (an irecv returns the array)."""
+    """A pending ``isend`` or ``irecv``; ``wait()`` completes it (an irecv returns the array).
 
-    __slots__ = ("_dev", "_inner", "_kind", "_peer", "_tag", "_wall0", "_model0", "_deadline", "_on_timeout", "_slot", "_done", "_value", "_flow")
+    ``on_timeout`` builds the exception raised when ``deadline`` passes; None: the device's
+    point-to-point timeout error for this op, saying it did not complete within ``budget`` seconds.
+    """
+
+    __slots__ = ("_dev", "_inner", "_kind", "_peer", "_tag", "_wall0", "_model0", "_deadline", "_on_timeout", "_slot",
+                 "_done", "_value", "_flow", "_budget")
 
     def __init__(
         self,
@@ -31,23 +40,28 @@ class Request:
         peer: int,
         tag: int,
         deadline: float,
-        on_timeout: Callable[[], Exception],
+        on_timeout: Callable[[], Exception] | None,
         slot: int | None = None,
         flow: str | None = None,
+        budget: float = 0.0,
     ) -> None:
         self._dev = dev
         self._inner = inner
         self._kind = kind  # "send" or "recv"
         self._peer = peer
         self._tag = tag
-        self._wall0 = time.monotonic()
-        self._model0 = dev.clock
+        if dev._trace:  # only trace events show when an op started
+            self._wall0 = time.monotonic()
+            self._model0 = dev._clock.now
+        else:
+            self._wall0 = self._model0 = 0.0
         self._deadline = deadline
         self._on_timeout = on_timeout
         self._slot = slot  # flight-recorder slot of a user-level op; None inside a collective
         self._done = False
         self._value: Any = None
         self._flow = flow
+        self._budget = budget
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
@@ -65,17 +79,25 @@ class Request:
         """Block until complete (at most ``timeout`` s, default: what remains of the op's budget)."""
         if self._done:
             return self._value
-        left = self._deadline - time.monotonic() if timeout is None else timeout
         dev = self._dev
+        inner = self._inner
         try:
-            value = self._inner.wait(max(left, 0.0), self._on_timeout)
+            if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
+                value = inner.wait()
+            else:
+                left = self._deadline - time.monotonic() if timeout is None else timeout
+                value = inner.wait(max(left, 0.0), self._on_timeout or self._timeout_error)
         except BaseException:
             if self._slot is not None:
-                dev._recorder.finish(self._slot, dev.clock, failed=True)
+                dev._recorder.finish(self._slot, dev._clock.now, failed=True)
             raise
         self._done = True
         self._value = value
-        dev._complete(self._kind, self._peer, self._inner, self._wall0, self._model0, self._flow)
+        dev._complete(self._kind, self._peer, inner, self._wall0, self._model0, self._flow)
         if self._slot is not None:
-            dev._recorder.finish(self._slot, dev.clock)
+            dev._recorder.finish(self._slot, dev._clock.now)
         return value
+
+    def _timeout_error(self) -> Exception:
+        what = "send to" if self._kind == "send" else "recv from"
+        return self._dev._p2p_error(what, self._peer, self._tag, self._budget)

@@ -30,6 +30,10 @@ uplink to the core switch in ``Topology.hierarchical``) are not arbitrated: that
 order of events, which no single device has.  Such routes still pay the bottleneck bandwidth, so the
 model is optimistic only under cross-traffic.  Latency is pipelined with transfers on a link (a link
 is busy for ``nbytes / β`` per message, not ``α + nbytes / β``).
+
+Cost: the figures a message needs (first link and β_first for a send; last link, α_route, β_route
+and β_last for a receive) are looked up in the topology once per peer and kept, so accounting a
+message is a few dict lookups and float operations — the same floats, hence bit-identical times.
 """
 
 from __future__ import annotations
@@ -45,11 +49,9 @@ from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
 __all__ = ["DeviceClock"]
 
 LinkKey = tuple[Hashable, Hashable]
-
-
-def _transfer(nbytes: float, bandwidth: float) -> float:
-    """Serialization time nbytes / β (0 for an empty message, even at β = inf)."""
-    return nbytes / bandwidth if nbytes else 0.0
+# Per-peer route figures: (first link, β_first, α_route, β_route) of the route to a destination and
+# (last link, β_last, α_route, β_route) of the route from a source; the link is None on a self-route.
+Figures = tuple["LinkKey | None", float, float, float]
 
 
 class DeviceClock:
@@ -70,6 +72,9 @@ class DeviceClock:
         # busy-until per directed link; egress links start at self.rank and ingress links end at it,
         # so one dict holds both without collisions
         self._busy: dict[LinkKey, float] = {}
+        # route figures per peer, filled on first use; the topology is immutable, so they never go stale
+        self._egress: dict[int, Figures] = {}
+        self._ingress: dict[int, Figures] = {}
 
     # -- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -108,20 +113,62 @@ class DeviceClock:
                              f">= 0; got {nbytes!r}", rank=self.rank, op=op)
         return nbytes
 
+    def _figures(self, src: int, dst: int, cache: dict[int, Figures], peer: Any, egress: bool) -> Figures:
+        """Route figures for ``src -> dst``; validated by ``topology.route``, kept per plain-int peer."""
+        route = self.topology.route(src, dst)  # raises MeshError for a peer that is not a device
+        if not route.links:
+            figures: Figures = (None, math.inf, route.latency, route.bandwidth)
+        else:
+            link = route.links[0] if egress else route.links[-1]
+            figures = (link, self.topology.link(*link).bandwidth, route.latency, route.bandwidth)
+        if type(peer) is int:  # not bool or numpy ints: those must keep going through route()'s check
+            cache[peer] = figures
+        return figures
+
     def on_send(self, dst: int, nbytes: float) -> float:
         """Account a message of ``nbytes`` leaving for ``dst``; returns its departure stamp for the envelope.
 
         ``depart = max(now, busy_until[first link])``; the first link is then busy for
         ``nbytes / β_first``.  ``now`` is unchanged (asynchronous, buffered send).
         """
-        self._check_nbytes("on_send", dst, nbytes)
-        route = self.topology.route(self.rank, dst)
-        if not route.links:  # to oneself: no link, no cost
+        if type(nbytes) is not int or nbytes < 0:
+            self._check_nbytes("on_send", dst, nbytes)
+        figures = self._egress.get(dst) if type(dst) is int else None
+        if figures is None:
+            figures = self._figures(self.rank, dst, self._egress, dst, True)
+        first = figures[0]
+        if first is None:  # to oneself: no link, no cost
             return self.now
-        first = route.links[0]
         depart = max(self.now, self._busy.get(first, 0.0))
-        self._busy[first] = depart + _transfer(nbytes, self.topology.link(*first).bandwidth)
+        # serialization time nbytes / β_first (0 for an empty message, even at β = inf)
+        self._busy[first] = depart + (nbytes / figures[1] if nbytes else 0.0)
         return depart
+
+    def route_time(self, dst: int, nbytes: int) -> float:
+        """``topology.route(rank, dst).time(nbytes)`` = α_route + nbytes / β_route (0 to oneself), from the cache."""
+        figures = self._egress.get(dst) if type(dst) is int else None
+        if figures is None:
+            figures = self._figures(self.rank, dst, self._egress, dst, True)
+        if nbytes < 0:
+            return self.topology.route(self.rank, dst).time(nbytes)  # raises, with Route's message
+        return figures[2] + (nbytes / figures[3] if nbytes else 0.0)
+
+    def on_send_done(self, dst: int, nbytes: int, stamp: float) -> float:
+        """A send that departed at ``stamp`` is complete for its sender: ``now = max(now, stamp + T_route(nbytes))``.
+
+        Hockney's model charges the sender α + M/β when it waits on the send, so an isend overlapped
+        with compute costs max(compute, transfer), not the sum.  Returns ``stamp + T_route(nbytes)``.
+        """
+        figures = self._egress.get(dst) if type(dst) is int and nbytes >= 0 else None
+        if figures is None:
+            end = stamp + self.route_time(dst, nbytes)
+        else:  # route_time, inlined (hot path)
+            end = stamp + (figures[2] + (nbytes / figures[3] if nbytes else 0.0))
+        if end != end:  # nan: let advance_to raise its error
+            self.advance_to(end)
+        if end > self.now:
+            self.now = end
+        return end
 
     def on_recv(self, src: int, nbytes: float, stamp: float) -> float:
         """Complete the receive of ``nbytes`` from ``src`` that departed at ``stamp``; returns its arrival.
@@ -129,17 +176,24 @@ class DeviceClock:
         ``arrival = max(stamp + α_route + nbytes / β_route, busy_until[last link] + nbytes / β_last)``,
         then ``now = max(now, arrival)``.  Call in program order, not in wall-arrival order.
         """
-        self._check_nbytes("on_recv", src, nbytes)
+        if type(nbytes) is not int or nbytes < 0:
+            self._check_nbytes("on_recv", src, nbytes)
         stamp = float(stamp)
         if not math.isfinite(stamp):
             raise UsageError(f"DeviceClock.on_recv on rank {self.rank} (from {src}): the departure stamp "
                              f"must be a finite time; got {stamp!r}", rank=self.rank, op="on_recv")
-        route = self.topology.route(src, self.rank)
-        if not route.links:
+        figures = self._ingress.get(src) if type(src) is int else None
+        if figures is None:
+            figures = self._figures(src, self.rank, self._ingress, src, False)
+        last, bw_last, latency, bandwidth = figures
+        if last is None:
             return self.advance_to(stamp)  # a self-message left at or before now: costs nothing
-        last = route.links[-1]
-        arrival = stamp + route.latency + _transfer(nbytes, route.bandwidth)
-        arrival = max(arrival, self._busy.get(last, 0.0) + _transfer(nbytes, self.topology.link(*last).bandwidth))
+        # serialization times (0 for an empty message, even at β = inf); the same float operations in
+        # the same order as with a fresh route(), so the times are bit-identical
+        t_route = nbytes / bandwidth if nbytes else 0.0
+        t_last = nbytes / bw_last if nbytes else 0.0
+        arrival = max(stamp + latency + t_route, self._busy.get(last, 0.0) + t_last)
         self._busy[last] = arrival
-        self.now = max(self.now, arrival)
+        if arrival > self.now:
+            self.now = arrival
         return arrival
