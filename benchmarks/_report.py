@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["evaluate_targets", "print_report", "fmt_bytes"]
 
 MiB = 1 << 20
-DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring"}
+DEFAULT_ALGORITHM = {"all_reduce": "default", "all_gather": "ring", "reduce_scatter": "ring"}
 
 
 def fmt_bytes(n: int) -> str:

@@ -47,7 +47,8 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB ... 64 MiB
 QUICK_SIZES = [4 * KiB, 1 * MiB]
 DEVICE_COUNTS = (2, 4)
-COLLECTIVES = {"all_reduce": ("ring", "tree", "direct"), "all_gather": ("ring", "direct"), "reduce_scatter": ("ring",)}
+# "default" is what a caller who names no algorithm gets (chosen by size: tree, then shm)
+COLLECTIVES = {"all_reduce": ("default", "shm", "ring", "tree", "direct"), "all_gather": ("ring", "direct"), "reduce_scatter": ("ring",)}
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
@@ -117,7 +118,7 @@ def bench_collective(cluster: VirtualCluster, s: Settings, op: str, algorithm: s
     n = cluster.size
     rows = []
     for size in s.sizes:
-        samples = _measure(cluster, s, ops.collective, op, size, algorithm)
+        samples = _measure(cluster, s, ops.collective, op, size, None if algorithm == "default" else algorithm)
         wall, model = _median(samples)
         algbw = size / wall / 1e9
         rows.append({"op": op, "algorithm": algorithm, "devices": n, "bytes": size, "time_s": wall,

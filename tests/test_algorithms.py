@@ -140,6 +140,11 @@ def test_all_reduce(algo, n, dtype, op):
                 assert [b * n for b in sent_k] == [2 * (n - 1) * m] * n
         elif algo == "direct":
             expected = [(n - 1) * m] * n
+        elif algo == "shm":  # member r's memory is read: slice j by each peer j, its reduced slice r by all
+            piece = [k * xs[0].itemsize for k in split_sizes(xs[0].size, n)]
+            expected = [(m - piece[r]) + (n - 1) * piece[r] if n > 1 else 0 for r in range(n)]
+            if xs[0].size % n == 0:
+                assert [b * n for b in sent_k] == [2 * (n - 1) * m] * n
         else:
             expected = [tree_all_reduce_bytes(n, r, m) if n > 1 else 0 for r in range(n)]
         assert sent_k == expected
@@ -366,7 +371,7 @@ def test_reduce_scatter_then_all_gather_equals_all_reduce(n, shape, dim, op, see
 def test_registry_and_ops_reject_the_unknown():
     assert set(DEFAULT_ALGORITHMS) == set(ALGORITHMS)
     assert get_algorithm("all_reduce") is ring.all_reduce
-    with pytest.raises(UsageError, match="'ring', 'tree'"):
+    with pytest.raises(UsageError, match="'ring', 'shm', 'tree'"):
         get_algorithm("all_reduce", "butterfly")
     with pytest.raises(UsageError, match="unknown collective"):
         get_algorithm("allreduce")

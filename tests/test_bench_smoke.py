@@ -40,7 +40,8 @@ def test_sizes_and_rows(result):
     sizes = [r["bytes"] for r in result["memcpy"]]
     assert sizes == sorted(sizes) and all(s & (s - 1) == 0 for s in sizes)  # powers of two
     assert [r["bytes"] for r in result["p2p_bandwidth"]] == sizes
-    expected = {("all_reduce", "ring"), ("all_reduce", "tree"), ("all_reduce", "direct"), ("all_gather", "ring"),
+    expected = {("all_reduce", "default"), ("all_reduce", "shm"), ("all_reduce", "ring"), ("all_reduce", "tree"),
+                ("all_reduce", "direct"), ("all_gather", "ring"),
                 ("all_gather", "direct"), ("reduce_scatter", "ring")}
     for n in (2, 4):
         got = {(r["op"], r["algorithm"]) for r in result["collectives"] if r["devices"] == n}

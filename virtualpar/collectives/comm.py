@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Comm", "Request", "sendrecv"]
+__all__ = ["Comm", "SharedComm", "Request", "sendrecv"]
 
 
 @runtime_checkable
@@ -42,6 +42,37 @@ class Comm(Protocol):
     def isend(self, x: np.ndarray, peer: int) -> Request: ...
 
     def irecv(self, peer: int, out: np.ndarray | None = None) -> Request: ...
+
+
+@runtime_checkable
+class SharedComm(Comm, Protocol):
+    """A ``Comm`` whose members can also read each other's memory: what shared-memory algorithms need.
+
+    * ``scratch(member)``: a uint8 array of ``scratch_bytes`` — ``member``'s scratch region.  A
+      member writes only its own; it may read any member's between two fences that bracket the
+      owner's writes.
+    * ``empty(shape, dtype)``: a fresh array for a result (the runtime hands out recycled, already
+      faulted-in memory: a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).
+    * ``fence()``: returns once every member has called it as often as this one (a barrier that
+      carries no data and costs no modelled time).
+    * ``account(peer, nbytes, messages)``: record that ``nbytes`` of this member's memory were
+      read by ``peer`` (the traffic counters see them as sent from this member to ``peer``).
+    * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
+      all_reduce over chunks of these sizes would (the algorithm real hardware runs; no message
+      carries modelled time in a shared-memory algorithm).
+    """
+
+    scratch_bytes: int
+
+    def scratch(self, member: int) -> np.ndarray: ...
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
+
+    def fence(self) -> None: ...
+
+    def account(self, peer: int, nbytes: int, messages: int = 1) -> None: ...
+
+    def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None: ...
 
 
 def sendrecv(comm: Comm, x: np.ndarray, dst: int, src: int, out: np.ndarray | None = None) -> np.ndarray:

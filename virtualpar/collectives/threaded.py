@@ -1,8 +1,10 @@
-"""An in-process ``Comm`` over threads and queues, for tests and labs (no processes, no shared memory).
+"""An in-process ``Comm`` (and ``SharedComm``) over threads and queues, for tests and labs (no processes).
 
 ``run_threaded(n, fn, *args)`` runs ``fn(comm, *args)`` on n threads and returns their results in
 rank order.  ``ThreadWorld`` does the same and keeps the traffic: bytes and messages per ordered
 pair (src, dst), so tests can assert the closed-form byte counts of each algorithm exactly.
+Shared-memory algorithms get one ``scratch_bytes`` array per member and a ``threading.Barrier``
+as their fence.
 
 Safety nets, so that a buggy algorithm fails a test instead of hanging or lying:
 
@@ -126,6 +128,32 @@ class ThreadComm:
         self._check_peer(peer, "recv from")
         return _PendingRecv(self, peer, out)
 
+    # -- SharedComm: scratch arrays shared by the threads, a threading.Barrier as the fence ------
+    @property
+    def scratch_bytes(self) -> int:
+        return self.world.scratch_bytes
+
+    def scratch(self, member: int) -> np.ndarray:
+        return self.world._scratch[member]
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def fence(self) -> None:
+        try:
+            self.world._fence.wait(self.world.timeout)
+        except threading.BrokenBarrierError:
+            if self.world._abort.is_set():
+                raise DeviceAborted(f"rank {self.rank}: fence aborted because another rank failed", rank=self.rank) from None
+            raise CollectiveTimeout(f"rank {self.rank}: not every rank reached the fence within {self.world.timeout}s",
+                                    rank=self.rank) from None
+
+    def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
+        self.world._count(self.rank, peer, nbytes, messages)
+
+    def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
+        """Threads keep no modelled clock: nothing to charge."""
+
 
 class ThreadWorld:
     """n ``ThreadComm`` members sharing FIFO queues per ordered pair, with traffic counters.
@@ -133,7 +161,7 @@ class ThreadWorld:
     ``bytes[src, dst]`` and ``messages[src, dst]`` accumulate over every ``run``.
     """
 
-    def __init__(self, size: int, timeout: float = 5.0) -> None:
+    def __init__(self, size: int, timeout: float = 5.0, scratch_bytes: int = 4096) -> None:
         if not isinstance(size, int) or size < 1:
             raise UsageError(f"ThreadWorld size must be a positive int, got {size!r}")
         self.size = size
@@ -143,12 +171,15 @@ class ThreadWorld:
         self._abort = threading.Event()
         self.bytes = np.zeros((size, size), dtype=np.int64)
         self.messages = np.zeros((size, size), dtype=np.int64)
+        self.scratch_bytes = scratch_bytes
+        self._scratch = [np.zeros(scratch_bytes, np.uint8) for _ in range(size)]
+        self._fence = threading.Barrier(size)
         self.comms = [ThreadComm(self, r) for r in range(size)]
 
-    def _count(self, src: int, dst: int, nbytes: int) -> None:
+    def _count(self, src: int, dst: int, nbytes: int, messages: int = 1) -> None:
         with self._lock:
             self.bytes[src, dst] += nbytes
-            self.messages[src, dst] += 1
+            self.messages[src, dst] += messages
 
     def bytes_sent(self, rank: int) -> int:
         """Total bytes ``rank`` sent to all peers so far."""
@@ -174,6 +205,7 @@ class ThreadWorld:
     def run(self, fn: Callable[..., Any], *args: Any, check_unmatched: bool = True) -> list[Any]:
         """Run ``fn(comm, *args)`` on every member in its own thread; results in rank order."""
         self._abort.clear()
+        self._fence.reset()
         results: list[Any] = [None] * self.size
         errors: list[tuple[float, int, BaseException]] = []
 
@@ -183,6 +215,7 @@ class ThreadWorld:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
                 errors.append((time.monotonic(), rank, exc))
                 self._abort.set()
+                self._fence.abort()  # wakes ranks waiting in a fence
 
         threads = [
             threading.Thread(target=target, args=(r,), name=f"vp-thread-rank{r}", daemon=True)
@@ -217,6 +250,6 @@ class ThreadWorld:
         return results
 
 
-def run_threaded(n: int, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> list[Any]:
+def run_threaded(n: int, fn: Callable[..., Any], *args: Any, timeout: float = 5.0, scratch_bytes: int = 4096) -> list[Any]:
     """Run ``fn(comm, *args)`` on n threads, each with its own ``ThreadComm``; results by rank."""
-    return ThreadWorld(n, timeout=timeout).run(fn, *args)
+    return ThreadWorld(n, timeout=timeout, scratch_bytes=scratch_bytes).run(fn, *args)

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
+DEFAULT_SCRATCH_BYTES = 4 << 20
+
+
 def _default_ring_bytes(n: int) -> int:
     """Ring size per directed channel: larger rings for small clusters (fewer chunks in flight)."""
     return 4 << 20 if n <= 4 else 2 << 20 if n <= 8 else 1 << 20
@@ -66,6 +69,9 @@ class VirtualCluster:
     ``check_nan``: raise when a collective input holds NaN/Inf.
     ``hardware``: what the modelled clock models: a preset name (``"h100-node"``...), a
     ``Hardware``, or None for the mesh's own topology with the default device.
+    ``scratch_bytes``: shared memory per device for shared-memory collectives (the default
+    all_reduce reduces straight out of its peers' scratch, ``scratch_bytes`` at a time); 0 turns
+    them off.  Pages are backed only when first used.
     ``abort_grace``: seconds to wait for the other devices after a failure before killing them.
     ``run_timeout``: seconds one whole ``run`` may take; None (the default) means no limit, because
     user code may legitimately compute for a long time.  ``timeout`` bounds each op, so a device
@@ -85,6 +91,7 @@ class VirtualCluster:
         hardware: Any = None,
         trace: bool = True,
         ring_bytes: int | None = None,
+        scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
         abort_grace: float = 2.0,
         run_timeout: float | None = None,
     ) -> None:
@@ -104,7 +111,9 @@ class VirtualCluster:
         self.hardware, topology, device_spec = resolve_hardware(hardware, self.mesh)
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
                                     check_nan=check_nan, trace=trace, t0=time.monotonic())
-        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n))
+        if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
+            raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
+        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes)
         self._arena = SharedArena.create(self.layout.total_bytes)
         try:
             from ..sim.clock import DeviceClock

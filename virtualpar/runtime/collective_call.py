@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..collectives import ALGORITHMS, DEFAULT_ALGORITHMS
+from ..collectives import ALGORITHMS, default_algorithm
 from ..collectives.ops import check_op
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
+from ..sim.schedules import ring_all_reduce_times
 from .config import TAG_COLLECTIVE, TAG_FINGERPRINT, TAG_VERDICT
 from .recorder import format_records
 from .requests import Request
@@ -55,9 +56,8 @@ class CollectiveSpec:
         gdesc = dev.mesh.describe_group(axes, ranks)
         where = f"{dev.name}: {name} on group {gdesc}"
         choices = ALGORITHMS[name]
-        algo = DEFAULT_ALGORITHMS[name] if algorithm is None else algorithm
-        if algo not in choices:
-            raise UsageError(f"{where}: unknown algorithm {algo!r}; choose one of {sorted(choices)}")
+        if algorithm is not None and algorithm not in choices:
+            raise UsageError(f"{where}: unknown algorithm {algorithm!r}; choose one of {sorted(choices)}")
         if "root" in params:
             root = params["root"]
             if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < n:
@@ -79,6 +79,10 @@ class CollectiveSpec:
             x = None
         if "op" in params and not isinstance(params["op"], str):
             raise UsageError(f"{where}: op must be a name such as 'sum', got {params['op']!r}")
+        algo = algorithm
+        if algo is None:  # every member sees the same shape, dtype and group: the same choice
+            nbytes = x.nbytes if isinstance(x, np.ndarray) else 0
+            algo = default_algorithm(name, nbytes, n, shared_memory=dev._endpoint.layout.scratch_bytes > 0)
         spec = cls(name, x, axes, ranks, pos, algo, params, gdesc)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
@@ -98,7 +102,7 @@ def _fingerprint(name: str, x: Any, algo: str, params: dict[str, Any]) -> tuple[
     parts = []
     shape = dtype = None
     if isinstance(x, np.ndarray):
-        shape, dtype = tuple(x.shape), str(x.dtype)
+        shape, dtype = tuple(x.shape), _dtype_name(x.dtype)
         parts += [f"shape={shape}", dtype]
     parts += [f"{k}={v}" for k, v in params.items()]
     parts.append(f"algorithm={algo}")
@@ -106,11 +110,27 @@ def _fingerprint(name: str, x: Any, algo: str, params: dict[str, Any]) -> tuple[
     return name, f"{name}({', '.join(parts)})", key
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, cached (it costs ~2 µs per call); structured dtypes are never cached,
+    because two equal ones can print differently."""
+    name = _DTYPE_NAMES.get(dtype) if dtype.names is None else None
+    if name is None:
+        name = str(dtype)
+        if dtype.names is None:
+            _DTYPE_NAMES[dtype] = name
+    return name
+
+
 def _differences(fps: list[tuple[str, str, tuple]], name: str) -> list[str]:
     """The fields on which the fingerprints disagree, in fingerprint order ("collective" first).
 
     Pieces of an all_gather/gather may differ in size along the gathered dim, so when every device
-    gathers along the same dim, that dim is left out of the shape comparison.
+    gathers along the same dim, that dim is left out of the shape comparison.  The algorithm is named
+    only when nothing else differs: a default algorithm depends on the op and the size, so a
+    different algorithm next to a different op or shape is a consequence, not the cause.
     """
     keys = [dict(fp[2]) for fp in fps]
     dims = {k.get("dim") for k in keys}
@@ -123,11 +143,14 @@ def _differences(fps: list[tuple[str, str, tuple]], name: str) -> list[str]:
             if k == "shape" and masked and v is not None:
                 v = tuple("*" if i == key["dim"] else s for i, s in enumerate(v))
             fields.setdefault(k, set()).add(repr(v))
-    return [k for k, vals in fields.items() if len(vals) > 1]
+    differs = [k for k, vals in fields.items() if len(vals) > 1]
+    if len(differs) > 1 and "algorithm" in differs:
+        differs.remove("algorithm")  # the default algorithm follows the op and size: name the cause
+    return differs
 
 
 class GroupComm:
-    """Adapts one device and one mesh group to the ``Comm`` protocol the algorithms use."""
+    """Adapts one device and one mesh group to the ``Comm`` and ``SharedComm`` protocols the algorithms use."""
 
     def __init__(self, dev: "VirtualDevice", spec: CollectiveSpec, deadline: float, on_timeout: Any) -> None:
         self.rank = spec.position
@@ -136,6 +159,8 @@ class GroupComm:
         self._ranks = spec.ranks
         self._deadline = deadline
         self._on_timeout = on_timeout
+        self._entry: list[float] | None = None  # members' clocks at the first fence()
+        self._peers = [r for r in spec.ranks if r != dev.rank]
 
     def isend(self, x: np.ndarray, peer: int) -> Request:
         dst = self._ranks[peer]
@@ -153,13 +178,55 @@ class GroupComm:
     def recv(self, peer: int, out: np.ndarray | None = None) -> np.ndarray:
         return self.irecv(peer, out).wait()
 
+    # -- SharedComm: what shared-memory algorithms need besides messages --------------------------
+    @property
+    def scratch_bytes(self) -> int:
+        return self._dev._endpoint.layout.scratch_bytes
+
+    def scratch(self, member: int) -> np.ndarray:
+        return self._dev._scratch[self._ranks[member]]
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return self._dev._endpoint._pool.array(shape, np.dtype(dtype))
+
+    def fence(self) -> None:
+        """Every member has reached this point: arrival counters in shared memory (see
+        transport/arrivals.py), no messages, no bytes counted, no modelled time.  The first fence
+        of a call also reads every member's entry clock, which each member published before
+        arriving and cannot change before the next fence."""
+        dev = self._dev
+        first = self._entry is None
+        if first:
+            dev._publish_clock()
+        arrivals = dev._endpoint.arrivals
+        peers = self._peers
+        arrivals.arrive(peers)
+        dev._endpoint.wait(lambda: arrivals.arrived(peers), self._deadline - time.monotonic(), self._on_timeout, "a fence")
+        if first:
+            clocks = dev._clocks
+            self._entry = [float(clocks[r]) for r in self._ranks]
+
+    def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
+        dst = self._ranks[peer]
+        ep = self._dev._endpoint
+        ep._bytes_row[dst] += nbytes
+        ep._msgs_row[dst] += messages
+
+    def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
+        if self._entry is None:
+            raise RuntimeError("model_ring_all_reduce needs the entry clocks of a first fence()")
+        clock = self._dev._clock
+        times = ring_all_reduce_times(clock.topology, self._ranks, self._entry, chunk_nbytes)
+        clock.advance_to(times[self.rank])
+        self._dev._publish_clock()
+
 
 def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, timeout: float) -> Any:
     """Count, record, check and run one collective on this device."""
     seq = dev._group_seq[spec.ranks] = dev._group_seq.get(spec.ranks, 0) + 1
     label = f"{spec.name} #{seq} on {spec.group_desc}"
     wall0, model0 = time.monotonic(), dev.clock
-    bytes0 = int(dev._endpoint._bytes_row.sum())
+    bytes0 = int(dev._endpoint._bytes_row.sum()) if dev._trace else 0
     slot = dev._begin_op(f"{label}: {spec.fingerprint[1]}")
     deadline = time.monotonic() + timeout
     on_timeout = _timeout_builder(dev, spec, seq, label, timeout)
@@ -175,11 +242,12 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, timeout: float) -
         dev._recorder.finish(slot, dev.clock, failed=True)
         raise
     dev._recorder.finish(slot, dev.clock)
-    nbytes = int(dev._endpoint._bytes_row.sum()) - bytes0
-    dev._event("collective", spec.name, wall0, model0, dev.clock, nbytes=nbytes, group=spec.ranks,
-               shape=tuple(spec.x.shape) if isinstance(spec.x, np.ndarray) else None,
-               dtype=str(spec.x.dtype) if isinstance(spec.x, np.ndarray) else None,
-               args=(("algorithm", spec.algorithm), ("group_seq", seq)))
+    if dev._trace:  # the event's fields cost a few µs to build: only when someone will read them
+        nbytes = int(dev._endpoint._bytes_row.sum()) - bytes0
+        dev._event("collective", spec.name, wall0, model0, dev.clock, nbytes=nbytes, group=spec.ranks,
+                   shape=tuple(spec.x.shape) if isinstance(spec.x, np.ndarray) else None,
+                   dtype=_dtype_name(spec.x.dtype) if isinstance(spec.x, np.ndarray) else None,
+                   args=(("algorithm", spec.algorithm), ("group_seq", seq)))
     return result
 
 

@@ -55,6 +55,7 @@ class ClusterControl:
         self.counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
         ctrl = arena.view(layout.ring_ctrl_offset, E * E * 16, np.uint64).reshape(E * E, 16)
         self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
+        self._arrivals = arena.view(layout.arrivals_offset, layout.devices * layout.arrival_row_bytes // 8, np.uint64)
 
     def check_open(self) -> None:
         if self.closed:
@@ -134,6 +135,7 @@ class ClusterControl:
         """Forget everything in flight after a failed command; every device is idle in its loop."""
         self._heads[:] = 0
         self._tails[:] = 0
+        self._arrivals[:] = 0  # fence counts of a collective that never finished
         self._abort[0] = 0
         self.host.reset()
         for r in range(self.size):
@@ -172,5 +174,5 @@ class ClusterControl:
         self.sup.kill_all()
         self.sup.release()
         self.host = None
-        self._heads = self._tails = self._abort = self.clocks = self.counters = None  # type: ignore[assignment]
+        self._heads = self._tails = self._arrivals = self._abort = self.clocks = self.counters = None  # type: ignore[assignment]
         self._arena.close()

@@ -49,7 +49,8 @@ class VirtualDevice:
         endpoint: "Endpoint",
         recorders: list[FlightRecorder],
         clock: "DeviceClock",
-        clock_slot: np.ndarray,
+        clocks: np.ndarray,
+        scratch: list[np.ndarray] | None = None,
     ) -> None:
         self.rank = rank
         self.mesh = mesh
@@ -61,7 +62,9 @@ class VirtualDevice:
         self._recorders = recorders
         self._recorder = recorders[rank]
         self._clock = clock
-        self._clock_slot = clock_slot
+        self._clocks = clocks  # every endpoint's published modelled clock (shared memory)
+        self._clock_slot = clocks[rank : rank + 1]
+        self._scratch = scratch or []  # every device's shared scratch region, for shm collectives
         self._trace = config.trace
         self._texts = OpTexts()  # flight-recorder texts of recent sends and receives
         self._op_seq = 0

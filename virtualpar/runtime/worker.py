@@ -92,7 +92,8 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
     endpoint = Endpoint(args.rank, arena, layout, args.doorbells)
     recorders = [FlightRecorder(arena, layout, r) for r in range(layout.devices)]
     clocks = arena.view(layout.clocks_offset, layout.endpoints, np.float64)
-    dev = VirtualDevice(args.rank, args.mesh, args.config, endpoint, recorders, args.clock, clocks[args.rank : args.rank + 1])
+    scratch = [arena.view(layout.scratch_offset(r), layout.scratch_bytes) for r in range(layout.devices)]
+    dev = VirtualDevice(args.rank, args.mesh, args.config, endpoint, recorders, args.clock, clocks, scratch)
     cmd = args.cmd
     cmd.send(("ready", os.getpid()))
     handlers = _Handlers(dev, endpoint)

@@ -63,6 +63,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import DeviceAborted, PayloadError, UsageError
+from .arrivals import ArrivalCounters
 from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
 from .payload import check_out, encode, header_dtype
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest
@@ -108,6 +109,7 @@ class Endpoint:
         self._bell = doorbells[me]
         self._bells = doorbells
         self._abort = arena.word_at(layout.abort_offset)
+        self.arrivals = ArrivalCounters(arena, layout, me, doorbells) if me < layout.devices else None
         E = layout.endpoints
         counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
         self._bytes_row = counters[0, me]  # numpy views, read by the runtime

@@ -11,15 +11,21 @@ cache line)::
 
     [control: abort word | clock per endpoint]
     [counters: bytes, messages, control bytes — one int64 matrix each, endpoint x endpoint]
+    [arrival counters (fences of shared-memory collectives): a uint64 row per device, device x device]
     [flight recorders: one per device]
     [ring control: a producer line (head, want-room flag) and a consumer line (tail, rendezvous
      reply) per channel]
     [ring data: one ring of ``ring_bytes`` per directed channel src != dst]
+    [scratch: ``scratch_bytes`` per device, page aligned, for shared-memory collectives]
 
 Endpoints are the devices ``0..n-1`` and the host (the driver) at index ``n``.  Control lines exist
 for every (src, dst) pair, the diagonal included, so the driver can zero all heads and tails with
 one strided view; ring *data* exists only for src != dst (an endpoint never sends to itself), which
 saves ``E * ring_bytes`` of the segment.
+
+A device's scratch region is written only by that device and read by its peers between fences
+(see ``collectives/shm.py``); it is how an all_reduce reduces straight out of its peers' memory.
+Pages of the segment are backed only when first touched, so an unused scratch costs nothing.
 
 Large messages do not cross the arena at all: :func:`read_remote` copies them straight out of the
 sender's own memory with Linux's ``process_vm_readv`` (cross-memory attach, the single-copy path
@@ -42,6 +48,7 @@ import numpy as np
 __all__ = ["Layout", "SharedArena", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS", "BufferPool"]
 
 _LINE = 64
+_PAGE = 4096
 RECORD_SLOTS = 64  # flight-recorder entries kept per device
 RECORD_BYTES = 256  # bytes per flight-recorder entry
 
@@ -56,6 +63,7 @@ class Layout:
 
     devices: int
     ring_bytes: int
+    scratch_bytes: int = 0
 
     @property
     def endpoints(self) -> int:
@@ -83,8 +91,22 @@ class Layout:
         return _align(3 * 8 * self.endpoints * self.endpoints)
 
     @property
-    def recorders_offset(self) -> int:
+    def arrivals_offset(self) -> int:
         return self.counters_offset + self.counters_bytes
+
+    def arrival_offset(self, src: int, dst: int) -> int:
+        """uint64: how many fences device ``src`` has entered together with device ``dst``.
+
+        Row ``src`` is written only by ``src`` and starts on its own cache line (see arrivals.py)."""
+        return self.arrivals_offset + src * self.arrival_row_bytes + 8 * dst
+
+    @property
+    def arrival_row_bytes(self) -> int:
+        return _align(8 * self.devices)
+
+    @property
+    def recorders_offset(self) -> int:
+        return self.arrivals_offset + self.devices * self.arrival_row_bytes
 
     def recorder_offset(self, rank: int) -> int:
         return self.recorders_offset + rank * (_LINE + RECORD_SLOTS * RECORD_BYTES)
@@ -103,7 +125,7 @@ class Layout:
         return self.head_offset(src, dst) + _LINE
 
     def want_offset(self, src: int, dst: int) -> int:
-        """uint64 in the producer's line: 1 while it waits for room (see endpoint.py)."""
+        """uint64 in the producer's line: 1 while it waits for room (see want_room.py)."""
         return self.head_offset(src, dst) + 8
 
     def reply_offset(self, src: int, dst: int) -> int:
@@ -121,8 +143,22 @@ class Layout:
         return self.ring_data_offset + compact * self.ring_bytes
 
     @property
+    def scratch_data_offset(self) -> int:
+        return _align(self.ring_data_offset + self.endpoints * (self.endpoints - 1) * self.ring_bytes, _PAGE)
+
+    @property
+    def scratch_stride(self) -> int:
+        return _align(self.scratch_bytes, _PAGE)
+
+    def scratch_offset(self, rank: int) -> int:
+        """Byte offset of device ``rank``'s scratch region (``scratch_bytes`` long, page aligned)."""
+        if not 0 <= rank < self.devices:
+            raise ValueError(f"device {rank} has no scratch region; devices are 0..{self.devices - 1}")
+        return self.scratch_data_offset + rank * self.scratch_stride
+
+    @property
     def total_bytes(self) -> int:
-        return self.ring_data_offset + self.endpoints * (self.endpoints - 1) * self.ring_bytes
+        return self.scratch_data_offset + self.devices * self.scratch_stride
 
 
 class SharedArena:

@@ -1,0 +1,194 @@
+"""The shared-memory all_reduce: chunking through a small scratch, fences, bytes, default choice, modelled time.
+
+Values are checked against a single-process numpy reduction in the algorithm's fixed rank order
+(x_0 ⊕ x_1 ⊕ … ⊕ x_{n−1}), bit for bit; the modelled clocks against the ring algorithm run for
+real on the same topology, and against the closed form 2(n−1)(α + M/(nβ)).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from virtualpar import Mesh, VirtualCluster
+from virtualpar.collectives import REDUCE_OPS, ThreadWorld, default_algorithm, shm
+from virtualpar.collectives.selection import SHM_MIN_BYTES
+from virtualpar.errors import CollectiveTimeout, DeviceAborted, UsageError
+from virtualpar.mesh import Topology
+from virtualpar.sim import analytic
+from virtualpar.sim.schedules import ring_all_reduce_times
+
+
+def rank_order_reduction(xs: list[np.ndarray], op: str) -> np.ndarray:
+    """x_0 ⊕ x_1 ⊕ … in rank order, the order the shm algorithm promises (so bits must match)."""
+    ufunc = REDUCE_OPS[op].ufunc
+    acc = functools.reduce(lambda a, b: ufunc(a, b), xs[1:], xs[0].copy())
+    return acc / len(xs) if op == "avg" else acc
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("scratch_bytes", [8, 24, 40, 4096])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "avg"])
+def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, scratch_bytes, op):
+    rng = np.random.default_rng([n, scratch_bytes])
+    world = ThreadWorld(n, scratch_bytes=scratch_bytes)
+    for size in (0, 1, n - 1, 7, 17):
+        xs = [rng.uniform(0.5, 1.5, size=size) for _ in range(n)]
+        before = world.bytes.copy()
+        got = world.run(lambda c: shm.all_reduce(c, xs[c.rank], op))
+        want = rank_order_reduction(xs, op)
+        for g in got:
+            assert g.tobytes() == want.tobytes()
+        # bytes, per chunk of `capacity` elements: member r's memory is read for (m - |s_r|) + (n-1)|s_r|
+        capacity = scratch_bytes // 8
+        expected = [0] * n
+        for start in range(0, size, capacity):
+            b = shm.split_bounds(min(capacity, size - start), n)
+            for r in range(n):
+                s_r = b[r + 1] - b[r]
+                expected[r] += 8 * ((b[n] - s_r) + (n - 1) * s_r)
+        assert list((world.bytes - before).sum(axis=1)) == expected
+
+
+def test_split_bounds_is_array_split():
+    for m in range(0, 12):
+        for n in range(1, 6):
+            b = shm.split_bounds(m, n)
+            assert [b[i + 1] - b[i] for i in range(n)] == [len(p) for p in np.array_split(np.arange(m), n)]
+
+
+def test_scratch_smaller_than_one_element_is_a_usage_error():
+    with pytest.raises(UsageError, match="scratch_bytes=4.*algorithm='ring'"):
+        ThreadWorld(2, scratch_bytes=4).run(lambda c: shm.all_reduce(c, np.zeros(3), "sum"))
+
+
+def test_a_failing_member_aborts_the_others_waiting_in_a_fence():
+    def body(comm):
+        if comm.rank == 1:
+            raise KeyError("rank one failed before the fence")
+        return shm.all_reduce(comm, np.ones(8), "sum")
+
+    with pytest.raises(KeyError, match="rank one failed"):
+        ThreadWorld(3, timeout=30).run(body)
+
+
+def test_a_missing_member_times_out_in_the_fence():
+    world = ThreadWorld(2, timeout=0.2)
+    with pytest.raises(CollectiveTimeout, match="fence"):
+        world.run(lambda c: shm.all_reduce(c, np.ones(8), "sum") if c.rank == 0 else None)
+    assert world.run(lambda c: shm.all_reduce(c, np.ones(2), "sum")[0]) == [2.0, 2.0]  # reusable after
+
+
+def test_default_algorithm_by_size_and_memory():
+    edge = SHM_MIN_BYTES
+    assert default_algorithm("all_reduce", edge, 4, shared_memory=True) == "shm"
+    assert default_algorithm("all_reduce", edge - 1, 4, shared_memory=True) == "tree"
+    assert default_algorithm("all_reduce", edge, 4, shared_memory=False) == "ring"
+    assert default_algorithm("all_reduce", edge - 1, 4, shared_memory=False) == "tree"
+    assert default_algorithm("all_reduce", edge, 1, shared_memory=True) == "ring"
+    assert default_algorithm("all_gather", edge, 4, shared_memory=True) == "ring"
+
+
+# -- the modelled clock ------------------------------------------------------------------------------
+def test_ring_schedule_is_the_closed_form_on_a_uniform_topology():
+    a, b = 2e-6, 450e9
+    for n in (2, 3, 4, 8):
+        topo = Topology.fully_connected(n, latency=a, bandwidth=b)
+        M = 8 * 1024 * n
+        times = ring_all_reduce_times(topo, list(range(n)), [1.0] * n, [M // n] * n)
+        assert times == pytest.approx([1.0 + analytic.ring_all_reduce(n, M, a, b)] * n, rel=1e-12, abs=0)
+
+
+def test_ring_schedule_waits_for_the_latest_member():
+    topo = Topology.fully_connected(2, latency=1.0, bandwidth=1.0)  # a message of m bytes: 1 + m s
+    # step 1: member 0 leaves at max(0 + 1 + 2, 10 + 1 + 2) = 13; member 1 at max(10 + 3, 0 + 3) = 13
+    assert ring_all_reduce_times(topo, [0, 1], [0.0, 10.0], [2, 2]) == [16.0, 16.0]
+
+
+def _skewed_all_reduce(dev, algorithm, n):
+    dev.compute(flops=1e9 * (dev.rank + 1))  # members enter at different modelled times
+    x = np.arange(n, dtype=np.float32) + dev.rank
+    y = dev.all_reduce(x, algorithm=algorithm)
+    return dev.clock, float(y.sum())
+
+
+@pytest.mark.parametrize("hardware", ["h100-node", "h100-cluster"])
+def test_shm_costs_exactly_what_the_ring_costs_on_the_modelled_hardware(hardware):
+    """Two fresh clusters (clocks at 0), members entering at different times: same clocks, same sums."""
+    mesh = Mesh({"node": 2, "gpu": 2})
+    runs = {}
+    for algorithm in ("ring", "shm"):
+        with VirtualCluster(mesh, hardware=hardware, trace=False) as cluster:
+            runs[algorithm] = [cluster.run(_skewed_all_reduce, algorithm, n) for n in (0, 5, 1 << 16)]
+    for ring_run, shm_run in zip(runs["ring"], runs["shm"]):
+        assert [s for _, s in shm_run] == [s for _, s in ring_run]
+        assert [t for t, _ in shm_run] == pytest.approx([t for t, _ in ring_run], rel=1e-12, abs=0)
+        assert len({t for t, _ in shm_run}) >= 1 and shm_run[0][0] > 0
+
+
+def _all_reduce_own(dev, xs, algorithm):
+    return dev.all_reduce(xs[dev.rank], algorithm=algorithm)
+
+
+def test_shm_bytes_and_results_on_real_devices_with_a_tiny_scratch():
+    with VirtualCluster(4, scratch_bytes=48, trace=False) as cluster:  # 6 float64 per chunk
+        xs = [np.random.default_rng(r).uniform(size=(5, 7)) for r in range(4)]
+        cluster.reset_stats()
+        got = cluster.run(_all_reduce_own, xs, "shm")
+        sent = cluster.stats().bytes.sum(axis=1)
+    want = rank_order_reduction(xs, "sum")
+    assert all(g.tobytes() == want.tobytes() for g in got)
+    expected = [0] * 4
+    for start in range(0, 35, 6):
+        b = shm.split_bounds(min(6, 35 - start), 4)
+        for r in range(4):
+            s_r = b[r + 1] - b[r]
+            expected[r] += 8 * ((b[4] - s_r) + 3 * s_r)
+    assert list(sent) == expected
+
+
+def test_scratch_regions_are_page_aligned_disjoint_and_after_the_rings():
+    from virtualpar.transport.shm import Layout
+
+    layout = Layout(3, 1 << 16, scratch_bytes=5000)
+    rings_end = layout.ring_offset(3, 2) + layout.ring_bytes  # the last ring (host -> device 2)
+    offsets = [layout.scratch_offset(r) for r in range(3)]
+    assert offsets[0] >= rings_end and all(o % 4096 == 0 for o in offsets)
+    assert all(b - a >= 5000 for a, b in zip(offsets, offsets[1:]))
+    assert layout.total_bytes >= offsets[-1] + 5000
+    assert Layout(3, 1 << 16).total_bytes == Layout(3, 1 << 16, 0).scratch_data_offset  # no scratch: no bytes
+    with pytest.raises(ValueError, match="no scratch region"):
+        layout.scratch_offset(3)  # the host has none
+
+
+# -- failures: no hang, a clear error, and a cluster that still adds up afterwards --------------------
+def _shm_twice(dev, skip_rank=None):
+    out = []
+    for k in range(2):
+        if dev.rank == skip_rank and k == 1:
+            continue
+        out.append(dev.all_reduce(np.full(1000, float(dev.rank + k)), algorithm="shm"))
+    return out
+
+
+def test_a_device_failing_before_the_fence_aborts_the_others_and_the_cluster_recovers():
+    from virtualpar.errors import InjectedFault
+
+    with VirtualCluster(3, check_collectives=False, timeout=20.0, trace=False) as cluster:
+        cluster.inject(2, at_op=2, action="raise")  # its second shm all_reduce never arrives
+        with pytest.raises(InjectedFault, match=r"device 2 .*op #2"):
+            cluster.run(_shm_twice)
+        # the others had arrived at a fence: the reset zeroed the counts, so the next calls pair up
+        for got in cluster.run(_shm_twice):
+            np.testing.assert_array_equal(got[0], np.full(1000, 3.0))
+            np.testing.assert_array_equal(got[1], np.full(1000, 6.0))
+
+
+def test_a_device_skipping_the_shm_all_reduce_is_named_by_the_timeout():
+    with VirtualCluster(3, check_collectives=False, timeout=0.5, trace=False) as cluster:
+        with pytest.raises(CollectiveTimeout) as info:
+            cluster.run(_shm_twice, 1)
+        assert info.value.missing == [1] and "all_reduce #2" in str(info.value)
+        assert [len(r) for r in cluster.run(_shm_twice)] == [2, 2, 2]

@@ -1,0 +1,33 @@
+"""The explicit registry of collective algorithms: ``ALGORITHMS[collective][name]``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from virtualpar.collectives import direct, ring, shm, tree
+
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHMS"]
+
+ALGORITHMS: dict[str, dict[str, Callable[..., object]]] = {
+    "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "direct": direct.all_reduce, "shm": shm.all_reduce},
+    "all_gather": {"ring": ring.all_gather, "direct": direct.all_gather},
+    "reduce_scatter": {"ring": ring.reduce_scatter},
+    "broadcast": {"tree": tree.broadcast},
+    "reduce": {"tree": tree.reduce},
+    "gather": {"direct": direct.gather},
+    "scatter": {"direct": direct.scatter},
+    "all_to_all": {"direct": direct.all_to_all},
+    "barrier": {"direct": direct.barrier},
+}
+
+DEFAULT_ALGORITHMS: dict[str, str] = {
+    "all_reduce": "ring",
+    "all_gather": "ring",
+    "reduce_scatter": "ring",
+    "broadcast": "tree",
+    "reduce": "tree",
+    "gather": "direct",
+    "scatter": "direct",
+    "all_to_all": "direct",
+    "barrier": "direct",
+}

@@ -1,0 +1,95 @@
+"""Shared-memory all_reduce: every member reduces its 1/n slice straight out of its peers' memory.
+
+On one machine the fastest way to combine n arrays is not to pass messages at all.  Each member
+copies the slices its peers need (all but its own slice r) into its own *scratch* region of the
+shared segment; after a fence member r reduces slice r of every member's array — in fixed rank
+order, ``x_0 ⊕ x_1 ⊕ … ⊕ x_{n−1}``, its own term read in place — straight into slice r of its
+scratch; after a second fence everybody copies the n reduced slices out.  Every element is computed by exactly one member in one fixed order, so every member
+gets the same bits, from run to run (the ring's order differs, so the two algorithms may differ
+in the last bit of a float sum).
+
+With M the bytes of the array, per member and per call::
+
+    copy in          (n−1)/n·M    (own array but slice r → own scratch)
+    reduce           M read, M/n written      (slice r of n arrays → own scratch)
+    copy out         M            (n reduced slices → result)
+    fences           3 per chunk, each ⌈log2 n⌉ tiny control messages
+
+about 3M of memory traffic, no per-step handshakes, and no message headers; a ring moves the same
+bytes through 2(n−1) messages, each copied in and out of a channel.  Arrays larger than the scratch go ``scratch_bytes`` at a
+time.  The third fence keeps a member from overwriting its scratch (in the next chunk or the next
+collective, possibly in another group) while a peer still reads it.
+
+Bytes moved are counted as if each read of a peer's slice were a message from that peer:
+member j "sends" each peer r slice r of its input and its own reduced slice j, i.e.
+(M − |s_j|) + (n−1)|s_j| = 2(n−1)/n·M bytes when the slices are equal — the ring's figure.  The
+modelled clock charges what the ring all_reduce would cost on the modelled topology (real
+accelerators do not share memory; the ring is what they would run).
+
+Source: the "reduce out of shared memory" scheme measured in PERFORMANCE_NOTES.md (7.3 GB/s bus
+bandwidth at 2 processes with the arrays already in shared memory, vs ~1 GB/s for MPI).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from virtualpar.collectives.comm import SharedComm
+from virtualpar.collectives.ops import REDUCE_OPS, finalize
+from virtualpar.errors import UsageError
+
+__all__ = ["all_reduce", "split_bounds"]
+
+
+def split_bounds(m: int, n: int) -> list[int]:
+    """Boundaries of ``numpy.array_split`` of ``m`` items into ``n`` pieces: piece i is [b[i], b[i+1])."""
+    q, rem = divmod(m, n)
+    return [i * q + min(i, rem) for i in range(n + 1)]
+
+
+def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
+    """All_reduce through shared scratch memory; see the module docstring for the protocol and cost."""
+    n, r = comm.size, comm.rank
+    if n == 1:
+        return finalize(op, np.array(x, copy=True, order="C"), 1)
+    itemsize = x.dtype.itemsize
+    capacity = comm.scratch_bytes // itemsize  # elements per chunk
+    if capacity < 1:
+        raise UsageError(
+            f"all_reduce algorithm 'shm' needs scratch memory of at least one {x.dtype} element per device, "
+            f"but the cluster has scratch_bytes={comm.scratch_bytes}; start it with a larger scratch_bytes "
+            "or choose algorithm='ring'"
+        )
+    ufunc = REDUCE_OPS[op].ufunc
+    source = np.ascontiguousarray(x).reshape(-1)
+    result = comm.empty(x.shape, x.dtype)
+    flat = result.reshape(-1)
+    scratch = [comm.scratch(j)[: capacity * itemsize].view(x.dtype) for j in range(n)]
+    mine = scratch[r]
+    total = source.size
+    for start in range(0, max(total, 1), capacity):  # an empty array still takes one (empty) round
+        m = min(capacity, total - start)
+        chunk = source[start : start + m]
+        b = split_bounds(m, n)
+        lo, hi = b[r], b[r + 1]
+        # Publish the slices the peers reduce; our own slice r is read in place, never copied.
+        mine[:lo] = chunk[:lo]
+        mine[hi:m] = chunk[hi:]
+        comm.fence()  # every member's chunk is in its scratch
+
+        terms = [chunk[lo:hi] if j == r else scratch[j][lo:hi] for j in range(n)]
+        acc = mine[lo:hi]  # slice r of our scratch holds no input: reduce straight into it
+        ufunc(terms[0], terms[1], out=acc)
+        for term in terms[2:]:
+            ufunc(acc, term, out=acc)
+        finalize(op, acc, n)
+        comm.fence()  # every reduced slice is published
+
+        for j in range(n):
+            flat[start + b[j] : start + b[j + 1]] = scratch[j][b[j] : b[j + 1]]
+            if j != r:
+                comm.account(j, (b[j + 1] - b[j] + hi - lo) * itemsize, messages=2)
+        comm.fence()  # nobody reads our scratch any more: it may be reused
+    ring = split_bounds(total, n)  # the chunks the ring algorithm would send
+    comm.model_ring_all_reduce([(ring[i + 1] - ring[i]) * itemsize for i in range(n)])
+    return result
