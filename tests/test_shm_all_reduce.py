@@ -192,3 +192,18 @@ def test_a_device_skipping_the_shm_all_reduce_is_named_by_the_timeout():
             cluster.run(_shm_twice, 1)
         assert info.value.missing == [1] and "all_reduce #2" in str(info.value)
         assert [len(r) for r in cluster.run(_shm_twice)] == [2, 2, 2]
+
+
+def _default_all_reduce(dev, n):
+    return float(dev.all_reduce(np.ones(n))[0])
+
+
+def test_without_scratch_the_default_falls_back_to_messages():
+    big = SHM_MIN_BYTES // 8  # float64 elements: large enough for shm by size
+    for scratch, expected in ((0, "ring"), (4, "ring"), (8, "shm")):  # none, < one float64, one float64
+        with VirtualCluster(2, scratch_bytes=scratch) as cluster:
+            assert cluster.run(_default_all_reduce, big) == [2.0, 2.0]
+            ran = [dict(e.args)["algorithm"] for e in cluster.trace().events if e.kind == "collective"]
+        assert ran == [expected, expected]
+    with pytest.raises(UsageError, match="scratch_bytes must be an int >= 0"):
+        VirtualCluster(2, scratch_bytes=-1)

@@ -81,8 +81,8 @@ class CollectiveSpec:
             raise UsageError(f"{where}: op must be a name such as 'sum', got {params['op']!r}")
         algo = algorithm
         if algo is None:  # every member sees the same shape, dtype and group: the same choice
-            nbytes = x.nbytes if isinstance(x, np.ndarray) else 0
-            algo = default_algorithm(name, nbytes, n, shared_memory=dev._endpoint.layout.scratch_bytes > 0)
+            nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
+            algo = default_algorithm(name, nbytes, n, shared_memory=dev._endpoint.layout.scratch_bytes >= itemsize)
         spec = cls(name, x, axes, ranks, pos, algo, params, gdesc)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
