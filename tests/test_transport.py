@@ -1,6 +1,6 @@
 """Transport paths that the runtime tests do not force: ring wrap-around with tiny rings, the
-rendezvous fallback when the kernel refuses cross-memory reads, the receive-buffer pool, and no
-lost wake-ups (with the safety-net wake slice raised to 60 s, a lost post would hang a wait)."""
+rendezvous fallback when the kernel refuses cross-memory reads, the receive-buffer pool, the
+small-message fast paths against the general path, and no lost wake-ups (with the safety-net wake slice raised to 60 s, a lost post would hang a wait)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import virtualpar.transport.endpoint as ep
 from virtualpar import VirtualCluster
 from virtualpar.transport.endpoint import Endpoint
+from virtualpar.transport.requests import SentRequest
 from virtualpar.transport.shm import Layout, SharedArena
 
 SIZES = [0, 1, 7, 8, 100, 4096, 5000, 70000, 300000, 1 << 20]
@@ -86,3 +87,86 @@ def test_pool_recycles_a_buffer_only_when_every_view_is_gone(pair):
     d = _xfer(pair, np.full((256, 256), 4, np.float32))
     assert d.ctypes.data == addr  # recycled, warm
     assert (b == 2).all() and (c == 3).all() and (d == 4).all()
+
+
+def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndarray, np.ndarray, int]:
+    """Drive two endpoints of a 4 KiB-ring pair through a random interleaving of sends, receives
+    (some into ``out=``) and progress; returns (sent messages, received values, byte and message
+    counters of endpoint 0, sends the fast path completed).  ``fast=False`` turns the small-message fast paths off."""
+    monkeypatch.setattr(ep, "SMALL", ep.SMALL if fast else -1)
+    layout = Layout(2, 4096)
+    arena = SharedArena.create(layout.total_bytes)
+    arena.unlink()
+    bells = [mp.get_context("fork").Semaphore(0) for _ in range(layout.endpoints)]
+    a, b = Endpoint(0, arena, layout, bells), Endpoint(1, arena, layout, bells)
+    rng = np.random.default_rng(seed)
+    sent: list[tuple[int, object]] = []
+    sends, recvs = [], []
+    posted = {t: 0 for t in range(3)}
+
+    def message(i: int):
+        size = int(rng.choice([0, 1, 8, 100, 1000, 1024, 1025, 3000, 5000, 70000], p=[.1, .1, .1, .2, .2, .1, .05, .05, .05, .05]))
+        k = int(rng.integers(3))
+        if k == 0:
+            return {"i": i, "pad": b"x" * size}
+        x = (np.arange(size, dtype=np.int64) * 3 + i).astype(np.uint8 if k == 1 else np.int32)
+        return x.reshape(2, -1) if size % 2 == 0 and size else x
+
+    def post(tag: int) -> None:
+        mine = [m for t, m in sent if t == tag][posted[tag]] if posted[tag] < sum(t == tag for t, _ in sent) else None
+        out = np.empty_like(mine) if isinstance(mine, np.ndarray) and rng.integers(2) else None
+        recvs.append((tag, posted[tag], out, b.irecv(0, tag, out)))
+        posted[tag] += 1
+
+    for i in range(200):
+        op = int(rng.integers(5))
+        if op <= 1:
+            tag = int(rng.integers(3))
+            sent.append((tag, message(i)))
+            sends.append(a.isend(sent[-1][1], 1, tag))
+        elif op == 2:
+            tag = int(rng.integers(3))
+            if posted[tag] < sum(t == tag for t, _ in sent):
+                post(tag)
+        elif op == 3:
+            (a if rng.integers(2) else b).progress()
+        else:
+            b.progress()
+            a.progress()
+    for tag in range(3):
+        while posted[tag] < sum(t == tag for t, _ in sent):
+            post(tag)
+    for _ in range(10000):
+        if all(r.done for *_, r in recvs) and all(s.done for s in sends):
+            break
+        a.progress()
+        b.progress()
+    values = []
+    for tag, nth, out, r in recvs:
+        v = r.wait(0)
+        assert out is None or v is out
+        values.append((tag, nth, v))
+    return sent, values, a._bytes_row.copy(), a._msgs_row.copy(), sum(isinstance(s, SentRequest) for s in sends)
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, np.ndarray):
+        return isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+    return x == y
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_path_keeps_fifo_matching_and_counters_of_the_general_path(monkeypatch, seed):
+    """Fast-path frames interleaved with queued sends, streamed and rendezvous messages and
+    unexpected messages: the n-th receive of a tag gets the n-th send of that tag (the FIFO
+    reference), with the fast paths on and off alike, and the byte counters agree."""
+    results = [_run_script(seed, fast, monkeypatch) for fast in (True, False)]
+    assert results[0][4] > 5 and results[1][4] == 0  # both paths were taken, and only with fast=True
+    for sent, values, nbytes, msgs, _ in results:
+        by_tag = {t: [m for tag, m in sent if tag == t] for t in range(3)}
+        assert len(values) == len(sent)
+        for tag, nth, v in values:
+            assert _same(by_tag[tag][nth], v), (tag, nth)
+        expected = sum(m.nbytes if isinstance(m, np.ndarray) else 0 for _, m in sent)
+        assert msgs[1] == len(sent) and nbytes[1] >= expected  # pickles count their pickled size
+    assert results[0][2][1] == results[1][2][1] and results[0][3][1] == results[1][3][1]

@@ -21,6 +21,11 @@ Two protocols, chosen per message (MPI's eager/rendezvous split):
   overlap on two cores; a payload of up to ``SMALL`` bytes is written unwrapped right after its
   header, so the receiver takes it in one copy (a pickle is unpickled straight from the ring).
   The send completes when the last byte is in the ring: it never waits for the receiver.
+  Fast path: a small send with nothing queued ahead of it to the same peer writes its whole
+  frame inside ``isend`` and publishes it with one store (``VirtualChannel.write_frame``), so the
+  receiver never sees a header without its payload; it gets an already-done ``SentRequest``.
+  The receiver copies a frame that is whole in the ring straight into its target in one call.
+  Both paths keep FIFO order: the fast one is taken only when the send queue is empty.
 * **rendezvous** (payloads the ring cannot hold, and those of 64 KiB or more that would have to
   wait for room): the sender writes only a header with its pid, the payload's address and a
   token; the receiver's progress engine copies the payload straight from the sender's memory into
@@ -39,8 +44,9 @@ Posting only when it helps: a producer that finds no room raises a *want-room* f
 consumer rings it after freeing room only while that flag is up (see :mod:`.want_room`).
 
 Waiting: when every device can have a core (devices <= usable CPUs), a wait first polls its
-doorbell for up to ``SPIN_SECONDS`` (``sched_yield`` between polls, so a peer queued on the same
-core runs) and only then sleeps on the semaphore — on this VM a cross-core wake-up costs ~30 µs,
+doorbell for up to ``SPIN_SECONDS`` (``sched_yield`` between polls after the first ``SPIN_BUSY``,
+so a peer queued on the same core runs; a yield is a ~0.5 µs syscall, so the replies of a
+ping-pong, due within a few µs, are polled for without one) and only then sleeps on the semaphore — on this VM a cross-core wake-up costs ~30 µs,
 more than most of the waits it would end.  With more devices than cores nobody polls: every wait
 sleeps at once and chunks are announced once per message.
 
@@ -65,8 +71,8 @@ import numpy as np
 from ..errors import DeviceAborted, PayloadError, UsageError
 from .arrivals import ArrivalCounters
 from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
-from .payload import check_out, encode, header_dtype
-from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest
+from .payload import byte_view, check_out, encode, header_dtype
+from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
 from .shm import CROSS_MEMORY, PERMANENT_ERRORS, BufferPool, Layout, SharedArena, read_remote
 from .want_room import FENCED, fence, want_room
 
@@ -78,8 +84,9 @@ CHUNK = 1 << 18  # 256 KiB: the copy granularity of eager messages, so sender an
 SMALL = 1 << 14  # eager payloads up to this size are written unwrapped, right after their header
 RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None: those the ring cannot hold
 RENDEZVOUS_FLOOR = 1 << 16  # ... and payloads this large too when the ring cannot take them right now
-SPIN_YIELD = True  # sched_yield between doorbell polls
+SPIN_YIELD = True  # sched_yield between doorbell polls (after the first SPIN_BUSY seconds)
 SPIN_SECONDS = 50e-6  # longest doorbell poll before sleeping (only when devices <= cores)
+SPIN_BUSY = 10e-6  # ... of which the first this many poll without yielding (a yield is a ~0.5 µs syscall)
 _WAKE_SLICE = 0.5  # longest sleep between re-checks of the abort word
 
 
@@ -131,17 +138,23 @@ class Endpoint:
         self._spin = SPIN_SECONDS if self._overlap and me < layout.devices else 0.0
 
     # -- posting ----------------------------------------------------------------------------------
-    def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False) -> SendRequest:
-        kind, payload, dtype, shape = encode(obj)
+    def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False) -> SendRequest | SentRequest:
+        kind, payload, view, dtype, shape = encode(obj)
         seq = self._seq[dst] = self._seq[dst] + 1
-        nbytes = payload.size
+        nbytes = view.nbytes
         if control:
             kind |= FLAG_CONTROL
             self._ctrl_mv[dst] += nbytes
         else:
             self._bytes_mv[dst] += nbytes
             self._msgs_mv[dst] += 1
-        req = SendRequest(self, dst, tag, kind, payload, dtype, shape, seq, stamp)
+        if nbytes <= self._small and not self._sendq[dst]:
+            # The eager fast path: nothing queued ahead of it (FIFO) and a small payload, so the
+            # whole frame goes into the ring now, published with one store, or not at all.
+            if self._out[dst].write_frame(kind, tag, stamp, seq, dtype, shape, view, nbytes):
+                self._bells[dst].release()
+                return SentRequest(dst, tag, nbytes, stamp, seq)
+        req = SendRequest(self, dst, tag, kind, payload, view, dtype, shape, seq, stamp)
         if nbytes >= RENDEZVOUS_FLOOR and self._offer_to[dst] and (
                 nbytes >= (RENDEZVOUS_MIN or self._rdv_min) or self._sendq[dst]
                 or self._out[dst].writable() < nbytes + 2048):  # header + a possible end-of-ring skip
@@ -254,6 +267,12 @@ class Endpoint:
                     elif req.expect == 0:
                         self._finish(req)
                         continue
+                    elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
+                        # The whole array is in the ring (always so for a fast-path frame): one copy.
+                        ch.read_into(req.buf, header.nbytes, req.expect)
+                        req.buf = req.target = None
+                        req.done = True
+                        continue
                     elif req.buf is None and ch.readable() >= req.expect:  # a whole pickle in the ring
                         view = ch.peek(req.header.nbytes)
                         if view is not None:
@@ -311,7 +330,7 @@ class Endpoint:
                 log.info("endpoint %d cannot read endpoint %d's memory (%s): large messages go through the rings",
                          self.me, req.src, os.strerror(err))
             req.expect = (h.nbytes + 7) & ~7
-            req.buf = memoryview(req.target) if h.nbytes else None
+            req.buf = byte_view(req.target) if h.nbytes else None
             ch.answer((h.token << 1) | 1)
             self._bells[req.src].release()
             self._partial[req.src] = req
@@ -325,22 +344,30 @@ class Endpoint:
             req = RecvRequest(self, src, header.tag)
             self._unexpected[key].append(req)
         req.header = header
-        req.expect = header.padded
+        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined
         if header.kind & 0xFF == KIND_ARRAY:
             target = None
-            if req.out is not None:
-                try:
-                    check_out(req.out, header)
-                    if req.out.flags.c_contiguous and req.out.flags.writeable:
-                        target = req.out
-                except UsageError as exc:
-                    req.error = exc  # still drain the bytes, then report at wait()
+            out = req.out
+            if out is not None:
+                if out.shape == header.shape and out.dtype is header_dtype(header.dtype):
+                    if out.flags.c_contiguous and out.flags.writeable:
+                        target = out  # the common case, checked in full below otherwise
+                else:
+                    try:
+                        check_out(out, header)
+                        if out.flags.c_contiguous and out.flags.writeable:
+                            target = out
+                    except UsageError as exc:
+                        req.error = exc  # still drain the bytes, then report at wait()
             if target is None:
-                target = self._pool.array(header.shape, header_dtype(header.dtype))
+                if header.nbytes < self._pool.min_bytes:  # what the pool would do, minus its np.prod
+                    target = np.empty(header.shape, header_dtype(header.dtype))
+                else:
+                    target = self._pool.array(header.shape, header_dtype(header.dtype))
             req.value = target
             if header.nbytes:
-                req.target = target.reshape(-1).view(np.uint8)
-                req.buf = memoryview(req.target)
+                req.target = target  # C-contiguous: a rendezvous reads into its address
+                req.buf = byte_view(target)
         return req
 
     def _finish(self, req: RecvRequest, data: Any = None) -> None:
@@ -362,14 +389,19 @@ class Endpoint:
         done: Callable[[], bool],
         timeout: float | None,
         on_timeout: Callable[[], Exception] | None,
-        what: str,
+        what: object,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
-        """Make progress until ``done()``; raise on abort or after ``timeout`` seconds."""
+        """Make progress until ``done()``; raise on abort or after ``timeout`` seconds.
+
+        ``what`` names the awaited thing in those errors: a string, or an object whose ``str()``
+        does (a request passes itself, so a wait that succeeds formats nothing)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         bell = self._bell
         spin = self._spin
-        spin_until = time.perf_counter() + spin if spin else 0.0
+        clock = time.perf_counter
+        spin_until = clock() + spin if spin else 0.0
+        busy = min(SPIN_BUSY, spin) if SPIN_YIELD else spin  # poll this long before yielding
         while True:
             self.progress()
             if done():
@@ -386,24 +418,26 @@ class Endpoint:
                         raise on_timeout()
                     raise TimeoutError(f"{what} timed out after {timeout} s")
             if spin_until:
+                yield_from = spin_until - spin + busy
                 while not bell.acquire(False):
-                    if time.perf_counter() >= spin_until:
-                        spin_until = 0.0
-                        break
-                    if SPIN_YIELD:
+                    now = clock()
+                    if now >= yield_from:
+                        if now >= spin_until:
+                            spin_until = 0.0
+                            break
                         os.sched_yield()  # a peer queued on this core runs now
                 else:
                     while bell.acquire(False):
                         pass
-                    spin_until = time.perf_counter() + spin  # something moved: poll again next time
+                    spin_until = clock() + spin  # something moved: poll again next time
                     continue
             if bell.acquire(True, min(left, _WAKE_SLICE)):
                 while bell.acquire(False):
                     pass
                 if spin:
-                    spin_until = time.perf_counter() + spin
+                    spin_until = clock() + spin
 
-    def aborted_error(self, what: str) -> DeviceAborted:
+    def aborted_error(self, what: object) -> DeviceAborted:
         culprit = int(self._abort[0]) - 1
         who = "the host" if culprit == self.layout.host else f"device {culprit}"
         return DeviceAborted(f"aborted while waiting for {what}: {who} failed first", aborted_by=culprit)

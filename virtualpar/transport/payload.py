@@ -5,7 +5,9 @@ fits the header's 16-byte field) travels raw: kind ``KIND_ARRAY``, its bytes as 
 view (no copy unless the array is not C-contiguous), its dtype string and shape in the header.
 Anything else is pickled at the highest protocol and travels as ``KIND_PICKLE`` bytes.
 
-Both dtype conversions, ``np.dtype`` -> header string on the way out and header string ->
+A payload crosses the transport as a flat byte ``memoryview`` (:func:`byte_view`): a buffer-protocol
+cast costs ~0.2 µs where ``arr.reshape(-1).view(np.uint8)`` costs ~0.6 µs, and at 4 KiB that is
+a tenth of a message's Python.  Both dtype conversions, ``np.dtype`` -> header string on the way out and header string ->
 ``np.dtype`` on the way in, run once per message and are cached (a handful of distinct values).
 """
 
@@ -19,7 +21,7 @@ import numpy as np
 from ..errors import PayloadError, UsageError
 from .channel import KIND_ARRAY, KIND_PICKLE, Header
 
-__all__ = ["encode", "header_dtype", "check_out"]
+__all__ = ["encode", "byte_view", "header_dtype", "check_out"]
 
 _RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its str if arrays of it travel raw, else None
 _DTYPES: dict[str, np.dtype] = {}  # dtype str from a header -> dtype
@@ -42,16 +44,25 @@ def header_dtype(s: str) -> np.dtype:
     return dt
 
 
-def encode(obj: Any) -> tuple[int, np.ndarray, str, tuple[int, ...]]:
-    """(kind, payload bytes as uint8, dtype str, shape) for any picklable object; arrays go raw."""
+def byte_view(arr: np.ndarray) -> memoryview:
+    """The bytes of the C-contiguous array ``arr`` as a flat, writable-if-``arr``-is memoryview."""
+    try:
+        return memoryview(arr).cast("B")
+    except (TypeError, ValueError):  # a zero in the shape, or a dtype the buffer protocol lacks (M8, m8)
+        return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def encode(obj: Any) -> tuple[int, np.ndarray, memoryview, str, tuple[int, ...]]:
+    """(kind, C-contiguous payload array, its bytes, dtype str, shape) for any picklable object;
+    arrays go raw.  The array keeps the bytes alive and gives a rendezvous offer its address."""
     if isinstance(obj, np.ndarray) and (dtype := _raw_dtype(obj.dtype)) is not None:
         arr = obj if obj.flags.c_contiguous else np.asarray(obj, order="C")  # 0-d stays 0-d
-        return KIND_ARRAY, arr.reshape(-1).view(np.uint8), dtype, arr.shape
+        return KIND_ARRAY, arr, byte_view(arr), dtype, arr.shape
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
         raise PayloadError(f"cannot send {type(obj).__name__} object: it cannot be pickled ({exc})") from None
-    return KIND_PICKLE, np.frombuffer(data, np.uint8), "|u1", ()
+    return KIND_PICKLE, np.frombuffer(data, np.uint8), memoryview(data), "|u1", ()
 
 
 def check_out(out: np.ndarray, header: Header | None) -> None:

@@ -1,6 +1,7 @@
 """Transport-level send and receive requests: the state of one message in flight.
 
-A :class:`SendRequest` starts in ``SEND_NEW`` until its header is in the ring.  An eager message
+A small send that fits the ring whole is written while it is posted and gets a
+:class:`SentRequest`, already done.  Any other :class:`SendRequest` starts in ``SEND_NEW`` until its header is in the ring.  An eager message
 then goes ``SEND_STREAM`` (its payload is copied into the ring) and is done when the last byte is
 in; a rendezvous offer goes ``SEND_OFFERED`` and is done when the receiver answers that it copied
 the payload, or goes ``SEND_STREAM`` if the receiver could not read the sender's memory.
@@ -24,7 +25,7 @@ from .payload import check_out
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
 
-__all__ = ["SendRequest", "RecvRequest", "SEND_NEW", "SEND_OFFERED", "SEND_STREAM"]
+__all__ = ["SendRequest", "SentRequest", "RecvRequest", "SEND_NEW", "SEND_OFFERED", "SEND_STREAM"]
 
 SEND_NEW, SEND_OFFERED, SEND_STREAM = 0, 1, 2  # states of a send
 
@@ -36,8 +37,8 @@ class SendRequest:
     __slots__ = ("endpoint", "dst", "tag", "kind", "dtype", "shape", "seq", "payload", "view", "nbytes",
                  "padded", "written", "state", "token", "done", "stamp")
 
-    def __init__(self, endpoint: "Endpoint", dst: int, tag: int, kind: int, payload: np.ndarray, dtype: str,
-                 shape: tuple[int, ...], seq: int, stamp: float) -> None:
+    def __init__(self, endpoint: "Endpoint", dst: int, tag: int, kind: int, payload: np.ndarray,
+                 view: memoryview, dtype: str, shape: tuple[int, ...], seq: int, stamp: float) -> None:
         self.endpoint = endpoint
         self.dst = dst
         self.tag = tag
@@ -46,8 +47,8 @@ class SendRequest:
         self.shape = shape
         self.seq = seq
         self.payload = payload  # keeps the bytes alive (and in place, for a rendezvous) until done
-        self.view = memoryview(payload) if payload.size else None
-        self.nbytes = payload.size
+        self.nbytes = view.nbytes
+        self.view = view if self.nbytes else None  # the payload's bytes, flat
         self.padded = (self.nbytes + 7) & ~7
         self.written = 0  # payload bytes written to the ring, incl. pad
         self.state = SEND_NEW
@@ -57,8 +58,29 @@ class SendRequest:
 
     def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> None:
         if not self.done:
-            self.endpoint.wait(lambda: self.done, timeout, on_timeout, f"send to {self.dst} (tag {self.tag})")
+            self.endpoint.wait(lambda: self.done, timeout, on_timeout, self)
         self.payload = self.view = None  # drop the reference to the caller's buffer
+
+    def __str__(self) -> str:  # what a timeout or abort says it waited for (formatted only then)
+        return f"send to {self.dst} (tag {self.tag})"
+
+
+class SentRequest:
+    """A send the eager fast path completed while posting it (its whole frame is in the ring):
+    what a :class:`SendRequest` shows once done, without the state of a message in flight."""
+
+    __slots__ = ("dst", "tag", "nbytes", "stamp", "seq")
+    done = True
+
+    def __init__(self, dst: int, tag: int, nbytes: int, stamp: float, seq: int) -> None:
+        self.dst = dst
+        self.tag = tag
+        self.nbytes = nbytes
+        self.stamp = stamp
+        self.seq = seq
+
+    def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> None:
+        return None
 
 
 class RecvRequest:
@@ -81,6 +103,9 @@ class RecvRequest:
         self.error: Exception | None = None
         self.claimed = out is not None
 
+    def __str__(self) -> str:  # what a timeout or abort says it waited for (formatted only then)
+        return f"recv from {self.src} (tag {self.tag})"
+
     @property
     def nbytes(self) -> int:
         return self.header.nbytes if self.header else 0
@@ -91,7 +116,7 @@ class RecvRequest:
 
     def wait(self, timeout: float | None = None, on_timeout: Callable[[], Exception] | None = None) -> Any:
         if not self.done:
-            self.endpoint.wait(lambda: self.done, timeout, on_timeout, f"recv from {self.src} (tag {self.tag})")
+            self.endpoint.wait(lambda: self.done, timeout, on_timeout, self)
         if self.error is not None:
             raise self.error
         if self.out is not None and self.value is not self.out:
