@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
-from virtualpar.errors import MeshError, P2PTimeout, UsageError
+from virtualpar.errors import MeshError, P2PTimeout, PayloadError, UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.runtime.recorder import EventLog, FlightRecorder, OpTexts
 from virtualpar.sim.clock import DeviceClock
@@ -193,6 +193,25 @@ def test_recorder_keeps_the_last_slots_and_cuts_long_text_like_before():
     assert recs[-2].text == f"op {RECORD_SLOTS + 9}" and recs[-2].model_end == RECORD_SLOTS + 9.5
 
 
+def test_recorder_rewrites_a_slots_text_whenever_it_changes():
+    """A slot skips its text only when handed the very bytes it holds; every record still reads right."""
+    rec = _recorder()
+    texts = [f"op {k}".encode() for k in range(5)]  # the same objects each time, as OpTexts hands them out
+    expected = {}
+    seq = 0
+    for period in (2, 3, 4, 1, 5):  # loops whose period divides the slots, and ones that do not
+        for k in range(3 * RECORD_SLOTS):
+            seq += 1
+            raw = texts[k % period]
+            if k % 7 == 0:
+                raw = bytes(raw)  # equal bytes in a new object: written again
+            if k % 11 == 0:
+                raw = raw.decode()  # a str (collectives): always written
+            rec.start(seq, raw, float(seq))
+            expected[seq] = raw if isinstance(raw, str) else raw.decode()
+        assert [(r.seq, r.text) for r in rec.records()] == [(q, expected[q]) for q in range(seq - RECORD_SLOTS + 1, seq + 1)]
+
+
 def test_op_texts_name_what_was_sent_even_as_dtypes_change():
     texts = OpTexts(limit=3)
     aligned = np.dtype({"names": ["a", "b"], "formats": ["i1", "i4"]}, align=True)
@@ -241,6 +260,21 @@ def mixed_sends(dev):
     return dev.clock
 
 
+def unpicklable_after_a_loop(dev):
+    """Device 0: a loop of sends and receives, then a send that cannot be pickled (op #7)."""
+    import threading
+
+    if dev.rank == 0:
+        for _ in range(3):
+            dev.send(np.zeros(2), 1)
+            dev.recv(1)
+        dev.send(threading.Lock(), 1)
+    elif dev.rank == 1:
+        for _ in range(3):
+            dev.recv(0)
+            dev.send(np.ones(2), 0)
+
+
 def unsent_recv(dev):
     if dev.rank == 0:
         dev.send(np.zeros(1, np.uint8), 1)  # received: op #1
@@ -258,6 +292,18 @@ def test_records_through_a_cluster_name_each_op():
                         "send to 1 tag=5 dict", "send to 1 tag=5 array(shape=(3,), float64)"]
         assert got == ["recv from 0 tag=5"] * 4
         assert all(r.state == "done" for r in c.flight_records(0) + c.flight_records(1))
+
+
+def test_a_send_recorded_after_posting_keeps_program_order_and_records_a_failure():
+    with VirtualCluster(2, trace=False, check_collectives=False) as c:
+        with pytest.raises(PayloadError, match="op #7"):
+            c.run(unpicklable_after_a_loop)
+        recs = [r for r in c.flight_records(0) if r.text.startswith(("send", "recv"))]
+        assert [r.seq for r in recs] == list(range(1, 8))
+        assert [r.text for r in recs] == ["send to 1 tag=0 array(shape=(2,), float64)", "recv from 1 tag=0"] * 3 + \
+            ["send to 1 tag=0 lock"]
+        assert [r.state for r in recs] == ["done"] * 6 + ["failed"]
+        assert all(a.wall_end <= b.wall_start for a, b in zip(recs, recs[1:-1]))
 
 
 def test_a_recv_timeout_names_its_budget_peer_tag_and_op():

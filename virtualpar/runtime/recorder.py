@@ -15,7 +15,9 @@ run), so that "op #2 on group G" of this run is never confused with one of an ea
 
 Starting an op costs one ``struct.pack_into`` of the whole record and finishing it one of 20
 bytes (each well under a microsecond).  ``text`` may be passed already encoded: :class:`OpTexts`
-keeps the encoded text of a device's recent point-to-point ops, so a loop of sends formats it once.
+keeps the encoded text of a device's recent point-to-point ops, so a loop of sends formats it once,
+and a slot that already holds that very ``bytes`` object (a loop of as many ops as there are slots,
+or a divisor of it) is not written again: only the 52 bytes before the text are.
 
 The :class:`EventLog` holds the device's trace events as plain tuples and builds the
 :class:`~virtualpar.trace.events.Event` objects only when the trace is read.
@@ -36,6 +38,7 @@ from ..transport.shm import RECORD_BYTES, RECORD_SLOTS, Layout, SharedArena
 __all__ = ["FlightRecorder", "OpRecord", "OpTexts", "EventLog", "describe_payload", "format_records"]
 
 _REC = struct.Struct("<qddiidd208s")
+_HEAD = struct.Struct("<qddiidd")  # a record without its text
 _END = struct.Struct("<idd")  # state, wall_end, model_end
 _END_OFFSET = 28
 assert _REC.size == RECORD_BYTES and RECORD_SLOTS & (RECORD_SLOTS - 1) == 0  # slot = count & (SLOTS - 1)
@@ -73,14 +76,19 @@ class FlightRecorder:
         self._count = memoryview(arena.view(base, 1, np.int64))  # one aligned word: cheaper than numpy indexing
         self._buf = arena.view(base + 64, RECORD_SLOTS * RECORD_BYTES)
         self._mv = memoryview(self._buf)
+        self._texts: list[bytes | None] = [None] * RECORD_SLOTS  # the encoded text each slot holds now
 
     def start(self, seq: int, text: str | bytes, model: float, run: int = 0) -> int:
         """Record op ``seq`` as started; ``text`` is a str or its UTF-8 encoding (cut to 208 bytes)."""
         count = self._count[0]
         slot = count & (RECORD_SLOTS - 1)
-        raw = text if type(text) is bytes else text.encode("utf-8", "replace")  # type: ignore[union-attr]
-        # struct's "208s" cuts longer text (a cut UTF-8 sequence decodes as U+FFFD) and pads with NULs
-        _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0, 0.0, raw)
+        if text is self._texts[slot]:  # a loop of ops: the slot already holds this very text
+            _HEAD.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0, 0.0)
+        else:
+            raw = text if type(text) is bytes else text.encode("utf-8", "replace")  # type: ignore[union-attr]
+            # struct's "208s" cuts longer text (a cut UTF-8 sequence decodes as U+FFFD) and pads with NULs
+            _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0, 0.0, raw)
+            self._texts[slot] = raw if raw is text else None
         self._count[0] = count + 1
         return slot
 

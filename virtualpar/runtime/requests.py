@@ -81,21 +81,17 @@ class Request:
             return self._value
         dev = self._dev
         inner = self._inner
-        try:
-            if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
-                value = inner.wait()
-            else:
-                left = self._deadline - time.monotonic() if timeout is None else timeout
-                value = inner.wait(max(left, 0.0), self._on_timeout or self._timeout_error)
-        except BaseException:
-            if self._slot is not None:
-                dev._recorder.finish(self._slot, dev._clock.now, failed=True)
-            raise
+        if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
+            value = dev._await(inner, self._slot, 0.0, None)
+        else:
+            left = self._deadline - time.monotonic() if timeout is None else timeout
+            value = dev._await(inner, self._slot, max(left, 0.0), self._on_timeout or self._timeout_error)
         self._done = True
         self._value = value
-        dev._complete(self._kind, self._peer, inner, self._wall0, self._model0, self._flow)
-        if self._slot is not None:
-            dev._recorder.finish(self._slot, dev._clock.now)
+        if self._kind == "send":
+            dev._sent(self._peer, inner, self._slot, self._wall0, self._flow)
+        else:
+            dev._received(self._peer, inner, self._slot, self._wall0, self._model0)
         return value
 
     def _timeout_error(self) -> Exception:

@@ -350,12 +350,12 @@ class Endpoint:
             out = req.out
             if out is not None:
                 if out.shape == header.shape and out.dtype is header_dtype(header.dtype):
-                    if out.flags.c_contiguous and out.flags.writeable:
+                    if req.out_bytes is not None:
                         target = out  # the common case, checked in full below otherwise
                 else:
                     try:
                         check_out(out, header)
-                        if out.flags.c_contiguous and out.flags.writeable:
+                        if req.out_bytes is not None:
                             target = out
                     except UsageError as exc:
                         req.error = exc  # still drain the bytes, then report at wait()
@@ -367,7 +367,7 @@ class Endpoint:
             req.value = target
             if header.nbytes:
                 req.target = target  # C-contiguous: a rendezvous reads into its address
-                req.buf = byte_view(target)
+                req.buf = req.out_bytes if target is out else byte_view(target)
         return req
 
     def _finish(self, req: RecvRequest, data: Any = None) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .channel import Header
-from .payload import check_out
+from .payload import byte_view, check_out
 
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
@@ -86,13 +86,16 @@ class SentRequest:
 class RecvRequest:
     """A message on its way in; ``wait()`` returns the array (or object)."""
 
-    __slots__ = ("endpoint", "src", "tag", "out", "header", "target", "buf", "got", "expect", "done", "value", "error", "claimed")
+    __slots__ = ("endpoint", "src", "tag", "out", "out_bytes", "header", "target", "buf", "got", "expect", "done", "value",
+                 "error", "claimed")
 
     def __init__(self, endpoint: "Endpoint", src: int, tag: int, out: np.ndarray | None = None) -> None:
         self.endpoint = endpoint
         self.src = src
         self.tag = tag
         self.out = out
+        # out's bytes, if the payload can land in it directly: taken at post time, off the message's path
+        self.out_bytes = byte_view(out) if out is not None and out.flags.c_contiguous and out.flags.writeable else None
         self.header: Header | None = None
         self.target: np.ndarray | None = None  # where the payload lands (uint8, C-contiguous)
         self.buf: memoryview | None = None  # byte view of target
