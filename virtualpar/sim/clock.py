@@ -178,10 +178,11 @@ class DeviceClock:
         """
         if type(nbytes) is not int or nbytes < 0:
             self._check_nbytes("on_recv", src, nbytes)
-        stamp = float(stamp)
-        if not math.isfinite(stamp):
-            raise UsageError(f"DeviceClock.on_recv on rank {self.rank} (from {src}): the departure stamp "
-                             f"must be a finite time; got {stamp!r}", rank=self.rank, op="on_recv")
+        if type(stamp) is not float or stamp - stamp != 0.0:  # x - x is 0.0 for every finite float only
+            stamp = float(stamp)
+            if not math.isfinite(stamp):
+                raise UsageError(f"DeviceClock.on_recv on rank {self.rank} (from {src}): the departure stamp "
+                                 f"must be a finite time; got {stamp!r}", rank=self.rank, op="on_recv")
         figures = self._ingress.get(src) if type(src) is int else None
         if figures is None:
             figures = self._figures(src, self.rank, self._ingress, src, False)

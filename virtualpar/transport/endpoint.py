@@ -144,16 +144,14 @@ class Endpoint:
         nbytes = view.nbytes
         if control:
             kind |= FLAG_CONTROL
-            self._ctrl_mv[dst] += nbytes
-        else:
-            self._bytes_mv[dst] += nbytes
-            self._msgs_mv[dst] += 1
         if nbytes <= self._small and not self._sendq[dst]:
             # The eager fast path: nothing queued ahead of it (FIFO) and a small payload, so the
             # whole frame goes into the ring now, published with one store, or not at all.
             if self._out[dst].write_frame(kind, tag, stamp, seq, dtype, shape, view, nbytes):
                 self._bells[dst].release()
+                self._count(dst, nbytes, control)  # once the receiver can have it
                 return SentRequest(dst, tag, nbytes, stamp, seq)
+        self._count(dst, nbytes, control)
         req = SendRequest(self, dst, tag, kind, payload, view, dtype, shape, seq, stamp)
         if nbytes >= RENDEZVOUS_FLOOR and self._offer_to[dst] and (
                 nbytes >= (RENDEZVOUS_MIN or self._rdv_min) or self._sendq[dst]
@@ -165,6 +163,14 @@ class Endpoint:
         self._busy.add(dst)
         self._push(dst)
         return req
+
+    def _count(self, dst: int, nbytes: int, control: bool) -> None:
+        """Count a message to ``dst`` in the shared counters (control traffic apart from data)."""
+        if control:
+            self._ctrl_mv[dst] += nbytes
+        else:
+            self._bytes_mv[dst] += nbytes
+            self._msgs_mv[dst] += 1
 
     def next_seq(self, dst: int) -> int:
         """The message number the next send to ``dst`` will carry (for trace flow ids)."""
