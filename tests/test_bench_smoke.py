@@ -29,7 +29,7 @@ def result() -> dict:
 
 def test_every_section_is_present(result):
     assert set(result) == {"meta", "memcpy", "p2p_latency", "p2p_bandwidth", "collectives", "contract_check",
-                           "startup", "references", "targets"}
+                           "startup", "references", "latency_rounds", "targets"}
     meta = result["meta"]
     for key in ("date", "machine", "python", "numpy", "virtualpar", "hardware", "quick"):
         assert key in meta, key
@@ -69,4 +69,25 @@ def test_startup_contract_check_and_targets(result):
         assert r["overhead_s"] == pytest.approx(r["on_s"] - r["off_s"])
     assert set(result["references"]) == {"mpi4py", "gloo"}  # skipped in quick mode, but reported
     assert all("skipped" in v for v in result["references"].values())
+    assert "skipped" in result["latency_rounds"]
     assert [t["pass"] in (True, False, None) for t in result["targets"]] == [True] * 4
+
+
+def test_the_latency_target_compares_the_medians_of_alternating_rounds(result):
+    """With rounds measured in alternation, the target is median(ours) / median(mpi4py), not the
+    single figures of the main sequence (here made to disagree with the rounds)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from _report import evaluate_targets
+    finally:
+        sys.path.pop(0)
+    staged = dict(result, p2p_latency=dict(result["p2p_latency"], latency_s=1.0))
+    staged["references"] = {"mpi4py": {"2": {"latency_4KiB_s": 1e-6, "allreduce_GBps": {}}}, "gloo": {"skipped": "-"}}
+    staged["latency_rounds"] = {"rounds": 3, "ours_s": [6e-6, 9e-6, 7e-6], "mpi4py_s": [8e-6, 8e-6, 10e-6],
+                                "ours_median_s": 7e-6, "mpi4py_median_s": 8e-6}
+    (lat,) = [t for t in evaluate_targets(staged) if t["name"].startswith("4 KiB latency")]
+    assert lat["value"] == pytest.approx(7 / 8) and lat["pass"] is True
+    assert "0.75 1.12 0.70" in lat["detail"]
+    del staged["latency_rounds"]
+    (lat,) = [t for t in evaluate_targets(staged) if t["name"].startswith("4 KiB latency")]
+    assert lat["value"] == pytest.approx(1e6) and lat["pass"] is False
