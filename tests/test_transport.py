@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import virtualpar.transport.endpoint as ep
+import virtualpar.transport.rendezvous as rendezvous
+import virtualpar.transport.waiting as waiting
 from virtualpar import VirtualCluster
 from virtualpar.transport.endpoint import Endpoint
 from virtualpar.transport.requests import SentRequest
@@ -49,9 +51,9 @@ def exchange(dev, seed: int):
 
 @pytest.mark.parametrize("ring_bytes,cross_memory,n", [(4096, True, 3), (4096, False, 2), (65536, False, 4), (8192, True, 8)])
 def test_random_traffic_arrives_intact_in_order(monkeypatch, ring_bytes, cross_memory, n):
-    monkeypatch.setattr(ep, "_WAKE_SLICE", 60.0)  # a lost wake-up would now hang until the op timeout
+    monkeypatch.setattr(waiting, "_WAKE_SLICE", 60.0)  # a lost wake-up would now hang until the op timeout
     if not cross_memory:
-        monkeypatch.setattr(ep, "read_remote", lambda *args: 1)  # EPERM: every offer falls back to the ring
+        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)  # EPERM: every offer falls back to the ring
     with VirtualCluster(n, ring_bytes=ring_bytes, timeout=20) as c:
         for seed in range(2):
             assert c.run(exchange, seed) == [0] * n

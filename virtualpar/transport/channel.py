@@ -13,7 +13,7 @@ model need: kind, tag, payload bytes, the sender's modelled departure time, the 
 this channel, and dtype/shape::
 
     hdr_len u32 | kind u32 | tag i64 | nbytes u64 | stamp f64 | seq u64 | ndim u32 | pid u32 | dtype 16s
-    | shape i64*ndim | [addr u64 | token u64]   (rendezvous offers only, see endpoint.py)
+    | shape i64*ndim | [addr u64 | token u64]   (rendezvous offers only, see rendezvous.py)
 
 A header never wraps around the end of the ring: when fewer bytes than the header are left before
 the end, the producer writes a zero ``hdr_len`` there and skips to the start (every frame is a

@@ -1,103 +1,60 @@
 """``Endpoint``: one process's side of every channel, with a progress engine and one doorbell.
 
-Every endpoint (a device, or the host) owns one semaphore, its *doorbell*.  Whoever changes
-something this endpoint may be waiting for rings it: a producer after publishing bytes, a consumer
-after answering an offer (or freeing room the producer asked for, below), the driver when it
-aborts.  A blocked endpoint sleeps on its doorbell, wakes, drains the count, and makes progress on
-*every* channel: pushes its pending sends and pulls every incoming message, matched or not.
-
-Pulling everything, always, is what makes blocking sends safe: two devices that both send 64 MiB to
-each other before receiving do not deadlock, because each one takes the other's message into
-private memory while it waits.  Spurious wake-ups are harmless (the state is re-checked) and lost
-ones impossible: every change is published *before* its post, and a waiter drains the count only
-*before* it re-checks everything, so a post it drains belongs to a change the re-check sees and a
-post it does not drain ends its next sleep at once.
+A blocked endpoint sleeps on its doorbell (:mod:`.waiting`), wakes, and makes progress on *every*
+channel: pushes its pending sends and pulls every incoming message, matched or not.  Pulling
+everything, always, is what makes blocking sends safe: two devices that both send 64 MiB to each
+other before receiving do not deadlock, because each one takes the other's message into private
+memory while it waits.
 
 Two protocols, chosen per message (MPI's eager/rendezvous split):
 
-* **eager** (payloads under ``RENDEZVOUS_FLOOR`` = 64 KiB, and larger ones the ring can take
-  whole right now, i.e. whenever the send would not have to wait): header and payload are copied
-  into the ring by the sender and out by the receiver, in ``CHUNK`` pieces so that the two copies
-  overlap on two cores; a payload of up to ``SMALL`` bytes is written unwrapped right after its
-  header, so the receiver takes it in one copy (a pickle is unpickled straight from the ring).
-  The send completes when the last byte is in the ring: it never waits for the receiver.
-  Fast path: a small send with nothing queued ahead of it to the same peer writes its whole
-  frame inside ``isend`` and publishes it with one store (``VirtualChannel.write_frame``), so the
-  receiver never sees a header without its payload; it gets an already-done ``SentRequest``.
-  The receiver copies a frame that is whole in the ring straight into its target in one call.
-  Both paths keep FIFO order: the fast one is taken only when the send queue is empty.
-* **rendezvous** (payloads the ring cannot hold, and those of 64 KiB or more that would have to
-  wait for room): the sender writes only a header with its pid, the payload's address and a
-  token; the receiver's progress engine copies the payload straight from the sender's memory into
-  its final buffer with ``process_vm_readv`` (one copy instead of two, and no dependence on both
-  processes being on a core at once), writes the token into the channel's reply word and rings
-  the sender, whose send then completes.  If the kernel refuses (another OS, a ptrace policy),
-  the receiver answers ``token | 1`` and the payload is streamed through the ring after all: the
-  fast path is never a requirement.  As with MPI's rendezvous, the sender must not modify the
-  array between ``isend`` and ``wait``.  A send thus blocks only when it would have blocked on a
-  full ring anyway, so a lone unmatched message that fits is still buffered and reported.
+* **eager** (payloads under ``RENDEZVOUS_FLOOR`` = 64 KiB, and larger ones the ring can take whole
+  right now): header and payload are copied into the ring by the sender and out by the receiver, in
+  ``CHUNK`` pieces so that the two copies overlap on two cores; a payload of up to ``SMALL`` bytes
+  follows its header unwrapped, so the receiver takes it in one copy (a pickle is unpickled straight
+  from the ring).  The send completes when the last byte is in the ring.  Fast path: a small send
+  with nothing queued ahead of it writes its whole frame inside ``isend``, published with one store
+  (``VirtualChannel.write_frame``), and gets an already-done ``SentRequest``; the receiver copies a
+  frame that is whole in the ring straight into its target.  The fast path is taken only when the
+  send queue is empty, so FIFO order holds.
+* **rendezvous** (payloads the ring cannot hold, and those of 64 KiB or more that would have to wait
+  for room): the receiver copies the payload out of the sender's memory (:mod:`.rendezvous`).  A send
+  thus blocks only when it would have blocked on a full ring anyway, so a lone unmatched message
+  that fits is still buffered and reported.
 
-Receive buffers the transport allocates (no ``out=``) come from a :class:`BufferPool` and return to
-it when the user drops the array, so steady-state loops receive into warm memory.
-
-Posting only when it helps: a producer that finds no room raises a *want-room* flag, and the
-consumer rings it after freeing room only while that flag is up (see :mod:`.want_room`).
-
-Waiting: when every device can have a core (devices <= usable CPUs), a wait first polls its
-doorbell for up to ``SPIN_SECONDS`` (``sched_yield`` between polls after the first ``SPIN_BUSY``,
-so a peer queued on the same core runs; a yield is a ~0.5 µs syscall, so the replies of a
-ping-pong, due within a few µs, are polled for without one) and only then sleeps on the semaphore — on this VM a cross-core wake-up costs ~30 µs,
-more than most of the waits it would end.  With more devices than cores nobody polls: every wait
-sleeps at once and chunks are announced once per message.
-
-Matching is FIFO per (source, tag); a message that arrives before its receive is posted waits in
-an *unexpected* queue (already in private memory, so the ring keeps flowing).
-
-Payload encoding lives in :mod:`.payload`, the per-message request state in :mod:`.requests`.
+Matching is FIFO per (source, tag); a message that arrives before its receive is posted waits in an
+*unexpected* queue (already in private memory, so the ring keeps flowing).  Receive buffers the
+transport allocates (no ``out=``) come from a :class:`BufferPool` and return to it when the user
+drops the array, so steady-state loops receive into warm memory.  A producer that finds no room
+raises a *want-room* flag and the consumer rings it after freeing room only while the flag is up
+(:mod:`.want_room`).  Payload encoding is in :mod:`.payload`, the request state in :mod:`.requests`.
 """
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
-import pickle
-import time
 from collections import defaultdict, deque
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceAborted, PayloadError, UsageError
 from .arrivals import ArrivalCounters
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
-from .payload import byte_view, check_out, encode, header_dtype
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_PICKLE, VirtualChannel
+from .payload import encode
+from .receiving import CHUNK, Receiving
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
-from .shm import CROSS_MEMORY, PERMANENT_ERRORS, BufferPool, Layout, SharedArena, read_remote
-from .want_room import FENCED, fence, want_room
+from .shm import CROSS_MEMORY, BufferPool, Layout, SharedArena
+from .want_room import want_room
+from .waiting import spin_seconds, usable_cpus, wait
 
-__all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR", "SPIN_SECONDS"]
+__all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR"]
 
-log = logging.getLogger(__name__)
-
-CHUNK = 1 << 18  # 256 KiB: the copy granularity of eager messages, so sender and receiver overlap
 SMALL = 1 << 14  # eager payloads up to this size are written unwrapped, right after their header
 RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None: those the ring cannot hold
 RENDEZVOUS_FLOOR = 1 << 16  # ... and payloads this large too when the ring cannot take them right now
-SPIN_YIELD = True  # sched_yield between doorbell polls (after the first SPIN_BUSY seconds)
-SPIN_SECONDS = 50e-6  # longest doorbell poll before sleeping (only when devices <= cores)
-SPIN_BUSY = 10e-6  # ... of which the first this many poll without yielding (a yield is a ~0.5 µs syscall)
-_WAKE_SLICE = 0.5  # longest sleep between re-checks of the abort word
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-class Endpoint:
+class Endpoint(Receiving):
     """Endpoint ``me`` of a cluster: sends, receives, progress and waiting."""
 
     def __init__(self, me: int, arena: SharedArena, layout: Layout, doorbells: list[Any]) -> None:
@@ -134,8 +91,8 @@ class Endpoint:
         self._small = min(SMALL, layout.ring_bytes // 4)  # so a header + small payload always fits, skip included
         # Devices with a core each overlap sender and receiver: poll before sleeping and post every
         # chunk.  With more devices than cores they take turns: sleep at once, post once per message.
-        self._overlap = layout.devices <= _usable_cpus()
-        self._spin = SPIN_SECONDS if self._overlap and me < layout.devices else 0.0
+        self._overlap = layout.devices <= usable_cpus()
+        self._spin = spin_seconds(layout.devices, me < layout.devices)
 
     # -- posting ----------------------------------------------------------------------------------
     def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False) -> SendRequest | SentRequest:
@@ -252,201 +209,8 @@ class Endpoint:
             if published:
                 self._bells[dst].release()
 
-    def _pull(self, src: int) -> None:
-        ch = self._in[src]
-        freed = False
-        try:
-            while True:
-                req = self._partial[src]
-                if req is None:
-                    if ch._head[0] == ch._local:
-                        return
-                    header = ch.read_header()
-                    freed = True
-                    if header is None:
-                        continue  # an end-of-ring marker
-                    req = self._match(src, header)
-                    if header.kind & FLAG_RENDEZVOUS:
-                        self._take_offer(ch, req)
-                        if req.done:
-                            continue
-                    elif req.expect == 0:
-                        self._finish(req)
-                        continue
-                    elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
-                        # The whole array is in the ring (always so for a fast-path frame): one copy.
-                        ch.read_into(req.buf, header.nbytes, req.expect)
-                        req.buf = req.target = None
-                        req.done = True
-                        continue
-                    elif req.buf is None and ch.readable() >= req.expect:  # a whole pickle in the ring
-                        view = ch.peek(req.header.nbytes)
-                        if view is not None:
-                            self._finish(req, view)
-                            ch.skip_read(req.expect)
-                            continue
-                    self._partial[src] = req
-                    if req.buf is None:
-                        req.target = self._pool.raw(req.header.nbytes)
-                        req.buf = memoryview(req.target)
-                while req.got < req.expect:
-                    avail = ch.readable()
-                    if avail <= 0:
-                        return
-                    n = min(avail, req.expect - req.got, CHUNK)
-                    data_n = min(n, req.header.nbytes - req.got)
-                    if data_n > 0:
-                        ch.read_into(req.buf[req.got :], data_n)
-                    if n > data_n:
-                        ch.skip_read(n - max(data_n, 0))
-                    req.got += n
-                    freed = False
-                    if req.got < req.expect:
-                        self._room_freed(ch, src)  # room for the sender's next chunk
-                    else:
-                        freed = True
-                self._partial[src] = None
-                self._finish(req)
-        finally:
-            if freed:
-                self._room_freed(ch, src)
-
-    def _room_freed(self, ch: VirtualChannel, src: int) -> None:
-        """Ring ``src``'s doorbell if it waits for room in ``ch`` (always, where we cannot fence)."""
-        if FENCED:
-            fence()
-            if not ch._want[0]:
-                return
-        self._bells[src].release()
-
-    def _take_offer(self, ch: VirtualChannel, req: RecvRequest) -> None:
-        """Copy a rendezvous payload out of the sender's memory, or ask for it through the ring."""
-        h = req.header
-        assert h is not None
-        if req.target is None:
-            req.target = self._pool.raw(h.nbytes)
-        err = read_remote(h.pid, h.addr, req.target, h.nbytes) if self._can_read else errno.EPERM
-        if not err:
-            ch.answer(h.token << 1)
-            self._bells[req.src].release()
-            self._finish(req)
-        else:
-            if err in PERMANENT_ERRORS:
-                self._can_read = False  # the kernel will always refuse: stream every later offer too
-                log.info("endpoint %d cannot read endpoint %d's memory (%s): large messages go through the rings",
-                         self.me, req.src, os.strerror(err))
-            req.expect = (h.nbytes + 7) & ~7
-            req.buf = byte_view(req.target) if h.nbytes else None
-            ch.answer((h.token << 1) | 1)
-            self._bells[req.src].release()
-            self._partial[req.src] = req
-
-    def _match(self, src: int, header: Header) -> RecvRequest:
-        key = (src, header.tag)
-        posted = self._posted.get(key)
-        if posted:
-            req = posted.popleft()
-        else:
-            req = RecvRequest(self, src, header.tag)
-            self._unexpected[key].append(req)
-        req.header = header
-        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined
-        if header.kind & 0xFF == KIND_ARRAY:
-            target = None
-            out = req.out
-            if out is not None:
-                if out.shape == header.shape and out.dtype is header_dtype(header.dtype):
-                    if req.out_bytes is not None:
-                        target = out  # the common case, checked in full below otherwise
-                else:
-                    try:
-                        check_out(out, header)
-                        if req.out_bytes is not None:
-                            target = out
-                    except UsageError as exc:
-                        req.error = exc  # still drain the bytes, then report at wait()
-            if target is None:
-                if header.nbytes < self._pool.min_bytes:  # what the pool would do, minus its np.prod
-                    target = np.empty(header.shape, header_dtype(header.dtype))
-                else:
-                    target = self._pool.array(header.shape, header_dtype(header.dtype))
-            req.value = target
-            if header.nbytes:
-                req.target = target  # C-contiguous: a rendezvous reads into its address
-                req.buf = req.out_bytes if target is out else byte_view(target)
-        return req
-
-    def _finish(self, req: RecvRequest, data: Any = None) -> None:
-        header = req.header
-        if header is not None and header.kind & 0xFF == KIND_PICKLE:
-            try:
-                req.value = pickle.loads(data if data is not None else req.target)
-            except Exception as exc:
-                req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be unpickled: {exc}")
-            if data is None:
-                req.buf = None  # drop our view before the raw buffer goes back to the pool
-                self._pool.give_back(req.target)
-        req.buf = req.target = None
-        req.done = True
-
-    # -- waiting ----------------------------------------------------------------------------------
-    def wait(
-        self,
-        done: Callable[[], bool],
-        timeout: float | None,
-        on_timeout: Callable[[], Exception] | None,
-        what: object,
-        on_idle: Callable[[], None] | None = None,
-    ) -> None:
-        """Make progress until ``done()``; raise on abort or after ``timeout`` seconds.
-
-        ``what`` names the awaited thing in those errors: a string, or an object whose ``str()``
-        does (a request passes itself, so a wait that succeeds formats nothing)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        bell = self._bell
-        spin = self._spin
-        clock = time.perf_counter
-        spin_until = clock() + spin if spin else 0.0
-        busy = min(SPIN_BUSY, spin) if SPIN_YIELD else spin  # poll this long before yielding
-        while True:
-            self.progress()
-            if done():
-                return
-            if self._abort[0]:
-                raise self.aborted_error(what)
-            if on_idle is not None:
-                on_idle()
-            left = _WAKE_SLICE
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if on_timeout is not None:
-                        raise on_timeout()
-                    raise TimeoutError(f"{what} timed out after {timeout} s")
-            if spin_until:
-                yield_from = spin_until - spin + busy
-                while not bell.acquire(False):
-                    now = clock()
-                    if now >= yield_from:
-                        if now >= spin_until:
-                            spin_until = 0.0
-                            break
-                        os.sched_yield()  # a peer queued on this core runs now
-                else:
-                    while bell.acquire(False):
-                        pass
-                    spin_until = clock() + spin  # something moved: poll again next time
-                    continue
-            if bell.acquire(True, min(left, _WAKE_SLICE)):
-                while bell.acquire(False):
-                    pass
-                if spin:
-                    spin_until = clock() + spin
-
-    def aborted_error(self, what: object) -> DeviceAborted:
-        culprit = int(self._abort[0]) - 1
-        who = "the host" if culprit == self.layout.host else f"device {culprit}"
-        return DeviceAborted(f"aborted while waiting for {what}: {who} failed first", aborted_by=culprit)
+    # -- waiting (see waiting.py) ----------------------------------------------------------------
+    wait = wait  # (self, done, timeout, on_timeout, what, on_idle=None): progress until done()
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def drain(self) -> None:

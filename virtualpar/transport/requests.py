@@ -9,7 +9,7 @@ the payload, or goes ``SEND_STREAM`` if the receiver could not read the sender's
 A :class:`RecvRequest` is posted by ``irecv``, or created by the progress engine for a message
 nobody has asked for yet (an *unexpected* one, which a later ``irecv`` adopts).
 
-Both only hold state: ``Endpoint`` (``endpoint.py``) moves the bytes, and ``wait()`` runs the
+Both only hold state: ``Endpoint`` (``endpoint.py``, ``receiving.py``) moves the bytes, and ``wait()`` runs the
 endpoint's progress engine until the request is done.
 """
 

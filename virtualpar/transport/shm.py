@@ -29,7 +29,7 @@ Pages of the segment are backed only when first touched, so an unused scratch co
 
 Large messages do not cross the arena at all: :func:`read_remote` copies them straight out of the
 sender's own memory with Linux's ``process_vm_readv`` (cross-memory attach, the single-copy path
-MPICH and Open MPI use for large shared-memory messages); see ``endpoint.py`` for the protocol.
+MPICH and Open MPI use for large shared-memory messages); see ``rendezvous.py`` for the protocol.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Layout:
         return self.head_offset(src, dst) + 8
 
     def reply_offset(self, src: int, dst: int) -> int:
-        """uint64 in the consumer's line: its answer to the last rendezvous offer (see endpoint.py)."""
+        """uint64 in the consumer's line: its answer to the last rendezvous offer (see rendezvous.py)."""
         return self.tail_offset(src, dst) + 8
 
     @property

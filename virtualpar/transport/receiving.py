@@ -1,0 +1,156 @@
+"""The receiving half of ``Endpoint``'s progress engine: pull frames out of a ring, match them to
+receives, finish them.
+
+``_pull(src)`` consumes everything ``src`` has published: each header is matched FIFO per
+(source, tag) to a posted receive, or becomes an *unexpected* one a later ``irecv`` adopts.  Then:
+
+* a frame whole in the ring (always so for a fast-path frame) is copied into its target in one call,
+  and a whole pickle is unpickled straight from the ring;
+* otherwise the payload is copied out in ``CHUNK`` pieces as it arrives, the request staying the
+  channel's *partial* receive in between, and the producer is rung after each piece only while it
+  asks for room (:mod:`.want_room`);
+* a rendezvous offer is taken out of the sender's memory (:mod:`.rendezvous`).
+
+An array lands in the receive's ``out=`` when shape, dtype and layout fit (its byte view is taken
+when the receive is posted, off the message's path); otherwise in a fresh or pooled array, and a bad
+``out=`` is reported at ``wait()`` after the bytes are drained, so the ring keeps flowing.
+
+``Receiving`` is a mixin: the state it uses (channels, queues, pool, doorbells) is ``Endpoint``'s.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from ..errors import PayloadError, UsageError
+from .channel import FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .payload import byte_view, check_out, header_dtype
+from .rendezvous import take_offer
+from .requests import RecvRequest
+from .want_room import FENCED, fence
+
+__all__ = ["Receiving", "CHUNK"]
+
+CHUNK = 1 << 18  # 256 KiB: the copy granularity of eager messages, so sender and receiver overlap
+
+
+class Receiving:
+    """``_pull``, ``_match`` and ``_finish`` of :class:`~virtualpar.transport.endpoint.Endpoint`."""
+
+    def _pull(self, src: int) -> None:
+        ch = self._in[src]
+        freed = False
+        try:
+            while True:
+                req = self._partial[src]
+                if req is None:
+                    if ch._head[0] == ch._local:
+                        return
+                    header = ch.read_header()
+                    freed = True
+                    if header is None:
+                        continue  # an end-of-ring marker
+                    req = self._match(src, header)
+                    if header.kind & FLAG_RENDEZVOUS:
+                        take_offer(self, ch, req)
+                        if req.done:
+                            continue
+                    elif req.expect == 0:
+                        self._finish(req)
+                        continue
+                    elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
+                        # The whole array is in the ring (always so for a fast-path frame): one copy.
+                        ch.read_into(req.buf, header.nbytes, req.expect)
+                        req.buf = req.target = None
+                        req.done = True
+                        continue
+                    elif req.buf is None and ch.readable() >= req.expect:  # a whole pickle in the ring
+                        view = ch.peek(req.header.nbytes)
+                        if view is not None:
+                            self._finish(req, view)
+                            ch.skip_read(req.expect)
+                            continue
+                    self._partial[src] = req
+                    if req.buf is None:
+                        req.target = self._pool.raw(req.header.nbytes)
+                        req.buf = memoryview(req.target)
+                while req.got < req.expect:
+                    avail = ch.readable()
+                    if avail <= 0:
+                        return
+                    n = min(avail, req.expect - req.got, CHUNK)
+                    data_n = min(n, req.header.nbytes - req.got)
+                    if data_n > 0:
+                        ch.read_into(req.buf[req.got :], data_n)
+                    if n > data_n:
+                        ch.skip_read(n - max(data_n, 0))
+                    req.got += n
+                    freed = False
+                    if req.got < req.expect:
+                        self._room_freed(ch, src)  # room for the sender's next chunk
+                    else:
+                        freed = True
+                self._partial[src] = None
+                self._finish(req)
+        finally:
+            if freed:
+                self._room_freed(ch, src)
+
+    def _room_freed(self, ch: VirtualChannel, src: int) -> None:
+        """Ring ``src``'s doorbell if it waits for room in ``ch`` (always, where we cannot fence)."""
+        if FENCED:
+            fence()
+            if not ch._want[0]:
+                return
+        self._bells[src].release()
+
+    def _match(self, src: int, header: Header) -> RecvRequest:
+        key = (src, header.tag)
+        posted = self._posted.get(key)
+        if posted:
+            req = posted.popleft()
+        else:
+            req = RecvRequest(self, src, header.tag)
+            self._unexpected[key].append(req)
+        req.header = header
+        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined
+        if header.kind & 0xFF == KIND_ARRAY:
+            target = None
+            out = req.out
+            if out is not None:
+                if out.shape == header.shape and out.dtype is header_dtype(header.dtype):
+                    if req.out_bytes is not None:
+                        target = out  # the common case, checked in full below otherwise
+                else:
+                    try:
+                        check_out(out, header)
+                        if req.out_bytes is not None:
+                            target = out
+                    except UsageError as exc:
+                        req.error = exc  # still drain the bytes, then report at wait()
+            if target is None:
+                if header.nbytes < self._pool.min_bytes:  # what the pool would do, minus its np.prod
+                    target = np.empty(header.shape, header_dtype(header.dtype))
+                else:
+                    target = self._pool.array(header.shape, header_dtype(header.dtype))
+            req.value = target
+            if header.nbytes:
+                req.target = target  # C-contiguous: a rendezvous reads into its address
+                req.buf = req.out_bytes if target is out else byte_view(target)
+        return req
+
+    def _finish(self, req: RecvRequest, data: Any = None) -> None:
+        header = req.header
+        if header is not None and header.kind & 0xFF == KIND_PICKLE:
+            try:
+                req.value = pickle.loads(data if data is not None else req.target)
+            except Exception as exc:
+                req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be unpickled: {exc}")
+            if data is None:
+                req.buf = None  # drop our view before the raw buffer goes back to the pool
+                self._pool.give_back(req.target)
+        req.buf = req.target = None
+        req.done = True
