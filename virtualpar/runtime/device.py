@@ -6,11 +6,7 @@ collectives, and keeps two clocks: ``wall`` (seconds on this machine) and ``cloc
 seconds on the virtual hardware).  Collective methods validate their arguments here, at the call
 site, then delegate to :mod:`virtualpar.runtime.collective_call`.
 
-Cost of a point-to-point op beyond the transport: a handful of type checks, one flight-recorder
-write at start and one at the end, the modelled-clock update (route figures cached per peer in the
-clock) and one ``time.monotonic`` for the deadline.  The flight-recorder text of a send or receive
-is formatted once per (peer, tag, shape, dtype) and reused: formatting a dtype alone costs ~2 µs.
-Trace events and their flow ids are built only when ``trace`` is on.
+Point-to-point ops (``send``, ``recv``, ``isend``, ``irecv``) come from the :mod:`.p2p` mixin.
 """
 
 from __future__ import annotations
@@ -23,11 +19,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import InjectedFault, P2PTimeout, UsageError
-from ..transport.channel import FLAG_CONTROL
 from .collective_call import CollectiveSpec, run_collective
 from .config import TAG_HOST, ClusterConfig
-from .recorder import EventLog, FlightRecorder, OpTexts, format_records
-from .requests import Request
+from .p2p import PointToPoint
+from .recorder import EventLog, FlightRecorder, OpTexts
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..mesh import Mesh
@@ -39,7 +34,7 @@ __all__ = ["VirtualDevice"]
 Group = "str | Sequence[str] | None"
 
 
-class VirtualDevice:
+class VirtualDevice(PointToPoint):
     """One device of a virtual cluster, as seen by the code running on it."""
 
     def __init__(
@@ -126,69 +121,6 @@ class VirtualDevice:
 
         return matmul(self, a, b)
 
-    # -- point to point ---------------------------------------------------------------------------
-    def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
-        """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
-        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(dst, tag, "dst")  # the fast test above passes plain valid ints only
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.send(x, dst, tag))
-        deadline = time.monotonic() + budget
-        inner, flow = self._post_send_or_fail(x, dst, tag, slot)
-        return Request(self, inner, "send", dst, tag, deadline, None, slot, flow, budget)
-
-    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
-        """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given)."""
-        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(src, tag, "src")
-        if out is not None:
-            self._check_out(out)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.recv(src, tag))
-        deadline = time.monotonic() + budget
-        inner = self._endpoint.irecv(src, tag, out)
-        return Request(self, inner, "recv", src, tag, deadline, None, slot, None, budget)
-
-    def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
-        """Send ``x`` to device ``dst``; returns once the message is on its way (buffered).
-
-        The same op as ``isend(x, dst, tag).wait()``, minus the handle.  Unless a fault is
-        injected or tracing is on, the op is recorded just *after* it is posted: the flight-recorder
-        write then overlaps with the receiver's work instead of delaying the message (a small send
-        is complete once posted, so no reader can see it pending in between).
-        """
-        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(dst, tag, "dst")
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        if self._faults or self._trace:
-            self.isend(x, dst, tag, budget).wait()  # a fault due at this op fires before anything is posted
-            return
-        try:
-            inner = self._endpoint.isend(x, dst, tag, self._clock.on_send(dst, x.nbytes if isinstance(x, np.ndarray) else 0))
-        except BaseException:
-            self._recorder.finish(self._begin_op(*self._texts.send(x, dst, tag)), self._clock.now, failed=True)
-            raise
-        slot = self._begin_op(*self._texts.send(x, dst, tag))
-        if not inner.done:
-            self._await(inner, slot, budget, lambda: self._p2p_error("send to", dst, tag, budget))
-        self._sent(dst, inner, slot, 0.0, None)
-
-    def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Any:
-        """Receive the next message from device ``src`` with ``tag``; FIFO per (src, tag).
-
-        The same op as ``irecv(src, tag, out).wait()``, without the handle."""
-        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(src, tag, "src")
-        if out is not None:
-            self._check_out(out)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.recv(src, tag))
-        wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
-        inner = self._endpoint.irecv(src, tag, out)
-        value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget))
-        self._received(src, inner, slot, wall0, model0)
-        return value
-
     # -- collectives (argument checks here; the protocol in collective_call) -----------------------
     def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Every device of ``group`` gets the elementwise reduction of every device's ``x``."""
@@ -240,23 +172,6 @@ class VirtualDevice:
             raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}")
         return float(timeout)
 
-    def _check_p2p(self, peer: Any, tag: Any, what: str) -> None:
-        """Raise ``UsageError`` for a bad peer rank or tag (the callers' fast test failed)."""
-        if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)):
-            raise UsageError(f"{self.name}: {what} must be a device rank (int), got {peer!r}")
-        if not 0 <= peer < self.size:
-            raise UsageError(f"{self.name}: {what}={peer} is out of range; ranks are 0..{self.size - 1}")
-        if peer == self.rank:
-            raise UsageError(f"{self.name}: {what}={peer} is this device itself; send to another rank")
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
-            raise UsageError(f"{self.name}: tag must be a non-negative int, got {tag!r}")
-
-    def _check_out(self, out: Any) -> None:
-        if not isinstance(out, np.ndarray):
-            raise UsageError(f"{self.name}: recv(out=...) needs a numpy array, got {type(out).__name__}")
-        if not (out.flags.c_contiguous and out.flags.writeable):
-            raise UsageError(f"{self.name}: recv(out=...) needs a writeable C-contiguous array")
-
     def _begin_op(self, text: str, raw: bytes | None = None) -> int:
         """Count an op, record it, and fire an injected fault due at it (``raw``: ``text`` encoded, if known)."""
         seq = self._op_seq = self._op_seq + 1
@@ -282,60 +197,6 @@ class VirtualDevice:
             while True:  # a stuck device: ignores aborts; the driver has to kill it
                 time.sleep(3600)
 
-    def _post_send(self, x: Any, dst: int, tag: int) -> tuple[Any, str | None]:
-        """Stamp and post one message; returns (transport request, trace flow id or None)."""
-        flow = None
-        if self._trace:  # the flow id links the send and recv events of one message in a trace
-            flow = f"{self.rank}>{dst}#{self._endpoint.next_seq(dst)}"
-        stamp = self._clock.on_send(dst, x.nbytes if isinstance(x, np.ndarray) else 0)
-        return self._endpoint.isend(x, dst, tag, stamp), flow
-
-    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int) -> tuple[Any, str | None]:
-        """``_post_send`` for a user-level op: a send that cannot be posted is recorded as failed."""
-        try:
-            return self._post_send(x, dst, tag)
-        except BaseException:
-            self._recorder.finish(slot, self._clock.now, failed=True)
-            raise
-
-    def _await(self, inner: Any, slot: int | None, timeout: float, on_timeout: Any) -> Any:
-        """Wait for a transport request (at most ``timeout`` s); a failed wait is recorded as such."""
-        try:
-            return inner.wait(timeout, on_timeout)
-        except BaseException:
-            if slot is not None:
-                self._recorder.finish(slot, self._clock.now, failed=True)
-            raise
-
-    def _sent(self, dst: int, inner: Any, slot: int | None, wall0: float, flow: str | None) -> None:
-        """Clock, trace and record once a send completed (in program order).
-
-        Hockney's model: a send costs its sender alpha + M/beta, charged when it is waited on, so
-        an isend overlapped with compute costs max(compute, transfer), not the sum."""
-        clock = self._clock
-        stamp = inner.stamp
-        end = clock.on_send_done(dst, inner.nbytes, stamp)
-        now = self._clock_mv[0] = clock.now  # _publish_clock, inlined
-        if self._trace:
-            self._event("send", "send", wall0, stamp, end, nbytes=inner.nbytes, peer=dst, flow=flow)
-        if slot is not None:
-            self._recorder.finish(slot, now)
-
-    def _received(self, src: int, inner: Any, slot: int | None, wall0: float, model0: float) -> None:
-        """Clock, trace and record once a receive completed (in program order): the modelled
-        clock moves to the message's arrival (see ``DeviceClock.on_recv``)."""
-        header = inner.header
-        clock = self._clock
-        if not header.kind & FLAG_CONTROL:  # the runtime's own messages cost no modelled time
-            nbytes = header.nbytes
-            clock.on_recv(src, nbytes, header.stamp)
-            self._clock_mv[0] = clock.now
-            if self._trace:
-                flow = f"{src}>{self.rank}#{header.seq}"
-                self._event("recv", "recv", wall0, model0, clock.now, nbytes=nbytes, peer=src, flow=flow)
-        if slot is not None:
-            self._recorder.finish(slot, clock.now)
-
     def mesh_route_time(self, peer: int, nbytes: int) -> float:
         """Modelled seconds of ``nbytes`` from this device to ``peer``: α_route + nbytes / β_route."""
         return self._clock.route_time(peer, nbytes)
@@ -351,15 +212,6 @@ class VirtualDevice:
             return
         t0 = self.config.t0
         self._events.add(kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, fields)
-
-    def _p2p_error(self, what: str, peer: int, tag: int, budget: float) -> P2PTimeout:
-        """The error of a send/recv that did not complete within ``budget`` s, with both ends' flight records."""
-        records = {r: self._recorders[r].records() for r in (self.rank, peer)}
-        return P2PTimeout(
-            f"{self.name}: {what} device {peer} (tag {tag}) did not complete within {budget:g} s "
-            f"(op #{self._op_seq}).\n  device {peer} {self.mesh.index(peer)} last ops:\n{format_records(records[peer], 4)}",
-            rank=self.rank, index=str(self.index), peer=peer, tag=tag, op_seq=self._op_seq, flight_records=records,
-        )
 
     # -- host channel (used by the worker loop) -----------------------------------------------------
     def _from_host(self) -> Any:
