@@ -123,6 +123,33 @@ def bench_latency_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
             "ours_median_s": statistics.median(ours), "mpi4py_median_s": statistics.median(theirs)}
 
 
+def bench_allreduce_rounds(s: Settings, rounds: int = 3) -> dict[str, Any]:
+    """The default all_reduce at 1–64 MiB and mpi4py's ``Allreduce`` of the same sizes, 2 and 4
+    processes, measured in alternation ``rounds`` times each (as ``bench_collective`` and
+    ``_mpi_bench.py`` measure them): the all_reduce target compares the medians per size, for the
+    reason given in ``bench_latency_rounds`` (4 processes on 2 cores swing even more).  GB/s of
+    algorithm bandwidth; ``{"skipped": why}`` without mpi4py."""
+    sizes = [b for b in s.sizes if MiB <= b <= 64 * MiB]
+    if not s.references or not sizes:
+        return {"skipped": "references not requested (--references)" if not s.references else "no size in 1-64 MiB"}
+    out: dict[str, Any] = {"rounds": rounds, "sizes": sizes}
+    for n in DEVICE_COUNTS:
+        ours: dict[str, list[float]] = {str(b): [] for b in sizes}
+        theirs: dict[str, list[float]] = {str(b): [] for b in sizes}
+        with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as c:
+            for _ in range(rounds):
+                for b in sizes:
+                    wall, _ = _median(_measure(c, s, ops.collective, "all_reduce", b, None))
+                    ours[str(b)].append(b / wall / 1e9)
+                ref = refs.run_mpi4py(n, sizes, s.budget, s.repeats, p2p=False)
+                if "allreduce_GBps" not in ref:
+                    return {"skipped": ref.get("skipped", "mpi4py measured no Allreduce")}
+                for b in sizes:
+                    theirs[str(b)].append(ref["allreduce_GBps"][str(b)])
+        out[str(n)] = {"ours_GBps": ours, "mpi4py_GBps": theirs}
+    return out
+
+
 def bench_p2p_bandwidth(cluster: VirtualCluster, s: Settings) -> list[dict[str, Any]]:
     """Streaming bandwidth from device 0 to device 1, per size (receiver uses ``out=``)."""
     rows = []
@@ -236,6 +263,7 @@ def run(s: Settings) -> dict[str, Any]:
     result["startup"] = bench_startup(s)
     result["references"] = bench_references(s)
     result["latency_rounds"] = bench_latency_rounds(s)
+    result["allreduce_rounds"] = bench_allreduce_rounds(s)
     result["meta"]["loadavg_end"] = os.getloadavg()[0]
     result["targets"] = evaluate_targets(result)
     return result

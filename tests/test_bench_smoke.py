@@ -29,7 +29,7 @@ def result() -> dict:
 
 def test_every_section_is_present(result):
     assert set(result) == {"meta", "memcpy", "p2p_latency", "p2p_bandwidth", "collectives", "contract_check",
-                           "startup", "references", "latency_rounds", "targets"}
+                           "startup", "references", "latency_rounds", "allreduce_rounds", "targets"}
     meta = result["meta"]
     for key in ("date", "machine", "python", "numpy", "virtualpar", "hardware", "quick"):
         assert key in meta, key
@@ -69,7 +69,7 @@ def test_startup_contract_check_and_targets(result):
         assert r["overhead_s"] == pytest.approx(r["on_s"] - r["off_s"])
     assert set(result["references"]) == {"mpi4py", "gloo"}  # skipped in quick mode, but reported
     assert all("skipped" in v for v in result["references"].values())
-    assert "skipped" in result["latency_rounds"]
+    assert "skipped" in result["latency_rounds"] and "skipped" in result["allreduce_rounds"]
     assert [t["pass"] in (True, False, None) for t in result["targets"]] == [True] * 4
 
 
@@ -91,3 +91,24 @@ def test_the_latency_target_compares_the_medians_of_alternating_rounds(result):
     del staged["latency_rounds"]
     (lat,) = [t for t in evaluate_targets(staged) if t["name"].startswith("4 KiB latency")]
     assert lat["value"] == pytest.approx(1e6) and lat["pass"] is False
+
+
+def test_the_all_reduce_target_takes_the_worst_size_of_the_median_ratios(result):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from _report import evaluate_targets
+    finally:
+        sys.path.pop(0)
+    mib = 1 << 20
+    staged = dict(result, allreduce_rounds={
+        "rounds": 3, "sizes": [mib, 4 * mib],
+        "2": {"ours_GBps": {str(mib): [1.0, 9.0, 3.0], str(4 * mib): [4.0, 4.0, 4.0]},
+              "mpi4py_GBps": {str(mib): [2.0, 2.0, 2.0], str(4 * mib): [1.0, 8.0, 2.0]}},
+        "4": {"ours_GBps": {str(mib): [1.0, 1.0, 1.0], str(4 * mib): [2.0, 2.0, 2.0]},
+              "mpi4py_GBps": {str(mib): [0.5, 0.5, 9.0], str(4 * mib): [1.0, 1.0, 1.0]}}})
+    (ar,) = [t for t in evaluate_targets(staged) if t["name"].startswith("all_reduce algbw")]
+    assert ar["value"] == pytest.approx(1.5) and ar["pass"] is True  # n=2, 1 MiB: median 3 / median 2
+    assert "n=2 4 MiB: 2.00x" in ar["detail"] and "n=4 1 MiB: 2.00x" in ar["detail"]
+    staged["allreduce_rounds"]["4"]["ours_GBps"][str(mib)] = [0.2, 0.2, 0.2]
+    (ar,) = [t for t in evaluate_targets(staged) if t["name"].startswith("all_reduce algbw")]
+    assert ar["value"] == pytest.approx(0.4) and ar["pass"] is False
