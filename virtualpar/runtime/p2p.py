@@ -44,12 +44,7 @@ class PointToPoint:
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
         """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given)."""
-        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(src, tag, "src")
-        if out is not None:
-            self._check_out(out)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.recv(src, tag))
+        budget, slot = self._begin_recv(src, tag, out, timeout)
         deadline = time.monotonic() + budget
         inner = self._endpoint.irecv(src, tag, out)
         return Request(self, inner, "recv", src, tag, deadline, None, slot, None, budget)
@@ -82,17 +77,21 @@ class PointToPoint:
         """Receive the next message from device ``src`` with ``tag``; FIFO per (src, tag).
 
         The same op as ``irecv(src, tag, out).wait()``, without the handle."""
-        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(src, tag, "src")
-        if out is not None:
-            self._check_out(out)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.recv(src, tag))
+        budget, slot = self._begin_recv(src, tag, out, timeout)
         wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
         inner = self._endpoint.irecv(src, tag, out)
         value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget))
         self._received(src, inner, slot, wall0, model0)
         return value
+
+    def _begin_recv(self, src: int, tag: int, out: Any, timeout: float | None) -> tuple[float, int]:
+        """Check a receive's arguments, count and record it; returns (its budget in s, its record slot)."""
+        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
+            self._check_p2p(src, tag, "src")
+        if out is not None:
+            self._check_out(out)
+        budget = self.config.timeout if timeout is None else self._timeout(timeout)
+        return budget, self._begin_op(*self._texts.recv(src, tag))
 
     # -- bookkeeping shared with Request and collective_call --------------------------------------
     def _check_p2p(self, peer: Any, tag: Any, what: str) -> None:
