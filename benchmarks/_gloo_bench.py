@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import Any
 
+from _references import reference_parser  # this directory: the script runs as a file
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -85,13 +87,8 @@ def _once(fn: Any, iters: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = reference_parser()
     ap.add_argument("-n", type=int, default=2)
-    ap.add_argument("--sizes", required=True)
-    ap.add_argument("--budget", type=float, default=0.15)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--p2p", action="store_true")
-    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     ctx = mp.get_context("fork")
     port = _free_port()

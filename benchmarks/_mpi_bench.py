@@ -13,13 +13,14 @@ dependency of the core.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
 import numpy as np
 from mpi4py import MPI
+
+from _references import reference_parser  # this directory: the script runs as a file
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -93,13 +94,7 @@ def allreduce(nbytes: int, budget: float, repeats: int, quick: bool) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", required=True)
-    ap.add_argument("--budget", type=float, default=0.15)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--p2p", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    args = reference_parser().parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     result: dict = {"ranks": SIZE, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
                     "allreduce_GBps": {}}

@@ -7,6 +7,7 @@ fail) the reference is reported as skipped with the reason, never as an error.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
 import json
@@ -95,6 +96,17 @@ def bare_fork_startup(n: int) -> float:
         parent.close()
         child.close()
     return elapsed
+
+
+def reference_parser() -> argparse.ArgumentParser:
+    """The command line that ``run_mpi4py`` / ``run_gloo`` pass to ``_mpi_bench.py`` / ``_gloo_bench.py``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", required=True)
+    ap.add_argument("--budget", type=float, default=0.15)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--p2p", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    return ap
 
 
 def _run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
