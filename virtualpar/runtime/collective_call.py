@@ -20,7 +20,6 @@ import numpy as np
 from ..collectives import ALGORITHMS, default_algorithm
 from ..collectives.ops import check_op
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
-from ..sim.schedules import ring_all_reduce_times
 from .config import TAG_COLLECTIVE, TAG_FINGERPRINT, TAG_VERDICT
 from .recorder import format_records
 from .requests import Request
@@ -215,9 +214,7 @@ class GroupComm:
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
         if self._entry is None:
             raise RuntimeError("model_ring_all_reduce needs the entry clocks of a first fence()")
-        clock = self._dev._clock
-        times = ring_all_reduce_times(clock.topology, self._ranks, self._entry, chunk_nbytes)
-        clock.advance_to(times[self.rank])
+        self._dev._clock.ring_all_reduce(self._ranks, self._entry, chunk_nbytes)
         self._dev._publish_clock()
 
 

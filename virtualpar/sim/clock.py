@@ -45,6 +45,7 @@ from typing import Any, Hashable
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
+from virtualpar.sim.schedules import ring_all_reduce_delays
 
 __all__ = ["DeviceClock"]
 
@@ -52,6 +53,7 @@ LinkKey = tuple[Hashable, Hashable]
 # Per-peer route figures: (first link, β_first, α_route, β_route) of the route to a destination and
 # (last link, β_last, α_route, β_route) of the route from a source; the link is None on a self-route.
 Figures = tuple["LinkKey | None", float, float, float]
+_SCHEDULES_KEPT = 256  # delay columns a clock keeps (distinct groups x chunk sizes of shm collectives)
 
 
 class DeviceClock:
@@ -75,6 +77,8 @@ class DeviceClock:
         # route figures per peer, filled on first use; the topology is immutable, so they never go stale
         self._egress: dict[int, Figures] = {}
         self._ingress: dict[int, Figures] = {}
+        # this device's column of a schedule's max-plus delay matrix, per (group, chunk sizes)
+        self._schedules: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
 
     # -- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -105,6 +109,22 @@ class DeviceClock:
                              rank=self.rank)
         self.now = max(self.now, t)
         return self.now
+
+    def ring_all_reduce(self, ranks: tuple[int, ...], entry: list[float], chunk_nbytes: list[int]) -> float:
+        """Charge the ring all_reduce over ``ranks`` entered at clocks ``entry`` without running it:
+        ``now = max(now, max_q(entry[q] + D[q][me]))`` with ``D`` the schedule's max-plus delay matrix
+        (:func:`~virtualpar.sim.schedules.ring_all_reduce_delays`).  This device's column of ``D``
+        is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
+        costs n additions.  Returns the new ``now``."""
+        key = (ranks, tuple(chunk_nbytes))
+        column = self._schedules.get(key)
+        if column is None:
+            me = ranks.index(self.rank)
+            column = [row[me] for row in ring_all_reduce_delays(self.topology, ranks, chunk_nbytes)]
+            if len(self._schedules) >= _SCHEDULES_KEPT:
+                self._schedules.clear()
+            self._schedules[key] = column
+        return self.advance_to(max(e + d for e, d in zip(entry, column)))
 
     # -- messages -------------------------------------------------------------------------------------
     def _check_nbytes(self, op: str, peer: int, nbytes: float) -> float:

@@ -1,0 +1,94 @@
+"""Schedules priced without running them (sim/schedules.py) and the clock's cached charge.
+
+The max-plus matrix is checked against an independent step-by-step replay of the ring (the
+recursion of the module docstring, written out here with the clock's formulas), on uneven
+topologies, uneven entry clocks and uneven chunks; and against a hand-worked two-member case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from virtualpar.mesh import Topology
+from virtualpar.sim import analytic
+from virtualpar.sim.clock import DeviceClock
+from virtualpar.sim.schedules import ring_all_reduce_delays, ring_all_reduce_times
+
+
+def replay_ring(topology, ranks, entry, chunks):
+    """The ring all_reduce, step by step: member p leaves a step at
+    max(t_p, t_p + T(p->p+1, its chunk), t_{p-1} + α + m/β of the chunk it receives)."""
+    n = len(ranks)
+    t = list(map(float, entry))
+    for offset in (1, 0):
+        for s in range(n - 1):
+            sizes = [chunks[(p - s - offset) % n] for p in range(n)]
+            new = []
+            for p in range(n):
+                left = (p - 1) % n
+                into = topology.route(ranks[left], ranks[p])
+                out = topology.route(ranks[p], ranks[(p + 1) % n])
+                arrival = t[left] + into.latency + (sizes[left] / into.bandwidth if sizes[left] else 0.0)
+                new.append(max(t[p], arrival, t[p] + out.latency + (sizes[p] / out.bandwidth if sizes[p] else 0.0)))
+            t = new
+    return t
+
+
+TOPOLOGIES = {
+    "hierarchical 2x4": Topology.hierarchical(2, 4),
+    "torus 2x4": Topology.torus2d(2, 4),
+    "ring 8": Topology.ring(8),
+    "fully connected 8": Topology.fully_connected(8),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(TOPOLOGIES)), data=st.data())
+def test_max_plus_matrix_equals_the_step_replay(name, data):
+    topo = TOPOLOGIES[name]
+    ranks = data.draw(st.lists(st.integers(0, 7), min_size=2, max_size=8, unique=True), label="ranks")
+    n = len(ranks)
+    entry = data.draw(st.lists(st.floats(0, 1e-3), min_size=n, max_size=n), label="entry")
+    chunks = data.draw(st.lists(st.integers(0, 1 << 24), min_size=n, max_size=n), label="chunks")
+    got = ring_all_reduce_times(topo, ranks, entry, chunks)
+    assert got == pytest.approx(replay_ring(topo, ranks, entry, chunks), rel=1e-12, abs=1e-18)
+
+
+def test_matrix_by_hand_for_two_members():
+    topo = Topology.fully_connected(2, latency=1.0, bandwidth=1.0)  # a message of m bytes: 1 + m s
+    # two steps of a 2-byte chunk each way: every chain is 3 + 3 long, and each member reaches the other
+    assert ring_all_reduce_delays(topo, [0, 1], [2, 2]) == [[6.0, 6.0], [6.0, 6.0]]
+    # uneven chunks: step 1 sends chunk 1 from member 0 (1 + 4 s) and chunk 0 from member 1 (1 + 2 s),
+    # step 2 chunk 0 from member 0 and chunk 1 from member 1.  From member 0's entry both reach 5
+    # after step 1, then max(5 + 3, 5 + 5) = 10; from member 1's, 3 and then max(3 + 3, 3 + 5) = 8
+    assert ring_all_reduce_delays(topo, [0, 1], [2, 4]) == [[10.0, 10.0], [8.0, 8.0]]
+    assert ring_all_reduce_times(topo, [0, 1], [0.0, 10.0], [2, 4]) == [18.0, 18.0]
+
+
+def test_uniform_topology_gives_the_closed_form_in_every_entry():
+    a, b, n = 2e-6, 450e9, 4
+    M = 3 << 20
+    d = ring_all_reduce_delays(Topology.fully_connected(n, latency=a, bandwidth=b), range(n), [M // n] * n)
+    assert np.allclose(d, analytic.ring_all_reduce(n, M, a, b), rtol=1e-12, atol=0)
+
+
+def test_clock_charge_is_cached_per_group_and_chunks_and_bounded(monkeypatch):
+    topo = Topology.hierarchical(2, 2)
+    clock = DeviceClock(2, topo)
+    ranks, chunks = (0, 2), [1 << 20, 1 << 20]
+    want = replay_ring(topo, ranks, [0.5, 0.25], chunks)[1]
+    assert clock.ring_all_reduce(ranks, [0.5, 0.25], chunks) == pytest.approx(want, rel=1e-12)
+    assert len(clock._schedules) == 1
+    # a later call with other entry clocks reuses the column and still prices them
+    want = replay_ring(topo, ranks, [1.0, 3.0], chunks)[1]
+    assert clock.ring_all_reduce(ranks, [1.0, 3.0], chunks) == pytest.approx(want, rel=1e-12)
+    assert len(clock._schedules) == 1
+    # never backwards: a charge that ends before now leaves now alone
+    assert clock.ring_all_reduce(ranks, [0.0, 0.0], chunks) == clock.now == pytest.approx(want, rel=1e-12)
+    monkeypatch.setattr("virtualpar.sim.clock._SCHEDULES_KEPT", 3)
+    for m in range(10):
+        clock.ring_all_reduce(ranks, [0.0, 0.0], [m, m])
+        assert len(clock._schedules) <= 3
