@@ -8,6 +8,7 @@ real on the same topology, and against the closed form 2(n−1)(α + M/(nβ)).
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -207,3 +208,37 @@ def test_without_scratch_the_default_falls_back_to_messages():
         assert ran == [expected, expected]
     with pytest.raises(UsageError, match="scratch_bytes must be an int >= 0"):
         VirtualCluster(2, scratch_bytes=-1)
+
+
+# -- scratch reuse across groups: refilled only after every reader is done --------------------------
+def _row_then_column(dev, n):
+    row = dev.all_reduce(np.full(n, 1.0 + dev.rank), group="b", algorithm="shm")
+    col = dev.all_reduce(np.full(n, 100.0 * (dev.rank + 1)), group="a", algorithm="shm")
+    return row, col
+
+
+def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in_another(monkeypatch):
+    """Device 0 dawdles after the row all_reduce's second fence, before copying the reduced slices
+    out of device 1's scratch.  Device 1 moves on to its column group {1, 3}, whose first chunk
+    refills that scratch: the row call's last fence must hold it back until device 0 is done, or
+    device 0 copies out device 1's column input instead of the row sums."""
+    from virtualpar.runtime.collective_call import GroupComm
+
+    fence = GroupComm.fence
+    seen = {"fences": 0}
+
+    def slow_fence(self):
+        fence(self)
+        if self._dev.rank == 0:
+            seen["fences"] += 1
+            if seen["fences"] == 2:  # the row all_reduce's reduced slices are published
+                time.sleep(0.3)
+
+    monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
+    n = 1000
+    with VirtualCluster(Mesh({"a": 2, "b": 2}), start_method="fork", trace=False) as cluster:
+        got = cluster.run(_row_then_column, n)
+    for rank, (row, col) in enumerate(got):
+        partner = rank ^ 1  # row groups {0, 1}, {2, 3}; column groups {0, 2}, {1, 3}
+        np.testing.assert_array_equal(row, np.full(n, 2.0 + rank + partner))
+        np.testing.assert_array_equal(col, np.full(n, 100.0 * (rank + 1) + 100.0 * ((rank + 2) % 4 + 1)))
