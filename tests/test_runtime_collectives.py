@@ -499,3 +499,25 @@ def test_results_identical_on_every_device(cluster4, shape, dtype, seed, op, roo
     results = cluster4.run(agreeing_collectives, case)
     for k in range(len(results[0])):
         assert len({r[k].tobytes() for r in results}) == 1, f"result #{k} differs across devices for {case}"
+
+
+# -- group spellings --------------------------------------------------------------------------------
+def _group_spellings(dev):
+    x = np.full(3, float(dev.rank))
+    sums = [float(dev.all_reduce(x, group=g)[0]) for g in ("tp", ("tp",), ["tp"], None, ("dp", "tp"), ["tp", "dp"], "tp")]
+    errors = []
+    for _ in range(2):  # a bad spelling is never kept: it fails every time
+        try:
+            dev.all_reduce(x, group=("tp", "pp"))
+        except ValueError as exc:
+            errors.append(str(exc))
+    return sums, errors, sorted(map(repr, dev._groups))
+
+
+def test_every_spelling_of_a_group_resolves_to_the_same_ranks_and_hashable_ones_are_kept():
+    with VirtualCluster(Mesh({"dp": 2, "tp": 2}), timeout=TIMEOUT) as c:
+        for rank, (sums, errors, kept) in enumerate(c.run(_group_spellings)):
+            dp = rank // 2
+            assert sums == [4.0 * dp + 1] * 3 + [6.0] * 3 + [4.0 * dp + 1]
+            assert len(errors) == 2 and all("'pp'" in e for e in errors)
+            assert kept == sorted(map(repr, ["tp", ("tp",), None, ("dp", "tp")]))  # lists are not hashable

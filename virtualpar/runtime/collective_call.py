@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -27,11 +27,20 @@ from .requests import Request
 if TYPE_CHECKING:  # pragma: no cover
     from .device import VirtualDevice
 
-__all__ = ["CollectiveSpec", "GroupComm", "run_collective"]
+__all__ = ["CollectiveSpec", "GroupComm", "GroupInfo", "run_collective"]
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
 _ROOT_ONLY_INPUT = ("broadcast", "scatter")  # x is read on the root only
 _DIM_MASKED = ("all_gather", "gather")  # pieces may differ in size along dim
+
+
+class GroupInfo(NamedTuple):
+    """A collective's group resolved on the mesh (``VirtualDevice._group`` keeps them)."""
+
+    axes: tuple[str, ...]
+    ranks: tuple[int, ...]
+    position: int  # of the calling device in ``ranks``
+    desc: str  # ``tp=(0,1)``, for messages
 
 
 @dataclass
@@ -49,10 +58,9 @@ class CollectiveSpec:
     fingerprint: tuple[str, str, tuple] = field(default=("", "", ()))
 
     @classmethod
-    def build(cls, dev: "VirtualDevice", name: str, x: Any, axes: tuple[str, ...], ranks: tuple[int, ...], algorithm: str | None, params: dict[str, Any]) -> "CollectiveSpec":
+    def build(cls, dev: "VirtualDevice", name: str, x: Any, group: GroupInfo, algorithm: str | None, params: dict[str, Any]) -> "CollectiveSpec":
+        axes, ranks, pos, gdesc = group
         n = len(ranks)
-        pos = ranks.index(dev.rank)
-        gdesc = dev.mesh.describe_group(axes, ranks)
         where = f"{dev.name}: {name} on group {gdesc}"
         choices = ALGORITHMS[name]
         if algorithm is not None and algorithm not in choices:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import InjectedFault, P2PTimeout, UsageError
-from .collective_call import CollectiveSpec, run_collective
+from .collective_call import CollectiveSpec, GroupInfo, run_collective
 from .config import TAG_HOST, ClusterConfig
 from .p2p import PointToPoint
 from .recorder import EventLog, FlightRecorder, OpTexts
@@ -67,6 +67,7 @@ class VirtualDevice(PointToPoint):
         self._last_op = ""  # what op #_op_seq was, for error messages
         self._run = 0  # how many cluster.run calls this device has served (same on every device)
         self._group_seq: dict[tuple[int, ...], int] = {}
+        self._groups: dict[Any, GroupInfo] = {}  # resolved group spellings (see _group)
         self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
         self._events = EventLog(rank)
         self._events_dropped = 0
@@ -159,10 +160,24 @@ class VirtualDevice(PointToPoint):
         self._collective("barrier", None, group, None, timeout)
 
     def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None, **params: Any) -> Any:
-        axes = self.mesh.axes(group)
-        ranks = self.mesh.group_of(self.rank, axes)
-        spec = CollectiveSpec.build(self, name, x, axes, ranks, algorithm, params)
+        spec = CollectiveSpec.build(self, name, x, self._group(group), algorithm, params)
         return run_collective(self, spec, self._timeout(timeout))
+
+    def _group(self, group: Group) -> GroupInfo:
+        """``group`` resolved on the mesh: (axes, ranks, this device's position, description).
+        Kept per spelling of ``group`` (the mesh never changes), so a loop of collectives resolves
+        its group once; an unhashable spelling (a list of axes) is resolved every time."""
+        try:
+            info, keep = self._groups.get(group), True
+        except TypeError:
+            info, keep = None, False
+        if info is None:
+            axes = self.mesh.axes(group)
+            ranks = self.mesh.group_of(self.rank, axes)
+            info = GroupInfo(axes, ranks, ranks.index(self.rank), self.mesh.describe_group(axes, ranks))
+            if keep:
+                self._groups[group] = info
+        return info
 
     # -- internals shared with collective_call ----------------------------------------------------
     def _timeout(self, timeout: float | None) -> float:
