@@ -123,7 +123,7 @@ def bench_latency_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
             "ours_median_s": statistics.median(ours), "mpi4py_median_s": statistics.median(theirs)}
 
 
-def bench_allreduce_rounds(s: Settings, rounds: int = 3) -> dict[str, Any]:
+def bench_allreduce_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     """The default all_reduce at 1–64 MiB and mpi4py's ``Allreduce`` of the same sizes, 2 and 4
     processes, measured in alternation ``rounds`` times each (as ``bench_collective`` and
     ``_mpi_bench.py`` measure them): the all_reduce target compares the medians per size, for the

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import mmap
 import os
 import secrets
@@ -314,7 +315,7 @@ class BufferPool:
             self.idle_bytes += raw.size
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
         raw = self.raw(nbytes)
