@@ -107,7 +107,8 @@ def bench_latency_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     alternation, ``rounds`` times each (each time as ``bench_p2p_latency`` and ``_mpi_bench.py``
     measure it).  The two are minutes apart in the main sequence, and the load of this shared
     machine moves their ratio by ±30% in that time; alternating exposes both to the same load, and
-    the latency target compares the medians.  ``{"skipped": why}`` without mpi4py."""
+    the latency target takes the median of the per-round ratios (_report.py says why paired).
+    ``{"skipped": why}`` without mpi4py."""
     if not s.references:
         return {"skipped": "references not requested (--references)"}
     ours: list[float] = []
@@ -126,8 +127,8 @@ def bench_latency_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
 def bench_allreduce_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     """The default all_reduce at 1–64 MiB and mpi4py's ``Allreduce`` of the same sizes, 2 and 4
     processes, measured in alternation ``rounds`` times each (as ``bench_collective`` and
-    ``_mpi_bench.py`` measure them): the all_reduce target compares the medians per size, for the
-    reason given in ``bench_latency_rounds`` (4 processes on 2 cores swing even more).  GB/s of
+    ``_mpi_bench.py`` measure them): the all_reduce target takes the median of the per-round ratios
+    per size, for the reason given in ``bench_latency_rounds`` (4 processes on 2 cores swing even more).  GB/s of
     algorithm bandwidth; ``{"skipped": why}`` without mpi4py."""
     sizes = [b for b in s.sizes if MiB <= b <= 64 * MiB]
     if not s.references or not sizes:
