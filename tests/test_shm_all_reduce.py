@@ -222,7 +222,7 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     out of device 1's scratch.  Device 1 moves on to its column group {1, 3}, whose first chunk
     refills that scratch: the row call's last fence must hold it back until device 0 is done, or
     device 0 copies out device 1's column input instead of the row sums."""
-    from virtualpar.runtime.collective_call import GroupComm
+    from virtualpar.runtime.group_comm import GroupComm
 
     fence = GroupComm.fence
     seen = {"fences": 0}

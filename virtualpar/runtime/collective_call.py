@@ -20,14 +20,14 @@ import numpy as np
 from ..collectives import ALGORITHMS, default_algorithm
 from ..collectives.ops import check_op
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
-from .config import TAG_COLLECTIVE, TAG_FINGERPRINT, TAG_VERDICT
+from .config import TAG_FINGERPRINT, TAG_VERDICT
+from .group_comm import GroupComm
 from .recorder import format_records
-from .requests import Request
 
 if TYPE_CHECKING:  # pragma: no cover
     from .device import VirtualDevice
 
-__all__ = ["CollectiveSpec", "GroupComm", "GroupInfo", "run_collective"]
+__all__ = ["CollectiveSpec", "GroupInfo", "run_collective"]
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")
 _ROOT_ONLY_INPUT = ("broadcast", "scatter")  # x is read on the root only
@@ -154,76 +154,6 @@ def _differences(fps: list[tuple[str, str, tuple]], name: str) -> list[str]:
     if len(differs) > 1 and "algorithm" in differs:
         differs.remove("algorithm")  # the default algorithm follows the op and size: name the cause
     return differs
-
-
-class GroupComm:
-    """Adapts one device and one mesh group to the ``Comm`` and ``SharedComm`` protocols the algorithms use."""
-
-    def __init__(self, dev: "VirtualDevice", spec: CollectiveSpec, deadline: float, on_timeout: Any) -> None:
-        self.rank = spec.position
-        self.size = len(spec.ranks)
-        self._dev = dev
-        self._ranks = spec.ranks
-        self._deadline = deadline
-        self._on_timeout = on_timeout
-        self._entry: list[float] | None = None  # members' clocks at the first fence()
-        self._peers = [r for r in spec.ranks if r != dev.rank]
-
-    def isend(self, x: np.ndarray, peer: int) -> Request:
-        dst = self._ranks[peer]
-        inner, flow = self._dev._post_send(x, dst, TAG_COLLECTIVE)
-        return Request(self._dev, inner, "send", dst, TAG_COLLECTIVE, self._deadline, self._on_timeout, None, flow)
-
-    def irecv(self, peer: int, out: np.ndarray | None = None) -> Request:
-        src = self._ranks[peer]
-        inner = self._dev._endpoint.irecv(src, TAG_COLLECTIVE, out)
-        return Request(self._dev, inner, "recv", src, TAG_COLLECTIVE, self._deadline, self._on_timeout)
-
-    def send(self, x: np.ndarray, peer: int) -> None:
-        self.isend(x, peer).wait()
-
-    def recv(self, peer: int, out: np.ndarray | None = None) -> np.ndarray:
-        return self.irecv(peer, out).wait()
-
-    # -- SharedComm: what shared-memory algorithms need besides messages --------------------------
-    @property
-    def scratch_bytes(self) -> int:
-        return self._dev._endpoint.layout.scratch_bytes
-
-    def scratch(self, member: int) -> np.ndarray:
-        return self._dev._scratch[self._ranks[member]]
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return self._dev._endpoint._pool.array(shape, np.dtype(dtype))
-
-    def fence(self) -> None:
-        """Every member has reached this point: arrival counters in shared memory (see
-        transport/arrivals.py), no messages, no bytes counted, no modelled time.  The first fence
-        of a call also reads every member's entry clock, which each member published before
-        arriving and cannot change before the next fence."""
-        dev = self._dev
-        first = self._entry is None
-        if first:
-            dev._publish_clock()
-        arrivals = dev._endpoint.arrivals
-        peers = self._peers
-        arrivals.arrive(peers)
-        dev._endpoint.wait(lambda: arrivals.arrived(peers), self._deadline - time.monotonic(), self._on_timeout, "a fence")
-        if first:
-            clocks = dev._clocks
-            self._entry = [float(clocks[r]) for r in self._ranks]
-
-    def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
-        dst = self._ranks[peer]
-        ep = self._dev._endpoint
-        ep._bytes_row[dst] += nbytes
-        ep._msgs_row[dst] += messages
-
-    def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
-        if self._entry is None:
-            raise RuntimeError("model_ring_all_reduce needs the entry clocks of a first fence()")
-        self._dev._clock.ring_all_reduce(self._ranks, self._entry, chunk_nbytes)
-        self._dev._publish_clock()
 
 
 def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, timeout: float) -> Any:
