@@ -43,7 +43,8 @@ from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_PICKLE, VirtualChannel
 from .payload import encode
 from .receiving import CHUNK, Receiving
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
-from .shm import CROSS_MEMORY, BufferPool, Layout, SharedArena
+from .pool import BufferPool
+from .shm import CROSS_MEMORY, Layout, SharedArena
 from .want_room import want_room
 from .waiting import spin_seconds, usable_cpus, wait
 
