@@ -16,98 +16,20 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from virtualpar.errors import MeshError
+from virtualpar.mesh.index import RESERVED_NAMES, MeshIndex, as_int
 from virtualpar.mesh.topology import Topology
 
 __all__ = ["Mesh", "MeshIndex", "AxesLike"]
 
 #: An axes argument: one axis name, several, or ``None`` for all axes of the mesh.
 AxesLike = str | Sequence[str] | None
-
-# MeshIndex exposes coordinates as attributes, so an axis may not shadow its own API.
-_RESERVED = frozenset({"as_dict", "axis_names"})
-
-
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise MeshError(f"{what} must be an integer; got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise MeshError(f"{what} must be an integer; got {value!r}") from None
-
-
-class MeshIndex:
-    """The named coordinates of one rank: ``idx.dp``, ``idx["tp"]``, ``tuple(idx)``; prints ``(dp=1, tp=2)``.
-
-    Like a namedtuple it also compares equal to the plain tuple of its coordinates.
-    """
-
-    __slots__ = ("_names", "_coords")
-
-    def __init__(self, axis_names: Sequence[str], coords: Sequence[int]) -> None:
-        names, values = tuple(axis_names), tuple(_as_int(c, "a mesh coordinate") for c in coords)
-        if len(names) != len(values):
-            raise MeshError(f"MeshIndex needs one coordinate per axis: axes {names}, coordinates {values}")
-        object.__setattr__(self, "_names", names)
-        object.__setattr__(self, "_coords", values)
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError(f"MeshIndex is immutable; cannot set {key!r}")
-
-    @property
-    def axis_names(self) -> tuple[str, ...]:
-        return self._names
-
-    def __getattr__(self, name: str) -> int:
-        if not name.startswith("_"):
-            try:
-                return self._coords[self._names.index(name)]
-            except ValueError:
-                pass
-        raise AttributeError(f"unknown mesh axis {name!r}; this index has axes {self._names}")
-
-    def __getitem__(self, key: str | int) -> int:
-        if isinstance(key, str):
-            if key not in self._names:
-                raise MeshError(f"unknown mesh axis {key!r}; this index has axes {self._names}")
-            return self._coords[self._names.index(key)]
-        return self._coords[key]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._coords)
-
-    def __len__(self) -> int:
-        return len(self._coords)
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(zip(self._names, self._coords))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, MeshIndex):
-            return self._names == other._names and self._coords == other._coords
-        if isinstance(other, tuple):
-            return self._coords == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._coords)  # equal to hash(tuple) so that idx == tuple stays consistent
-
-    def __reduce__(self):
-        return (MeshIndex, (self._names, self._coords))
-
-    def __str__(self) -> str:
-        return "(" + ", ".join(f"{n}={c}" for n, c in zip(self._names, self._coords)) + ")"
-
-    __repr__ = __str__
-
 
 @functools.lru_cache(maxsize=64)
 def _default_topology(size: int) -> Topology:
@@ -164,13 +86,13 @@ class Mesh:
             raise MeshError("a mesh needs at least one axis; got an empty shape")
         for name in names:
             if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") \
-                    or name in _RESERVED:
+                    or name in RESERVED_NAMES:
                 raise MeshError(f"mesh axis names must be non-empty identifiers not starting with '_' "
-                                f"and not in {sorted(_RESERVED)}; got {name!r} in {names}")
+                                f"and not in {sorted(RESERVED_NAMES)}; got {name!r} in {names}")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise MeshError(f"duplicate mesh axis name {dupes[0]!r} in {names}")
-        sizes = tuple(_as_int(s, f"the size of mesh axis {n!r}") for n, s in zip(names, raw))
+        sizes = tuple(as_int(s, f"the size of mesh axis {n!r}") for n, s in zip(names, raw))
         for n, s in zip(names, sizes):
             if s < 1:
                 raise MeshError(f"mesh axis {n!r} has size {s}; axis sizes must be positive integers")
@@ -198,7 +120,7 @@ class Mesh:
 
     def check_devices(self, n: int) -> None:
         """Raise MeshError unless this mesh holds exactly ``n`` devices."""
-        n = _as_int(n, "a device count")
+        n = as_int(n, "a device count")
         if n != self.size:
             raise MeshError(f"mesh shape {self} holds {self.size} devices, but {n} "
                             f"{'was' if n == 1 else 'were'} asked for")
@@ -255,7 +177,7 @@ class Mesh:
 
     # -- ranks <-> coordinates -------------------------------------------------------------------------
     def _check_rank(self, rank: Any) -> int:
-        r = _as_int(rank, "a rank")
+        r = as_int(rank, "a rank")
         if not 0 <= r < self.size:
             raise MeshError(f"rank {r} is out of range for mesh {self} with {self.size} devices "
                             f"(valid ranks: 0..{self.size - 1})")
@@ -287,7 +209,7 @@ class Mesh:
                 raise MeshError(f"index {values} has {len(values)} coordinates; mesh {self} has {self.ndim} axes")
         rank = 0
         for name, size, stride, value in zip(self._names, self._sizes, self._strides, values):
-            c = _as_int(value, f"coordinate {name}")
+            c = as_int(value, f"coordinate {name}")
             if not 0 <= c < size:
                 raise MeshError(f"coordinate {name}={c} is out of range for mesh {self}: valid 0..{size - 1}")
             rank += c * stride
