@@ -7,6 +7,7 @@ Pure and process-free: ``Mesh`` maps ranks <-> named coordinates and enumerates 
 from __future__ import annotations
 
 from virtualpar.mesh.mesh import Mesh, MeshIndex
-from virtualpar.mesh.topology import TOPOLOGIES, Link, Route, Topology
+from virtualpar.mesh.route import Link, Route
+from virtualpar.mesh.topology import TOPOLOGIES, Topology
 
 __all__ = ["Mesh", "MeshIndex", "Topology", "Link", "Route", "TOPOLOGIES"]

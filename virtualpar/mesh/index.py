@@ -19,6 +19,7 @@ RESERVED_NAMES = frozenset({"as_dict", "axis_names"})
 
 
 def as_int(value: Any, what: str) -> int:
+    """``operator.index(value)`` (so numpy ints pass), refusing bools; the error names ``what``."""
     if isinstance(value, bool):
         raise MeshError(f"{what} must be an integer; got {value!r}")
     try:

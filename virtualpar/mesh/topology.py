@@ -13,6 +13,9 @@ the same figures in both directions.  A route is the minimum-total-latency path;
 hops, then to the lexicographically smallest path (devices before switches, ints by value, strings
 by text) listed from the lower-numbered endpoint; the opposite direction reuses that path reversed,
 so a route and its reverse always have equal cost.
+
+``Link`` and ``Route`` (the values a topology hands out) live in ``route.py``; the graphs of the
+presets and the NVLink / InfiniBand figures they default to, in ``presets.py``.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 
 from virtualpar.errors import MeshError
+from virtualpar.mesh import presets
+from virtualpar.mesh.presets import INFINIBAND_BANDWIDTH, INFINIBAND_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY
+from virtualpar.mesh.route import Link, Route, check_figures
 
 __all__ = [
     "Link",
@@ -38,39 +43,6 @@ __all__ = [
     "INFINIBAND_BANDWIDTH",
 ]
 
-# NVLink 4 (H100 SXM, DGX H100): 18 links x 25 GB/s = 450 GB/s per direction per GPU (900 GB/s
-# bidirectional; NVIDIA H100 datasheet).  Through NVSwitch any pair of the 8 GPUs can use the full
-# per-GPU figure, so we use it per device pair.  Small-message GPU-to-GPU latency over NVLink as
-# measured by nccl-tests / OSU on DGX systems is a few microseconds; we take 2 us per hop.
-NVLINK_LATENCY: float = 2e-6
-NVLINK_BANDWIDTH: float = 450e9
-
-# InfiniBand NDR (ConnectX-7 / Quantum-2): 400 Gb/s = 50 GB/s per direction per port.  End-to-end
-# MPI latency across one switch is ~1-5 us; in ``hierarchical`` a cross-node message takes 4 hops
-# (device -> node switch -> core -> node switch -> device), so 1 us per hop gives 4 us end to end.
-INFINIBAND_LATENCY: float = 1e-6
-INFINIBAND_BANDWIDTH: float = 50e9
-
-
-def _check_figures(where: str, latency: float, bandwidth: float) -> tuple[float, float]:
-    """Validate one link's figures: finite latency >= 0 s, bandwidth > 0 B/s (inf allowed)."""
-    try:
-        lat, bw = float(latency), float(bandwidth)
-    except (TypeError, ValueError):
-        raise MeshError(f"{where}: latency and bandwidth must be numbers; got latency={latency!r}, "
-                        f"bandwidth={bandwidth!r}") from None
-    if not (math.isfinite(lat) and lat >= 0.0):
-        raise MeshError(f"{where}: latency must be a finite number of seconds >= 0; got {latency!r}")
-    if not bw > 0.0:  # also rejects NaN
-        raise MeshError(f"{where}: bandwidth must be > 0 bytes/second; got {bandwidth!r}")
-    return lat, bw
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MeshError(f"{name} must be a positive integer; got {value!r}")
-    return value
-
 
 def _is_device(node: Hashable) -> bool:
     return isinstance(node, int) and not isinstance(node, bool)
@@ -79,44 +51,6 @@ def _is_device(node: Hashable) -> bool:
 def _node_key(node: Hashable) -> tuple[int, Any]:
     """Total order on mixed int/str nodes: devices (by value) before switches (by name)."""
     return (0, node) if _is_device(node) else (1, node)
-
-
-@dataclass(frozen=True)
-class Link:
-    """One full-duplex link: ``latency`` in seconds, ``bandwidth`` in bytes/second per direction."""
-
-    latency: float
-    bandwidth: float
-
-    def time(self, nbytes: int) -> float:
-        """α + n/β: seconds to push ``nbytes`` across this link alone."""
-        return self.latency + nbytes / self.bandwidth
-
-
-@dataclass(frozen=True)
-class Route:
-    """The path a message takes from device ``src`` to device ``dst``.
-
-    ``latency`` = Σ link latencies along ``links``; ``bandwidth`` = min link bandwidth (the
-    bottleneck).  A device's route to itself has no hops, latency 0 and bandwidth inf.
-    """
-
-    src: int
-    dst: int
-    path: tuple[Hashable, ...]
-    links: tuple[tuple[Hashable, Hashable], ...]
-    latency: float
-    bandwidth: float
-
-    @property
-    def hops(self) -> int:
-        return len(self.links)
-
-    def time(self, nbytes: int) -> float:
-        """T(n) = latency + n / bandwidth seconds (0 for a self-route)."""
-        if nbytes < 0:
-            raise MeshError(f"route {self.src}->{self.dst}: nbytes must be >= 0; got {nbytes!r}")
-        return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
 
 
 class Topology:
@@ -147,7 +81,7 @@ class Topology:
             if "latency" not in data or "bandwidth" not in data:
                 raise MeshError(f"topology edge ({u!r}, {v!r}) needs 'latency' and 'bandwidth' "
                                 f"attributes; got {sorted(data)}")
-            lat, bw = _check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
+            lat, bw = check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
             g.add_edge(u, v, latency=lat, bandwidth=bw)
         component = nx.node_connected_component(g, 0)
         missing = [d for d in devices if d not in component]
@@ -267,12 +201,8 @@ class Topology:
     def fully_connected(cls, n: int, latency: float = NVLINK_LATENCY,
                         bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
         """A direct link between every pair of ``n`` devices (one NVSwitch node): every route is 1 hop."""
-        _positive("fully_connected: n", n)
-        lat, bw = _check_figures("fully_connected", latency, bandwidth)
-        g = nx.complete_graph(n)
-        nx.set_edge_attributes(g, lat, "latency")
-        nx.set_edge_attributes(g, bw, "bandwidth")
-        return cls(g, name=f"fully_connected({n})")
+        graph, name = presets.fully_connected(n, latency, bandwidth)
+        return cls(graph, name=name)
 
     @classmethod
     def ring(cls, n: int, latency: float = NVLINK_LATENCY, bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
@@ -280,15 +210,8 @@ class Topology:
 
         n=1 has no links; n=2 has a single link (not two parallel ones).
         """
-        _positive("ring: n", n)
-        lat, bw = _check_figures("ring", latency, bandwidth)
-        g = nx.Graph()
-        g.add_nodes_from(range(n))
-        for i in range(n):
-            j = (i + 1) % n
-            if i != j:  # n=2 adds (0,1) twice; nx.Graph keeps one edge
-                g.add_edge(i, j, latency=lat, bandwidth=bw)
-        return cls(g, name=f"ring({n})")
+        graph, name = presets.ring(n, latency, bandwidth)
+        return cls(graph, name=name)
 
     @classmethod
     def torus2d(cls, rows: int, cols: int, latency: float = NVLINK_LATENCY,
@@ -299,18 +222,8 @@ class Topology:
         of size 1 has no links and one of size 2 has a single link per pair (no self-loops, no
         doubled edges; the doubled bandwidth of a real size-2 wrap is not modelled).
         """
-        _positive("torus2d: rows", rows)
-        _positive("torus2d: cols", cols)
-        lat, bw = _check_figures("torus2d", latency, bandwidth)
-        g = nx.Graph()
-        g.add_nodes_from(range(rows * cols))
-        for r in range(rows):
-            for c in range(cols):
-                me = r * cols + c
-                for nbr in (r * cols + (c + 1) % cols, ((r + 1) % rows) * cols + c):
-                    if nbr != me:
-                        g.add_edge(me, nbr, latency=lat, bandwidth=bw)
-        return cls(g, name=f"torus2d({rows}x{cols})")
+        graph, name = presets.torus2d(rows, cols, latency, bandwidth)
+        return cls(graph, name=name)
 
     @classmethod
     def hierarchical(cls, nodes: int, devices_per_node: int,
@@ -330,21 +243,9 @@ class Topology:
         (with the minimum-latency rule a same-node route goes through the switch only if
         2·α_inter < α_intra).
         """
-        _positive("hierarchical: nodes", nodes)
-        _positive("hierarchical: devices_per_node", devices_per_node)
-        ia, ib = _check_figures("hierarchical intra", intra_latency, intra_bandwidth)
-        ea, eb = _check_figures("hierarchical inter", inter_latency, inter_bandwidth)
-        g = nx.Graph()
-        g.add_nodes_from(range(nodes * devices_per_node))
-        for i in range(nodes):
-            members = range(i * devices_per_node, (i + 1) * devices_per_node)
-            for a in members:
-                for b in members:
-                    if a < b:
-                        g.add_edge(a, b, latency=ia, bandwidth=ib)
-                g.add_edge(a, f"node{i}-switch", latency=ea, bandwidth=eb)
-            g.add_edge(f"node{i}-switch", "core-switch", latency=ea, bandwidth=eb)
-        return cls(g, name=f"hierarchical({nodes}x{devices_per_node})")
+        graph, name = presets.hierarchical(nodes, devices_per_node, intra_latency, intra_bandwidth,
+                                           inter_latency, inter_bandwidth)
+        return cls(graph, name=name)
 
 
 def _rebuild_topology(graph: nx.Graph, name: str) -> Topology:

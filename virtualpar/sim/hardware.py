@@ -23,13 +23,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from virtualpar.errors import MeshError
-from virtualpar.mesh.topology import (
-    INFINIBAND_BANDWIDTH,
-    INFINIBAND_LATENCY,
-    NVLINK_BANDWIDTH,
-    NVLINK_LATENCY,
-    Topology,
-)
+from virtualpar.mesh.presets import INFINIBAND_BANDWIDTH, INFINIBAND_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY
+from virtualpar.mesh.topology import Topology
 
 __all__ = ["DeviceSpec", "Hardware", "IDEAL_DEVICE", "HARDWARE", "get_hardware", "dtype_name"]
 
@@ -223,12 +218,12 @@ HARDWARE: dict[str, Hardware] = {
         "laptop", LAPTOP_CPU, LAPTOP_LINK_LATENCY, LAPTOP_LINK_BANDWIDTH,
         description="one laptop CPU; devices are processes talking through shared memory"),
     # NVLink 4 through NVSwitch: 18 links × 25 GB/s = 450 GB/s per direction per GPU (900 GB/s
-    # bidirectional, H100 datasheet), a few µs latency (mesh.topology.NVLINK_*).
+    # bidirectional, H100 datasheet), a few µs latency (mesh.presets.NVLINK_*).
     "h100-node": Hardware(
         "h100-node", H100_SXM, NVLINK_LATENCY, NVLINK_BANDWIDTH, devices_per_node=8,
         description="one DGX/HGX H100: 8 × H100 SXM5, NVLink 4 via NVSwitch"),
     # DGX H100 user guide: 8 ConnectX-7 ports, one per GPU, InfiniBand NDR 400 Gb/s = 50 GB/s per
-    # direction; ~1 µs per hop, 4 hops across nodes (mesh.topology.INFINIBAND_*).
+    # direction; ~1 µs per hop, 4 hops across nodes (mesh.presets.INFINIBAND_*).
     "h100-cluster": Hardware(
         "h100-cluster", H100_SXM, NVLINK_LATENCY, NVLINK_BANDWIDTH, devices_per_node=8,
         inter_latency=INFINIBAND_LATENCY, inter_bandwidth=INFINIBAND_BANDWIDTH,

@@ -1,0 +1,68 @@
+"""A link and a route: the α–β (Hockney) cost of moving bytes over a topology.
+
+``Link``: one full-duplex link, ``time(n) = α + n/β``.  ``Route``: the path a message takes, with
+``latency`` = Σ α over its links and ``bandwidth`` = min β (the bottleneck), so that
+``time(n) = Σα + n / min β`` (store-and-forward latency, cut-through bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from virtualpar.errors import MeshError
+
+__all__ = ["Link", "Route", "check_figures"]
+
+
+def check_figures(where: str, latency: float, bandwidth: float) -> tuple[float, float]:
+    """Validate one link's figures: finite latency >= 0 s, bandwidth > 0 B/s (inf allowed)."""
+    try:
+        lat, bw = float(latency), float(bandwidth)
+    except (TypeError, ValueError):
+        raise MeshError(f"{where}: latency and bandwidth must be numbers; got latency={latency!r}, "
+                        f"bandwidth={bandwidth!r}") from None
+    if not (math.isfinite(lat) and lat >= 0.0):
+        raise MeshError(f"{where}: latency must be a finite number of seconds >= 0; got {latency!r}")
+    if not bw > 0.0:  # also rejects NaN
+        raise MeshError(f"{where}: bandwidth must be > 0 bytes/second; got {bandwidth!r}")
+    return lat, bw
+
+
+@dataclass(frozen=True)
+class Link:
+    """One full-duplex link: ``latency`` in seconds, ``bandwidth`` in bytes/second per direction."""
+
+    latency: float
+    bandwidth: float
+
+    def time(self, nbytes: int) -> float:
+        """α + n/β: seconds to push ``nbytes`` across this link alone."""
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Route:
+    """The path a message takes from device ``src`` to device ``dst``.
+
+    ``latency`` = Σ link latencies along ``links``; ``bandwidth`` = min link bandwidth (the
+    bottleneck).  A device's route to itself has no hops, latency 0 and bandwidth inf.
+    """
+
+    src: int
+    dst: int
+    path: tuple[Hashable, ...]
+    links: tuple[tuple[Hashable, Hashable], ...]
+    latency: float
+    bandwidth: float
+
+    @property
+    def hops(self) -> int:
+        return len(self.links)
+
+    def time(self, nbytes: int) -> float:
+        """T(n) = latency + n / bandwidth seconds (0 for a self-route)."""
+        if nbytes < 0:
+            raise MeshError(f"route {self.src}->{self.dst}: nbytes must be >= 0; got {nbytes!r}")
+        return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
