@@ -19,7 +19,7 @@ from virtualpar.errors import MeshError, P2PTimeout, PayloadError, UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.runtime.recorder import EventLog, FlightRecorder, OpTexts
 from virtualpar.sim.clock import DeviceClock
-from virtualpar.trace.events import Event
+from virtualpar.trace.event import Event
 from virtualpar.transport.shm import RECORD_BYTES, RECORD_SLOTS
 
 from ._timing import raises_within

@@ -20,7 +20,7 @@ and a slot that already holds that very ``bytes`` object (a loop of as many ops 
 or a divisor of it) is not written again: only the 52 bytes before the text are.
 
 The :class:`EventLog` holds the device's trace events as plain tuples and builds the
-:class:`~virtualpar.trace.events.Event` objects only when the trace is read.
+:class:`~virtualpar.trace.event.Event` objects only when the trace is read.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..trace.events import Event
+from ..trace.event import Event
 from ..transport.shm import RECORD_BYTES, RECORD_SLOTS, Layout, SharedArena
 
 __all__ = ["FlightRecorder", "OpRecord", "OpTexts", "EventLog", "describe_payload", "format_records"]

@@ -14,7 +14,8 @@ Everything here is pure: no processes, no numpy required.
 from __future__ import annotations
 
 from virtualpar.trace.chrome import to_chrome, write_chrome
-from virtualpar.trace.events import CLOCKS, KINDS, Event, Trace, check_clock
+from virtualpar.trace.event import CLOCKS, KINDS, Event, check_clock
+from virtualpar.trace.events import Trace
 from virtualpar.trace.gantt import to_png
 from virtualpar.trace.summary import Summary, critical_path, format_bytes, summarize
 from virtualpar.trace.text import format_seconds, to_text

@@ -26,7 +26,8 @@ import json
 import os
 from typing import Any
 
-from virtualpar.trace.events import Event, Trace, check_clock, jsonable
+from virtualpar.trace.event import Event, check_clock, jsonable
+from virtualpar.trace.events import Trace
 
 __all__ = ["to_chrome", "write_chrome", "COMPUTE_TID", "COMM_TID"]
 

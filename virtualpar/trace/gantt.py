@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 
-from virtualpar.trace.events import Trace, check_clock
+from virtualpar.trace.event import check_clock
+from virtualpar.trace.events import Trace
 
 __all__ = ["to_png", "COLOURS"]
 

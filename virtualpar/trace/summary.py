@@ -33,7 +33,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-from virtualpar.trace.events import Event, Trace, check_clock
+from virtualpar.trace.event import Event, check_clock
+from virtualpar.trace.events import Trace
 from virtualpar.trace.text import format_seconds
 
 __all__ = ["Summary", "summarize", "critical_path", "format_bytes"]

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 
 from virtualpar.errors import UsageError
-from virtualpar.trace.events import Trace, check_clock
+from virtualpar.trace.event import check_clock
+from virtualpar.trace.events import Trace
 
 __all__ = ["to_text", "format_seconds", "SYMBOLS", "LEGEND"]
 
