@@ -137,16 +137,19 @@ def bench_allreduce_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     for n in DEVICE_COUNTS:
         ours: dict[str, list[float]] = {str(b): [] for b in sizes}
         theirs: dict[str, list[float]] = {str(b): [] for b in sizes}
-        with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as c:
-            for _ in range(rounds):
+        for _ in range(rounds):
+            # a fresh cluster per round, as mpiexec starts fresh processes: a placement the
+            # scheduler made in one round (see benchmarks/README.md, "co-location") does not
+            # carry over into the next on one side only
+            with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as c:
                 for b in sizes:
                     wall, _ = _median(_measure(c, s, ops.collective, "all_reduce", b, None))
                     ours[str(b)].append(b / wall / 1e9)
-                ref = refs.run_mpi4py(n, sizes, s.budget, s.repeats, p2p=False)
-                if "allreduce_GBps" not in ref:
-                    return {"skipped": ref.get("skipped", "mpi4py measured no Allreduce")}
-                for b in sizes:
-                    theirs[str(b)].append(ref["allreduce_GBps"][str(b)])
+            ref = refs.run_mpi4py(n, sizes, s.budget, s.repeats, p2p=False)
+            if "allreduce_GBps" not in ref:
+                return {"skipped": ref.get("skipped", "mpi4py measured no Allreduce")}
+            for b in sizes:
+                theirs[str(b)].append(ref["allreduce_GBps"][str(b)])
         out[str(n)] = {"ours_GBps": ours, "mpi4py_GBps": theirs}
     return out
 
