@@ -6,7 +6,8 @@ Pure and process-free: ``Mesh`` maps ranks <-> named coordinates and enumerates 
 
 from __future__ import annotations
 
-from virtualpar.mesh.mesh import Mesh, MeshIndex
+from virtualpar.mesh.index import MeshIndex
+from virtualpar.mesh.mesh import Mesh
 from virtualpar.mesh.route import Link, Route
 from virtualpar.mesh.topology import TOPOLOGIES, Topology
 

@@ -26,7 +26,7 @@ from virtualpar.errors import MeshError
 from virtualpar.mesh.index import RESERVED_NAMES, MeshIndex, as_int
 from virtualpar.mesh.topology import Topology
 
-__all__ = ["Mesh", "MeshIndex", "AxesLike"]
+__all__ = ["Mesh", "AxesLike"]
 
 #: An axes argument: one axis name, several, or ``None`` for all axes of the mesh.
 AxesLike = str | Sequence[str] | None

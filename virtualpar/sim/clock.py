@@ -45,7 +45,7 @@ from typing import Any, Hashable
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
-from virtualpar.sim.schedules import ring_all_reduce_delays
+from virtualpar.sim.schedules import apply_delays, ring_all_reduce_delays
 
 __all__ = ["DeviceClock"]
 
@@ -124,7 +124,7 @@ class DeviceClock:
             if len(self._schedules) >= _SCHEDULES_KEPT:
                 self._schedules.clear()
             self._schedules[key] = column
-        return self.advance_to(max(e + d for e, d in zip(entry, column)))
+        return self.advance_to(apply_delays(column, entry))
 
     # -- messages -------------------------------------------------------------------------------------
     def _check_nbytes(self, op: str, peer: int, nbytes: float) -> float:

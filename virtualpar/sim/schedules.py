@@ -64,9 +64,9 @@ def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbyte
     return rows
 
 
-def apply_delays(delays: Sequence[Sequence[float]], entry: Sequence[float], member: int) -> float:
-    """``max_q (entry[q] + delays[q][member])``: one member's exit clock."""
-    return max(float(e) + row[member] for e, row in zip(entry, delays))
+def apply_delays(column: Sequence[float], entry: Sequence[float]) -> float:
+    """``max_q (entry[q] + column[q])``: the exit clock of the member whose column of ``D`` this is."""
+    return max(float(e) + d for e, d in zip(entry, column))
 
 
 def ring_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float], chunk_nbytes: Sequence[int]) -> list[float]:
@@ -78,4 +78,4 @@ def ring_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
     if n == 1:
         return [float(entry[0])]
     delays = ring_all_reduce_delays(topology, ranks, chunk_nbytes)
-    return [apply_delays(delays, entry, p) for p in range(n)]
+    return [apply_delays([row[p] for row in delays], entry) for p in range(n)]
