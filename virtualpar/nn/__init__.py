@@ -1,0 +1,25 @@
+"""``virtualpar.nn``: models on numpy, one differentiation mechanism, optimizers, the reference.
+
+Pure (no processes).  Every later layer — tensor-parallel operations, pipeline stages, the unified
+strategies, timeline parallelism — builds models from these modules, differentiates them with
+:func:`value_and_grad` / :func:`vjp`, steps these optimizers, and checks itself against
+:func:`reference_train`.
+"""
+
+from __future__ import annotations
+
+from .activations import GELU, ReLU, Tanh, gelu, relu, tanh
+from .functional import VJP, functional_call, value_and_grad, vjp
+from .layers import Embedding, Linear, Sequential
+from .losses import cross_entropy, mse_loss
+from .module import Module, ShapeError
+from .norm import LayerNorm
+from .optim import SGD, Adam, AdamW, Optimizer, accumulate, clip_grad_norm
+from .recurrent import GRU, RNN
+from .reference import reference_train, split_microbatches
+
+__all__ = [
+    "Module", "ShapeError", "Linear", "Embedding", "Sequential", "ReLU", "GELU", "Tanh", "relu", "gelu", "tanh",
+    "LayerNorm", "RNN", "GRU", "mse_loss", "cross_entropy", "functional_call", "value_and_grad", "vjp", "VJP",
+    "SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate", "reference_train", "split_microbatches",
+]

@@ -1,0 +1,60 @@
+"""Elementwise activations (no parameters); each is a ``Module`` and a plain function.
+
+GELU exact: ``x·Φ(x) = ½x(1 + erf(x/√2))``; tanh approximation (Hendrycks & Gimpel 2016):
+``½x(1 + tanh(√(2/π)(x + 0.044715x³)))``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import autograd.numpy as anp
+from autograd.scipy.special import erf
+
+from ..errors import UsageError
+from .module import Module
+
+__all__ = ["ReLU", "GELU", "Tanh", "relu", "gelu", "tanh"]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def relu(x: Any) -> Any:
+    """``x·[x > 0]`` (autograd's ``maximum`` would hand back float64 gradients for float32 inputs)."""
+    return x * (x > 0)
+
+
+def gelu(x: Any, approximate: str = "none") -> Any:
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + anp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+    if approximate == "none":
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    raise UsageError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def tanh(x: Any) -> Any:
+    return anp.tanh(x)
+
+
+class ReLU(Module):
+    def forward(self, x: Any) -> Any:
+        return relu(x)
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none") -> None:
+        if approximate not in ("none", "tanh"):
+            raise UsageError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: Any) -> Any:
+        return gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class Tanh(Module):
+    def forward(self, x: Any) -> Any:
+        return anp.tanh(x)

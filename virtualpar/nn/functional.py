@@ -1,0 +1,184 @@
+"""Differentiation: one mechanism for the whole project, reverse mode by ``autograd``.
+
+Layers are functions of (parameters, input) written with ``autograd.numpy``; :func:`functional_call`
+binds parameter values (autograd's boxes, when tracing) into a module for one call, so a user who
+subclasses ``Module`` and writes only ``forward`` gets the backward for free.
+
+- :func:`value_and_grad` — ``(loss, grads)`` of a scalar loss, grads keyed like ``state_dict()``.
+- :func:`vjp` — forward now, backward later: a pipeline stage runs its forward for microbatch m,
+  keeps the returned :class:`VJP`, and many microbatches later calls ``backward(dy)`` (B), or
+  ``backward_input(dy)`` (I) and ``backward_weight(dy)`` (W) as zero-bubble schedules split it.
+
+Cost: autograd records one node per primitive op (~5–20 µs of Python each) and its backward runs
+each op's vjp once; for layers of realistic size the numpy kernels dominate (benchmarks/bench_nn.py).
+
+Why autograd: numpy-native, pure Python (no compiled extension to build), safe under ``fork``,
+and ``make_vjp`` is exactly "forward now, backward later".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from autograd.builtins import tuple as ag_tuple
+from autograd.core import VJPNode, add_outgrads
+from autograd.tracer import getval as getvalue
+from autograd.tracer import isbox, new_box, trace_stack
+from autograd.util import toposort
+
+from ..errors import UsageError
+from .module import Module
+
+__all__ = ["functional_call", "value_and_grad", "vjp", "VJP"]
+
+
+def functional_call(module: Module, params: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    """``module(*args, **kwargs)`` with ``params`` (a subset of ``state_dict()`` names) bound in place."""
+    with module._bound(params):
+        return module(*args, **kwargs)
+
+
+def _differentiable(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype.kind in "fc" or isinstance(x, float)
+
+
+def _trace(fun: Callable[..., Any], values: list[Any]) -> tuple[Any, Callable[[Any], list[Any]]]:
+    """Run ``fun(*values)`` once, recording it; return ``(output, back)`` where ``back(dy)`` gives
+    d<dy, output>/d value for every value.
+
+    autograd's own ``make_vjp`` differentiates one argument; a dict or tuple of parameters would
+    go through its container arithmetic, which builds a zero container of *every* parameter for
+    each one read (2.7x a hand-written backward on a 4-layer MLP).  Here each float value is its
+    own root of the trace, so each gradient flows straight to its root: one reverse pass, no
+    containers.  Values that are not float arrays (integer labels) are passed through unboxed."""
+    roots = [VJPNode.new_root() if _differentiable(v) else None for v in values]
+    with trace_stack.new_trace() as t:
+        boxed = [new_box(v, t, r) if r is not None else v for v, r in zip(values, roots)]
+        out = fun(*boxed)
+        packed = ag_tuple(out) if isinstance(out, (tuple, list)) else out
+        end = packed._node if isbox(packed) and packed._trace == t else None
+    output = _unbox(out)
+    wanted = {r: i for i, r in enumerate(roots) if r is not None}
+
+    def back(dy: Any) -> list[Any]:
+        grads: list[Any] = [None] * len(values)
+        if end is None:
+            return grads
+        pending = {end: (dy, False)}
+        for node in toposort(end):
+            g = pending.pop(node)
+            if node in wanted:
+                grads[wanted[node]] = g[0]
+                continue
+            for parent, ingrad in zip(node.parents, node.vjp(g[0])):
+                pending[parent] = add_outgrads(pending.get(parent), ingrad)
+        return grads
+
+    return output, back
+
+
+def _unbox(x: Any) -> Any:
+    if isinstance(x, (tuple, list)):
+        return type(x)(_unbox(v) for v in x)
+    return getvalue(x)
+
+
+def value_and_grad(fn: Callable[..., Any], model: Module, *args: Any) -> tuple[float, dict[str, np.ndarray]]:
+    """``(loss, grads)`` where ``loss = fn(model, *args)`` is a scalar and ``grads[name]`` is
+    d loss / d parameter ``name`` (keys as in ``model.state_dict()``)."""
+    params = model.parameters()
+    names = list(params)
+
+    def loss_of(*values: Any) -> Any:
+        with model._bound(dict(zip(names, values))):
+            return fn(model, *args)
+
+    loss, back = _trace(loss_of, [params[k] for k in names])
+    if np.ndim(loss) != 0:
+        raise UsageError(f"value_and_grad: fn must return a scalar loss, got an array of shape {np.shape(loss)}")
+    grads = back(np.ones_like(loss))
+    return float(loss), {k: _dense(g, params[k]) for k, g in zip(names, grads)}
+
+
+class VJP:
+    """A forward that ran, kept for its backward: ``output``, and ``backward(dy)`` later.
+
+    ``backward(dy) -> (dinputs, grads)``: dinputs is one array for one input, else a tuple.
+    ``backward_input(dy)`` (zero-bubble "I") and ``backward_weight(dy)`` ("W") give exactly the two
+    halves of ``backward``.  With one recorded graph per forward, the reverse pass yields both
+    halves at once: ``backward_input`` runs it and keeps the weight gradient, which
+    ``backward_weight`` then hands out (so I + W cost one backward here; a modelled clock charges
+    each its own declared FLOPs).
+    """
+
+    def __init__(self, back: Callable[[Any], Any], output: Any, params: dict[str, np.ndarray], n_inputs: int,
+                 inputs: tuple) -> None:
+        self.output = output
+        self._back = back
+        self._params = params
+        self._n = n_inputs
+        self._inputs = inputs
+        self._pending: dict[str, np.ndarray] | None = None
+
+    def backward(self, dy: Any) -> tuple[Any, dict[str, np.ndarray]]:
+        grads = self._back(_cotangent(dy, self.output))
+        k = len(self._params)
+        dparams = {name: _dense(g, v) for (name, v), g in zip(self._params.items(), grads[:k])}
+        dinputs = tuple(_dense(g, x) for g, x in zip(grads[k:], self._inputs))
+        return (dinputs[0] if self._n == 1 else dinputs), dparams
+
+    def backward_input(self, dy: Any) -> Any:
+        dinputs, self._pending = self.backward(dy)
+        return dinputs
+
+    def backward_weight(self, dy: Any = None) -> dict[str, np.ndarray]:
+        if self._pending is None:
+            if dy is None:
+                raise UsageError("backward_weight needs dy unless backward_input ran first")
+            return self.backward(dy)[1]
+        grads, self._pending = self._pending, None
+        return grads
+
+
+def vjp(module: Module | Callable[..., Any], *inputs: Any, params: dict[str, Any] | None = None) -> VJP:
+    """Run ``module(*inputs)`` now and keep what its backward needs (see :class:`VJP`).
+
+    ``module`` is a ``Module`` (its own parameters, or ``params`` in their place) or a plain
+    function ``fn(params, *inputs)`` with an explicit ``params`` dict."""
+    if isinstance(module, Module):
+        own = module.parameters() if params is None else dict(params)
+    elif params is None:
+        raise UsageError("vjp of a plain function needs params=")
+    else:
+        own = dict(params)
+    names, k = list(own), len(own)
+
+    def run(*values: Any) -> Any:
+        bound = dict(zip(names, values[:k]))
+        if isinstance(module, Module):
+            with module._bound(bound):
+                return module(*values[k:])
+        return module(bound, *values[k:])
+
+    output, back = _trace(run, [own[n] for n in names] + list(inputs))
+    return VJP(back, output, own, len(inputs), inputs)
+
+
+def _cotangent(dy: Any, output: Any) -> Any:
+    if isinstance(output, tuple):
+        if not isinstance(dy, tuple) or len(dy) != len(output):
+            raise UsageError(f"backward: the output is a tuple of {len(output)}; dy must be a tuple of as many")
+        return tuple(_cotangent(d, o) for d, o in zip(dy, output))
+    if dy is None:
+        return np.zeros_like(output)
+    if np.shape(dy) != np.shape(output):
+        raise UsageError(f"backward: dy has shape {np.shape(dy)}, the output {np.shape(output)}")
+    return np.asarray(dy, dtype=np.asarray(output).dtype)
+
+
+def _dense(g: Any, like: Any) -> np.ndarray:
+    """autograd gives 0 (a float) for inputs the output does not depend on: make it an array."""
+    if np.ndim(g) == 0 and np.ndim(like) != 0:
+        return np.zeros(np.shape(like), dtype=getattr(like, "dtype", np.float64))
+    return np.asarray(g, dtype=getattr(like, "dtype", None))

@@ -1,0 +1,52 @@
+"""Losses: scalar means, differentiable with autograd.
+
+``mse_loss(pred, target) = mean((pred − target)²)`` over every element.
+``cross_entropy(logits, labels, mask=None) = −mean_{i: mask_i} log softmax(logits_i)[labels_i]``
+over the rows (all leading dims of ``logits`` flattened), with a log-sum-exp shifted by the row
+max for stability.  A mask that selects no row gives 0 (and zero gradients), as the timeline
+seed's loss does for a microbatch without labelled rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import autograd.numpy as anp
+import numpy as np
+
+from ..errors import UsageError
+
+__all__ = ["mse_loss", "cross_entropy"]
+
+
+def mse_loss(pred: Any, target: Any) -> Any:
+    if np.shape(pred) != np.shape(target):
+        raise UsageError(f"mse_loss: pred has shape {np.shape(pred)}, target {np.shape(target)}")
+    diff = pred - target
+    return anp.sum(diff * diff) / max(int(np.size(diff)), 1)  # not anp.mean: its vjp is float64
+
+
+def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
+    labels = np.asarray(labels)
+    shape = np.shape(logits)
+    if labels.dtype.kind not in "iu":
+        raise UsageError(f"cross_entropy: labels must be integers, got dtype {labels.dtype}")
+    if tuple(labels.shape) != tuple(shape[:-1]):
+        raise UsageError(f"cross_entropy: logits of shape {shape} need labels of shape {shape[:-1]}, got {labels.shape}")
+    classes = shape[-1]
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise UsageError(f"cross_entropy: labels must lie in 0..{classes - 1}, got {labels.min()}..{labels.max()}")
+    flat = anp.reshape(logits, (-1, classes))
+    rows = labels.reshape(-1)
+    keep = np.ones(rows.shape, bool) if mask is None else np.asarray(mask, bool).reshape(-1)
+    if keep.shape != rows.shape:
+        raise UsageError(f"cross_entropy: mask must have the labels' shape {labels.shape}, got {np.shape(mask)}")
+    count = int(keep.sum())
+    if count == 0:
+        return anp.sum(flat) * 0.0
+    picked = flat[keep]
+    shift = np.max(picked._value if hasattr(picked, "_value") else picked, axis=1, keepdims=True)
+    z = picked - shift
+    logsumexp = anp.log(anp.sum(anp.exp(z), axis=1))
+    chosen = z[np.arange(count), rows[keep]]
+    return anp.sum(logsumexp - chosen) / count

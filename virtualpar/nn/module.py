@@ -1,0 +1,150 @@
+"""``Module``: a tree of modules holding named numpy parameters.
+
+A module's parameters are its attributes that hold numpy arrays; its children are its attributes
+that hold modules.  Both are found by name in the order they were set, so ``state_dict()`` keys are
+dotted paths such as ``"0.weight"`` (``Sequential``) or ``"gru.layers.1.w_ih"``.  A subclass writes
+only ``forward``; :func:`virtualpar.nn.functional_call` runs it with other parameter values bound in
+place (autograd boxes, when differentiating), which is how every layer gets its backward for free.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import UsageError
+
+__all__ = ["Module", "ShapeError"]
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class ShapeError(UsageError, ValueError):
+    """A layer got an input of the wrong shape or dtype (the message names the layer and both)."""
+
+
+class Module:
+    """Base class: subclass, set parameters (numpy arrays) and submodules as attributes, write ``forward``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        order = self.__dict__.setdefault("_order", [])
+        if isinstance(value, (np.ndarray, Module)) and name not in order and not name.startswith("_"):
+            order.append(name)
+        object.__setattr__(self, name, value)
+
+    # -- the tree -----------------------------------------------------------------------------------
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        for name in self.__dict__.get("_order", []):
+            value = self.__dict__[name]
+            if isinstance(value, Module):
+                yield name, value
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
+        """``(dotted name, array)`` for every parameter, depth first in the order they were set."""
+        for name in self.__dict__.get("_order", []):
+            value = self.__dict__[name]
+            if isinstance(value, Module):
+                yield from value.named_parameters(f"{prefix}{name}.")
+            elif value is not None and not isinstance(value, Module):
+                yield f"{prefix}{name}", value
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``{dotted name: array}`` (copies: later training does not change the dict)."""
+        return {name: np.array(value, copy=True) for name, value in self.named_parameters()}
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """``{dotted name: array}`` without copies (the module's own arrays)."""
+        return dict(self.named_parameters())
+
+    def num_parameters(self) -> int:
+        return sum(int(np.size(v)) for _, v in self.named_parameters())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Set every parameter from ``state``; names and shapes must match exactly.
+
+        Raises ``UsageError`` naming the missing, unexpected and mis-shaped entries."""
+        own = dict(self.named_parameters())
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        wrong = [f"{k}: expected {own[k].shape}, got {np.shape(state[k])}" for k in own
+                 if k in state and np.shape(state[k]) != own[k].shape]
+        if missing or unexpected or wrong:
+            parts = []
+            if missing:
+                parts.append(f"missing keys {missing}")
+            if unexpected:
+                parts.append(f"unexpected keys {unexpected}")
+            if wrong:
+                parts.append("wrong shapes " + "; ".join(wrong))
+            raise UsageError(f"{type(self).__name__}.load_state_dict: " + ", ".join(parts))
+        for name, value in state.items():
+            self._set(name, np.array(value, dtype=own[name].dtype, copy=True))
+
+    def astype(self, dtype: Any) -> "Module":
+        """Cast every parameter to ``dtype`` (float32 or float64) in place; returns self."""
+        dtype = np.dtype(dtype)
+        if dtype not in FLOAT_DTYPES:
+            raise UsageError(f"{type(self).__name__}.astype: parameters are float32 or float64, got {dtype}")
+        for name, value in list(self.named_parameters()):
+            self._set(name, value.astype(dtype))
+        return self
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        for _, value in self.named_parameters():
+            return np.dtype(value.dtype)  # arrays and autograd's boxes both carry one
+        return None
+
+    def _set(self, dotted: str, value: Any) -> None:
+        owner, _, leaf = dotted.rpartition(".")
+        target = self
+        for part in owner.split(".") if owner else []:
+            target = target.__dict__[part]
+        object.__setattr__(target, leaf, value)
+
+    @contextmanager
+    def _bound(self, params: dict[str, Any]):
+        """Temporarily replace parameters by ``params`` (any subset of names, values may be boxes)."""
+        own = dict(self.named_parameters())
+        unknown = [k for k in params if k not in own]
+        if unknown:
+            raise UsageError(f"{type(self).__name__}: unknown parameter names {unknown}; the module has {list(own)}")
+        try:
+            for name, value in params.items():
+                self._set(name, value)
+            yield self
+        finally:
+            for name in params:
+                self._set(name, own[name])
+
+    # -- calling ------------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define forward()")
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        children = list(self.named_children())
+        extra = self.extra_repr()
+        if extra or not children:  # a layer says what it is; a container lists its children
+            return f"{type(self).__name__}({extra})"
+        inner = "\n".join(f"  ({n}): " + repr(c).replace("\n", "\n  ") for n, c in children)
+        return f"{type(self).__name__}(\n{inner}\n)"
+
+
+def check_input(layer: Module, x: Any, last_dim: int | None, what: str = "input") -> None:
+    """Raise ``ShapeError`` unless ``x`` is a float array (of the layer's dtype) ending in ``last_dim``."""
+    shape = np.shape(x)
+    dtype = getattr(x, "dtype", None)
+    if last_dim is not None and (len(shape) == 0 or shape[-1] != last_dim):
+        raise ShapeError(f"{layer!r}: expected {what} of shape (..., {last_dim}), got shape {tuple(shape)}")
+    own = layer.dtype
+    if dtype is not None and own is not None and np.dtype(dtype) != own:
+        raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's parameters), got {np.dtype(dtype)}; "
+                         f"cast the input or call .astype({np.dtype(dtype)}) on the model")

@@ -1,0 +1,35 @@
+"""``LayerNorm`` over the last dimension (Ba, Kiros & Hinton 2016).
+
+``y = (x − μ) / √(σ² + ε) · γ + β`` with μ, σ² the mean and (biased) variance of the last dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import autograd.numpy as anp
+import numpy as np
+
+from .init import check_dtype
+from .module import Module, check_input
+
+__all__ = ["LayerNorm"]
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, dtype: Any = np.float32) -> None:
+        dt = check_dtype("LayerNorm", dtype)
+        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.weight = np.ones(self.normalized_shape, dt)
+        self.bias = np.zeros(self.normalized_shape, dt)
+
+    def forward(self, x: Any) -> Any:
+        check_input(self, x, self.normalized_shape)
+        n = self.normalized_shape  # sum / n, not anp.mean, whose vjp turns float32 gradients float64
+        mean = anp.sum(x, axis=-1, keepdims=True) / n
+        centred = x - mean
+        var = anp.sum(centred * centred, axis=-1, keepdims=True) / n
+        return centred / anp.sqrt(var + self.eps) * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"

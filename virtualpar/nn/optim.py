@@ -1,0 +1,124 @@
+"""Optimizers on ``{name: array}`` dicts, with torch's update rules; ``step`` returns new arrays.
+
+- ``SGD(lr, momentum=0, weight_decay=0)`` — torch.optim.SGD (dampening 0, no Nesterov)::
+
+      g ← g + λ·p;   b ← μ·b + g  (b = g on the first step);   p ← p − lr·b
+
+- ``Adam(lr, betas=(β1, β2), eps, weight_decay=0)`` — torch.optim.Adam (L2 added to the gradient)::
+
+      g ← g + λ·p;  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
+      p ← p − lr · (m / (1−β1^t)) / (√(v / (1−β2^t)) + ε)
+
+- ``AdamW`` — torch.optim.AdamW: decoupled decay ``p ← p·(1 − lr·λ)`` before the Adam step.
+
+Each keeps its state per parameter name and has ``state_dict`` / ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate"]
+
+
+class Optimizer:
+    def __init__(self, lr: float) -> None:
+        if not lr > 0:
+            raise UsageError(f"{type(self).__name__}: lr must be positive, got {lr!r}")
+        self.lr = float(lr)
+        self.t = 0
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+
+    def step(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """New parameter values after one step (the inputs are not modified)."""
+        missing = [k for k in params if k not in grads]
+        if missing:
+            raise UsageError(f"{type(self).__name__}.step: no gradient for {missing}")
+        self.t += 1
+        return {k: self._update(k, np.asarray(p), np.asarray(grads[k], dtype=np.asarray(p).dtype)) for k, p in params.items()}
+
+    def _update(self, name: str, p: np.ndarray, g: np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "lr": self.lr, "state": {k: {s: v.copy() for s, v in d.items()} for k, d in self.state.items()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.t, self.lr = int(d["t"]), float(d["lr"])
+        self.state = {k: {s: np.array(v, copy=True) for s, v in st.items()} for k, st in d["state"].items()}
+
+
+class SGD(Optimizer):
+    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        super().__init__(lr)
+        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+
+    def _update(self, name: str, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        if self.weight_decay:
+            g = g + self.weight_decay * p
+        if self.momentum:
+            st = self.state.setdefault(name, {})
+            buf = g.copy() if "momentum" not in st else self.momentum * st["momentum"] + g
+            st["momentum"] = buf
+            g = buf
+        return p - self.lr * g
+
+
+class Adam(Optimizer):
+    decoupled = False
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(lr)
+        self.beta1, self.beta2 = map(float, betas)
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+
+    def _update(self, name: str, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        if self.weight_decay and self.decoupled:
+            p = p * (1.0 - self.lr * self.weight_decay)
+        elif self.weight_decay:
+            g = g + self.weight_decay * p
+        st = self.state.setdefault(name, {"m": np.zeros_like(p), "v": np.zeros_like(p)})
+        st["m"] = self.beta1 * st["m"] + (1.0 - self.beta1) * g
+        st["v"] = self.beta2 * st["v"] + (1.0 - self.beta2) * g * g
+        m_hat = st["m"] / (1.0 - self.beta1 ** self.t)
+        v_hat = st["v"] / (1.0 - self.beta2 ** self.t)
+        return (p - self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(p.dtype)
+
+
+class AdamW(Adam):
+    decoupled = True
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2) -> None:
+        super().__init__(lr, betas, eps, weight_decay)
+
+
+def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict[str, np.ndarray], float]:
+    """Scale every gradient by ``min(1, max_norm / (‖g‖₂ + 1e-6))`` with ‖g‖₂ over all of them
+    (torch.nn.utils.clip_grad_norm_); returns ``(clipped, total_norm)``."""
+    total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+    scale = min(1.0, max_norm / (total + 1e-6))
+    return {k: (g * scale).astype(g.dtype) for k, g in grads.items()}, total
+
+
+def accumulate(grads: list[dict[str, np.ndarray]], mode: str = "mean") -> dict[str, np.ndarray]:
+    """Combine microbatch gradients: ``"sum"`` adds them, ``"mean"`` divides the sum by their count
+    (with equal microbatches and a mean loss, the mean equals the full batch's gradient).  Summed
+    in list order, so a fixed order gives the same bits every time."""
+    if mode not in ("sum", "mean"):
+        raise UsageError(f"accumulate: mode must be 'sum' or 'mean', got {mode!r}")
+    if not grads:
+        raise UsageError("accumulate: no gradients to combine")
+    out = {k: np.array(v, copy=True) for k, v in grads[0].items()}
+    for g in grads[1:]:
+        for k in out:
+            out[k] += g[k]
+    if mode == "mean":
+        out = {k: (v / len(grads)).astype(v.dtype) for k, v in out.items()}
+    return out
