@@ -175,9 +175,10 @@ def test_each_start_method_runs_collectives(method):
 
 
 # -- failures ------------------------------------------------------------------------------------------
-def test_an_unpicklable_function_is_a_clear_error_not_a_hang(cluster):
-    with pytest.raises(PayloadError, match="picklable"):
-        cluster.run(lambda dev: dev.rank)
+def test_an_unpicklable_argument_is_a_clear_error_not_a_hang(cluster):
+    with pytest.raises(PayloadError, match="argument 0 \\(generator\\).*picklable"):
+        cluster.run(with_kwargs, (i for i in range(3)))
+    assert cluster.run(lambda dev: dev.rank)[:2] == [0, 1]  # functions from anywhere: cloudpickle
     assert cluster.run(with_kwargs, 1)[0] == (0, 1, 0, 1)
 
 
@@ -208,3 +209,18 @@ def test_exit_reaps_every_process_and_closes_the_cluster():
             os.kill(pid, 0)
     with pytest.raises(ClusterClosedError):
         c.run(_device_fns.ring_pass)
+
+
+def _blas_threads(dev):
+    from threadpoolctl import threadpool_info
+
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_devices_share_the_cores_between_their_blas_threads():
+    import os as _os
+
+    cores = len(_os.sched_getaffinity(0))
+    with VirtualCluster(4) as c:
+        per_device = c.run(_blas_threads)
+    assert all(threads and max(threads) == max(1, cores // 4) for threads in per_device)

@@ -415,7 +415,8 @@ def barrier_only(dev, group):
 
 
 def test_contract_check_costs_control_bytes_only(cluster):
-    """check_collectives=True vs False: identical data bytes and messages; control bytes only when checking."""
+    """check_collectives=True vs False: identical data bytes and messages, and no control bytes
+    either: calls that agree are checked by digests in shared memory at a fence, not by messages."""
     mesh = cluster.mesh
     cases = [dict(coll="all_reduce", group=g, dtype="float64", algorithm="ring", op="sum", shape=(48,), seed=9)
              for g in groups_of(mesh)]
@@ -430,7 +431,7 @@ def test_contract_check_costs_control_bytes_only(cluster):
     np.testing.assert_array_equal(checked.bytes, unchecked.bytes)
     np.testing.assert_array_equal(checked.messages, unchecked.messages)
     assert unchecked.control_bytes == 0
-    assert (checked.control_bytes > 0) == (mesh.size > 1)
+    assert checked.control_bytes == 0
     for a, b in zip(checked_results, plain_results):
         assert [x[0].tobytes() for x in a] == [x[0].tobytes() for x in b]
 

@@ -306,7 +306,7 @@ def bad_peer(dev, dst: Any) -> None:
     dev.send(np.zeros(1), dst)
 
 
-@pytest.mark.parametrize("dst", [0, 8, -1, 1.5], ids=["self", "too-large", "negative", "float"])
+@pytest.mark.parametrize("dst", [8, -1, 1.5], ids=["too-large", "negative", "float"])
 def test_bad_destination_is_a_usage_error(eight, dst):
     with pytest.raises(UsageError, match="dst"):
         eight.run(bad_peer, dst)
@@ -325,3 +325,71 @@ def zero_d(dev) -> Any:
 
 def test_zero_d_array_keeps_its_shape(pair):
     assert pair.run(zero_d)[1] == ((), 2.5, True, 7)
+
+
+def _self_and_ring(dev):
+    x = np.full(4, float(dev.rank))
+    dev.send(x, dev.rank, tag=1)
+    x[:] = -1  # the queued message is a copy
+    mine = dev.recv(dev.rank, tag=1)
+    right, left = (dev.rank + 1) % dev.size, (dev.rank - 1) % dev.size
+    passed = dev.sendrecv(np.array([dev.rank]), right, left, sendtag=2)
+    return mine, int(passed[0])
+
+
+def test_messages_to_oneself_and_sendrecv():
+    with VirtualCluster(3) as cluster:
+        out = cluster.run(_self_and_ring)
+    for r, (mine, passed) in enumerate(out):
+        np.testing.assert_array_equal(mine, np.full(4, float(r)))
+        assert passed == (r - 1) % 3
+
+
+def _any_source(dev):
+    from virtualpar import ANY_SOURCE, ANY_TAG, Status
+
+    if dev.rank == 0:
+        got = []
+        for _ in range(3 * (dev.size - 1)):
+            st = Status()
+            value = dev.recv(ANY_SOURCE, ANY_TAG, status=st)
+            got.append((st.source, st.tag, int(value[0])))
+        dev.barrier()  # collective messages are never taken by a wildcard receive
+        req = dev.irecv(ANY_SOURCE, 7)
+        value = req.wait()
+        return got, (req.status.source, req.status.tag, int(value[0]))
+    for i in range(3):
+        dev.send(np.array([dev.rank * 10 + i]), 0, tag=i)
+    dev.barrier()
+    if dev.rank == dev.size - 1:  # after the barrier, so no ANY_TAG receive above can take it
+        dev.send(np.array([99]), 0, tag=7)
+    return None
+
+
+def test_receives_from_any_source_and_tag_report_who_sent_what():
+    with VirtualCluster(4) as cluster:
+        (got, last), *_ = cluster.run(_any_source)
+    assert sorted(got) == sorted((r, i, r * 10 + i) for r in (1, 2, 3) for i in range(3))
+    for r in (1, 2, 3):  # FIFO per source: each sender's messages in the order it sent them
+        assert [t for s, t, _ in got if s == r] == [0, 1, 2]
+    assert last == (3, 7, 99)
+
+
+def _posted_before(dev):
+    from virtualpar import ANY_SOURCE
+
+    if dev.rank == 0:
+        wild = dev.irecv(ANY_SOURCE, 5)   # posted first: the first matching message is its
+        specific = dev.irecv(1, 5)
+        dev.barrier()
+        return int(wild.wait()[0]), int(specific.wait()[0])
+    dev.barrier()
+    if dev.rank == 1:
+        dev.send(np.array([1]), 0, tag=5)
+        dev.send(np.array([2]), 0, tag=5)
+    return None
+
+
+def test_the_earliest_posted_receive_takes_a_message():
+    with VirtualCluster(2) as cluster:
+        assert cluster.run(_posted_before)[0] == (1, 2)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from virtualpar.mesh import Topology
 from virtualpar.sim import analytic
 from virtualpar.sim.clock import DeviceClock
-from virtualpar.sim.schedules import ring_all_reduce_delays, ring_all_reduce_times
+from virtualpar.sim.schedules import ring_all_reduce_column, ring_all_reduce_delays, ring_all_reduce_times
 
 
 def replay_ring(topology, ranks, entry, chunks):
@@ -55,6 +55,24 @@ def test_max_plus_matrix_equals_the_step_replay(name, data):
     chunks = data.draw(st.lists(st.integers(0, 1 << 24), min_size=n, max_size=n), label="chunks")
     got = ring_all_reduce_times(topo, ranks, entry, chunks)
     assert got == pytest.approx(replay_ring(topo, ranks, entry, chunks), rel=1e-12, abs=1e-18)
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(TOPOLOGIES)), data=st.data())
+def test_one_column_equals_the_matrix_column(name, data):
+    topo = TOPOLOGIES[name]
+    ranks = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True), label="ranks")
+    n = len(ranks)
+    chunks = data.draw(st.lists(st.integers(0, 1 << 24), min_size=n, max_size=n), label="chunks")
+    matrix = ring_all_reduce_delays(topo, ranks, chunks)
+    for me in range(n):
+        assert ring_all_reduce_column(topo, ranks, chunks, me) == pytest.approx([row[me] for row in matrix], rel=1e-12, abs=1e-18)
+
+
+def test_column_by_hand_for_two_members():
+    topo = Topology.fully_connected(2, latency=1.0, bandwidth=1.0)
+    assert ring_all_reduce_column(topo, [0, 1], [2, 4], 0) == [10.0, 8.0]  # see the matrix below
+    assert ring_all_reduce_column(topo, [0, 1], [2, 4], 1) == [10.0, 8.0]
 
 
 def test_matrix_by_hand_for_two_members():

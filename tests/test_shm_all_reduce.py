@@ -15,7 +15,8 @@ import pytest
 
 from virtualpar import Mesh, VirtualCluster
 from virtualpar.collectives import REDUCE_OPS, ThreadWorld, default_algorithm, shm
-from virtualpar.collectives.selection import SHM_MIN_BYTES
+from virtualpar.collectives.selection import SHM_MIN_BYTES, SHM_MIN_BYTES_PAIR
+from virtualpar.collectives.shm import RING_MIN_BYTES
 from virtualpar.errors import CollectiveTimeout, DeviceAborted, UsageError
 from virtualpar.mesh import Topology
 from virtualpar.sim import analytic
@@ -82,14 +83,18 @@ def test_a_missing_member_times_out_in_the_fence():
     assert world.run(lambda c: shm.all_reduce(c, np.ones(2), "sum")[0]) == [2.0, 2.0]  # reusable after
 
 
-def test_default_algorithm_by_size_and_memory():
+def test_default_algorithm_by_size_group_and_memory():
     edge = SHM_MIN_BYTES
     assert default_algorithm("all_reduce", edge, 4, shared_memory=True) == "shm"
-    assert default_algorithm("all_reduce", edge - 1, 4, shared_memory=True) == "tree"
+    assert default_algorithm("all_reduce", 8, 3, shared_memory=True) == "shm"  # charged as the tree when small
+    assert default_algorithm("all_reduce", SHM_MIN_BYTES_PAIR, 2, shared_memory=True) == "shm"
+    assert default_algorithm("all_reduce", SHM_MIN_BYTES_PAIR - 1, 2, shared_memory=True) == "tree"
     assert default_algorithm("all_reduce", edge, 4, shared_memory=False) == "ring"
     assert default_algorithm("all_reduce", edge - 1, 4, shared_memory=False) == "tree"
     assert default_algorithm("all_reduce", edge, 1, shared_memory=True) == "ring"
     assert default_algorithm("all_gather", edge, 4, shared_memory=True) == "ring"
+    assert default_algorithm("barrier", 0, 4, shared_memory=True) == "shm"
+    assert default_algorithm("barrier", 0, 4, shared_memory=False) == "direct"
 
 
 # -- the modelled clock ------------------------------------------------------------------------------
@@ -116,17 +121,23 @@ def _skewed_all_reduce(dev, algorithm, n):
 
 
 @pytest.mark.parametrize("hardware", ["h100-node", "h100-cluster"])
-def test_shm_costs_exactly_what_the_ring_costs_on_the_modelled_hardware(hardware):
-    """Two fresh clusters (clocks at 0), members entering at different times: same clocks, same sums."""
-    mesh = Mesh({"node": 2, "gpu": 2})
-    runs = {}
-    for algorithm in ("ring", "shm"):
-        with VirtualCluster(mesh, hardware=hardware, trace=False) as cluster:
-            runs[algorithm] = [cluster.run(_skewed_all_reduce, algorithm, n) for n in (0, 5, 1 << 16)]
-    for ring_run, shm_run in zip(runs["ring"], runs["shm"]):
-        assert [s for _, s in shm_run] == [s for _, s in ring_run]
-        assert [t for t, _ in shm_run] == pytest.approx([t for t, _ in ring_run], rel=1e-12, abs=0)
-        assert len({t for t, _ in shm_run}) >= 1 and shm_run[0][0] > 0
+@pytest.mark.parametrize("mesh", [{"node": 2, "gpu": 2}, {"node": 2, "gpu": 3}], ids=["2x2", "2x3"])
+def test_shm_costs_exactly_what_the_ring_or_tree_costs_on_the_modelled_hardware(hardware, mesh):
+    """Fresh clusters (clocks at 0), members entering at different times: the same clocks and sums
+    as the ring from RING_MIN_BYTES and as the recursive-doubling tree below it (6 members: the
+    tree's fold and unfold too)."""
+    mesh = Mesh(mesh)
+    sizes = (0, 5, 1000, 1 << 16)  # float32: 0 B, 20 B, 4000 B, 256 KiB
+    for n in sizes:
+        runs = {}
+        for algorithm in ("ring" if 4 * n >= RING_MIN_BYTES else "tree", "shm"):
+            with VirtualCluster(mesh, hardware=hardware, trace=False) as cluster:
+                runs[algorithm] = cluster.run(_skewed_all_reduce, algorithm, n)
+        shm_run = runs.pop("shm")
+        (ref,) = runs.values()
+        assert [s for _, s in shm_run] == pytest.approx([s for _, s in ref], rel=1e-6)
+        assert [t for t, _ in shm_run] == pytest.approx([t for t, _ in ref], rel=1e-12, abs=0), n
+        assert shm_run[0][0] > 0
 
 
 def _all_reduce_own(dev, xs, algorithm):
@@ -188,7 +199,7 @@ def test_a_device_failing_before_the_fence_aborts_the_others_and_the_cluster_rec
 
 
 def test_a_device_skipping_the_shm_all_reduce_is_named_by_the_timeout():
-    with VirtualCluster(3, check_collectives=False, timeout=0.5, trace=False) as cluster:
+    with VirtualCluster(3, check_collectives=False, timeout=0.5, trace=False, detect_deadlocks=False) as cluster:
         with pytest.raises(CollectiveTimeout) as info:
             cluster.run(_shm_twice, 1)
         assert info.value.missing == [1] and "all_reduce #2" in str(info.value)
@@ -227,12 +238,13 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     fence = GroupComm.fence
     seen = {"fences": 0}
 
-    def slow_fence(self):
-        fence(self)
-        if self._dev.rank == 0:
+    def slow_fence(self, digest=None):
+        differing = fence(self, digest)
+        if self._dev.rank == 0 and digest is None:  # the algorithm's fences, not the contract check's
             seen["fences"] += 1
             if seen["fences"] == 2:  # the row all_reduce's reduced slices are published
                 time.sleep(0.3)
+        return differing
 
     monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
     n = 1000

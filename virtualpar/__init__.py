@@ -17,16 +17,20 @@ from __future__ import annotations
 
 from .errors import (ClusterClosedError, CollectiveMismatch, CollectiveTimeout, DeviceAborted, DeviceDied,
                      DeviceError, InjectedFault, MeshError, NonFiniteError, P2PTimeout, PayloadError,
-                     RunTimeout, ShardingError, UnmatchedMessages, UsageError, VirtualParError)
+                     RunTimeout, Deadlock, ShardingError, UnmatchedMessages, UsageError, VirtualParError)
+from .device import Device
 from .mesh import Mesh, MeshIndex, Topology
 from .runtime import VirtualCluster, VirtualDevice
+from .runtime.status import ANY_SOURCE, ANY_TAG, Status
 from .transport.channel import VirtualChannel
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Mesh", "MeshIndex", "Topology", "VirtualCluster", "VirtualDevice", "VirtualChannel",
+    "Mesh", "MeshIndex", "Topology", "VirtualCluster", "VirtualDevice", "VirtualChannel", "Device",
+    "ANY_SOURCE", "ANY_TAG", "Status",
     "VirtualParError", "MeshError", "ShardingError", "UsageError", "PayloadError", "DeviceError",
     "DeviceDied", "DeviceAborted", "CollectiveTimeout", "CollectiveMismatch", "P2PTimeout",
-    "RunTimeout", "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError", "__version__",
+    "RunTimeout", "Deadlock", "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError",
+    "__version__",
 ]

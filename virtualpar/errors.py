@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "Deadlock",
     "VirtualParError",
     "MeshError",
     "ShardingError",
@@ -161,3 +162,9 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.tb
+
+
+class Deadlock(VirtualParError):
+    """Devices wait for each other (a cycle) or for devices that will never act, with nothing in
+    flight: found by the driver on the wait board (runtime/deadlock.py), long before any timeout.
+    ``cycle``: the device ranks in wait order; ``waits``: rank -> what it waits for."""

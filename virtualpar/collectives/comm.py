@@ -55,6 +55,11 @@ class SharedComm(Comm, Protocol):
       faulted-in memory: a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).
     * ``fence()``: returns once every member has called it as often as this one (a barrier that
       carries no data and costs no modelled time).
+    * ``entered``: True once the members have fenced in this call (a runtime may fence on entry).
+    * ``model_tree_all_reduce(nbytes)``: likewise, as the recursive-doubling all_reduce
+      (``tree.all_reduce``) of ``nbytes`` would — what runs for small messages.
+    * ``model_barrier()``: advance every member's modelled clock as the dissemination barrier
+      (``direct.barrier``) would.
     * ``account(peer, nbytes, messages)``: record that ``nbytes`` of this member's memory were
       read by ``peer`` (the traffic counters see them as sent from this member to ``peer``).
     * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
@@ -63,6 +68,7 @@ class SharedComm(Comm, Protocol):
     """
 
     scratch_bytes: int
+    entered: bool
 
     def scratch(self, member: int) -> np.ndarray: ...
 
@@ -73,6 +79,10 @@ class SharedComm(Comm, Protocol):
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None: ...
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None: ...
+
+    def model_barrier(self) -> None: ...
+
+    def model_tree_all_reduce(self, nbytes: int) -> None: ...
 
 
 def sendrecv(comm: Comm, x: np.ndarray, dst: int, src: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -17,7 +17,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., object]]] = {
     "gather": {"direct": direct.gather},
     "scatter": {"direct": direct.scatter},
     "all_to_all": {"direct": direct.all_to_all},
-    "barrier": {"direct": direct.barrier},
+    "barrier": {"direct": direct.barrier, "shm": shm.barrier},
 }
 
 DEFAULT_ALGORITHMS: dict[str, str] = {

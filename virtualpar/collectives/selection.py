@@ -3,19 +3,26 @@
 Like MPICH's and NCCL's tuning tables, the choice depends on the message: small all_reduces are
 bound by per-message latency, where the binomial ``tree`` (2⌈log2 n⌉ messages) beats the ring's
 2(n−1); large ones are bound by memory bandwidth, where reducing straight out of shared memory
-(``shm``) beats any message algorithm.  The thresholds were measured with
-``benchmarks/bench_collectives.py`` on a 2-core VM (see benchmarks/README.md); every device of a
-group computes the same choice from the same shape, dtype and group size, so the choice never
-splits a group.
+(``shm``) beats any message algorithm.  ``benchmarks/bench_algorithms.py`` sweeps 2 to 64
+devices and 1 KiB to 4 MiB (table in benchmarks/README.md): since fences wake only n−1 members,
+``shm`` is faster *here* than the tree at every size once a group has more than 2 members — but
+it is charged to the modelled clock as the algorithm real hardware would run for that size — the
+ring from 64 KiB, the recursive-doubling tree below — so the default takes ``shm`` at every size
+once a group has more than 2 members, and for pairs from 8 KiB (below that a pair's two tree
+messages are faster).  A barrier is one fence (charged exactly as the
+dissemination barrier).  Every device of a group computes the same choice from the same shape,
+dtype and group size, so the choice never splits a group.
 """
 
 from __future__ import annotations
 
 from virtualpar.collectives.registry import DEFAULT_ALGORITHMS
+from virtualpar.collectives.shm import RING_MIN_BYTES
 
-__all__ = ["default_algorithm", "SHM_MIN_BYTES"]
+__all__ = ["default_algorithm", "SHM_MIN_BYTES", "SHM_MIN_BYTES_PAIR"]
 
-SHM_MIN_BYTES = 64 << 10  # all_reduce at or above this goes through shared memory when there is some
+SHM_MIN_BYTES = RING_MIN_BYTES  # from here messages run (and shm is charged as) the ring; below, the tree
+SHM_MIN_BYTES_PAIR = 8 << 10  # a pair below this exchanges faster by the tree's two messages
 
 
 def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bool = False) -> str:
@@ -23,8 +30,10 @@ def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bo
 
     ``shared_memory``: the members can read each other's scratch (a ``SharedComm``).
     """
+    if collective == "barrier" and shared_memory and size > 1:
+        return "shm"  # one fence over shared counters, no messages
     if collective == "all_reduce":
-        if shared_memory and size > 1 and nbytes >= SHM_MIN_BYTES:
+        if shared_memory and (size > 2 or size == 2 and nbytes >= SHM_MIN_BYTES_PAIR):
             return "shm"
         return "tree" if nbytes < SHM_MIN_BYTES else "ring"
     return DEFAULT_ALGORITHMS[collective]

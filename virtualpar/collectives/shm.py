@@ -24,7 +24,8 @@ Bytes moved are counted as if each read of a peer's slice were a message from th
 member j "sends" each peer r slice r of its input and its own reduced slice j, i.e.
 (M − |s_j|) + (n−1)|s_j| = 2(n−1)/n·M bytes when the slices are equal — the ring's figure.  The
 modelled clock charges what the ring all_reduce would cost on the modelled topology (real
-accelerators do not share memory; the ring is what they would run).
+accelerators do not share memory; the ring is what they would run) — or,
+below ``RING_MIN_BYTES``, what the recursive-doubling tree would cost, as that is what runs then.
 
 Source: the "reduce out of shared memory" scheme measured in PERFORMANCE_NOTES.md (7.3 GB/s bus
 bandwidth at 2 processes with the arrays already in shared memory, vs ~1 GB/s for MPI).
@@ -38,7 +39,9 @@ from virtualpar.collectives.comm import SharedComm
 from virtualpar.collectives.ops import REDUCE_OPS, finalize
 from virtualpar.errors import UsageError
 
-__all__ = ["all_reduce", "split_bounds"]
+__all__ = ["all_reduce", "barrier", "split_bounds", "RING_MIN_BYTES"]
+
+RING_MIN_BYTES = 64 << 10  # from here a message all_reduce is bandwidth-bound (ring); below, the tree
 
 
 def split_bounds(m: int, n: int) -> list[int]:
@@ -90,6 +93,22 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
             if j != r:
                 comm.account(j, (b[j + 1] - b[j] + hi - lo) * itemsize, messages=2)
         comm.fence()  # nobody reads our scratch any more: it may be reused
-    ring = split_bounds(total, n)  # the chunks the ring algorithm would send
-    comm.model_ring_all_reduce([(ring[i + 1] - ring[i]) * itemsize for i in range(n)])
+    if total * itemsize < RING_MIN_BYTES:  # small: real hardware would run the tree (latency-bound)
+        comm.model_tree_all_reduce(total * itemsize)
+    else:
+        ring = split_bounds(total, n)  # the chunks the ring algorithm would send
+        comm.model_ring_all_reduce([(ring[i + 1] - ring[i]) * itemsize for i in range(n)])
     return result
+
+
+def barrier(comm: SharedComm) -> None:
+    """Barrier as one fence over the arrival counters: n−1 word stores per member and n−1 wake-ups
+    in all (the last member to arrive wakes the rest), no messages; the dissemination barrier
+    sends n⌈log2 n⌉ messages and wakes every member ⌈log2 n⌉ times.  A barrier of a group whose
+    members just fenced to compare their calls is already complete.  Charged to the modelled
+    clock as the dissemination barrier, which is what real hardware would run."""
+    if comm.size == 1:
+        return
+    if not comm.entered:  # the members fenced on entry already (the contract check): that was it
+        comm.fence()
+    comm.model_barrier()

@@ -154,6 +154,14 @@ class ThreadComm:
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
         """Threads keep no modelled clock: nothing to charge."""
 
+    entered = False  # threads never fence on entry
+
+    def model_barrier(self) -> None:
+        """Threads keep no modelled clock: nothing to charge."""
+
+    def model_tree_all_reduce(self, nbytes: int) -> None:
+        """Threads keep no modelled clock: nothing to charge."""
+
 
 class ThreadWorld:
     """n ``ThreadComm`` members sharing FIFO queues per ordered pair, with traffic counters.

@@ -92,7 +92,16 @@ class Topology:
         object.__setattr__(self, "_n", n)
         object.__setattr__(self, "_name", name or f"custom({n})")
         object.__setattr__(self, "_routes", {})
+        object.__setattr__(self, "_figures", {})
         object.__setattr__(self, "_key", None)
+        # plain adjacency for routing, built here, once, in the driver: devices inherit it at fork
+        adj: dict[Hashable, dict[Hashable, tuple[tuple, float]]] = {v: {} for v in g.nodes}
+        lats = []
+        for u, v, data in g.edges(data=True):
+            adj[u][v] = (_node_key(v), data["latency"])
+            adj[v][u] = (_node_key(u), data["latency"])
+            lats.append(data["latency"])
+        object.__setattr__(self, "_adj", (adj, min(lats, default=0.0)))
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"Topology is immutable; cannot set {key!r}")
@@ -155,11 +164,34 @@ class Topology:
         self._routes[(src, dst)] = route
         return route
 
+    def figures(self, src: int, dst: int) -> tuple[float, float]:
+        """``(latency, bandwidth)`` of the route ``src -> dst``, cached, without building a
+        :class:`Route` (a schedule replay over n members asks for n·⌈log2 n⌉ of them)."""
+        key = (src, dst)
+        cached = self._figures.get(key)
+        if cached is None:
+            adj, min_latency = self._adj
+            direct = adj.get(src, {}).get(dst) if _is_device(src) and src != dst else None
+            if direct is not None and direct[1] <= 2 * min_latency and _is_device(dst) and dst < self._n:
+                cached = (direct[1], self._graph.adj[src][dst]["bandwidth"])
+            else:
+                route = self.route(src, dst)
+                cached = (route.latency, route.bandwidth)
+            self._figures[key] = cached
+        return cached
+
     def _best_path(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """Dijkstra on the label (latency, hops, path keys): lexicographic, so ties are deterministic."""
+        """Dijkstra on the label (latency, hops, path keys): lexicographic, so ties are deterministic.
+        A direct link no longer than twice the smallest link latency wins outright (O(1)); else a
+        label is pushed only if it beats its node's best, and a node whose cheapest extension is
+        worse than dst's label is not expanded (64 fully connected devices: O(degree·log) a route)."""
+        adj, min_latency = self._adj
+        direct = adj[src].get(dst)
+        if direct is not None and direct[1] <= 2 * min_latency:
+            return (src, dst)
+        best: dict[Hashable, tuple] = {src: (0.0, 0, (_node_key(src),))}
         heap: list[tuple[float, int, tuple, tuple]] = [(0.0, 0, (_node_key(src),), (src,))]
         settled: set[Hashable] = set()
-        adj = self._graph.adj
         while heap:
             lat, hops, keys, path = heapq.heappop(heap)
             node = path[-1]
@@ -168,10 +200,17 @@ class Topology:
             settled.add(node)
             if node == dst:
                 return path
-            for nbr, data in adj[node].items():
-                if nbr not in settled:
-                    heapq.heappush(heap, (lat + data["latency"], hops + 1,
-                                          keys + (_node_key(nbr),), path + (nbr,)))
+            target = best.get(dst)
+            if target is not None and (lat + min_latency, hops + 1) > target[:2]:
+                continue  # nothing through this node can reach dst with a better label
+            for nbr, (key, latency) in adj[node].items():
+                if nbr in settled:
+                    continue
+                label = (lat + latency, hops + 1, keys + (key,))
+                known = best.get(nbr)
+                if known is None or label < known:
+                    best[nbr] = label
+                    heapq.heappush(heap, (*label, path + (nbr,)))
         raise MeshError(f"topology {self._name} has no path between device {src} and device {dst}")
 
     # -- value semantics ----------------------------------------------------------------------------

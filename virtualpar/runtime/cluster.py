@@ -23,7 +23,6 @@ This module is the public API; the mechanism lives in one module per concept:
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from typing import Any, Callable, Mapping
 
@@ -37,6 +36,7 @@ from .config import FAULT_ACTIONS, ClusterConfig
 from .control import ClusterControl
 from .hardware_choice import resolve_hardware
 from .startup import start_devices
+from .shipping import dumps_call as _dumps, resident as _resident
 from .stats import TrafficStats
 from .worker import device_main
 
@@ -78,6 +78,14 @@ class VirtualCluster:
     waiting on a peer always gives up; a device busy in its own code with nobody waiting on it is
     bounded only by ``run_timeout``.  When it expires, the stacks of the devices still running are
     taken, those devices are killed, the cluster shuts down, and ``run`` raises ``RunTimeout``.
+    ``detect_deadlocks``: the driver watches what blocked devices wait for and raises ``Deadlock``
+    within tens of milliseconds when they wait on each other with nothing in flight (on by default;
+    see runtime/deadlock.py).  The op ``timeout`` stays the backstop.
+    ``eager_limit``: strict mode.  None (default): channels buffer sends.  An int: a send of more
+    than this many bytes completes only once its matching receive is posted (0: every send), so a
+    program that only works because channels buffer deadlocks here, visibly (MPI's eager limit).
+    ``shuffle``: an int seed turns on shuffled mode: seeded random pauses before sends and receives
+    (transport/shuffle.py), so races show up in tests and the seed reproduces the perturbation.
     """
 
     def __init__(
@@ -94,6 +102,9 @@ class VirtualCluster:
         scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
         abort_grace: float = 2.0,
         run_timeout: float | None = None,
+        detect_deadlocks: bool = True,
+        eager_limit: int | None = None,
+        shuffle: int | None = None,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
@@ -109,8 +120,15 @@ class VirtualCluster:
         self.abort_grace = abort_grace
         self.run_timeout = None if run_timeout is None else float(run_timeout)
         self.hardware, topology, device_spec = resolve_hardware(hardware, self.mesh)
+        if eager_limit is not None and (isinstance(eager_limit, bool) or not isinstance(eager_limit, int)
+                                        or eager_limit < 0):
+            raise UsageError(f"eager_limit must be an int >= 0 (bytes; 0: every send waits for its receive) "
+                             f"or None (channels buffer), got {eager_limit!r}")
+        if shuffle is not None and (isinstance(shuffle, bool) or not isinstance(shuffle, int)):
+            raise UsageError(f"shuffle must be an int seed or None (no shuffling), got {shuffle!r}")
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
-                                    check_nan=check_nan, trace=trace, t0=time.monotonic())
+                                    check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
+                                    shuffle=shuffle)
         if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
             raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
         self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes)
@@ -126,6 +144,10 @@ class VirtualCluster:
             self._arena.close()  # start_devices already reaped whatever it started
             raise
         self._ctl = ClusterControl(self.mesh, self.config, self.layout, self._arena, sup, doorbells)
+        if detect_deadlocks:
+            from .deadlock import DeadlockWatch
+
+            sup.watch = DeadlockWatch(self.mesh, self._arena, self.layout, sup._recorders, doorbells)
 
     # -- context and state ------------------------------------------------------------------------
     def __enter__(self) -> "VirtualCluster":
@@ -151,18 +173,32 @@ class VirtualCluster:
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``fn(device, *args, **kwargs)`` on every device (SPMD); results in rank order.
 
+        ``fn`` may be any function: a lambda, a closure, one defined in ``__main__`` or a notebook
+        cell (``cloudpickle`` ships it by value when it cannot be imported by name, under every
+        start method).  Arguments must be picklable; one that is not is named in the error.
+
         At most ``run_timeout`` seconds if the cluster has one (then ``RunTimeout``; see the class doc).
         """
         ctl = self._open()
         name = getattr(fn, "__qualname__", repr(fn))
-        try:
-            payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise PayloadError(
-                f"cannot send {name}() and its arguments to the devices: {exc}. Functions run on devices must be "
-                "picklable: define them at module level (not as a lambda or inside another function)"
-            ) from None
+        payload = _dumps(name, fn, args, kwargs)
         return ctl.broadcast(("run", payload), name, self.run_timeout)
+
+    def execute(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run an executable on this cluster and return what it returns to the host.
+
+        ``op`` is anything with ``execute_on(cluster, *args, **kwargs)``: a ``ShardedOperation``
+        (scatters its inputs by their specs, runs, gathers its outputs), a graph of operations, a
+        ``PipelinedOperation`` (one training step, returns its loss).  A ``networkx.DiGraph`` of
+        operations is wrapped by :func:`virtualpar.ops.as_executable`.  The runtime knows nothing of
+        these layers: they drive the cluster through ``run``, ``put`` and ``get`` like any user.
+        """
+        runner = getattr(op, "execute_on", None)
+        if runner is None:
+            from ..ops import as_executable  # graphs of operations; imported only when used
+
+            runner = as_executable(op).execute_on
+        return runner(self, *args, **kwargs)
 
     def inject(self, rank: int, at_op: int, action: str, **params: Any) -> None:
         """Make device ``rank`` fail at the ``at_op``-th op (1-based) of what it runs next.
@@ -199,6 +235,14 @@ class VirtualCluster:
 
     def reset_stats(self) -> None:
         self._open().counters[...] = 0
+
+    def resident_memory(self) -> list[dict[str, int]]:
+        """Per device, bytes of memory resident now: ``rss`` (every page it maps and has touched,
+        shared ones included) and ``pss`` (shared pages divided among their sharers, so the devices'
+        ``pss`` add up to what the cluster really holds).  Read from ``/proc/<pid>/smaps_rollup``
+        (Linux); a figure the kernel does not report is 0."""
+        self._open()
+        return [_resident(pid) for pid in self.pids]
 
     def clocks(self) -> list[float]:
         """Every device's modelled clock (seconds on the virtual hardware since start-up)."""

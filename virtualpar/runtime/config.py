@@ -24,6 +24,9 @@ class ClusterConfig:
     ``check_collectives``: compare a fingerprint of every collective call across its group first.
     ``check_nan``: raise on a collective whose input holds NaN or Inf.
     ``trace``: record events for ``cluster.trace()``; ``max_events`` caps them per device.
+    ``eager_limit``: None (channels buffer), or the largest payload in bytes a send may leave in the
+    channel before its receive is posted (0: every non-empty send is a rendezvous; see endpoint.py).
+    ``shuffle``: None, or the seed of shuffled mode (transport/shuffle.py).
     ``t0``: the driver's ``time.monotonic()`` at start-up; wall times in traces are relative to it.
     """
 
@@ -33,3 +36,5 @@ class ClusterConfig:
     trace: bool = True
     max_events: int = 200_000
     t0: float = 0.0
+    eager_limit: int | None = None  # strict mode: sends larger than this wait for their receive
+    shuffle: int | None = None  # shuffled mode: the seed of every device's pauses

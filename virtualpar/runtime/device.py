@@ -66,6 +66,7 @@ class VirtualDevice(PointToPoint):
         self._op_seq = 0
         self._last_op = ""  # what op #_op_seq was, for error messages
         self._run = 0  # how many cluster.run calls this device has served (same on every device)
+        self._run_ops_from = 0  # op_seq when the current run began: its own ops number above it
         self._group_seq: dict[tuple[int, ...], int] = {}
         self._groups: dict[Any, GroupInfo] = {}  # resolved group spellings (see _group)
         self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
@@ -155,9 +156,10 @@ class VirtualDevice(PointToPoint):
         """Piece j of ``x`` split along ``split_dim`` goes to position j; received pieces concatenate along ``concat_dim``."""
         return self._collective("all_to_all", x, group, algorithm, timeout, split_dim=split_dim, concat_dim=concat_dim)
 
-    def barrier(self, group: Group = None, timeout: float | None = None) -> None:
-        """Return once every device of ``group`` has entered the barrier."""
-        self._collective("barrier", None, group, None, timeout)
+    def barrier(self, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> None:
+        """Return once every device of ``group`` has entered the barrier (``shm``: one fence over
+        shared counters, the default; ``direct``: the dissemination barrier's messages)."""
+        self._collective("barrier", None, group, algorithm, timeout)
 
     def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None, **params: Any) -> Any:
         spec = CollectiveSpec.build(self, name, x, self._group(group), algorithm, params)
@@ -218,6 +220,16 @@ class VirtualDevice(PointToPoint):
 
     def _publish_clock(self) -> None:
         self._clock_mv[0] = self._clock.now
+
+    def _message_event(self, kind: str, wall0: float, model0: float, model1: float, nbytes: int, peer: int,
+                       flow: tuple[int, int, int] | None) -> None:
+        """``_event`` for a send or receive, without building a fields dict (see ``EventLog``)."""
+        events = self._events
+        if len(events._raw) >= self.config.max_events:
+            self._events_dropped += 1
+            return
+        t0 = self.config.t0
+        events.add_message(kind, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, nbytes, peer, flow)
 
     def _event(self, kind: str, name: str, wall0: float, model0: float, model1: float, **fields: Any) -> None:
         if not self.config.trace:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..transport.waitboard import FenceWait
 from .config import TAG_COLLECTIVE
 from .requests import Request
 
@@ -37,6 +38,7 @@ class GroupComm:
         self._on_timeout = on_timeout
         self._entry: list[float] | None = None  # members' clocks at the first fence()
         self._peers = [r for r in spec.ranks if r != dev.rank]
+        self._fence_what = FenceWait(self._peers)  # what a fence waits for, on the wait board
 
     def isend(self, x: np.ndarray, peer: int) -> Request:
         dst = self._ranks[peer]
@@ -65,28 +67,49 @@ class GroupComm:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self._dev._endpoint._pool.array(shape, np.dtype(dtype))
 
-    def fence(self) -> None:
+    @property
+    def entered(self) -> bool:
+        """True once the members have fenced in this call (e.g. the contract check did)."""
+        return self._entry is not None
+
+    def fence(self, digest: int | None = None) -> list[int]:
         """Every member has reached this point: arrival counters in shared memory (see
-        transport/arrivals.py), no messages, no bytes counted, no modelled time.  The first fence
-        of a call also reads every member's entry clock, which each member published before
-        arriving and cannot change before the next fence."""
+        transport/arrivals.py), no messages, no bytes counted, no modelled time.  At the first fence
+        of a call every member also publishes its clock in the fence's slots and reads the
+        others': the entry clocks that shared-memory algorithms price themselves from.  With
+        ``digest`` (an int < 2**64 that stands for this member's call) returns the peers (ranks)
+        whose digest differs."""
         dev = self._dev
         first = self._entry is None
         if first:
-            dev._publish_clock()
+            dev._publish_clock()  # for the driver; the peers read it from the fence's slots
         arrivals = dev._endpoint.arrivals
         peers = self._peers
-        arrivals.arrive(peers)
-        dev._endpoint.wait(lambda: arrivals.arrived(peers), self._deadline - time.monotonic(), self._on_timeout, "a fence")
+        clock = dev._clock.now if first else None
+        if not arrivals.arrive(peers, digest, clock):  # the last to arrive wakes the others
+            dev._endpoint.wait(lambda: arrivals.arrived(peers), self._deadline - time.monotonic(), self._on_timeout, self._fence_what)
         if first:
-            clocks = dev._clocks
-            self._entry = [float(clocks[r]) for r in self._ranks]
+            theirs = dict(zip(peers, arrivals.clocks(peers)))
+            self._entry = [clock if r == dev.rank else theirs[r] for r in self._ranks]
+        return arrivals.differing(peers, digest) if digest is not None else []
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         dst = self._ranks[peer]
         ep = self._dev._endpoint
         ep._bytes_row[dst] += nbytes
         ep._msgs_row[dst] += messages
+
+    def model_tree_all_reduce(self, nbytes: int) -> None:
+        if self._entry is None:
+            raise RuntimeError("model_tree_all_reduce needs the entry clocks of a first fence()")
+        self._dev._clock.tree_all_reduce(self._ranks, self._entry, nbytes)
+        self._dev._publish_clock()
+
+    def model_barrier(self) -> None:
+        if self._entry is None:
+            raise RuntimeError("model_barrier needs the entry clocks of a first fence()")
+        self._dev._clock.dissemination_barrier(self._ranks, self._entry)
+        self._dev._publish_clock()
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
         if self._entry is None:

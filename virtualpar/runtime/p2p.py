@@ -12,6 +12,8 @@ reused (formatting a dtype alone costs ~2 µs).  Trace events and their flow ids
 ``trace`` is on.  ``send``/``recv`` skip the request handle of ``isend``/``irecv``, and a plain
 ``send`` is recorded just after it is posted, so the record's write overlaps with the receiver's
 work instead of delaying the message: a 4 KiB one-way message costs ~2 µs above the transport.
+With ``trace`` on (the default) a send or receive also appends one tuple to the device's event
+log; its flow id stays a tuple of ints until the trace is read.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import numpy as np
 
 from ..errors import P2PTimeout, UsageError
 from ..transport.channel import FLAG_CONTROL
+from .loopback import SelfRequest, recv_from_self, send_to_self
+from .status import ANY_SOURCE, ANY_TAG, Status
 from .recorder import format_records
 from .requests import Request
 
-__all__ = ["PointToPoint"]
+__all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
 
 
 class PointToPoint:
@@ -35,7 +39,9 @@ class PointToPoint:
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(dst, tag, "dst")  # the fast test above passes plain valid ints only
+            if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
+                send_to_self(self, x, tag)
+                return SelfRequest(self, "send", tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         slot = self._begin_op(*self._texts.send(x, dst, tag))
         deadline = time.monotonic() + budget
@@ -43,26 +49,34 @@ class PointToPoint:
         return Request(self, inner, "send", dst, tag, deadline, None, slot, flow, budget)
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
-        """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given)."""
+        """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given);
+        ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message (the request's
+        ``status`` then says who sent it, with which tag)."""
+        if src == self.rank and type(src) is int and type(tag) is int and tag >= 0:
+            if out is not None:
+                self._check_out(out)
+            return SelfRequest(self, "recv", tag, out)  # takes its message when waited on
         budget, slot = self._begin_recv(src, tag, out, timeout)
         deadline = time.monotonic() + budget
-        inner = self._endpoint.irecv(src, tag, out)
+        inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
         return Request(self, inner, "recv", src, tag, deadline, None, slot, None, budget)
 
     def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
         """Send ``x`` to device ``dst``; returns once the message is on its way (buffered).
 
         The same op as ``isend(x, dst, tag).wait()``, minus the handle.  Unless a fault is
-        injected or tracing is on, the op is recorded just *after* it is posted: the flight-recorder
-        write then overlaps with the receiver's work instead of delaying the message (a small send
-        is complete once posted, so no reader can see it pending in between).
+        injected, the op is recorded just *after* it is posted: the flight-recorder write then
+        overlaps with the receiver's work instead of delaying the message (a small send is
+        complete once posted, so no reader can see it pending in between).
         """
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(dst, tag, "dst")
+            if self._check_p2p(dst, tag, "dst"):
+                return send_to_self(self, x, tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        if self._faults or self._trace:
+        if self._faults:
             self.isend(x, dst, tag, budget).wait()  # a fault due at this op fires before anything is posted
             return
+        wall0 = time.monotonic() if self._trace else 0.0
         try:
             inner = self._endpoint.isend(x, dst, tag, self._clock.on_send(dst, x.nbytes if isinstance(x, np.ndarray) else 0))
         except BaseException:
@@ -71,39 +85,67 @@ class PointToPoint:
         slot = self._begin_op(*self._texts.send(x, dst, tag))
         if not inner.done:
             self._await(inner, slot, budget, lambda: self._p2p_error("send to", dst, tag, budget))
-        self._sent(dst, inner, slot, 0.0, None)
+        self._sent(dst, inner, slot, wall0, (self.rank, dst, inner.seq) if self._trace else None)
 
-    def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Any:
+    def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
+             status: Status | None = None) -> Any:
         """Receive the next message from device ``src`` with ``tag``; FIFO per (src, tag).
 
-        The same op as ``irecv(src, tag, out).wait()``, without the handle."""
+        The same op as ``irecv(src, tag, out).wait()``, without the handle.  ``src=ANY_SOURCE`` /
+        ``tag=ANY_TAG`` take the earliest message that matches; pass a :class:`Status` to learn
+        its source, tag and size."""
+        if src == self.rank and type(src) is int and type(tag) is int and tag >= 0:
+            if out is not None:
+                self._check_out(out)
+            return recv_from_self(self, tag, out)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
-        inner = self._endpoint.irecv(src, tag, out)
+        if src < 0 or tag < 0:  # ANY_SOURCE / ANY_TAG (_begin_recv let nothing else through)
+            inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
+        else:
+            inner = self._endpoint.irecv(src, tag, out)
         value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget))
-        self._received(src, inner, slot, wall0, model0)
+        self._received(inner.src, inner, slot, wall0, model0)
+        if status is not None:
+            status.fill(inner)
+        return value
+
+    def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
+                 timeout: float | None = None) -> Any:
+        """Send ``x`` to ``dst`` and receive from ``src`` at once (MPI's ``Sendrecv``): the receive
+        is posted first, so a ring of sendrecvs never deadlocks; ``recvtag`` defaults to ``sendtag``."""
+        incoming = self.irecv(src, sendtag if recvtag is None else recvtag, timeout=timeout)
+        outgoing = self.isend(x, dst, sendtag, timeout=timeout)
+        value = incoming.wait()
+        outgoing.wait()
         return value
 
     def _begin_recv(self, src: int, tag: int, out: Any, timeout: float | None) -> tuple[float, int]:
         """Check a receive's arguments, count and record it; returns (its budget in s, its record slot)."""
         if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
-            self._check_p2p(src, tag, "src")
+            any_src = type(src) is int and src == ANY_SOURCE
+            any_tag = type(tag) is int and tag == ANY_TAG
+            if not any_src and self._check_p2p(src, 0 if any_tag else tag, "src"):
+                raise UsageError(f"{self.name}: a receive from this device itself needs a tag (ANY_TAG takes "
+                                 "messages from other devices only)")
+            if any_src and not any_tag:
+                self._check_p2p(0 if self.rank else self.size - 1, tag, "src")  # the tag's own check
         if out is not None:
             self._check_out(out)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         return budget, self._begin_op(*self._texts.recv(src, tag))
 
     # -- bookkeeping shared with Request and collective_call --------------------------------------
-    def _check_p2p(self, peer: Any, tag: Any, what: str) -> None:
-        """Raise ``UsageError`` for a bad peer rank or tag (the callers' fast test failed)."""
+    def _check_p2p(self, peer: Any, tag: Any, what: str) -> bool:
+        """Raise ``UsageError`` for a bad peer rank or tag (the callers' fast test failed); True
+        if the peer is this device itself (a message to oneself, see :mod:`.loopback`)."""
         if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)):
             raise UsageError(f"{self.name}: {what} must be a device rank (int), got {peer!r}")
         if not 0 <= peer < self.size:
             raise UsageError(f"{self.name}: {what}={peer} is out of range; ranks are 0..{self.size - 1}")
-        if peer == self.rank:
-            raise UsageError(f"{self.name}: {what}={peer} is this device itself; send to another rank")
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
             raise UsageError(f"{self.name}: tag must be a non-negative int, got {tag!r}")
+        return peer == self.rank
 
     def _check_out(self, out: Any) -> None:
         if not isinstance(out, np.ndarray):
@@ -111,15 +153,16 @@ class PointToPoint:
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UsageError(f"{self.name}: recv(out=...) needs a writeable C-contiguous array")
 
-    def _post_send(self, x: Any, dst: int, tag: int) -> tuple[Any, str | None]:
-        """Stamp and post one message; returns (transport request, trace flow id or None)."""
+    def _post_send(self, x: Any, dst: int, tag: int) -> tuple[Any, tuple[int, int, int] | None]:
+        """Stamp and post one message; returns (transport request, trace flow id or None).  A flow
+        id is (src, dst, message number), formatted only when the trace is read."""
         flow = None
         if self._trace:  # the flow id links the send and recv events of one message in a trace
-            flow = f"{self.rank}>{dst}#{self._endpoint.next_seq(dst)}"
+            flow = (self.rank, dst, self._endpoint.next_seq(dst))
         stamp = self._clock.on_send(dst, x.nbytes if isinstance(x, np.ndarray) else 0)
         return self._endpoint.isend(x, dst, tag, stamp), flow
 
-    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int) -> tuple[Any, str | None]:
+    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int) -> tuple[Any, tuple[int, int, int] | None]:
         """``_post_send`` for a user-level op: a send that cannot be posted is recorded as failed."""
         try:
             return self._post_send(x, dst, tag)
@@ -136,7 +179,7 @@ class PointToPoint:
                 self._recorder.finish(slot, self._clock.now, failed=True)
             raise
 
-    def _sent(self, dst: int, inner: Any, slot: int | None, wall0: float, flow: str | None) -> None:
+    def _sent(self, dst: int, inner: Any, slot: int | None, wall0: float, flow: tuple[int, int, int] | None) -> None:
         """Clock, trace and record once a send completed (in program order).
 
         Hockney's model: a send costs its sender alpha + M/beta, charged when it is waited on, so
@@ -146,13 +189,14 @@ class PointToPoint:
         end = clock.on_send_done(dst, inner.nbytes, stamp)
         now = self._clock_mv[0] = clock.now  # _publish_clock, inlined
         if self._trace:
-            self._event("send", "send", wall0, stamp, end, nbytes=inner.nbytes, peer=dst, flow=flow)
+            self._message_event("send", wall0, stamp, end, inner.nbytes, dst, flow)
         if slot is not None:
             self._recorder.finish(slot, now)
 
     def _received(self, src: int, inner: Any, slot: int | None, wall0: float, model0: float) -> None:
         """Clock, trace and record once a receive completed (in program order): the modelled
         clock moves to the message's arrival (see ``DeviceClock.on_recv``)."""
+        src = inner.src  # the actual source of a receive from ANY_SOURCE
         header = inner.header
         clock = self._clock
         if not header.kind & FLAG_CONTROL:  # the runtime's own messages cost no modelled time
@@ -160,13 +204,16 @@ class PointToPoint:
             clock.on_recv(src, nbytes, header.stamp)
             self._clock_mv[0] = clock.now
             if self._trace:
-                flow = f"{src}>{self.rank}#{header.seq}"
-                self._event("recv", "recv", wall0, model0, clock.now, nbytes=nbytes, peer=src, flow=flow)
+                self._message_event("recv", wall0, model0, clock.now, nbytes, src, (src, self.rank, header.seq))
         if slot is not None:
             self._recorder.finish(slot, clock.now)
 
     def _p2p_error(self, what: str, peer: int, tag: int, budget: float) -> P2PTimeout:
         """The error of a send/recv that did not complete within ``budget`` s, with both ends' flight records."""
+        if peer < 0:  # a receive from ANY_SOURCE: no one peer to show
+            return P2PTimeout(f"{self.name}: {what} any source (tag {'any' if tag < 0 else tag}) did not complete "
+                              f"within {budget:g} s (op #{self._op_seq})", rank=self.rank, index=str(self.index),
+                              peer=peer, tag=tag, op_seq=self._op_seq)
         records = {r: self._recorders[r].records() for r in (self.rank, peer)}
         return P2PTimeout(
             f"{self.name}: {what} device {peer} (tag {tag}) did not complete within {budget:g} s "

@@ -163,7 +163,10 @@ class OpTexts:
         """``recv from {src} tag={tag}``, and its encoding."""
         key = (src, tag)
         entry = self._recvs.get(key)
-        return entry if entry is not None else self._keep(self._recvs, key, f"recv from {src} tag={tag}")
+        if entry is None:
+            text = f"recv from {'any' if src < 0 else src} tag={'any' if tag < 0 else tag}"
+            entry = self._keep(self._recvs, key, text)
+        return entry
 
     def _keep(self, cache: dict[tuple, tuple[str, bytes]], key: tuple, text: str) -> tuple[str, bytes]:
         if len(cache) >= self._limit:
@@ -178,6 +181,9 @@ class EventLog:
     A frozen 15-field ``Event`` costs ~2 µs to build, more than the rest of the bookkeeping of the
     op it records, so :meth:`add` keeps ``(kind, name, wall_start, wall_end, model_start, model_end,
     seq, fields)`` and iterating builds the events (``list(log)`` is what ``cluster.trace()`` reads).
+    A send or receive (:meth:`add_message`, on every message's path) keeps its fields as a plain
+    ``(nbytes, peer, flow)`` tuple, its flow id as ``(src, dst, number)``: both become the
+    event's fields when read.
     """
 
     def __init__(self, rank: int) -> None:
@@ -188,12 +194,19 @@ class EventLog:
             seq: int, fields: dict[str, Any]) -> None:
         self._raw.append((kind, name, wall_start, wall_end, model_start, model_end, seq, fields))
 
+    def add_message(self, kind: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
+                    seq: int, nbytes: int, peer: int, flow: tuple[int, int, int] | None) -> None:
+        self._raw.append((kind, kind, wall_start, wall_end, model_start, model_end, seq, (nbytes, peer, flow)))
+
     def __len__(self) -> int:
         return len(self._raw)
 
     def __iter__(self) -> Iterator[Event]:
         rank = self.rank
         for kind, name, ws, we, ms, me, seq, fields in list(self._raw):
+            if isinstance(fields, tuple):  # a message's (nbytes, peer, flow), kept raw on its path
+                nbytes, peer, flow = fields
+                fields = {"nbytes": nbytes, "peer": peer, "flow": None if flow is None else f"{flow[0]}>{flow[1]}#{flow[2]}"}
             yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms, model_end=me,
                         seq=seq, **fields)
 

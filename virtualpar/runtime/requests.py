@@ -42,7 +42,7 @@ class Request:
         deadline: float,
         on_timeout: Callable[[], Exception] | None,
         slot: int | None = None,
-        flow: str | None = None,
+        flow: tuple[int, int, int] | None = None,
         budget: float = 0.0,
     ) -> None:
         self._dev = dev
@@ -67,6 +67,13 @@ class Request:
         state = "done" if self._done else "pending"
         arrow = "to" if self._kind == "send" else "from"
         return f"<Request {self._kind} {arrow} {self._peer} tag={self._tag} {state}>"
+
+    @property
+    def status(self) -> Any:
+        """Source, tag and size of a completed receive (:class:`~virtualpar.runtime.status.Status`)."""
+        from .status import Status
+
+        return Status().fill(self._inner) if self._kind == "recv" and self._done else None
 
     def test(self) -> bool:
         """Make progress without blocking; True once the op could complete without waiting."""

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import CollectiveTimeout, DeviceDied, RemoteTraceback, RunTimeout, VirtualParError
 from ..mesh import Mesh
+from .deadlock import WATCH_EVERY
 from .recorder import FlightRecorder, OpRecord, format_records
 
 __all__ = ["Supervisor", "Collected", "Verdict", "unpack_error"]
@@ -61,6 +62,7 @@ class Collected:
     stuck: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
     timed_out: bool = False
+    deadlock: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Supervisor:
         self._abort = abort_word
         self._doorbells = doorbells
         self._final_records: list[list[OpRecord]] = []
+        self.watch: Any = None  # a DeadlockWatch (runtime/deadlock.py), or None: no detection
 
     def add(self, proc: Any, cmd: Any, side: Any) -> None:
         """Watch device ``len(self.procs)``: its process, command pipe and sidecar pipe."""
@@ -169,8 +172,21 @@ class Supervisor:
         waiting = set(range(n))
         by_obj = {self.cmd[r]: r for r in range(n)} | {self.procs[r].sentinel: r for r in range(n)}
         grace: float | None = None
+        watch = self.watch
+        if watch is not None:
+            watch.reset()
         while waiting:
             limit = min((t for t in (grace, deadline) if t is not None), default=None)
+            if watch is not None and grace is None:
+                if out.deadlock is None:
+                    found = watch.scan(waiting)
+                    if found is not None:
+                        out.deadlock = found
+                        self.abort(found.cycle[0])
+                        grace = time.monotonic() + self.abort_grace
+                        continue
+                scan_at = time.monotonic() + WATCH_EVERY
+                limit = scan_at if limit is None else min(limit, scan_at)
             objs = [self.cmd[r] for r in waiting] + [self.procs[r].sentinel for r in waiting]
             ready = mpc.wait(objs, timeout=None if limit is None else max(0.0, limit - time.monotonic()))
             for obj in ready:
@@ -182,7 +198,8 @@ class Supervisor:
                 if failed and grace is None:
                     self.abort(r)
                     grace = time.monotonic() + self.abort_grace
-            if waiting and limit is not None and time.monotonic() >= limit:
+            if waiting and limit is not None and time.monotonic() >= limit and (
+                    grace is not None and time.monotonic() >= grace or deadline is not None and time.monotonic() >= deadline):
                 out.stuck = sorted(waiting)
                 out.timed_out = grace is None
                 out.stacks = {r: self.stack(r) for r in out.stuck}
@@ -210,6 +227,9 @@ class Supervisor:
 
     def judge(self, got: Collected, what: str, run_timeout: float | None = None) -> Verdict | None:
         """The error ``got`` calls for, and whether it is fatal; None if every device succeeded."""
+        if got.deadlock is not None:
+            fatal = f"devices {got.stuck} were stuck after the deadlock and had to be killed" if got.stuck else None
+            return Verdict(got.deadlock, fatal=fatal or (str(got.deaths[0]) if got.deaths else None))
         if got.timed_out:
             err = self._run_timeout(got, what, run_timeout)
             return Verdict(err, fatal=f"{what}() exceeded run_timeout={run_timeout:g} s; "
@@ -270,6 +290,7 @@ class Supervisor:
         if self._recorders:
             self._final_records = [rec.records() for rec in self._recorders]
         self._recorders = []
+        self.watch = None  # it holds views of the arena too
         self._abort = None  # type: ignore[assignment]
         self._doorbells = []
 

@@ -78,6 +78,21 @@ def _device_stack(frame: Any) -> str:
     return "".join(traceback.format_list(frames[starts[-1] if starts else 0 :]))
 
 
+def _limit_blas_threads(devices: int) -> None:
+    """n devices on c cores share the cores: each device's BLAS gets max(1, c // n) threads (numpy's
+    default, c threads in every device, thrashed a 4-device pipeline step 26x).  Done at the
+    first run, not at start-up: threadpoolctl scans the loaded libraries (~5 ms), which a
+    256-device start-up should not pay for devices that never compute."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        from ..transport.waiting import usable_cpus
+
+        threadpool_limits(limits=max(1, usable_cpus() // devices), user_api="blas")
+    except Exception:  # a BLAS threadpoolctl does not know: leave it as it is
+        pass
+
+
 def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
     """Entry point of a device process (``arena`` is given when forked: the mapping is inherited)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -90,6 +105,11 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
 
     layout = args.layout
     endpoint = Endpoint(args.rank, arena, layout, args.doorbells)
+    endpoint.eager_limit = args.config.eager_limit
+    if args.config.shuffle is not None:
+        from ..transport.shuffle import Shuffle
+
+        endpoint.shuffle = Shuffle(args.config.shuffle, args.rank)
     recorders = [FlightRecorder(arena, layout, r) for r in range(layout.devices)]
     clocks = arena.view(layout.clocks_offset, layout.endpoints, np.float64)
     scratch = [arena.view(layout.scratch_offset(r), layout.scratch_bytes) for r in range(layout.devices)]
@@ -131,7 +151,10 @@ class _Handlers:
 
     def run(self, payload: bytes) -> tuple:
         dev = self.dev
+        if dev._run == 0:
+            _limit_blas_threads(dev.size)
         dev._run += 1  # first: every device counts every run, even one whose payload fails to load
+        dev._run_ops_from = dev.op_seq  # an error before this run's first op must not name an older one
         fn, fargs, fkwargs = pickle.loads(payload)
         name = getattr(fn, "__qualname__", repr(fn))
         slot = dev._recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock, dev._run)
@@ -193,7 +216,7 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
     is *secondary* if it is, or was caused by, a ``DeviceAborted``: it never hides the root cause.
     """
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    last = f"last op #{dev.op_seq}: {dev._last_op}" if dev.op_seq else "before any op"
+    last = f"last op #{dev.op_seq}: {dev._last_op}" if dev.op_seq > getattr(dev, "_run_ops_from", 0) else "before any op of this run"
     if isinstance(exc, VirtualParError):
         err: BaseException = exc
         if getattr(exc, "rank", None) is None:

@@ -45,7 +45,7 @@ from typing import Any, Hashable
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
-from virtualpar.sim.schedules import apply_delays, ring_all_reduce_delays
+from virtualpar.sim.schedules import apply_delays, dissemination_column, ring_all_reduce_column, tree_all_reduce_times
 
 __all__ = ["DeviceClock"]
 
@@ -113,14 +113,32 @@ class DeviceClock:
     def ring_all_reduce(self, ranks: tuple[int, ...], entry: list[float], chunk_nbytes: list[int]) -> float:
         """Charge the ring all_reduce over ``ranks`` entered at clocks ``entry`` without running it:
         ``now = max(now, max_q(entry[q] + D[q][me]))`` with ``D`` the schedule's max-plus delay matrix
-        (:func:`~virtualpar.sim.schedules.ring_all_reduce_delays`).  This device's column of ``D``
-        is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
+        (:func:`~virtualpar.sim.schedules.ring_all_reduce_column` computes this device's column in
+        O(n²)); the column is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
         costs n additions.  Returns the new ``now``."""
         key = (ranks, tuple(chunk_nbytes))
         column = self._schedules.get(key)
         if column is None:
-            me = ranks.index(self.rank)
-            column = [row[me] for row in ring_all_reduce_delays(self.topology, ranks, chunk_nbytes)]
+            column = ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank))
+            if len(self._schedules) >= _SCHEDULES_KEPT:
+                self._schedules.clear()
+            self._schedules[key] = column
+        return self.advance_to(apply_delays(column, entry))
+
+    def tree_all_reduce(self, ranks: tuple[int, ...], entry: list[float], nbytes: int) -> float:
+        """Charge the recursive-doubling all_reduce of ``nbytes`` over ``ranks`` entered at
+        ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_all_reduce_times`,
+        O(n log n)).  Returns the new ``now``."""
+        return self.advance_to(tree_all_reduce_times(self.topology, ranks, entry, nbytes)[ranks.index(self.rank)])
+
+    def dissemination_barrier(self, ranks: tuple[int, ...], entry: list[float]) -> float:
+        """Charge the dissemination barrier over ``ranks`` entered at clocks ``entry`` without
+        sending its messages (:func:`~virtualpar.sim.schedules.dissemination_column`; kept per
+        group like :meth:`ring_all_reduce`).  Returns the new ``now``."""
+        key = (ranks, "barrier")
+        column = self._schedules.get(key)
+        if column is None:
+            column = dissemination_column(self.topology, ranks, ranks.index(self.rank))
             if len(self._schedules) >= _SCHEDULES_KEPT:
                 self._schedules.clear()
             self._schedules[key] = column

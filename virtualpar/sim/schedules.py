@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from virtualpar.mesh.topology import Topology
 
-__all__ = ["ring_all_reduce_delays", "ring_all_reduce_times", "apply_delays"]
+__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "dissemination_column",
+           "tree_all_reduce_times", "apply_delays"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
 
@@ -47,13 +50,7 @@ def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbyte
     the closed form of :func:`~virtualpar.sim.analytic.ring_all_reduce`.
     """
     n = len(ranks)
-    if len(chunk_nbytes) != n:
-        raise ValueError(f"ring_all_reduce_delays: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
-    routes = [topology.route(ranks[p], ranks[(p + 1) % n]) for p in range(n)]  # p -> p+1
-    steps = []  # per step, T(p -> p+1) of the chunk member p sends
-    for phase_offset in (1, 0):  # reduce-scatter sends chunk p−s−1, all-gather chunk p−s
-        for s in range(n - 1):
-            steps.append([routes[p].time(chunk_nbytes[(p - s - phase_offset) % n]) for p in range(n)])
+    steps = _ring_steps(topology, ranks, chunk_nbytes, "ring_all_reduce_delays").tolist()
     rows = []
     for q in range(n):
         t = [NEVER] * n
@@ -62,6 +59,106 @@ def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbyte
             t = [max(t[p] + send[p], t[p - 1] + send[p - 1]) for p in range(n)]  # t[-1]: member n−1
         rows.append(t)
     return rows
+
+
+def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], member: int) -> list[float]:
+    """Column ``member`` of :func:`ring_all_reduce_delays`' matrix (``D[q][member]`` for every q),
+    in O(n²) instead of the matrix's O(n³): what one device needs to price its own exit.
+
+    The schedule is ``t ↦ A_K ⊗ … ⊗ A_1 ⊗ t`` in max-plus algebra, with step k's matrix holding
+    ``send_k[p]`` at (p, p) and at (p+1, p).  Row ``member`` of that product is the unit vector of
+    ``member`` multiplied from the right by ``A_K``, then ``A_{K−1}``, …: step k maps u to
+    ``u'[q] = send_k[q] + max(u[q], u[q+1])``.  The chains are the matrix's, summed from the last
+    step back, so entries agree with the matrix to rounding (a 64-device group: ~10 ms instead of
+    ~5 s of CPU per device for its first shared-memory all_reduce).
+    """
+    steps = _ring_steps(topology, ranks, chunk_nbytes, "ring_all_reduce_column")
+    return _column(steps, [1] * len(steps), member, len(ranks))
+
+
+def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) -> list[float]:
+    """Column ``member`` of the max-plus matrix of the dissemination barrier over ``ranks``
+    (``collectives/direct.py``): in round k member p sends an empty message to p + 2^k and receives
+    one from p − 2^k, so it leaves the round at ``max(t_p + α(p→p+2^k), t_{p−2^k} + α(p−2^k→p))``.
+    ⌈log2 n⌉ rounds, O(n log n).  On a uniform topology every entry is ⌈log2 n⌉·α.
+    """
+    n = len(ranks)
+    offsets = [1 << k for k in range(max(n - 1, 0).bit_length())]
+    steps = np.array([[topology.figures(ranks[p], ranks[(p + k) % n])[0] for p in range(n)] for k in offsets])  # T(0) = α
+    return _column(steps, offsets, member, n)
+
+
+def _column(steps: np.ndarray, offsets: Sequence[int], member: int, n: int) -> list[float]:
+    """Row ``member`` of ``A_K ⊗ … ⊗ A_1`` where step k's matrix maps ``t'_p = max(t_p + c_k[p],
+    t_{p−o_k} + c_k[p−o_k])`` (member p's own message keeps it busy c_k[p]; the one from
+    p − o_k arrives after c_k[p − o_k]).  Backwards from the last step: ``u'[q] = c_k[q] +
+    max(u[q], u[q + o_k])``; numpy over the members (a 64-member ring: 126 steps in ~0.5 ms)."""
+    u = np.full(n, NEVER)
+    u[member] = 0.0
+    members = np.arange(n)
+    shifted = {off: (members + off) % n for off in set(offsets)}
+    for k in range(len(offsets) - 1, -1, -1):
+        u = steps[k] + np.maximum(u, u[shifted[offsets[k]]])
+    return u.tolist()
+
+
+def _ring_steps(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], caller: str) -> np.ndarray:
+    """``T[k][p]``: the time of the chunk member p sends to p+1 at step k of the ring all_reduce
+    (``Route.time`` from the cached route figures, elementwise: the same floats)."""
+    n = len(ranks)
+    if len(chunk_nbytes) != n:
+        raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
+    figures = np.array([topology.figures(ranks[p], ranks[(p + 1) % n]) for p in range(n)])  # p -> p+1
+    latency, bandwidth = figures[:, 0], figures[:, 1]
+    members = np.arange(n)
+    # reduce-scatter step s sends chunk p−s−1, all-gather step s chunk p−s
+    shift = np.concatenate([np.arange(n - 1) + 1, np.arange(n - 1)])
+    sizes = np.asarray(chunk_nbytes, dtype=np.float64)[(members[None, :] - shift[:, None]) % n]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        transfer = np.where(sizes > 0, sizes / bandwidth, 0.0)
+    return latency + transfer
+
+
+def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float], nbytes: int) -> list[float]:
+    """Exit clock of every member of the recursive-doubling all_reduce (``collectives/tree.py``)
+    over ``ranks`` entered at ``entry``, by the clock's message rules (a blocking send keeps its
+    sender busy T = α + M/β from its post; a receive completes at max(own clock, post + T)):
+
+    - fold, the e = n − p members above p = 2^⌊log2 n⌋: r sends to r − p, which receives;
+    - log2 p rounds of ``sendrecv`` with r XOR 2^k: t_r ← max(t_r + T(r→q), t_q + T(q→r));
+    - unfold: r < e sends the result to r + p, which receives it.
+
+    O(n log n) per call; exact on links idle at entry, as :func:`ring_all_reduce_delays` is.
+    """
+    n = len(ranks)
+    t = [float(e) for e in entry]
+    if n == 1:
+        return t
+
+    def T(a: int, b: int) -> float:
+        lat, bw = topology.figures(ranks[a], ranks[b])
+        return lat + (nbytes / bw if nbytes else 0.0)
+
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    posted = {}
+    for r in range(p, n):  # fold: r posts its array to r − p and waits for the send
+        posted[r] = t[r]
+        t[r] += T(r, r - p)
+    for r in range(extra):
+        t[r] = max(t[r], posted[r + p] + T(r + p, r))
+    mask = 1
+    while mask < p:
+        before = t[:p]
+        for r in range(p):
+            q = r ^ mask
+            t[r] = max(before[r] + T(r, q), before[q] + T(q, r))
+        mask <<= 1
+    for r in range(extra):  # unfold: the result goes back to r + p, blocked in its receive
+        post = t[r]
+        t[r] = post + T(r, r + p)
+        t[r + p] = max(t[r + p], post + T(r, r + p))
+    return t
 
 
 def apply_delays(column: Sequence[float], entry: Sequence[float]) -> float:

@@ -9,8 +9,14 @@ and ``span = t1 - t0`` the makespan of the whole trace (earliest start to latest
     comm  = |M_r \\ C_r|          communication not hidden behind compute (overlap counts as busy)
     idle  = span - busy - comm   everything else, "wait" events included
 
+A time below a millionth of ``span`` is rounding of the devices' clocks (each sums its own ops'
+costs, in its own order), not time, and is reported as 0 (else an idle device shows "0.03556 ns").
+
 Bytes: each send event adds its ``nbytes`` to the directed link ``(rank, peer)``; ``total_bytes``
-adds every send, with or without a peer.
+adds every send, with or without a peer.  Collectives that move data through shared memory (the
+shm all_reduce reads its peers' scratch) send no messages: ``shared_bytes`` adds, per collective
+event, its ``nbytes`` minus the bytes of the sends that device made inside it (so a ring
+collective, whose steps are sends, adds nothing twice).
 
 Critical path: start from the event that ends last (the innermost one when several end together)
 and walk backwards.  The predecessor of an event ``e`` on device ``r`` is
@@ -154,13 +160,17 @@ class Summary:
     messages: int
     critical_path: tuple[Event, ...] = field(repr=False)
     critical_path_length: float
+    shared_bytes: int = 0
 
     def format(self, max_path: int = 20) -> str:
         """A readable table: per-device times, bytes per link, the critical path (``max_path`` rows)."""
         n = len(self.ranks)
+        sent = f"{format_bytes(self.total_bytes)} sent in {self.messages} message{'s' if self.messages != 1 else ''}"
+        if self.shared_bytes:
+            sent = (f"{format_bytes(self.total_bytes + self.shared_bytes)} moved: {sent}, "
+                    f"{format_bytes(self.shared_bytes)} through shared memory by collectives")
         lines = [f"summary ({self.clock} clock): {n} device{'s' if n != 1 else ''}, "
-                 f"span {format_seconds(self.span)}, {format_bytes(self.total_bytes)} sent "
-                 f"in {self.messages} message{'s' if self.messages != 1 else ''}"]
+                 f"span {format_seconds(self.span)}, {sent}"]
         if not self.ranks:
             return lines[0]
         pad = max(6, *(len(self.device_names[r]) for r in self.ranks))
@@ -205,9 +215,10 @@ def summarize(trace: Trace, clock: str = "model") -> Summary:
     for rank, events in trace.by_rank().items():
         compute = _union([(e.start(clock), e.end(clock)) for e in events if e.kind == "compute"])
         talk = _union([(e.start(clock), e.end(clock)) for e in events if e.kind in _COMM])
-        busy[rank] = _length(compute)
-        comm[rank] = _length(talk) - _overlap(talk, compute)
-        idle[rank] = max(0.0, span - busy[rank] - comm[rank])
+        residue = span * 1e-6
+        busy[rank] = _snap(_length(compute), residue)
+        comm[rank] = _snap(_length(talk) - _overlap(talk, compute), residue)
+        idle[rank] = _snap(span - busy[rank] - comm[rank], residue)
     link_bytes: dict[tuple[int, int], int] = {}
     link_messages: dict[tuple[int, int], int] = {}
     total = messages = 0
@@ -220,10 +231,29 @@ def summarize(trace: Trace, clock: str = "model") -> Summary:
             link = (int(e.rank), int(e.peer))
             link_bytes[link] = link_bytes.get(link, 0) + int(e.nbytes)
             link_messages[link] = link_messages.get(link, 0) + 1
+    shared = _shared_bytes(trace)
     path, length = critical_path(trace, clock)
     return Summary(
         clock=clock, start=t0, end=t1, span=span, ranks=trace.ranks, device_names=trace.device_names,
         busy=busy, comm=comm, idle=idle, link_bytes=dict(sorted(link_bytes.items())),
         link_messages=dict(sorted(link_messages.items())), total_bytes=total, messages=messages,
-        critical_path=path, critical_path_length=length,
+        critical_path=path, critical_path_length=length, shared_bytes=shared,
     )
+
+
+def _snap(t: float, residue: float) -> float:
+    """``t``, or 0.0 if it is float residue (``|t| <= residue``)."""
+    return 0.0 if t <= residue else t
+
+
+def _shared_bytes(trace: Trace) -> int:
+    """Bytes collectives moved without messages (see the module doc), nested sends found on the wall clock."""
+    total = 0
+    for rank, events in trace.by_rank().items():
+        sends = [(e.wall_start, e.wall_end, int(e.nbytes)) for e in events if e.kind == "send"]
+        for c in events:
+            if c.kind != "collective" or not c.nbytes:
+                continue
+            inner = sum(n for s, t, n in sends if s >= c.wall_start and t <= c.wall_end)
+            total += max(0, int(c.nbytes) - inner)
+    return total

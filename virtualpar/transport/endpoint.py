@@ -22,6 +22,13 @@ Two protocols, chosen per message (MPI's eager/rendezvous split):
   thus blocks only when it would have blocked on a full ring anyway, so a lone unmatched message
   that fits is still buffered and reported.
 
+**Strict mode** (``eager_limit`` not None, MPI's practice of testing with the eager limit at 0):
+every non-control send of more than ``eager_limit`` bytes goes by rendezvous, and the receiver
+takes an offer only once a matching receive is posted (until then it is an *unexpected* message
+whose payload stays with the sender), so the send completes only when its receive exists.  A
+program that relies on the channels buffering then blocks, as on a cluster with small eager
+buffers, and deadlock detection names it.  Zero-byte payloads stay eager.
+
 Matching is FIFO per (source, tag); a message that arrives before its receive is posted waits in an
 *unexpected* queue (already in private memory, so the ring keeps flowing).  Receive buffers the
 transport allocates (no ``out=``) come from a :class:`BufferPool` and return to it when the user
@@ -42,11 +49,14 @@ from .arrivals import ArrivalCounters
 from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_PICKLE, VirtualChannel
 from .payload import encode
 from .receiving import CHUNK, Receiving
+from .rendezvous import take_offer
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
 from .shm import CROSS_MEMORY, Layout, SharedArena
 from .want_room import want_room
+from .wildcard import irecv_any
 from .waiting import spin_seconds, usable_cpus, wait
+from .waitboard import board_view
 
 __all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR"]
 
@@ -69,6 +79,8 @@ class Endpoint(Receiving):
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest | None] = {p: None for p in peers}
         self._posted: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
+        self._posted_any: list[RecvRequest] = []  # receives from any source / with any tag, in posting order
+        self._order = 0  # numbers receives as posted and unexpected messages as they arrive
         self._unexpected: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
         self._seq = {p: 0 for p in peers}
         self._bell = doorbells[me]
@@ -94,15 +106,22 @@ class Endpoint(Receiving):
         # chunk.  With more devices than cores they take turns: sleep at once, post once per message.
         self._overlap = layout.devices <= usable_cpus()
         self._spin = spin_seconds(layout.devices, me < layout.devices)
+        self.eager_limit: int | None = None  # strict mode (see the module doc)
+        self.shuffle: Any = None  # shuffled mode: a transport.shuffle.Shuffle, paused on before each post
+        self._board = board_view(arena, layout, me) if me < layout.devices else None  # see waitboard.py
 
     # -- posting ----------------------------------------------------------------------------------
     def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False) -> SendRequest | SentRequest:
+        if self.shuffle is not None and not control:
+            self.shuffle.pause()
         kind, payload, view, dtype, shape = encode(obj)
         seq = self._seq[dst] = self._seq[dst] + 1
         nbytes = view.nbytes
         if control:
             kind |= FLAG_CONTROL
-        if nbytes <= self._small and not self._sendq[dst]:
+        limit = self.eager_limit
+        strict = limit is not None and nbytes > limit and not control and nbytes > 0
+        if nbytes <= self._small and not self._sendq[dst] and not strict:
             # The eager fast path: nothing queued ahead of it (FIFO) and a small payload, so the
             # whole frame goes into the ring now, published with one store, or not at all.
             if self._out[dst].write_frame(kind, tag, stamp, seq, dtype, shape, view, nbytes):
@@ -111,9 +130,9 @@ class Endpoint(Receiving):
                 return SentRequest(dst, tag, nbytes, stamp, seq)
         self._count(dst, nbytes, control)
         req = SendRequest(self, dst, tag, kind, payload, view, dtype, shape, seq, stamp)
-        if nbytes >= RENDEZVOUS_FLOOR and self._offer_to[dst] and (
+        if self._offer_to[dst] and (strict or nbytes >= RENDEZVOUS_FLOOR and (
                 nbytes >= (RENDEZVOUS_MIN or self._rdv_min) or self._sendq[dst]
-                or self._out[dst].writable() < nbytes + 2048):  # header + a possible end-of-ring skip
+                or self._out[dst].writable() < nbytes + 2048)):  # header + a possible end-of-ring skip
             req.kind |= FLAG_RENDEZVOUS
             self._token += 1
             req.token = self._token
@@ -134,15 +153,24 @@ class Endpoint(Receiving):
         """The message number the next send to ``dst`` will carry (for trace flow ids)."""
         return self._seq[dst] + 1
 
-    def irecv(self, src: int, tag: int, out: np.ndarray | None = None) -> RecvRequest:
+    def irecv(self, src: int | None, tag: int | None, out: np.ndarray | None = None) -> RecvRequest:
+        if self.shuffle is not None and (tag is None or tag >= 0):  # user receives (the runtime's own tags are negative)
+            self.shuffle.pause()
+        if src is None or tag is None:  # from any source / with any tag (transport/wildcard.py)
+            return irecv_any(self, src, tag, out)
         key = (src, tag)
         waiting = self._unexpected.get(key)
         if waiting:
             req = waiting.popleft()  # the oldest message with this key, complete or still arriving
             req.out = out
             req.claimed = True
+            if not req.done and req.expect == 0 and req.header is not None and req.header.kind & FLAG_RENDEZVOUS:
+                take_offer(self, self._in[src], req)  # strict mode held this offer until now
             return req
         req = RecvRequest(self, src, tag, out)
+        if self._posted_any:  # posting order matters only against waiting wildcard receives
+            self._order += 1
+            req.order = self._order
         self._posted[key].append(req)
         self.progress()
         return req
@@ -238,6 +266,7 @@ class Endpoint(Receiving):
             q.clear()
         self._busy.clear()
         self._posted.clear()
+        self._posted_any.clear()
         self._unexpected.clear()
         for p in self._partial:
             self._partial[p] = None

@@ -31,6 +31,7 @@ from .payload import byte_view, check_out, header_dtype
 from .rendezvous import take_offer
 from .requests import RecvRequest
 from .want_room import FENCED, fence
+from .wildcard import match_any
 
 __all__ = ["Receiving", "CHUNK"]
 
@@ -56,8 +57,8 @@ class Receiving:
                     req = self._match(src, header)
                     if header.kind & FLAG_RENDEZVOUS:
                         take_offer(self, ch, req)
-                        if req.done:
-                            continue
+                        if req.done or req.expect == 0:
+                            continue  # taken, or held (strict mode) until a receive is posted
                     elif req.expect == 0:
                         self._finish(req)
                         continue
@@ -110,10 +111,15 @@ class Receiving:
     def _match(self, src: int, header: Header) -> RecvRequest:
         key = (src, header.tag)
         posted = self._posted.get(key)
-        if posted:
+        wild = match_any(self, src, header.tag, posted[0] if posted else None) if self._posted_any else None
+        if wild is not None:
+            req = wild
+        elif posted:
             req = posted.popleft()
         else:
             req = RecvRequest(self, src, header.tag)
+            self._order += 1
+            req.order = self._order  # arrival order, for receives from any source
             self._unexpected[key].append(req)
         req.header = header
         req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined

@@ -22,6 +22,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from .channel import FLAG_CONTROL
 from .payload import byte_view
 from .shm import PERMANENT_ERRORS, read_remote
 
@@ -40,6 +41,11 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     for it through the ring (``req`` becomes ``ep``'s partial receive from that sender)."""
     h = req.header
     assert h is not None
+    limit = ep.eager_limit
+    if limit is not None and h.nbytes > limit and not h.kind & FLAG_CONTROL:
+        held = ep._unexpected.get((req.src, req.tag))
+        if held and held[-1] is req:
+            return  # strict mode: no receive is posted yet; Endpoint.irecv takes it when one is
     if req.target is None:
         req.target = ep._pool.raw(h.nbytes)
     err = read_remote(h.pid, h.addr, req.target, h.nbytes) if ep._can_read else errno.EPERM

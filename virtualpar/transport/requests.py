@@ -87,7 +87,7 @@ class RecvRequest:
     """A message on its way in; ``wait()`` returns the array (or object)."""
 
     __slots__ = ("endpoint", "src", "tag", "out", "out_bytes", "header", "target", "buf", "got", "expect", "done", "value",
-                 "error", "claimed")
+                 "error", "claimed", "order")
 
     def __init__(self, endpoint: "Endpoint", src: int, tag: int, out: np.ndarray | None = None) -> None:
         self.endpoint = endpoint
@@ -105,9 +105,11 @@ class RecvRequest:
         self.value: Any = None
         self.error: Exception | None = None
         self.claimed = out is not None
+        self.order = 0  # posting order (posted receives) or arrival order (unexpected messages)
 
     def __str__(self) -> str:  # what a timeout or abort says it waited for (formatted only then)
-        return f"recv from {self.src} (tag {self.tag})"
+        src = "any source" if self.src is None else self.src
+        return f"recv from {src} (tag {'any' if self.tag is None else self.tag})"
 
     @property
     def nbytes(self) -> int:

@@ -52,6 +52,9 @@ RECORD_SLOTS = 64  # flight-recorder entries kept per device
 RECORD_BYTES = 256  # bytes per flight-recorder entry
 
 
+ARRIVAL_WORDS = 5  # per (device, peer): fence count; call digest and entry clock of even, odd fences
+
+
 def _align(n: int, to: int = _LINE) -> int:
     return (n + to - 1) // to * to
 
@@ -94,14 +97,16 @@ class Layout:
         return self.counters_offset + self.counters_bytes
 
     def arrival_offset(self, src: int, dst: int) -> int:
-        """uint64: how many fences device ``src`` has entered together with device ``dst``.
+        """uint64: how many fences device ``src`` has entered together with device ``dst``, followed
+        by what ``src`` published at those fences, by the count's parity: its call's digest
+        (uint64) at words 1 and 2, its modelled clock (float64) at words 3 and 4.
 
         Row ``src`` is written only by ``src`` and starts on its own cache line (see arrivals.py)."""
-        return self.arrivals_offset + src * self.arrival_row_bytes + 8 * dst
+        return self.arrivals_offset + src * self.arrival_row_bytes + ARRIVAL_WORDS * 8 * dst
 
     @property
     def arrival_row_bytes(self) -> int:
-        return _align(8 * self.devices)
+        return _align(ARRIVAL_WORDS * 8 * self.devices)
 
     @property
     def recorders_offset(self) -> int:

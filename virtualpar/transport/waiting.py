@@ -17,6 +17,11 @@ core runs (a yield is a ~0.5 µs syscall, so the replies of a ping-pong, due wit
 polled for without one).  With more devices than cores nobody polls: every wait sleeps at once.
 ``SPIN_SECONDS = 0`` turns polling off.
 
+Only a wait that goes to sleep touches the wait board (:mod:`.waitboard`): before each sleep it
+publishes what it waits for (once per wait) and marks itself asleep, after each wake-up awake, and
+it clears the entry when it ends, so the deadlock detector sees blocked devices while polling
+waits -- the hot path -- write nothing.
+
 Every sleep is at most ``_WAKE_SLICE`` long, so a wait re-checks the abort word and its deadline
 at least that often even if no post ever comes.
 """
@@ -28,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import DeviceAborted
+from .waitboard import ACK, GEN, KIND, NONE, POKE, describe_wait
 
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
@@ -73,40 +79,58 @@ def wait(
     clock = time.perf_counter
     spin_until = clock() + spin if spin else 0.0
     busy = min(SPIN_BUSY, spin) if SPIN_YIELD else spin  # poll this long before yielding
-    while True:
-        ep.progress()
-        if done():
-            return
-        if ep._abort[0]:
-            raise aborted_error(ep, what)
-        if on_idle is not None:
-            on_idle()
-        left = _WAKE_SLICE
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if on_timeout is not None:
-                    raise on_timeout()
-                raise TimeoutError(f"{what} timed out after {timeout} s")
-        if spin_until:
-            yield_from = spin_until - spin + busy
-            while not bell.acquire(False):
-                now = clock()
-                if now >= yield_from:
-                    if now >= spin_until:
-                        spin_until = 0.0
-                        break
-                    os.sched_yield()  # a peer queued on this core runs now
-            else:
+    board = ep._board  # the wait board (waitboard.py), written only around a sleep
+    published = False
+    seen = 0  # the detector's last poke read since this wait's last wake-up
+    try:
+        while True:
+            ep.progress()
+            if done():
+                return
+            if ep._abort[0]:
+                raise aborted_error(ep, what)
+            if on_idle is not None:
+                on_idle()
+            left = _WAKE_SLICE
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if on_timeout is not None:
+                        raise on_timeout()
+                    raise TimeoutError(f"{what} timed out after {timeout} s")
+            if spin_until:
+                yield_from = spin_until - spin + busy
+                while not bell.acquire(False):
+                    now = clock()
+                    if now >= yield_from:
+                        if now >= spin_until:
+                            spin_until = 0.0
+                            break
+                        os.sched_yield()  # a peer queued on this core runs now
+                else:
+                    while bell.acquire(False):
+                        pass
+                    spin_until = clock() + spin  # something moved: poll again next time
+                    continue
+            if board is not None:
+                if not published:
+                    describe_wait(board, what)
+                    published = True
+                board[ACK] = seen
+                board[GEN] += 1  # odd: asleep
+            got = bell.acquire(True, min(left, _WAKE_SLICE))
+            if board is not None:
+                board[GEN] += 1  # even: awake
+                seen = board[POKE]
+            if got:
                 while bell.acquire(False):
                     pass
-                spin_until = clock() + spin  # something moved: poll again next time
-                continue
-        if bell.acquire(True, min(left, _WAKE_SLICE)):
-            while bell.acquire(False):
-                pass
-            if spin:
-                spin_until = clock() + spin
+                if spin:
+                    spin_until = clock() + spin
+
+    finally:
+        if published:
+            board[KIND] = NONE  # not waiting any more (returned or raised)
 
 
 def aborted_error(ep: "Endpoint", what: object) -> DeviceAborted:

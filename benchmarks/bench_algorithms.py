@@ -1,0 +1,74 @@
+"""Sweep: every all_reduce algorithm against the default choice, by size and group size.
+
+For each device count n and message size, the steady time (median of a few calls, the slowest
+device's) of every algorithm (``ring``, ``tree``, ``direct``, ``shm``) and of the default choice
+(``algorithm=None``).  The default must never be more than 10% slower than the best algorithm
+for that (size, n); the thresholds in ``virtualpar/collectives/selection.py`` come from this sweep
+(see benchmarks/README.md).
+
+    python benchmarks/bench_algorithms.py --devices 2,4,8,16,32,64 --sizes 1024,8192,65536,524288,4194304
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from virtualpar import VirtualCluster
+from virtualpar.collectives import ALGORITHMS
+
+ALGOS = tuple(ALGORITHMS["all_reduce"])
+
+
+def _timed(dev, count: int, algorithm: str | None, iters: int) -> list[float]:
+    x = np.ones(count)
+    out = []
+    for _ in range(iters):
+        dev.barrier()
+        t0 = time.perf_counter()
+        dev.all_reduce(x, algorithm=algorithm)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def sweep(devices: list[int], sizes: list[int], iters: int) -> list[dict]:
+    rows = []
+    for n in devices:
+        with VirtualCluster(n, timeout=120) as cluster:
+            for nbytes in sizes:
+                row = {"devices": n, "bytes": nbytes, "s": {}}
+                for algo in (*ALGOS, None):
+                    cluster.run(_timed, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
+                    per_device = cluster.run(_timed, nbytes // 8, algo, iters)
+                    row["s"][algo or "default"] = statistics.median(max(col) for col in zip(*per_device))
+                best = min(ALGOS, key=lambda a: row["s"][a])
+                row["best"], row["default_vs_best"] = best, row["s"]["default"] / row["s"][best]
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", default="2,4,8,16,32,64")
+    ap.add_argument("--sizes", default="1024,8192,65536,524288,4194304")
+    ap.add_argument("--iters", type=int, default=7)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = sweep([int(d) for d in args.devices.split(",")], [int(s) for s in args.sizes.split(",")], args.iters)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print("# all_reduce steady time per algorithm, ms (median of the slowest device's); default/best")
+    print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*ALGOS, "default")) + f" {'best':>7} {'def/best':>9}")
+    for r in rows:
+        cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" for a in (*ALGOS, "default"))
+        flag = "" if r["default_vs_best"] <= 1.10 else "  <-- over 10%"
+        print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['default_vs_best']:9.2f}{flag}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Scale: 8 to 256 devices on this machine's cores, against MPICH on the same sizes in the same run.
+
+For every device count n, a fresh cluster: its start-up time, then for each op the *first* call
+and the *steady* time (best of the next three), each the slowest device's time as it measured it
+— exactly what ``_mpi_scale.py`` measures under ``mpiexec -n n``.  Then the cluster's resident
+memory (sum of the devices' PSS, so shared pages count once) and the time to close it.  Every
+result is checked (an all_reduce of ones gives n everywhere, a gather holds every rank's piece).
+
+    python benchmarks/bench_scale.py                 # 8 ... 256 devices, MPICH up to 64
+    python benchmarks/bench_scale.py --sizes 8,16 --json
+
+Targets (issue 13): at 16, 32 and 64 devices the default all_reduce takes no longer than MPICH's,
+first call and steady state alike; a barrier at 64 devices ≤ 5 ms; a 128-device cluster starts,
+runs its first all_reduce and closes in ≤ 5 s; at 128 and 256 devices every collective completes
+and is correct; 256 devices start in ≤ 2 s and hold ≤ 2 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _references import _mpiexec, module_version  # noqa: E402
+
+from virtualpar import VirtualCluster  # noqa: E402
+
+KIB = 1024
+OPS = ("barrier", "all_reduce_8KiB", "all_reduce_512KiB", "all_gather_512KiB", "broadcast_512KiB")
+
+
+def _device_op(dev, name: str) -> tuple[float, bool]:
+    """One op on this device: (seconds it took here, result correct?)."""
+    n = dev.size
+    small, large = np.ones(8 * KIB // 8), np.full(512 * KIB // 8, float(dev.rank))
+    t0 = time.perf_counter()
+    if name == "barrier":
+        dev.barrier()
+        ok = True
+    elif name == "all_reduce_8KiB":
+        ok = bool((dev.all_reduce(small) == n).all())
+    elif name == "all_reduce_512KiB":
+        ok = bool((dev.all_reduce(np.ones(large.size)) == n).all())
+    elif name == "all_gather_512KiB":
+        got = dev.all_gather(large)
+        ok = got.shape == (n * large.size,) and bool((got[:: large.size] == np.arange(n)).all())
+    else:
+        ok = bool((dev.broadcast(large if dev.rank == 0 else None, root=0) == 0.0).all())
+    return time.perf_counter() - t0, ok
+
+
+def measure(n: int) -> dict:
+    t0 = time.perf_counter()
+    cluster = VirtualCluster(n, timeout=120)
+    started = time.perf_counter() - t0
+    result = {"devices": n, "start_s": started, "first_s": {}, "steady_s": {}, "correct": True}
+    try:
+        for name in OPS:
+            times = []
+            for _ in range(4):
+                replies = cluster.run(_device_op, name)
+                times.append(max(t for t, _ in replies))
+                result["correct"] &= all(ok for _, ok in replies)
+            result["first_s"][name], result["steady_s"][name] = times[0], min(times[1:])
+        memory = cluster.resident_memory()
+        result["pss_bytes"] = sum(m["pss"] for m in memory)
+        result["rss_per_device_bytes"] = int(np.median([m["rss"] for m in memory]))
+    finally:
+        t1 = time.perf_counter()
+        cluster.close()
+        result["close_s"] = time.perf_counter() - t1
+    return result
+
+
+def first_all_reduce_round_trip(n: int) -> float:
+    """Seconds to start n devices, run one 512 KiB all_reduce, and close (the 128-device target)."""
+    t0 = time.perf_counter()
+    with VirtualCluster(n, timeout=120) as cluster:
+        cluster.run(_device_op, "all_reduce_512KiB")
+    return time.perf_counter() - t0
+
+
+def mpich(n: int) -> dict:
+    if module_version("mpi4py") is None or _mpiexec() is None:
+        return {"skipped": "mpi4py / mpiexec not installed (pip install mpi4py mpich)"}
+    cmd = [_mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, "_mpi_scale.py")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=HERE)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"skipped": str(exc)}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"skipped": f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"}
+    return json.loads(lines[-1])
+
+
+def targets(rows: list[dict], refs: dict[int, dict], round_trip_128: float | None) -> list[tuple[str, bool, str]]:
+    out = []
+    for row in rows:
+        n, ref = row["devices"], refs.get(row["devices"], {})
+        if n in (16, 32, 64) and "first_s" in ref:
+            for kind in ("first_s", "steady_s"):
+                ratio = row[kind]["all_reduce_512KiB"] / ref[kind]["all_reduce_512KiB"]
+                out.append((f"all_reduce 512 KiB {kind[:-2]} at {n} <= MPICH", ratio <= 1.0, f"{ratio:.2f}x MPICH's time"))
+        if n == 64:
+            t = row["steady_s"]["barrier"]
+            out.append(("barrier at 64 devices <= 5 ms", t <= 5e-3, f"{t * 1e3:.2f} ms"))
+        if n in (128, 256):
+            out.append((f"every collective correct at {n}", row["correct"], "checked on every device"))
+        if n == 256:
+            out.append(("256 devices start <= 2 s", row["start_s"] <= 2.0, f"{row['start_s']:.2f} s"))
+            out.append(("256 devices hold <= 2 GiB", row["pss_bytes"] <= 2 << 30, f"{row['pss_bytes'] / 2**30:.2f} GiB"))
+    if round_trip_128 is not None:
+        out.append(("128 devices: start, first all_reduce, close <= 5 s", round_trip_128 <= 5.0, f"{round_trip_128:.2f} s"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="8,16,32,64,128,256", help="device counts, comma-separated")
+    ap.add_argument("--mpi-max", type=int, default=64, help="largest device count to run MPICH at")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows, refs = [], {}
+    for n in sizes:
+        rows.append(measure(n))
+        if n <= args.mpi_max:
+            refs[n] = mpich(n)
+    round_trip = first_all_reduce_round_trip(128) if 128 in sizes else None
+    checks = targets(rows, refs, round_trip)
+    if args.json:
+        print(json.dumps({"virtualpar": rows, "mpich": refs, "round_trip_128_s": round_trip,
+                          "targets": [{"target": t, "pass": ok, "value": v} for t, ok, v in checks]}))
+        return
+    print(f"# virtualpar scale benchmark: {os.cpu_count()} CPUs; times are the slowest device's, ms "
+          "(first call on a fresh cluster / best of the next 3); ratio = ours / MPICH")
+    head = f"{'n':>4} {'start':>7} " + " ".join(f"{op:>26}" for op in OPS) + f" {'PSS':>9} {'close':>7}"
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        ref = refs.get(row["devices"], {})
+        cells = []
+        for op in OPS:
+            f, s = row["first_s"][op] * 1e3, row["steady_s"][op] * 1e3
+            ratio = f" ({s / (ref['steady_s'][op] * 1e3):.2f}x)" if "steady_s" in ref else ""
+            cells.append(f"{f:7.1f} / {s:6.2f}{ratio:>9}")
+        print(f"{row['devices']:>4} {row['start_s']:6.2f}s " + " ".join(f"{c:>26}" for c in cells)
+              + f" {row['pss_bytes'] / 2**20:7.0f}Mi {row['close_s']:6.2f}s" + ("" if row["correct"] else "  WRONG"))
+    for n, ref in refs.items():
+        if "first_s" in ref:
+            print(f"MPICH n={n:<3} " + "  ".join(f"{op} {ref['first_s'][op] * 1e3:.1f}/{ref['steady_s'][op] * 1e3:.2f}" for op in OPS))
+        else:
+            print(f"MPICH n={n}: skipped ({ref.get('skipped')})")
+    print()
+    for name, ok, value in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Deadlock detection: the driver reads the wait board while it waits for a run's replies.
+
+Every device that *sleeps* in a wait has published on the wait board (transport/waitboard.py) what
+it waits for.  Every ``WATCH_EVERY`` seconds the driver takes a snapshot and computes which devices
+can still make progress, as a least fixed point:
+
+* *live*: a device of the run that is not asleep in a wait (user compute, polling, a wait of any
+  other kind), and a sleeping device with bytes unread in any ring into it (in flight);
+* then, repeatedly, a sleeping device one of whose waited-for devices is live (a receive or send:
+  its peer; a fence: any member that has not arrived, read from the arrival counters; an
+  any-source receive: anybody), or a fence every member has arrived at.
+
+The rest are *dead*: they sleep, nothing is in flight to them, and they wait only for each other
+or for devices that already returned from the run.  Taking "any dependency live" as live never
+declares too much: a fence waiting on two devices, one of which computes, is live.
+
+Evidence that a sleeping device will wake: bytes unread in a ring into it (a header, an offer, a
+streamed chunk), an answer to the rendezvous offer its send waits on (the channel's reply word holds
+its token), or a matching pair (it waits to receive from ``p`` with tag ``t`` while ``p`` waits to send
+it ``t``).  Every change that ends a wait leaves one of these, or moves the arrival counters read for
+fences, so a device that was rung but has not run yet never looks dead.
+
+Being dead in one snapshot is still not enough: a device may have been woken but not have run yet (a
+loaded machine), or a change may be on its way.  So the driver *pokes* the dead set (writes a
+fresh number into each member's ``POKE`` word, then rings its doorbell) and declares a deadlock
+only when a later snapshot finds the same dead set with the same waits, every member asleep with
+``ACK`` equal to that number -- each re-checked its wait after the poke and still found it
+unfinished -- and every member's ``GEN`` unchanged across the snapshot (nobody woke while it was
+taken).  A state in which no member can change anything unless another member does, and every
+member has checked after the last change, is stuck for good.  Cost: a few hundred word reads per
+scan in the driver; the devices write the board only when they go to sleep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Deadlock
+from ..mesh import Mesh
+from ..transport.shm import Layout, SharedArena
+from ..transport.waitboard import ACK, ANY, FENCE, GEN, KIND, KIND_NAMES, MASK, PEER, POKE, RECV, SEND, TAG, board_view
+from .recorder import FlightRecorder
+
+__all__ = ["DeadlockWatch", "WATCH_EVERY"]
+
+WATCH_EVERY = 0.02  # seconds between scans of the wait board while the driver waits
+_BLOCKING = (RECV, SEND, FENCE, ANY)
+
+
+class DeadlockWatch:
+    """The driver's view of one cluster's wait board and rings."""
+
+    def __init__(self, mesh: Mesh, arena: SharedArena, layout: Layout, recorders: list[FlightRecorder],
+                 doorbells: list[Any]) -> None:
+        n = layout.devices
+        self.mesh = mesh
+        self.n = n
+        self._boards = [board_view(arena, layout, r) for r in range(n)]
+        self._recorders = recorders
+        self._bells = doorbells
+        E = layout.endpoints
+        self._rings_in = [[(arena.word_at(layout.head_offset(s, d)), arena.word_at(layout.tail_offset(s, d)))
+                           for s in range(E) if s != d] for d in range(n)]
+        self._arrivals = [[arena.word_at(layout.arrival_offset(i, j)) for j in range(n)] for i in range(n)]
+        self._replies = [[arena.word_at(layout.reply_offset(i, j)) if i != j else None for j in range(n)]
+                         for i in range(n)]
+        self._candidate: tuple | None = None
+        self._pokes = 0
+
+    def _read(self) -> list[tuple[int, ...]]:
+        return [tuple(b[:ACK + 1]) for b in self._boards]
+
+    def _deps(self, d: int, entry: tuple[int, ...]) -> list[int]:
+        kind = entry[KIND]
+        if kind in (RECV, SEND):
+            return [entry[PEER]]
+        if kind == FENCE:  # the members that have not arrived yet (transport/arrivals.py)
+            mask, count = entry[MASK], self._arrivals
+            return [r for r in range(self.n) if r != d and (mask == -1 or mask >> r & 1)
+                    and count[r][d][0] < count[d][r][0]]
+        return [r for r in range(self.n) if r != d]
+
+    def dead_set(self, running: set[int], snap: list[tuple[int, ...]]) -> set[int]:
+        """Devices of ``running`` that sleep in a wait nothing can end (one snapshot's verdict)."""
+        blocked = {d for d in running if snap[d][KIND] in _BLOCKING and snap[d][GEN] & 1}
+        live = set(running) - blocked
+        for d in blocked:
+            if any(head[0] != tail[0] for head, tail in self._rings_in[d]) or self._answered(d, snap[d]):
+                live.add(d)  # bytes in flight to it, or its offer answered: it will wake and go on
+            elif snap[d][KIND] in (RECV, ANY):
+                for p in blocked:  # a posted receive and its matching send always complete
+                    e = snap[p]
+                    if e[KIND] == SEND and e[PEER] == d and e[TAG] == snap[d][TAG] and (
+                            snap[d][KIND] == ANY or snap[d][PEER] == p):
+                        live.update((d, p))
+        changed = True
+        while changed:
+            changed = False
+            for d in blocked - live:
+                deps = self._deps(d, snap[d])
+                if not deps or any(p >= self.n or p in live for p in deps):  # p >= n: the host, never stuck here
+                    live.add(d)
+                    changed = True
+        return blocked - live
+
+    def _answered(self, d: int, entry: tuple[int, ...]) -> bool:
+        """Has the receiver answered the rendezvous offer ``d`` waits on (taken, or asked to stream)?"""
+        token = entry[MASK]
+        if entry[KIND] != SEND or not token or not 0 <= entry[PEER] < self.n:
+            return False
+        return self._replies[d][entry[PEER]][0] >> 1 == token
+
+    def reset(self) -> None:
+        """Forget the candidate (a new round of replies begins)."""
+        self._candidate = None
+
+    def scan(self, running: set[int]) -> Deadlock | None:
+        """One look at the board (see the module doc): a ``Deadlock`` once one is certain, else None."""
+        snap = self._read()
+        dead = self.dead_set(running, snap)
+        if not dead:
+            self._candidate = None
+            return None
+        again = self._read()
+        if any(again[d] != snap[d] for d in dead):
+            return None  # somebody woke while we looked
+        waits = {d: snap[d][:MASK + 1] for d in sorted(dead)}
+        cand = self._candidate
+        if cand is None or cand[0] != waits or any(snap[d][GEN] > cand[2][d] + 2 for d in dead):
+            self._pokes += 1
+            for d in dead:
+                self._boards[d][POKE] = self._pokes
+            for d in dead:
+                self._bells[d].release()
+            self._candidate = (waits, self._pokes, {d: snap[d][GEN] for d in dead})
+            return None
+        poke, gens = cand[1], cand[2]
+        # each member woke once since the poke (reading it), re-checked, and sleeps again
+        if all(snap[d][ACK] == poke and snap[d][GEN] == gens[d] + 2 for d in dead):
+            self._candidate = None
+            return self._error(dead, snap, running)
+        return None
+
+    # -- the message ------------------------------------------------------------------------------
+    def _wait_text(self, d: int, entry: tuple[int, ...]) -> str:
+        kind = entry[KIND]
+        if kind in (RECV, SEND):
+            return f"{KIND_NAMES[kind]} {entry[PEER]} (tag {entry[TAG]})"
+        if kind == FENCE:
+            return f"fence with {self._deps(d, entry)}"
+        return f"recv from any source (tag {entry[TAG]})"
+
+    def _op_text(self, d: int) -> str:
+        rec = self._recorders[d].last() if self._recorders else None
+        return f"op #{rec.seq} {rec.text}" if rec is not None else "no op recorded"
+
+    def _error(self, dead: set[int], snap: list[tuple[int, ...]], running: set[int]) -> Deadlock:
+        start = min(dead)
+        chain, seen = [start], {start}
+        end_note = ""
+        while True:
+            deps = self._deps(chain[-1], snap[chain[-1]])
+            nxt = next((p for p in deps if p in dead), None)
+            if nxt is None:
+                gone = [p for p in deps if p < self.n and p not in running]
+                end_note = f" ← device {gone[0]} has returned from the run" if gone else ""
+                break
+            if nxt in seen:
+                chain = chain[chain.index(nxt):]
+                break
+            chain.append(nxt)
+            seen.add(nxt)
+        cycle = " ← ".join(f"device {d} waits {self._wait_text(d, snap[d])}" for d in chain) + end_note
+        what = "a cycle of waits" if not end_note else "waits that nothing can end"
+        lines = [f"deadlock ({what}): {cycle}"]
+        for d in sorted(dead):
+            lines.append(f"  device {d} {self.mesh.index(d)} in {self._op_text(d)}: waits {self._wait_text(d, snap[d])}")
+        lines.append("  every device listed sleeps with nothing in flight to it; none of them can act first.")
+        return Deadlock("\n".join(lines), cycle=chain, waits={d: self._wait_text(d, snap[d]) for d in sorted(dead)})

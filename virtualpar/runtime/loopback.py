@@ -1,0 +1,75 @@
+"""Messages a device sends to itself, as MPI allows (generic ring code at world size 1 needs them).
+
+They never touch a channel: a send to oneself queues a copy (arrays copied, other objects
+pickled and unpickled, so the receiver never aliases the sender's object) under its tag, FIFO,
+and a receive from oneself takes the oldest one.  ``irecv`` may be posted before the matching
+``isend``; a receive from oneself that finds nothing queued when it must complete would wait
+forever, so it raises instead.  No bytes are counted and no modelled time is charged: no link is
+crossed.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+
+__all__ = ["SelfRequest", "send_to_self", "recv_from_self"]
+
+
+def _copy(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return np.array(x, copy=True)
+    return pickle.loads(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _queue(dev: Any, tag: int) -> deque:
+    queues = dev.__dict__.setdefault("_loopback", {})
+    return queues.setdefault(tag, deque())
+
+
+def send_to_self(dev: Any, x: Any, tag: int) -> None:
+    slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag))
+    _queue(dev, tag).append(_copy(x))
+    dev._recorder.finish(slot, dev.clock)
+
+
+def recv_from_self(dev: Any, tag: int, out: np.ndarray | None = None) -> Any:
+    slot = dev._begin_op(*dev._texts.recv(dev.rank, tag))
+    q = _queue(dev, tag)
+    if not q:
+        dev._recorder.finish(slot, dev.clock, failed=True)
+        raise UsageError(f"{dev.name}: recv from itself (tag {tag}) at op #{dev.op_seq} has no message: no send to "
+                         "itself with that tag is queued, so it would wait forever", rank=dev.rank, tag=tag)
+    value = q.popleft()
+    if out is not None:
+        np.copyto(out, value)
+        value = out
+    dev._recorder.finish(slot, dev.clock)
+    return value
+
+
+class SelfRequest:
+    """What ``isend``/``irecv`` to or from oneself return: a send is complete at once; a receive
+    takes its message when waited on (so it may be posted before the send)."""
+
+    def __init__(self, dev: Any, kind: str, tag: int, out: np.ndarray | None = None) -> None:
+        self._dev, self._kind, self._tag, self._out = dev, kind, tag, out
+        self._done = kind == "send"
+        self._value: Any = None
+
+    def test(self) -> bool:
+        return self._done or bool(_queue(self._dev, self._tag))
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._done:
+            self._value = recv_from_self(self._dev, self._tag, self._out)
+            self._done = True
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"<Request {self._kind} self tag={self._tag} {'done' if self._done else 'pending'}>"

@@ -1,0 +1,80 @@
+"""The wait board: what each blocked device waits for, published in shared memory.
+
+Each device's flight-recorder line (64 bytes, of which the record count uses the first 8) holds
+seven more int64 words, written only while the device *sleeps* on its doorbell (after its poll
+phase), so a wait that ends while polling writes nothing::
+
+    KIND | PEER | TAG | MASK | GEN | POKE | ACK
+
+* ``KIND``: what the wait is for (``NONE`` once it returned): a receive from ``PEER`` with ``TAG``,
+  a send to ``PEER`` with ``TAG`` (that the receiver has not taken yet; ``MASK`` holds the token of
+  its rendezvous offer, 0 for an eager send waiting for room), a fence of the members in
+  ``MASK`` (bit ``r`` for device ``r``; -1 when there are more than 63 devices), or something else
+  (``OTHER``: never part of a deadlock).
+* ``GEN``: odd while the device sleeps, even while awake inside the wait (+1 before each sleep and
+  after each wake-up), so a reader that sees the same odd ``GEN`` twice knows it slept in between.
+* ``POKE`` is written by the deadlock detector before it rings the device; the device reads it
+  when it wakes and copies it to ``ACK`` before it sleeps again.  ``ACK == POKE`` thus proves the
+  device re-checked its wait *after* the poke and still found it unfinished (see
+  runtime/deadlock.py for why that makes detection free of false positives).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .shm import Layout, SharedArena
+
+__all__ = ["board_view", "describe_wait", "NONE", "RECV", "SEND", "FENCE", "ANY", "OTHER",
+           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "KIND_NAMES", "FenceWait"]
+
+NONE, RECV, SEND, FENCE, ANY, OTHER = 0, 1, 2, 3, 4, 5
+KIND_NAMES = {RECV: "recv from", SEND: "send to", FENCE: "fence with", ANY: "recv from any", OTHER: "wait"}
+KIND, PEER, TAG, MASK, GEN, POKE, ACK = range(7)
+
+
+def board_view(arena: SharedArena, layout: Layout, rank: int) -> memoryview:
+    """Device ``rank``'s seven board words (int64), right after its flight-record count."""
+    return memoryview(arena.view(layout.recorder_offset(rank) + 8, 7, np.int64))
+
+
+class FenceWait:
+    """What a fence waits for: every member in ``ranks`` to arrive (prints as ``a fence``)."""
+
+    __slots__ = ("ranks",)
+
+    def __init__(self, ranks) -> None:
+        self.ranks = tuple(ranks)
+
+    def __str__(self) -> str:
+        return "a fence"
+
+
+def describe_wait(board: memoryview, what: object) -> None:
+    """Publish what ``what`` (a request, a :class:`FenceWait`, anything else) waits for."""
+    peers = getattr(what, "ranks", None)
+    if peers is not None:
+        mask = 0
+        for r in peers:
+            mask = -1 if r >= 63 or mask == -1 else mask | (1 << r)
+        board[MASK] = mask
+        board[KIND] = FENCE
+        return
+    tag = getattr(what, "tag", None)
+    if tag is None:
+        board[KIND] = OTHER
+        return
+    board[TAG] = tag
+    dst = getattr(what, "dst", None)
+    if dst is not None:
+        board[MASK] = getattr(what, "token", 0)  # a rendezvous offer's token (0: eager, waiting for room)
+        board[PEER] = dst
+        board[KIND] = SEND
+        return
+    src = getattr(what, "src", None)
+    if src is None or src < 0:
+        board[PEER] = -1
+        board[KIND] = ANY
+        return
+    board[PEER] = src
+    board[KIND] = RECV

@@ -1,0 +1,61 @@
+"""Receives from any source or with any tag (MPI's ``ANY_SOURCE`` / ``ANY_TAG``).
+
+A wildcard receive (``src`` or ``tag`` None) first takes the *earliest-arrived* unexpected message
+it matches (each (source, tag) queue is FIFO, so only queue heads compete; every unexpected
+message carries its arrival number); else it waits in ``posted_any``, in posting order.  A frame
+that arrives is matched to the earliest-posted receive that accepts it, a specific one or a
+wildcard one (both carry their posting number) — MPI's non-overtaking rule.  Wildcards match only
+user tags (>= 0): the runtime's own messages (negative tags) are never taken.  Which source an
+any-source receive took shows in its header (``req.src`` is set to it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .channel import FLAG_RENDEZVOUS
+from .rendezvous import take_offer
+from .requests import RecvRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .endpoint import Endpoint
+
+__all__ = ["irecv_any", "match_any"]
+
+
+def _accepts(req: RecvRequest, src: int, tag: int) -> bool:
+    return tag >= 0 and (req.src is None or req.src == src) and (req.tag is None or req.tag == tag)
+
+
+def irecv_any(ep: "Endpoint", src: int | None, tag: int | None, out: Any) -> RecvRequest:
+    best_key, best = None, None
+    for key, waiting in ep._unexpected.items():
+        if waiting and key[1] >= 0 and (src is None or key[0] == src) and (tag is None or key[1] == tag):
+            if best is None or waiting[0].order < best.order:
+                best_key, best = key, waiting[0]
+    if best is not None:
+        ep._unexpected[best_key].popleft()
+        best.out = out
+        best.claimed = True
+        if not best.done and best.expect == 0 and best.header is not None and best.header.kind & FLAG_RENDEZVOUS:
+            take_offer(ep, ep._in[best_key[0]], best)  # strict mode held this offer until now
+        return best
+    req = RecvRequest(ep, src, tag, out)
+    ep._order += 1
+    req.order = ep._order
+    ep._posted_any.append(req)
+    ep.progress()
+    return req
+
+
+def match_any(ep: "Endpoint", src: int, tag: int, specific: RecvRequest | None) -> RecvRequest | None:
+    """The wildcard receive that takes a frame from ``src`` with ``tag``, if one was posted before
+    ``specific`` (the head of that key's posted queue, or None); it leaves ``posted_any``."""
+    for i, req in enumerate(ep._posted_any):
+        if _accepts(req, src, tag):
+            if specific is not None and specific.order < req.order:
+                return None
+            del ep._posted_any[i]
+            req.src, req.tag = src, tag
+            return req
+    return None
