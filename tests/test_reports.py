@@ -1,0 +1,56 @@
+"""Failure reports and summaries say what happened (issue: reports that are right)."""
+
+from __future__ import annotations
+
+import pytest
+
+from virtualpar import VirtualCluster
+from virtualpar.errors import DeviceError
+from virtualpar.trace.event import Event
+from virtualpar.trace.events import Trace
+from virtualpar.trace.summary import summarize
+
+from . import _deadlock_fns as fns
+
+MIB = 1 << 20
+
+
+def test_a_shared_memory_all_reduce_is_counted_in_the_summary():
+    """64 MiB all_reduce on 2 devices through scratch: no messages, but 2 x 64 MiB moved (each device
+    moves 2(p-1)/p of the array, as the ring would), and not counted twice for the ring."""
+    n = 64 * MIB // 8
+    with VirtualCluster(2, timeout=30.0) as c:
+        assert c.run(fns.shm_all_reduce, n, "shm") == [2.0, 2.0]
+        s = c.trace(clear=True).summary()
+        assert (s.total_bytes, s.messages, s.shared_bytes) == (0, 0, 2 * 64 * MIB)
+        head = s.format().splitlines()[0]
+        assert "128 MiB moved: 0 B sent in 0 messages, 128 MiB through shared memory by collectives" in head
+        assert c.run(fns.shm_all_reduce, n // 8, "ring") == [2.0, 2.0]
+        s = c.trace().summary()
+        assert (s.total_bytes, s.messages, s.shared_bytes) == (2 * 8 * MIB, 4, 0)
+        assert "through shared memory" not in s.format()
+
+
+def test_idle_time_has_no_float_residue():
+    """Device 1 ends 35.56 ps after device 0 on a 1 ms span: rounding, printed as 0 s, not "0.03556 ns"."""
+    end = 1e-3
+    events = [Event(rank=0, kind="compute", name="a", wall_start=0.0, wall_end=end, model_start=0.0, model_end=end),
+              Event(rank=1, kind="compute", name="b", wall_start=0.0, wall_end=end + 3.556e-11,
+                    model_start=0.0, model_end=end + 3.556e-11)]
+    s = summarize(Trace(events))
+    assert s.idle == {0: 0.0, 1: 0.0}
+    assert " ns" not in s.format()
+    events.append(Event(rank=1, kind="compute", name="c", wall_start=2e-3, wall_end=3e-3, model_start=2e-3,
+                        model_end=3e-3))
+    s = summarize(Trace(events))
+    assert s.idle[1] == pytest.approx(1e-3 - 3.556e-11)  # real idle time stays
+
+
+def test_an_error_before_any_op_does_not_name_the_previous_runs_op():
+    with VirtualCluster(2, timeout=30.0) as c:
+        c.run(fns.one_send)
+        with pytest.raises(DeviceError) as info:
+            c.run(fns.fail_at_once)
+        text = str(info.value)
+        assert "raised ValueError in user code: bad input (before any op of this run)" in text
+        assert "tag=4" not in text

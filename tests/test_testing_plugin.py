@@ -1,0 +1,156 @@
+"""The pytest plugin (virtualpar/testing/plugin.py), run on example test files with ``pytester``."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = "virtualpar.testing.plugin"
+
+HEADER = """
+import numpy as np
+import pytest
+from virtualpar import VirtualCluster
+"""
+
+
+@pytest.fixture
+def tester(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))  # this worktree's virtualpar
+    return pytester
+
+
+def _file(pytester, body: str, name: str = "test_example") -> None:
+    pytester.makepyfile(**{name: HEADER + textwrap.dedent(body)})
+
+
+def _plugin_args() -> list[str]:
+    """``-p`` the plugin unless its pytest11 entry point is installed (loading it twice is an error)."""
+    from importlib.metadata import entry_points
+
+    return [] if any(ep.value == PLUGIN for ep in entry_points(group="pytest11")) else ["-p", PLUGIN]
+
+
+def _run(pytester, *args):
+    return pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", *args)
+
+
+PASSING = """
+def shard_sum(dev, x):
+    return dev.all_reduce(x[dev.rank::dev.size].sum(keepdims=True))
+
+@pytest.mark.cluster(mesh=3)
+def test_fixture(cluster):
+    x = np.arange(30.0)
+    assert [float(r[0]) for r in cluster.run(shard_sum, x)] == [x.sum()] * 3
+
+@pytest.mark.parametrize("cluster", [{"mesh": 2}, {"mesh": {"dp": 2, "tp": 2}}], indirect=True)
+def test_param(cluster):
+    assert cluster.size in (2, 4)
+
+@pytest.mark.spmd(mesh={"dp": 2, "tp": 2})
+def test_spmd(dev):
+    got = dev.all_reduce(np.full(3, float(dev.rank)))
+    np.testing.assert_array_equal(got, np.full(3, 6.0))
+    assert dev.index.tp == dev.rank % 2
+
+@pytest.mark.cluster(mesh=2)
+def test_timeout_option(cluster):
+    assert cluster.config.timeout == 7.5
+"""
+
+
+def test_passing_tests_pass(tester):
+    _file(tester, PASSING)
+    result = _run(tester, "--vp-timeout", "7.5")
+    result.assert_outcomes(passed=5)
+
+
+FAILING = """
+@pytest.mark.spmd(mesh={"dp": 2, "tp": 2})
+def test_one_device_wrong(dev):
+    y = dev.all_reduce(np.ones(2))
+    assert dev.rank != 3, "device 3 disagrees"
+"""
+
+
+def test_a_failing_spmd_test_names_its_device_with_timeline_and_flight_records(tester):
+    _file(tester, FAILING)
+    result = _run(tester)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "failed on device 3 (dp=1, tp=1): DeviceError" in out
+    assert "remote traceback of device 3" in out and "device 3 disagrees" in out
+    assert "timeline of the failed run" in out and "legend (by priority)" in out
+    assert "flight recorder (last 6 ops per device)" in out and "all_reduce #1" in out
+
+
+LEAKING = """
+KEEP = []
+
+def test_leaks_a_cluster():
+    KEEP.append(VirtualCluster(2))
+
+def test_clean():
+    with VirtualCluster(2) as c:
+        assert c.size == 2
+"""
+
+
+def test_a_leaking_test_fails_at_teardown(tester):
+    _file(tester, LEAKING)
+    result = _run(tester)
+    result.assert_outcomes(passed=2, errors=1)
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_leaks_a_cluster" in out
+    assert "test_example.py::test_leaks_a_cluster leaked" in out and "/dev/shm/virtualpar-" in out
+    assert "still running" in out
+
+
+DEADLOCKING = """
+@pytest.mark.spmd(mesh=2)
+def test_both_receive_first(dev):
+    dev.recv(1 - dev.rank, tag=0)
+    dev.send(np.zeros(1), 1 - dev.rank, tag=0)
+
+@pytest.mark.spmd(mesh=3, eager_limit=0)
+def test_unsafe_ring(dev):
+    dev.send(np.ones(4), (dev.rank + 1) % 3)
+    dev.recv((dev.rank - 1) % 3)
+"""
+
+
+def test_deadlocks_fail_fast_with_the_cycle(tester):
+    _file(tester, DEADLOCKING)
+    result = _run(tester, "--vp-timeout", "30", "-p", "no:timeout", "--durations=0")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "Deadlock: deadlock (a cycle of waits): device 0 waits recv from 1 (tag 0) ← device 1 waits recv from 0 (tag 0)" in out
+    assert "device 0 waits send to 1 (tag 0) ← device 1 waits send to 2 (tag 0) ← device 2 waits send to 0 (tag 0)" in out
+
+
+def test_keep_traces_writes_the_report_and_trace(tester):
+    _file(tester, FAILING)
+    result = _run(tester, "--vp-keep-traces", "kept")
+    result.assert_outcomes(failed=1)
+    kept = sorted(os.listdir(tester.path / "kept"))
+    assert kept == ["test_example.py_test_one_device_wrong.0.json", "test_example.py_test_one_device_wrong.txt"]
+    assert "failed on device 3" in (tester.path / "kept" / kept[1]).read_text()
+
+
+def test_x_and_k(tester):
+    _file(tester, FAILING + PASSING)
+    _run(tester, "-x").assert_outcomes(failed=1)  # stops after the first failure, nothing leaks
+    _run(tester, "-k", "test_fixture or test_param").assert_outcomes(passed=3, deselected=3)
+
+
+def test_xdist_workers_do_not_cross_talk(tester):
+    _file(tester, PASSING, "test_a")
+    _file(tester, PASSING.replace("def test_", "def test_b_"), "test_b")
+    result = _run(tester, "-n", "2", "--vp-timeout", "7.5")
+    result.assert_outcomes(passed=10)
