@@ -1,0 +1,105 @@
+"""``Operation`` and ``ShardedOperation``: kernels that declare their costs, run sharded on a cluster.
+
+An ``Operation`` is a numpy kernel with its FLOPs and bytes declared once, as functions of the
+input shapes; calling it on a device computes and charges the device's modelled clock with those
+numbers (``dev.compute``), so the clock, tables and benchmarks read the same figures.
+
+A ``ShardedOperation`` is a per-device program with the ``TensorSharding`` of every input and
+output.  ``cluster.execute(op, *host_arrays)`` shards the inputs by their specs and puts each
+device's piece in its state (host → device), runs the program everywhere, and fetches the output
+pieces (device → host) to unshard them.  ``op.place(cluster, i, array)`` places input ``i`` once
+— weights — and later calls do not send it again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import ShardingError, UsageError
+from ..sharding import TensorSharding, shard, unshard
+
+__all__ = ["Operation", "ShardedOperation", "MATMUL"]
+
+_IDS = itertools.count()
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    kernel: Callable[..., np.ndarray]
+    flops: Callable[..., float]  # of the input shapes
+    bytes: Callable[..., float] = lambda *shapes: 0.0
+
+    def __call__(self, dev: Any, *xs: np.ndarray) -> np.ndarray:
+        out = self.kernel(*xs)
+        shapes = [np.shape(x) for x in xs]
+        dev.compute(flops=self.flops(*shapes), bytes=self.bytes(*shapes) * out.itemsize, dtype=out.dtype, name=self.name)
+        return out
+
+
+#: C = A @ B: 2mnk FLOPs; reads A and B, writes C.
+MATMUL = Operation("matmul", lambda a, b: a @ b, lambda a, b: 2.0 * a[0] * a[1] * b[1],
+                   lambda a, b: float(a[0] * a[1] + b[0] * b[1] + a[0] * b[1]))
+
+
+@dataclass
+class ShardedOperation:
+    """``program(dev, *local_inputs) -> local output (or tuple)`` with the specs of every input/output."""
+
+    program: Callable[..., Any]
+    in_specs: Sequence[TensorSharding]
+    out_specs: Sequence[TensorSharding]
+    name: str = "sharded_op"
+    key: str = field(default_factory=lambda: f"op/{next(_IDS)}")
+    _placed: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    def place(self, cluster: Any, index: int, array: np.ndarray) -> None:
+        """Put input ``index`` on the devices now and keep it there (weights)."""
+        array = np.asarray(array)
+        self._put(cluster, index, array)
+        self._placed[index] = (id(cluster), array.shape)
+
+    def _put(self, cluster: Any, index: int, array: np.ndarray) -> None:
+        spec = self.in_specs[index]
+        try:
+            pieces = shard(array, spec, cluster.mesh)
+        except ShardingError as exc:
+            raise ShardingError(f"{self.name}, input {index}: {exc}") from None
+        for r, piece in enumerate(pieces):
+            cluster.put(r, f"{self.key}/in{index}", piece)
+
+    def execute_on(self, cluster: Any, *arrays: np.ndarray) -> Any:
+        n_in = len(self.in_specs)
+        given = iter(arrays)
+        shapes = []
+        for i in range(n_in):
+            placed = self._placed.get(i)
+            if placed is not None and placed[0] == id(cluster):
+                shapes.append(placed[1])
+                continue
+            try:
+                a = np.asarray(next(given))
+            except StopIteration:
+                raise UsageError(f"{self.name}: expected {n_in - len(self._placed)} host inputs, got {len(arrays)}") from None
+            self._put(cluster, i, a)
+            shapes.append(a.shape)
+        cluster.run(_run, self.key, self.program, n_in, len(self.out_specs))
+        outs = []
+        for j, spec in enumerate(self.out_specs):
+            pieces = [cluster.get(r, f"{self.key}/out{j}") for r in range(cluster.mesh.size)]
+            outs.append(unshard(pieces, spec, cluster.mesh))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _run(dev: Any, key: str, program: Callable[..., Any], n_in: int, n_out: int) -> None:
+    xs = [dev.state[f"{key}/in{i}"] for i in range(n_in)]
+    out = program(dev, *xs)
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != n_out:
+        raise UsageError(f"{key}: the program returned {len(outs)} outputs, its specs declare {n_out}")
+    for j, o in enumerate(outs):
+        dev.state[f"{key}/out{j}"] = o

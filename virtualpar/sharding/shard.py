@@ -1,0 +1,71 @@
+"""``shard`` and ``unshard``: a global array to every device's piece and back (host side)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..collectives.ops import REDUCE_OPS
+from ..errors import ShardingError
+from .spec import TensorSharding
+
+__all__ = ["shard", "unshard"]
+
+
+def shard(x: np.ndarray, spec: TensorSharding, mesh: Any, uneven: str = "error") -> list[np.ndarray]:
+    """Each device's piece of ``x`` (rank order).  A partial spec (``P(op)``) puts the whole value
+    on the first device of each reduction group and the op's identity elsewhere, so reducing the
+    pieces over the group gives ``x`` back."""
+    x = np.asarray(x)
+    spec.check(x.shape, mesh, uneven)
+    pieces = [np.ascontiguousarray(x[spec.block(x.shape, mesh, r)]) for r in range(mesh.size)]
+    if spec.partial:
+        axes = mesh.axes(spec.partial_axes(mesh)) if spec.partial_axes(mesh) else ()
+        identity = _identity(spec.partial, x.dtype)
+        for r in range(mesh.size):
+            if axes and mesh.group_of(r, axes).index(r) != 0:
+                pieces[r] = np.full_like(pieces[r], identity)
+    return pieces
+
+
+def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape: Sequence[int] | None = None) -> np.ndarray:
+    """The global array from every device's piece (a partial spec is reduced over its group)."""
+    if len(pieces) != mesh.size:
+        raise ShardingError(f"unshard needs one piece per device ({mesh.size}), got {len(pieces)}")
+    if shape is None:
+        shape = tuple(sum(pieces[r].shape[d] for r in _along(spec, mesh, d)) if spec.dims[d].axes
+                      else pieces[0].shape[d] for d in range(len(spec.dims)))
+    out = np.empty(shape, dtype=pieces[0].dtype)
+    if spec.partial:
+        ufunc = REDUCE_OPS[spec.partial].ufunc
+        filled = np.zeros(shape, bool)
+        used, pending = set(spec.used_axes()), set(spec.partial_axes(mesh))
+        copies = mesh.axes([a for a in mesh.axis_names if a not in used and a not in pending])
+        for r in range(mesh.size):
+            if copies and mesh.group_of(r, copies).index(r) != 0:
+                continue  # a copy of another device's partial value: count each value once
+            block = spec.block(shape, mesh, r)
+            if filled[block].all():
+                ufunc(out[block], pieces[r], out=out[block])
+            else:
+                out[block] = pieces[r]
+                filled[block] = True
+        return out
+    for r in range(mesh.size):
+        out[spec.block(shape, mesh, r)] = pieces[r]
+    return out
+
+
+def _along(spec: TensorSharding, mesh: Any, d: int) -> tuple[int, ...]:
+    """The ranks of device 0's group along dim ``d``'s axes (one piece per block of dim d)."""
+    return mesh.group_of(0, mesh.axes(spec.dims[d].axes))
+
+
+def _identity(op: str, dtype: np.dtype) -> Any:
+    if op in ("sum", "avg"):
+        return 0
+    if op == "prod":
+        return 1
+    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    return info.min if op == "max" else info.max

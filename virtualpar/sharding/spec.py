@@ -1,0 +1,143 @@
+"""Sharding specs: which mesh axes split each dimension of a tensor, and a pending reduction.
+
+``DimSharding(("tp",))`` prints ``S(tp)`` (dim split over axis tp; ``S(dp,tp)`` over both, dp
+major); ``DimSharding()`` prints ``R`` (replicated).  ``TensorSharding`` holds one per dim plus an
+optional pending reduction: ``[R, S(tp)] P(sum)`` is a tensor whose devices hold *partial sums*
+still to be added over the mesh axes that shard no dim; ``P(sum:dp)`` names the axes when only
+some of them carry partial values (the others then hold copies).  ``TensorSharding.parse(str(spec)) ==
+spec`` exactly.
+
+A device's piece of dim d is the block at its position within the group of d's axes (the order
+in which ``all_gather`` concatenates).  Sizes must divide evenly unless ``uneven="array_split"``,
+which splits like ``numpy.array_split`` (the first ``size % n`` blocks one longer).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShardingError
+
+__all__ = ["DimSharding", "TensorSharding", "bounds"]
+
+_DIM = re.compile(r"^(R|S\(([A-Za-z_][\w]*(?:,[A-Za-z_][\w]*)*)\))$")
+
+
+@dataclass(frozen=True)
+class DimSharding:
+    axes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return "S(" + ",".join(self.axes) + ")" if self.axes else "R"
+
+    @classmethod
+    def parse(cls, text: str) -> "DimSharding":
+        m = _DIM.match(text.strip())
+        if m is None:
+            raise ShardingError(f"cannot parse dim sharding {text!r}: expected R or S(axis[,axis...])", text=text)
+        return cls(tuple(m.group(2).split(",")) if m.group(2) else ())
+
+
+@dataclass(frozen=True)
+class TensorSharding:
+    dims: tuple[DimSharding, ...]
+    partial: str | None = None  # a pending reduction op ("sum", "max", ...)
+    partial_over: tuple[str, ...] = ()  # the axes it runs over; () = every axis no dim uses
+
+    def __str__(self) -> str:
+        over = ":" + ",".join(self.partial_over) if self.partial_over else ""
+        return "[" + ", ".join(map(str, self.dims)) + "]" + (f" P({self.partial}{over})" if self.partial else "")
+
+    @classmethod
+    def parse(cls, text: str) -> "TensorSharding":
+        m = re.match(r"^\[(.*)\](?:\s+P\((\w+)(?::([\w,]+))?\))?$", text.strip())
+        if m is None:
+            raise ShardingError(f"cannot parse tensor sharding {text!r}: expected e.g. '[S(tp), R]' or '[R] P(sum)'",
+                                text=text)
+        parts = re.findall(r"S\([^)]*\)|R|[^,\s]+", m.group(1))
+        return cls(tuple(DimSharding.parse(p) for p in parts), m.group(2), tuple(m.group(3).split(",")) if m.group(3) else ())
+
+    @classmethod
+    def of(cls, *dims: str | Sequence[str] | None, partial: str | None = None) -> "TensorSharding":
+        """``TensorSharding.of("tp", None)`` or ``.of(("dp", "tp"), "R")``: one entry per dim."""
+        out = []
+        for d in dims:
+            if d is None or d == "R":
+                out.append(DimSharding())
+            elif isinstance(d, str):
+                out.append(DimSharding.parse(d) if d.startswith("S(") else DimSharding((d,)))
+            else:
+                out.append(DimSharding(tuple(d)))
+        return cls(tuple(out), partial)
+
+    @classmethod
+    def replicated(cls, ndim: int) -> "TensorSharding":
+        return cls(tuple(DimSharding() for _ in range(ndim)))
+
+    # -- on a mesh ----------------------------------------------------------------------------------
+    def used_axes(self) -> tuple[str, ...]:
+        return tuple(a for d in self.dims for a in d.axes)
+
+    def partial_axes(self, mesh: Any) -> tuple[str, ...]:
+        """The axes a pending reduction runs over: ``partial_over``, or every mesh axis no dim uses."""
+        if self.partial_over:
+            return tuple(mesh.axes(self.partial_over))
+        used = set(self.used_axes())
+        return tuple(a for a in mesh.axis_names if a not in used)
+
+    def check(self, shape: Sequence[int], mesh: Any, uneven: str = "error", name: str = "tensor") -> None:
+        """Raise ``ShardingError`` unless this spec fits ``shape`` on ``mesh``."""
+        if uneven not in ("error", "array_split"):
+            raise ShardingError(f"uneven must be 'error' or 'array_split', got {uneven!r}")
+        if len(self.dims) != len(shape):
+            raise ShardingError(f"{name}: spec {self} has {len(self.dims)} dims but the shape {tuple(shape)} has "
+                                f"{len(shape)}", spec=str(self), shape=tuple(shape))
+        seen: dict[str, int] = {}
+        for d, dim in enumerate(self.dims):
+            for a in dim.axes:
+                if a not in mesh.axis_names:
+                    raise ShardingError(f"{name}: spec {self} names mesh axis {a!r}, but the mesh's axes are "
+                                        f"{list(mesh.axis_names)}", spec=str(self), axis=a)
+                if a in seen:
+                    raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice (dims {seen[a]} and {d}); "
+                                        "an axis can split one dim only", spec=str(self), axis=a)
+                seen[a] = d
+            n = self.group_size(dim, mesh)
+            if set(dim.axes) & set(self.partial_over):
+                raise ShardingError(f"{name}: spec {self} reduces over an axis that also shards dim {d}",
+                                    spec=str(self))
+            if uneven == "error" and shape[d] % n:
+                axes = ",".join(dim.axes)
+                raise ShardingError(f"cannot shard dim {d} of shape {tuple(shape)} over mesh axis '{axes}' (size {n}): "
+                                    f"{shape[d]} is not divisible by {n}", dim=d, shape=tuple(shape), axis=axes, size=n)
+
+    @staticmethod
+    def group_size(dim: DimSharding, mesh: Any) -> int:
+        return math.prod(mesh.shape[a] for a in dim.axes) if dim.axes else 1
+
+    def block(self, shape: Sequence[int], mesh: Any, rank: int) -> tuple[slice, ...]:
+        """The slice of the global array that device ``rank`` holds."""
+        out = []
+        for d, dim in enumerate(self.dims):
+            if not dim.axes:
+                out.append(slice(None))
+                continue
+            group = mesh.group_of(rank, mesh.axes(dim.axes))
+            b = bounds(shape[d], len(group))
+            i = group.index(rank)
+            out.append(slice(b[i], b[i + 1]))
+        return tuple(out)
+
+    def local_shape(self, shape: Sequence[int], mesh: Any, rank: int = 0) -> tuple[int, ...]:
+        return tuple(len(range(*s.indices(n))) for s, n in zip(self.block(shape, mesh, rank), shape))
+
+
+def bounds(m: int, n: int) -> list[int]:
+    """Block boundaries of ``numpy.array_split`` of ``m`` items into ``n`` parts."""
+    q, r = divmod(m, n)
+    return [i * q + min(i, r) for i in range(n + 1)]

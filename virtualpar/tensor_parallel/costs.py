@@ -1,0 +1,71 @@
+"""Closed-form costs of a policy: the collectives it runs and the FLOPs it does, per device.
+
+Every policy's docstring derives these; tests compare them exactly with what a real run moved
+(``cluster.stats()``), called (collective events of the trace) and charged (compute events).
+Bytes are *sent* per device under the ring algorithms (the shm all_reduce is counted as the ring):
+
+    all_gather of a piece of P bytes over n        (n−1)·P
+    reduce_scatter of an array of M bytes over n   (n−1)/n·M
+    all_reduce of M bytes over n                   2(n−1)/n·M
+    all_to_all of M bytes over n                   (n−1)/n·M
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+__all__ = ["Collective", "PhaseCost", "PolicyCost", "gather_bytes", "scatter_bytes", "reduce_bytes"]
+
+
+def gather_bytes(piece: int, n: int) -> int:
+    return (n - 1) * piece
+
+
+def scatter_bytes(total: int, n: int) -> int:
+    return int(Fraction(n - 1, n) * total)
+
+
+def reduce_bytes(total: int, n: int) -> int:
+    return int(Fraction(2 * (n - 1), n) * total)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a device runs: its kind, the mesh axes of its group, bytes it sends."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes_sent: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}({','.join(self.axes)})"
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """Forward or backward: the collectives in order and the FLOPs, per device."""
+
+    collectives: tuple[Collective, ...]
+    flops: int
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(c.bytes_sent for c in self.collectives)
+
+    def kinds(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.collectives:
+            out[c.kind] = out.get(c.kind, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class PolicyCost:
+    forward: PhaseCost
+    backward: PhaseCost
+
+    def describe(self) -> str:
+        fwd = " ".join(map(str, self.forward.collectives)) or "-"
+        bwd = " ".join(map(str, self.backward.collectives)) or "-"
+        return f"fwd {fwd} | bwd {bwd}"

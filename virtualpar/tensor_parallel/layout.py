@@ -1,0 +1,123 @@
+"""Layouts of the tensors a tensor-parallel policy consumes and produces.
+
+A layout names, per tensor dimension, the mesh axes that shard it (``()`` = replicated along every
+axis not named elsewhere).  It prints in the placement vocabulary ``[S(x), R]`` (``S(x,y)``: one
+dim split over two axes, major axis first, in the order of the mesh's groups), which is also how a
+layout converts to and from the sharding package's ``TensorSharding``.
+
+Pieces: on a device, the piece of dim d is the block at the device's position within the group of
+the dim's axes (``dev.group_rank(axes)``), the same order in which ``all_gather`` concatenates, so
+gathering a piece over its axes restores the dim.  Dims must divide evenly; anything else is a
+``ShardingError`` that names the tensor, dim, shape, axes and their size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShardingError
+
+__all__ = ["Layout", "format_layout", "parse_layout", "check_layout", "local_shape", "piece", "device_piece", "unshard"]
+
+Layout = tuple[tuple[str, ...], ...]
+
+
+def format_layout(layout: Layout) -> str:
+    """``((), ("x",))`` -> ``"[R, S(x)]"``."""
+    return "[" + ", ".join("S(" + ",".join(axes) + ")" if axes else "R" for axes in layout) + "]"
+
+
+def parse_layout(text: str) -> Layout:
+    """Exact inverse of :func:`format_layout`."""
+    body = text.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        raise ShardingError(f"cannot parse layout {text!r}: expected e.g. '[S(x), R]'", text=text)
+    out = []
+    for part in (p.strip() for p in body[1:-1].split(", ") if p.strip()):
+        if part == "R":
+            out.append(())
+        elif part.startswith("S(") and part.endswith(")") and part[2:-1]:
+            out.append(tuple(a.strip() for a in part[2:-1].split(",")))
+        else:
+            raise ShardingError(f"cannot parse layout {text!r}: {part!r} is neither 'R' nor 'S(axis,...)'", text=text)
+    return tuple(out)
+
+
+def axes_size(mesh: Any, axes: Sequence[str]) -> int:
+    return math.prod(mesh.axis_size(a) for a in axes)
+
+
+def check_layout(name: str, layout: Layout, shape: Sequence[int], mesh: Any) -> None:
+    """Raise ``ShardingError`` unless ``layout`` fits ``shape`` on ``mesh``: one entry per dim, known
+    axes, no axis twice, every sharded dim divisible by the product of its axes' sizes."""
+    where = f"{name} {format_layout(layout)} of shape {tuple(shape)}"
+    if len(layout) != len(shape):
+        raise ShardingError(f"{where}: the layout has {len(layout)} dims, the tensor {len(shape)}",
+                            tensor=name, layout=format_layout(layout), shape=tuple(shape))
+    seen: dict[str, int] = {}
+    for dim, axes in enumerate(layout):
+        for axis in axes:
+            if axis not in mesh.axis_names:
+                raise ShardingError(f"{where}: dim {dim} names mesh axis {axis!r}; the mesh {mesh} has axes {mesh.axis_names}",
+                                    tensor=name, dim=dim, axis=axis)
+            if axis in seen:
+                raise ShardingError(f"{where}: mesh axis {axis!r} used twice (dims {seen[axis]} and {dim}); "
+                                    "expected each axis to shard at most one dim", tensor=name, axis=axis)
+            seen[axis] = dim
+        n = axes_size(mesh, axes)
+        if shape[dim] % n:
+            raise ShardingError(f"cannot shard dim {dim} of {name}, shape {tuple(shape)}, over mesh axes {axes} "
+                                f"(size {n}): {shape[dim]} is not divisible by {n}", tensor=name, dim=dim, axes=axes)
+
+
+def local_shape(layout: Layout, shape: Sequence[int], mesh: Any) -> tuple[int, ...]:
+    return tuple(s // axes_size(mesh, axes) for s, axes in zip(shape, layout))
+
+
+def _position(mesh: Any, rank: int, axes: tuple[str, ...]) -> int:
+    return mesh.group_of(rank, mesh.axes(axes)).index(rank) if axes else 0
+
+
+def _block(layout: Layout, shape: Sequence[int], mesh: Any, rank: int) -> tuple[slice, ...]:
+    loc = local_shape(layout, shape, mesh)
+    return tuple(slice(_position(mesh, rank, axes) * n, (_position(mesh, rank, axes) + 1) * n)
+                 for axes, n in zip(layout, loc))
+
+
+def piece(x: np.ndarray, layout: Layout, mesh: Any, rank: int) -> np.ndarray:
+    """Device ``rank``'s piece of the full array ``x`` (a contiguous copy)."""
+    return np.ascontiguousarray(x[_block(layout, x.shape, mesh, rank)])
+
+
+def device_piece(dev: Any, x: np.ndarray, layout: Layout) -> np.ndarray:
+    """The same piece, cut on the device from a full array it holds (through the device protocol)."""
+    index = []
+    for axes, s in zip(layout, x.shape):
+        if not axes:
+            index.append(slice(None))
+            continue
+        n = len(dev.group(axes))
+        r = dev.group_rank(axes)
+        index.append(slice(r * (s // n), (r + 1) * (s // n)))
+    return np.ascontiguousarray(x[tuple(index)])
+
+
+def unshard(pieces: Sequence[np.ndarray], layout: Layout, shape: Sequence[int], mesh: Any) -> np.ndarray:
+    """The full array from every device's piece (rank order).  Replicas must agree bit for bit;
+    a disagreement is a ``ShardingError`` naming the two ranks (it means a program is wrong)."""
+    out = np.empty(tuple(shape), dtype=pieces[0].dtype)
+    owner: dict[tuple, int] = {}
+    for rank, p in enumerate(pieces):
+        block = _block(layout, shape, mesh, rank)
+        key = tuple((b.start, b.stop) for b in block)
+        if key in owner:
+            if not np.array_equal(out[block], p):
+                raise ShardingError(f"replicas of block {key} differ between ranks {owner[key]} and {rank} "
+                                    f"for layout {format_layout(layout)}", ranks=(owner[key], rank))
+            continue
+        owner[key] = rank
+        out[block] = p
+    return out

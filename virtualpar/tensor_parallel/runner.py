@@ -1,0 +1,116 @@
+"""Run a sharded layer's forward and backward on a cluster and measure each phase.
+
+Differentiation is ``virtualpar.nn.vjp`` (forward now, backward later).  A *layer* here is anything with ``input_layouts()`` (one layout per differentiable input, in
+order), ``output_layout()`` and ``forward(dev, *inputs)`` written with :mod:`.autodiff`.  The host
+places each device's input pieces in ``dev.state`` (they stay there: weights placed once are
+resident), runs the forward, which keeps its vjp on the device, and later the backward with the
+output cotangent in the output's layout ("forward now, backward later").  Each phase is measured
+from the cluster itself: bytes from ``cluster.stats()``, collectives and FLOPs from the trace's
+collective and compute events, wall time on this machine, modelled time from the clocks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import nn
+
+from .layout import Layout, piece, unshard
+
+__all__ = ["Phase", "place", "run_forward", "run_backward"]
+
+_IN, _VJP, _DY = "tp.in.", "tp.vjp", "tp.dy"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What one phase did, per device (rank order) unless said otherwise."""
+
+    collectives: tuple[tuple[str, ...], ...]  # per device: collective names in call order
+    groups: tuple[tuple[tuple[int, ...], ...], ...]  # per device: each collective's group (ranks)
+    bytes_sent: tuple[int, ...]               # device -> device payload
+    host_to_device: tuple[int, ...]
+    device_to_host: tuple[int, ...]
+    flops: tuple[float, ...]
+    wall: float                               # seconds on this machine (driver side)
+    model: float                              # modelled seconds: slowest device's clock advance
+
+
+def place(cluster: Any, arrays: Sequence[np.ndarray], layouts: Sequence[Layout], keys: Sequence[str] | None = None) -> int:
+    """Put every device's piece of each array in ``dev.state`` (under ``tp.in.<i>`` or ``keys``).
+    Returns the host->device bytes sent."""
+    total = 0
+    for i, (x, lay) in enumerate(zip(arrays, layouts)):
+        key = keys[i] if keys else f"{_IN}{i}"
+        for rank in range(cluster.size):
+            p = piece(np.asarray(x), lay, cluster.mesh, rank)
+            cluster.put(rank, key, p)
+            total += p.nbytes
+    return total
+
+
+def _forward_on_device(dev: Any, layer: Any, keys: tuple[str, ...]) -> np.ndarray:
+    # nn.vjp: the one differentiation mechanism of the project; every input of the layer (weights
+    # included) is an input here, so the backward returns one gradient per input, in order
+    rec = nn.vjp(lambda params, *xs: layer.forward(dev, *xs), *(dev.state[k] for k in keys), params={})
+    dev.state[_VJP] = rec
+    return rec.output
+
+
+def _backward_on_device(dev: Any) -> tuple[np.ndarray, ...]:
+    rec = dev.state.pop(_VJP)
+    grads = rec.backward_input(dev.state.pop(_DY))
+    return grads if isinstance(grads, tuple) else (grads,)
+
+
+def _measure(cluster: Any, fn: Any, *args: Any) -> tuple[list[Any], Phase]:
+    cluster.reset_stats()
+    cluster.clear_trace()
+    before = cluster.clocks()
+    t0 = time.perf_counter()
+    results = cluster.run(fn, *args)
+    wall = time.perf_counter() - t0
+    after = cluster.clocks()
+    st = cluster.stats()
+    n = cluster.size
+    names: list[list[str]] = [[] for _ in range(n)]
+    groups: list[list[tuple[int, ...]]] = [[] for _ in range(n)]
+    flops = [0.0] * n
+    for e in cluster.trace():
+        if e.kind == "collective":
+            names[e.rank].append(e.name)
+            groups[e.rank].append(tuple(e.group or ()))
+        elif e.kind == "compute":
+            flops[e.rank] += float(e.arg("flops", 0.0))
+    phase = Phase(tuple(map(tuple, names)), tuple(map(tuple, groups)), tuple(st.sent(r) for r in range(n)),
+                  tuple(int(v) for v in st.host_to_device), tuple(int(v) for v in st.device_to_host),
+                  tuple(flops), wall, max(after) - max(before))
+    return results, phase
+
+
+def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shape: Sequence[int],
+                keys: Sequence[str] | None = None, placed: bool = False) -> tuple[np.ndarray, list[np.ndarray], Phase]:
+    """Forward on every device: (full output, output pieces in rank order, the phase measured).
+
+    ``placed``: the inputs are already resident under ``keys`` (nothing is sent from the host)."""
+    keys = tuple(keys or (f"{_IN}{i}" for i in range(len(layer.input_layouts()))))
+    if not placed:
+        place(cluster, inputs, layer.input_layouts(), keys)
+    pieces, phase = _measure(cluster, _forward_on_device, layer, keys)
+    return unshard(pieces, layer.output_layout(), out_shape, cluster.mesh), pieces, phase
+
+
+def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
+    """Backward of the last forward: (full input gradients, their pieces per input, the phase)."""
+    place(cluster, [dy], [layer.output_layout()], [_DY])
+    per_device, phase = _measure(cluster, _backward_on_device)
+    grads, pieces = [], []
+    for i, (lay, shape) in enumerate(zip(layer.input_layouts(), in_shapes)):
+        ps = [g[i] for g in per_device]
+        pieces.append(ps)
+        grads.append(unshard(ps, lay, shape, cluster.mesh))
+    return grads, pieces, phase
