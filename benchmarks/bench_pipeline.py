@@ -1,0 +1,157 @@
+"""Pipeline schedules: bubble (measured vs closed form), peak activations, and the executor's speed.
+
+1. For each schedule × (S, M): the simulator's bubble under unit costs against the closed form
+   where one exists (GPipe, 1F1B: (S−1)/(M+S−1); interleaved: (S−1)/(V·M+S−1)), and the peak
+   activations in flight per stage.
+2. An executed step per schedule on real devices: wall time and modelled time (h100-node).
+3. The speed target: seed 003's MLP (256→512→1024→512→256) at batch 512 in 8 microbatches,
+   float32, 4 stages, 1F1B — the executor's wall time per step against its floor: every action's
+   compute timed in one process (numpy's default threads) plus every byte sent at the memcpy
+   bandwidth measured in the same run.  Target ≤ 1.3×.
+4. The simulator's own speed: 1F1B at S = 32, M = 1024 (target: about a second).
+
+    python benchmarks/bench_pipeline.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from virtualpar import VirtualCluster, nn
+from virtualpar.pipeline import Pipeline, PipelinedOperation, build, simulate
+from virtualpar.pipeline.demo import seed_mlp
+
+UNIT = {"F": 1.0, "B": 1.0}
+
+
+def closed_form(name: str, S: int, M: int, V: int) -> float | None:
+    if name in ("gpipe", "1f1b"):
+        return (S - 1) / (M + S - 1)
+    if name == "interleaved_1f1b":
+        return (S - 1) / (V * M + S - 1)
+    return None
+
+
+def bubbles() -> list[dict]:
+    rows = []
+    for name in ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zbv"):
+        V = 2 if name in ("interleaved_1f1b", "looped_bfs", "zbv") else 1
+        costs = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0} if name.startswith("zb") else UNIT
+        for S, M in ((2, 4), (4, 8), (4, 16), (8, 32)):
+            sim = simulate(*build(name, S, M, V), M, costs=costs)
+            rows.append({"schedule": name, "S": S, "M": M, "V": V, "costs": costs, "bubble": sim.bubble,
+                         "closed_form": closed_form(name, S, M, V) if costs is UNIT else None,
+                         "peak_activations": sim.peak_activations})
+    return rows
+
+
+def executed(steps: int = 3) -> list[dict]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    y = rng.standard_normal((64, 256)).astype(np.float32)
+    rows = []
+    for name in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "zbv"):
+        model = seed_mlp()
+        if name in ("interleaved_1f1b", "zbv"):
+            pipe, ranks = Pipeline(model, cuts=[1, 2, 3]), 2
+        else:
+            pipe, ranks = Pipeline(model, cuts=[2, 4, 6]), 4
+        op = PipelinedOperation(pipe, name, microbatches=8, optimizer=nn.SGD(0.01))
+        with VirtualCluster(ranks, hardware="h100-node") as cluster:
+            cluster.execute(op, x, y)
+            t0, c0 = time.perf_counter(), max(cluster.clocks())
+            for _ in range(steps):
+                cluster.execute(op, x, y)
+            rows.append({"schedule": name, "ranks": ranks, "wall_s": (time.perf_counter() - t0) / steps,
+                         "modelled_s": (max(cluster.clocks()) - c0) / steps})
+    return rows
+
+
+def floor_and_wall(repeats: int = 5) -> dict:
+    """The 1.3x target: executor wall per step vs. its compute + copy floor."""
+    batch, M = 512, 8
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, 256)).astype(np.float32)
+    y = rng.standard_normal((batch, 256)).astype(np.float32)
+    model = seed_mlp()
+    pipe = Pipeline(model, cuts=[2, 4, 6])
+    # floor: each stage's forward and backward per microbatch, in one process, default threads
+    compute = 0.0
+    mb_x = x[: batch // M]
+    acts = [mb_x]
+    for stage in pipe.stages:
+        acts.append(stage.module(acts[-1]))
+    for i, stage in enumerate(pipe.stages):
+        inp = acts[i]
+        last = i == len(pipe.stages) - 1
+        fn = (lambda p, a, m=stage.module: nn.mse_loss(nn.functional_call(m, p, a), y[: batch // M])) if last else None
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            rec = nn.vjp(fn, inp, params=stage.module.parameters()) if last else nn.vjp(stage.module, inp)
+            rec.backward(1.0 if last else np.ones_like(rec.output))
+            best = min(best, time.perf_counter() - t0)
+        compute += best * M
+    sent = sum(acts[i + 1].nbytes * 2 for i in range(len(pipe.stages) - 1)) * M  # activation forward, grad back
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        np.copyto(dst, src)
+    memcpy = 5 * src.nbytes / (time.perf_counter() - t0)
+    floor = compute + sent / memcpy
+    op = PipelinedOperation(pipe, "1f1b", microbatches=M, optimizer=nn.SGD(0.01))
+    with VirtualCluster(4, hardware="h100-node") as cluster:
+        cluster.execute(op, x, y)
+        walls = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            cluster.execute(op, x, y)
+            walls.append(time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    return {"batch": batch, "microbatches": M, "compute_floor_s": compute, "bytes_sent": sent,
+            "memcpy_GBps": memcpy / 1e9, "floor_s": floor, "wall_s": wall, "ratio": wall / floor, "target": 1.3}
+
+
+def simulator_speed() -> dict:
+    sched, placement = build("1f1b", 32, 1024)
+    t0 = time.perf_counter()
+    sim = simulate(sched, placement, 1024, costs=UNIT)
+    return {"S": 32, "M": 1024, "seconds": time.perf_counter() - t0, "makespan": sim.makespan}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    result = {"bubbles": bubbles(), "executed": executed(), "floor": floor_and_wall(), "simulator": simulator_speed()}
+    if args.json:
+        print(json.dumps(result))
+        return
+    print("# pipeline schedules: bubble (simulator, unit costs; zb_* with F=1, B=2, I=W=1) vs closed form")
+    print(f"{'schedule':<17}{'S':>3}{'M':>4}{'V':>3}{'bubble':>9}{'closed':>9}  peak activations per stage")
+    for r in result["bubbles"]:
+        cf = "" if r["closed_form"] is None else f"{r['closed_form']:.4f}"
+        print(f"{r['schedule']:<17}{r['S']:>3}{r['M']:>4}{r['V']:>3}{r['bubble']:9.4f}{cf:>9}  {r['peak_activations']}")
+    print("\n# executed step, seed 003's MLP, batch 64, 8 microbatches (wall here / modelled on h100-node)")
+    for r in result["executed"]:
+        print(f"{r['schedule']:<17} ranks {r['ranks']}  wall {r['wall_s'] * 1e3:8.2f} ms   modelled {r['modelled_s'] * 1e6:8.2f} us")
+    f = result["floor"]
+    verdict = "PASS" if f["ratio"] <= f["target"] else "FAIL"
+    print(f"\n# speed target: batch {f['batch']}, {f['microbatches']} microbatches, 4 stages, 1F1B, float32")
+    print(f"wall per step {f['wall_s'] * 1e3:.2f} ms; floor {f['floor_s'] * 1e3:.2f} ms (compute {f['compute_floor_s'] * 1e3:.2f} ms "
+          f"+ {f['bytes_sent'] / 2**20:.1f} MiB at {f['memcpy_GBps']:.1f} GB/s); ratio {f['ratio']:.2f}x "
+          f"(target <= {f['target']}x: {verdict})")
+    s = result["simulator"]
+    print(f"\n# simulator: 1F1B at S={s['S']}, M={s['M']} in {s['seconds']:.2f} s (makespan {s['makespan']:g})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Pipeline parallelism: partitioning, schedules as data, validation, simulation, one executor.
+
+    from virtualpar.pipeline import Pipeline, PipelinedOperation, SCHEDULES, simulate
+
+Schedules are ``dict[rank, list[Action]]`` built by ``SCHEDULES[name](ranks, microbatches, virtual)``;
+:func:`validate` checks them, :func:`simulate` times them, :func:`lower` adds the transfers, and
+:class:`PipelinedOperation` runs any of them on a cluster (``cluster.execute(op, x, y)``).
+"""
+
+from __future__ import annotations
+
+from .actions import COMPUTE, KINDS, TRANSFER, Action, Schedule
+from .device_step import HANDLERS, PipelineError
+from .executor import PipelinedOperation, format_timeline
+from .lower import lower
+from .partition import Pipeline, PipelineStage
+from .placement import Placement
+from .schedules import SCHEDULES, build
+from .simulate import DEFAULT_COSTS, PipelineDeadlock, Simulation, simulate
+from .validate import ScheduleError, format_grid, validate
+
+__all__ = [
+    "Action", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
+    "build", "validate", "ScheduleError", "format_grid", "simulate", "Simulation", "PipelineDeadlock",
+    "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
+]

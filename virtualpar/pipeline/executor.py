@@ -1,0 +1,216 @@
+"""``PipelinedOperation``: one training step of a pipeline on a cluster, under any schedule.
+
+    op = PipelinedOperation(Pipeline(model, cuts=[2, 4, 6]), "1f1b", microbatches=8,
+                            loss=nn.mse_loss, optimizer=nn.SGD(0.1), axis="pp")
+    loss = cluster.execute(op, x, y)          # one step: forward, backward, optimizer
+    weights = op.state_dict(cluster)          # keyed like model.state_dict()
+    print(op.timeline())                      # what ran, per rank, on the modelled clock
+
+The schedule is validated, simulated (a schedule that cannot finish is refused before anything
+runs) and lowered once; the stages' weights and optimizer state are placed on their devices at
+the first step and stay there.  Each step puts the batch on the first stage's devices and the
+targets on the last's (host traffic), runs :func:`~virtualpar.pipeline.device_step.run_step` on
+every device, and returns the mean microbatch loss.  ``dp_axis`` names a data-parallel mesh axis:
+its replicas split the batch and average their gradients.  ``costs`` ({kind: FLOPs}) replaces
+the stages' own FLOP counts on the modelled clock, e.g. unit costs on a 1 FLOP/s device to
+check a schedule's closed forms on an executed run.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .. import nn
+from ..errors import UsageError
+from .actions import Action, Schedule
+from .device_step import run_step
+from .lower import lower
+from .partition import Pipeline
+from .placement import Placement
+from .schedules import build
+from .simulate import simulate
+from .validate import format_grid, validate
+
+__all__ = ["PipelinedOperation", "StepSpec"]
+
+_IDS = itertools.count()
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What every device needs to run a step (pickled to the devices once)."""
+
+    lowered: Schedule
+    placement: Placement
+    microbatches: int
+    loss: Callable[[Any, Any], Any]
+    axis: Any
+    dp_axis: Any
+    costs: Mapping[str, float] | None
+    rows: int = 0
+    # another stage program (timeline parallelism): fn(step, stage, microbatch, received) -> (vjp, out, loss)
+    stage_forward: Callable[..., Any] | None = None
+    shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
+
+
+class PipelinedOperation:
+    def __init__(self, pipeline: Pipeline, schedule: str | tuple[Schedule, Placement], microbatches: int,
+                 loss: Callable[[Any, Any], Any] = nn.mse_loss, optimizer: nn.Optimizer | None = None,
+                 axis: Any = None, dp_axis: Any = None, virtual: int | None = None,
+                 costs: Mapping[str, float] | None = None) -> None:
+        self.pipeline = pipeline
+        self.microbatches = microbatches
+        self.optimizer = optimizer or nn.SGD(0.1)
+        self.axis, self.dp_axis, self.costs, self.loss = axis, dp_axis, costs, loss
+        if isinstance(schedule, str):
+            self.schedule_name = schedule
+            self._schedule_args = (virtual,)
+            self.schedule, self.placement = None, None
+        else:
+            self.schedule_name = "custom"
+            self.schedule, self.placement = schedule
+        self.key = f"pipeline/{next(_IDS)}"
+        self._placed: set[int] = set()
+        self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
+        self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
+
+    # -- planning -----------------------------------------------------------------------------------
+    def _plan(self, ranks: int) -> StepSpec:
+        if self.schedule is None:
+            virtual = self._schedule_args[0]
+            if virtual is None and len(self.pipeline) % ranks == 0 and len(self.pipeline) > ranks:
+                virtual = len(self.pipeline) // ranks
+            self.schedule, self.placement = build(self.schedule_name, ranks, self.microbatches, virtual)
+        if self.placement.stages != len(self.pipeline):
+            raise UsageError(f"schedule {self.schedule_name!r} on {ranks} pipeline ranks runs {self.placement.stages} "
+                             f"stages, but the pipeline has {len(self.pipeline)}; cut the model into "
+                             f"{self.placement.stages} stages or change the ranks / virtual chunks")
+        if self.placement.ranks != ranks:
+            raise UsageError(f"the schedule is for {self.placement.ranks} pipeline ranks; the mesh axis "
+                             f"{self.axis!r} has {ranks}")
+        validate(self.schedule, self.placement, self.microbatches)
+        simulate(self.schedule, self.placement, self.microbatches)  # refuses a schedule that cannot finish
+        return StepSpec(lower(self.schedule, self.placement), self.placement, self.microbatches, self.loss,
+                        self.axis, self.dp_axis, self.costs)
+
+    # -- running ------------------------------------------------------------------------------------
+    def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
+        mesh = cluster.mesh
+        ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
+        if not self._placed:
+            spec = self._plan(ranks)
+            payload = {"spec": spec, "modules": {s.index: s.module for s in self.pipeline.stages},
+                       "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
+            cluster.run(_place, self.key, payload)
+            self._placed = set(range(mesh.size))
+        p, M = self.placement, self.microbatches
+        first = {p.rank_of(0, m) for m in range(M)}
+        last = {p.rank_of(p.stages - 1, m) for m in range(M)}
+        replicas = sorted({tuple(mesh.group_of(r, mesh.axes(self.dp_axis))) for r in range(mesh.size)}) \
+            if self.dp_axis is not None else None
+        dp = len(replicas[0]) if replicas else 1
+        xs, ys = np.array_split(np.asarray(x), dp), np.array_split(np.asarray(y), dp)
+        for r in range(mesh.size):
+            pos = mesh.group_of(r, mesh.axes(self.axis)).index(r)
+            part = mesh.group_of(r, mesh.axes(self.dp_axis)).index(r) if self.dp_axis is not None else 0
+            if pos in first:
+                cluster.put(r, self.key + "/x", xs[part])
+            if pos in last:
+                cluster.put(r, self.key + "/y", ys[part])
+        replies = cluster.run(run_step, self.key)
+        self.last_records = {}
+        self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
+        for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
+            self.last_records.setdefault(prank, records)
+        losses = [loss for loss, _, _ in replies if loss is not None]
+        return float(np.mean(losses))
+
+    def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
+        """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
+        parts = cluster.run(_params, self.key)
+        out: dict[str, np.ndarray] = {}
+        for stage_params in parts:
+            for s, params in stage_params.items():
+                offset = self.pipeline.stages[s].first_layer
+                for k, v in params.items():
+                    head, _, rest = k.partition(".")
+                    out.setdefault(f"{int(head) + offset}.{rest}", v)
+        return {k: out[k] for k in self.pipeline.model.state_dict()}
+
+    # -- what ran -----------------------------------------------------------------------------------
+    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
+        """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
+        the shortest compute action on ``clock`` ("model" or "wall")."""
+        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
+                for p, recs in sorted(self.last_records.items())}
+        return format_timeline(rows, compute_only)
+
+
+def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], compute_only: bool = True,
+                    max_cells: int = 60) -> str:
+    """Text grid of executed actions, one cell per the shortest compute action (or per 1/max_cells
+    of the run when that would be wider).  If two actions of a rank would share a cell (wall-clock
+    times vary), the grid orders them instead: one column per distinct start, so every action that
+    ran is shown."""
+    spans = [(a, s, e) for acts in rows.values() for a, (s, e) in acts if a.is_compute and e > s]
+    if not spans:
+        return "(nothing ran)"
+    t0 = min(s for _, s, _ in spans)
+    end = max(e for _, s, e in spans)
+    unit = max(min(e - s for _, s, e in spans), (end - t0) / max_cells)
+    cells = max(1, int(round((end - t0) / unit)))
+    grid: Schedule = {}
+    shown = 0
+    for p, acts in rows.items():
+        line: list[Action | None] = [None] * cells
+        for a, (s, e) in acts:
+            if compute_only and not a.is_compute:
+                continue
+            first = min(cells - 1, int((s - t0) / unit))
+            if line[first] is not None:
+                continue
+            for c in range(first, max(first + 1, int(round((e - t0) / unit)))):
+                if c < cells and (line[c] is None or c > first):
+                    line[c] = a
+        grid[p] = line
+    for p, line in grid.items():
+        shown += len({a for a in line if a is not None})
+    wanted = sum(1 for acts in rows.values() for a, _ in acts if a.is_compute or not compute_only)
+    if shown < wanted:  # some action would be hidden: lay them out by order of start instead
+        starts = sorted({s for acts in rows.values() for a, (s, _) in acts if a.is_compute or not compute_only})
+        column = {s: i for i, s in enumerate(starts)}
+        grid = {p: [None] * len(starts) for p in rows}
+        for p, acts in rows.items():
+            for a, (s, _) in acts:
+                if a.is_compute or not compute_only:
+                    grid[p][column[s]] = a
+        grid = {p: line for p, line in grid.items()}
+        return "(columns in order of start)\n" + format_grid(_compress(grid))
+    return format_grid(grid)
+
+
+def _compress(grid: Schedule) -> Schedule:
+    """Drop columns where no rank does anything."""
+    keep = [c for c in range(len(next(iter(grid.values()), []))) if any(line[c] is not None for line in grid.values())]
+    return {p: [line[c] for c in keep] for p, line in grid.items()}
+
+
+def _place(dev: Any, key: str, payload: dict) -> None:
+    spec = payload["spec"]
+    mine = spec.placement.stages_of(dev.group_rank(spec.axis))  # the stages whose weights it keeps
+    dev.state[key] = {
+        "spec": spec,
+        "modules": dict(payload["modules"]),  # any rank may compute any stage for some microbatch
+        "params": {s: payload["modules"][s].parameters() for s in mine},
+        "optimizers": {s: copy.deepcopy(payload["optimizer"]) for s in mine},
+        "flops": payload["flops"],
+    }
+
+
+def _params(dev: Any, key: str) -> dict[int, dict[str, np.ndarray]]:
+    return dict(dev.state[key]["params"])

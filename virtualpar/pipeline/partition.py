@@ -1,0 +1,90 @@
+"""``Pipeline`` and ``PipelineStage``: an ``nn.Sequential`` cut into stages.
+
+Cut at points the user names — layer names (``"3"``) or indices: a cut at ``c`` starts a new stage
+at layer ``c`` (seed 002 cuts a traced model the same way) — or automatically, balanced by
+parameter count or by forward FLOPs: the split into S contiguous parts minimising the heaviest
+part (exact, by dynamic programming over the layer weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .. import nn
+from ..errors import UsageError
+
+__all__ = ["Pipeline", "PipelineStage"]
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    index: int
+    module: nn.Sequential
+    first_layer: int  # index of its first layer in the whole model
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """This stage's parameters keyed as in the *whole* model's ``state_dict()``."""
+        return {_global(k, self.first_layer): v for k, v in self.module.parameters().items()}
+
+    def flops(self, rows: int) -> float:
+        """Forward FLOPs of ``rows`` rows through the stage's Linear layers (2·rows·in·out each)."""
+        return sum(layer.flops(rows) for layer in self.module if isinstance(layer, nn.Linear))
+
+    def input_features(self) -> int | None:
+        first = next(iter(self.module), None)
+        return getattr(first, "in_features", None)
+
+
+def _global(local: str, offset: int) -> str:
+    head, _, rest = local.partition(".")
+    return f"{int(head) + offset}.{rest}"
+
+
+class Pipeline:
+    """``model`` cut into stages; ``Pipeline(model, cuts=[2, 4])`` or ``Pipeline.balanced(model, 4)``."""
+
+    def __init__(self, model: nn.Sequential, cuts: Sequence[int | str]) -> None:
+        if not isinstance(model, nn.Sequential):
+            raise UsageError(f"Pipeline needs an nn.Sequential, got {type(model).__name__}")
+        n = len(model)
+        names = [str(i) for i in range(n)]
+        points = []
+        for c in cuts:
+            i = names.index(c) if isinstance(c, str) and c in names else c
+            if isinstance(i, str) or isinstance(i, bool) or not isinstance(i, int) or not 0 < i < n:
+                raise UsageError(f"no cut point {c!r} in this model; valid cut points are the layers {names[1:]} "
+                                 f"(a cut at c starts a new stage at layer c)")
+            points.append(i)
+        if points != sorted(set(points)):
+            raise UsageError(f"cut points must be increasing and distinct, got {list(cuts)}")
+        bounds = [0, *points, n]
+        self.model = model
+        self.stages = [PipelineStage(i, model[a:b], a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+
+    @classmethod
+    def balanced(cls, model: nn.Sequential, stages: int, by: str = "params", rows: int = 1) -> "Pipeline":
+        """Cut into ``stages`` contiguous parts minimising the heaviest (``by`` "params" or "flops")."""
+        if by not in ("params", "flops"):
+            raise UsageError(f"balance by 'params' or 'flops', got {by!r}")
+        weights = [layer.num_parameters() if by == "params" else
+                   (layer.flops(rows) if isinstance(layer, nn.Linear) else 0.0) for layer in model]
+        n = len(weights)
+        if not 1 <= stages <= n:
+            raise UsageError(f"cannot cut {n} layers into {stages} non-empty stages")
+        prefix = np.concatenate([[0.0], np.cumsum(weights)])
+        best = {(0, 0): (0.0, [])}  # (layers used, parts) -> (heaviest part, cuts)
+        for parts in range(1, stages + 1):
+            for end in range(parts, n - (stages - parts) + 1):
+                options = []
+                for start in range(parts - 1, end):
+                    prev = best.get((start, parts - 1))
+                    if prev is not None:
+                        options.append((max(prev[0], prefix[end] - prefix[start]), prev[1] + ([start] if start else [])))
+                best[(end, parts)] = min(options, key=lambda o: (o[0], o[1]))
+        return cls(model, best[(n, stages)][1])
+
+    def __len__(self) -> int:
+        return len(self.stages)
