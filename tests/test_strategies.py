@@ -1,0 +1,106 @@
+"""The unified work -> worker scheme: the issue's numbers, closed forms, the throughput bound,
+1F1B emerging from a cap, rendering and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from virtualpar import UsageError
+from virtualpar.strategies import (STRATEGIES, ComputeAndWeightWorkers, Cuckoo, DistributedDataParallel,
+                                   FullyShardedDataParallel, FullyShardedLoopedPipeline, GPipe, LoopedPipeline,
+                                   OldestBatchFirst, OldestStageFirst, simulate, to_html, to_text)
+
+
+def test_ddp_numbers_from_the_issue():
+    run = simulate(8, 4, 8, DistributedDataParallel)
+    assert run.latency == 12 and round(run.throughput, 3) == 0.667 and run.peak_activations == 4
+
+
+@pytest.mark.parametrize("policy", [OldestBatchFirst, OldestStageFirst])
+def test_gpipe_numbers_from_the_issue_under_either_policy(policy):
+    run = simulate(4, 4, 8, GPipe, policy)
+    assert run.latency == 33 and round(run.throughput, 3) == 0.485 and run.peak_activations == 8
+
+
+@pytest.mark.parametrize("S, W", [(2, 2), (3, 5), (4, 8), (6, 6)])
+def test_data_parallel_closed_forms(S, W):
+    f, b = 1.0, 2.0
+    ddp = simulate(W, S, W, DistributedDataParallel)
+    assert ddp.latency == S * (f + b)  # every batch alone on its worker
+    assert ddp.activation_transmissions == ddp.weight_transmissions == 0
+    assert ddp.weight_storage == [S] * W and ddp.peak_activations == S
+    fsdp = simulate(W, S, W, FullyShardedDataParallel(W))
+    assert fsdp.latency == S * (f + b)  # communication is free by default
+    local = sum(1 for bt in range(W) for s in range(S) if s % W == bt)
+    assert fsdp.weight_transmissions == 2 * (S * W - local)  # every item whose stage lives elsewhere
+    assert fsdp.gradient_transmissions == S * W - local
+    assert fsdp.weight_storage == [sum(1 for s in range(S) if s % W == w) for w in range(W)]
+
+
+@pytest.mark.parametrize("S, M", [(2, 3), (4, 8), (3, 6)])
+def test_pipeline_closed_forms(S, M):
+    run = simulate(S, S, M, GPipe)
+    assert run.activation_transmissions == M * 2 * (S - 1)  # stage to stage, both ways
+    assert run.weight_transmissions == 0 and run.weight_storage == [1] * S
+    assert run.peak_activations == M
+
+
+@pytest.mark.parametrize("g, W, S, B", [(2, 4, 4, 4), (3, 6, 6, 6), (1, 4, 2, 4)])
+def test_looped_pipeline_closed_forms(g, W, S, B):
+    looped = simulate(W, S, B, LoopedPipeline(g, W))
+    assert looped.activation_transmissions == (B * 2 * (S - 1) if g > 1 else 0)
+    assert looped.weight_transmissions == 0
+    fs = simulate(W, S, B, FullyShardedLoopedPipeline(g, W))
+    compute = lambda s, b: (g * b) % W + s % g
+    weight = lambda s: (g * s) % W + s % g
+    assert fs.weight_transmissions == sum(2 for b in range(B) for s in range(S) if compute(s, b) != weight(s))
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("W, S, B", [(4, 4, 8), (6, 6, 6), (8, 4, 8), (4, 2, 4)])
+def test_throughput_is_bounded_by_peak_activation_storage(name, W, S, B):
+    run = simulate(W, S, B, STRATEGIES[name](W, S, B, None))
+    assert run.throughput <= run.proven_bound() + 1e-12
+    assert run.throughput <= run.peak_activations / S + 1e-12
+
+
+def test_a_cap_makes_1f1b_emerge_from_the_gpipe_mapping():
+    free, capped = simulate(4, 4, 8, GPipe), simulate(4, 4, 8, GPipe, max_activations=4)
+    assert capped.latency == free.latency == 33 and capped.peak_activations == 4 < free.peak_activations
+    # worker 3 alternates forward and backward in its steady state, as 1F1B does
+    w3 = [i for i in capped.items if i.workers.compute == 3]
+    kinds = "".join(i.work.direction.value for i in sorted(w3, key=lambda i: i.start))
+    assert "fbfbfb" in kinds
+    with pytest.raises(UsageError, match="too small"):  # DDP stashes every stage before its first backward
+        simulate(2, 4, 2, DistributedDataParallel, max_activations=1)
+    assert simulate(4, 4, 8, Cuckoo(4, 4, 8)).latency > 0
+
+
+def test_a_user_strategy_and_bad_mappings():
+    run = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(w.batch, 0))
+    assert run.weight_transmissions == 4  # batch 1's four items fetch from worker 0
+    with pytest.raises(UsageError, match=r"mapped f0 \(stage 0, batch 0\) to .*workers 0..1"):
+        simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(5, 0))
+
+
+def test_rendering_comes_from_the_run():
+    run = simulate(2, 2, 2, GPipe)
+    text = to_text(run)
+    assert text.splitlines()[1].split("|")[1].split()[0] == "f0:0"
+    assert text.count("b1:") == 2 * 2  # B costs 2 cells, 2 batches, on worker 1
+    page = to_html(run)
+    assert page.startswith("<table") and page.count("title='batch 1'") == sum(
+        int(i.end - i.start) for i in run.items if i.work.batch == 1)
+
+
+def test_strategy_command(capsys):
+    from virtualpar.cli import main
+
+    assert main(["strategy", "gpipe", "--workers", "4", "--stages", "4", "--batches", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["latency"] == 33 and doc["peak_activations"] == 8 and len(doc["schedule"]) == 64
+    assert main(["strategy", "ddp", "--workers", "8", "--stages", "4", "--batches", "8"]) == 0
+    assert "latency 12" in capsys.readouterr().out
+    assert main(["strategy", "nope"]) == 2

@@ -1,0 +1,73 @@
+"""Timeline parallelism: the time-split run's gradients equal one device's over the whole
+sequence, the seed's example trains, and the makespan follows the closed form."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from virtualpar import Mesh, UsageError, VirtualCluster, nn
+from virtualpar.pipeline.demo import unit_hardware
+from virtualpar.timeline import TimelineParallel, reference_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("timeline_rnn", os.path.join(ROOT, "examples", "timeline_rnn.py"))
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)
+
+
+@pytest.mark.parametrize("devices, microbatches", [(1, 1), (2, 2), (3, 2), (4, 1)])
+def test_time_split_gradients_equal_the_whole_sequence_on_one_device(devices, microbatches):
+    inputs, labels = example.synthetic(batch=4, length=12)
+    model = example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2)
+    # one SGD step with lr = 1 moves every weight by exactly minus its gradient
+    op = TimelineParallel(model, microbatches=microbatches, optimizer=nn.SGD(1.0))
+    before = model.state_dict()
+    with VirtualCluster(Mesh({"time": devices})) as cluster:
+        loss = cluster.execute(op, inputs, labels)
+        after = [op.state_dict(cluster, r) for r in range(devices)]
+    grads = [{k: before[k] - a[k] for k in before} for a in after]
+    # the reference: the mean over the same microbatches of whole-sequence gradients
+    parts = [reference_step(example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2),
+                            tuple(a[i::1][slice(m * 4 // microbatches, (m + 1) * 4 // microbatches)] for a in inputs),
+                            tuple(a[slice(m * 4 // microbatches, (m + 1) * 4 // microbatches)] for a in labels))
+             for m in range(microbatches) for i in (0,)]
+    want_loss = np.mean([p[0] for p in parts])
+    want = nn.accumulate([p[1] for p in parts], "mean")
+    assert loss == pytest.approx(want_loss, rel=1e-10)
+    for g in grads:  # every device's copy took the same step
+        for k in want:
+            np.testing.assert_allclose(g[k], want[k], rtol=1e-8, atol=1e-12, err_msg=k)
+
+
+def test_the_seed_example_learns():
+    inputs, labels = example.synthetic(batch=8, length=12)
+    op = TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.Adam(0.05))
+    with VirtualCluster(Mesh({"time": 3})) as cluster:
+        losses = [cluster.execute(op, inputs, labels) for _ in range(6)]
+    assert losses[-1] < 0.7 * losses[0]
+    text = op.timeline()
+    for s in range(3):
+        for m in range(2):
+            assert f"{s}F{m}" in text and f"{s}B{m}" in text
+
+
+@pytest.mark.parametrize("devices, microbatches", [(2, 2), (3, 4), (4, 3)])
+def test_makespan_under_unit_costs_is_the_closed_form(devices, microbatches):
+    inputs, labels = example.synthetic(batch=12, length=12)
+    op = TimelineParallel(example.SimpleRNN(2, 6, 1), microbatches=microbatches, costs={"F": 1, "B": 1})
+    with VirtualCluster(Mesh({"time": devices}), hardware=unit_hardware()) as cluster:
+        cluster.execute(op, inputs, labels)
+        makespan = max(cluster.clocks())
+    assert makespan == 2 * (microbatches + devices - 1)
+
+
+def test_a_sequence_that_does_not_split_is_refused():
+    inputs, labels = example.synthetic(batch=4, length=10)
+    op = TimelineParallel(example.SimpleRNN(2, 6, 1), microbatches=1)
+    with VirtualCluster(Mesh({"time": 3})) as cluster:
+        with pytest.raises(UsageError, match="10 steps does not split into 3 equal time segments"):
+            cluster.execute(op, inputs, labels)

@@ -1,0 +1,80 @@
+"""Run a strategy for real: lower its simulated schedule to the pipeline's actions.
+
+The simulator's items, per worker in start order, become ``Action(stage, F|B, batch)`` lists; the
+strategy's compute worker of each (stage, batch) and weight worker of each stage become a
+:class:`~virtualpar.pipeline.Placement`, and the pipeline's lowering adds every transfer: an
+activation forward or a gradient backward between compute workers (``SF``/``SB``), a stage's
+weights to a compute worker that does not keep them (``SW``/``RW``, for each forward and
+backward, as FSDP gathers them) and the weight gradient back (``SG``/``RG``).  The same executor
+then runs it, so the counted transmissions are the simulator's and the trained weights are
+one process's.
+
+The batches of the scheme are the executor's microbatches: one step takes a batch of rows,
+splits it into ``num_batches`` equal parts, and applies one optimizer step with their mean
+gradient, like :func:`virtualpar.nn.reference_train` with ``microbatches=num_batches``.
+
+A stage kept by several weight workers (DDP) becomes a replicated stage: every worker keeps a
+copy and the copies' gradients are summed before the step (the scheme does not count that
+synchronisation as a weight transmission, and neither does :func:`count_transfers`).
+
+A strategy whose backward of (s, b) runs on another worker than its forward (Cuckoo) would need
+the stashed activation moved too; it can be simulated but is refused here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import nn
+from ..errors import UsageError
+from ..pipeline import Action, Pipeline, PipelinedOperation, Placement
+from .simulate import StrategyRun, simulate
+from .work import Direction, Strategy
+
+__all__ = ["lower_strategy", "StrategyOperation", "count_transfers"]
+
+
+def lower_strategy(run: StrategyRun) -> tuple[dict[int, list[Action]], Placement]:
+    order = sorted(run.items, key=lambda i: (i.workers.compute, i.start))
+    schedule: dict[int, list[Action]] = {w: [] for w in range(run.num_workers)}
+    compute: dict[tuple[int, int], int] = {}
+    weights: dict[int, set[int]] = {}
+    local: dict[int, bool] = {}
+    for item in order:
+        w = item.work
+        kind = "F" if w.direction is Direction.FORWARD else "B"
+        schedule[item.workers.compute].append(Action(w.stage, kind, w.batch))
+        key = (w.stage, w.batch)
+        if compute.setdefault(key, item.workers.compute) != item.workers.compute:
+            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker {compute[key]} and its "
+                             f"backward on worker {item.workers.compute}: moving the stashed activation is not "
+                             "supported by the executor (simulate this strategy instead)")
+        weights.setdefault(w.stage, set()).add(item.workers.weight)
+        local[w.stage] = local.get(w.stage, True) and item.workers.weight == item.workers.compute
+    replicated = tuple((s, tuple(sorted(weights[s]))) for s in range(run.num_stages) if len(weights[s]) > 1)
+    for s, _ in replicated:  # several weight workers: copies, as data parallelism keeps them
+        if not local[s]:
+            raise UsageError(f"stage {s}'s weights are mapped to workers {sorted(weights[s])}, some of which do not "
+                             "compute with them: the executor keeps a stage's weights on one worker, or a copy on "
+                             "each worker that computes with its own copy")
+    stage_rank = tuple(compute[(s, 0)] for s in range(run.num_stages))
+    placement = Placement(run.num_workers, stage_rank, tuple(sorted(compute.items())),
+                          tuple(min(weights[s]) for s in range(run.num_stages)), replicated)
+    return schedule, placement
+
+
+def count_transfers(op: PipelinedOperation) -> dict[str, int]:
+    """Transfers the last executed step made, counted from what every rank ran."""
+    kinds = [Action.from_str(t).kind for recs in op.all_records.values() for t, *_ in recs]
+    return {"activation": kinds.count("SF") + kinds.count("SB"), "weight": kinds.count("SW"),
+            "gradient": kinds.count("SG")}
+
+
+class StrategyOperation(PipelinedOperation):
+    """A ``PipelinedOperation`` whose schedule and placement come from a strategy's simulation."""
+
+    def __init__(self, pipeline: Pipeline, strategy: Strategy, num_workers: int, num_batches: int,
+                 loss: Any = nn.mse_loss, optimizer: nn.Optimizer | None = None, axis: Any = None, **sim: Any) -> None:
+        self.run = simulate(num_workers, len(pipeline), num_batches, strategy, **sim)
+        super().__init__(pipeline, lower_strategy(self.run), microbatches=num_batches, loss=loss,
+                         optimizer=optimizer, axis=axis)

@@ -1,0 +1,205 @@
+"""The greedy, tickless scheduler of the unified scheme, and its statistics.
+
+Each batch runs forward through stages 0…S−1, then backward from S−1 to 0.  At every decision the
+scheduler looks at the next work item of every unfinished batch and starts the one that can start
+earliest — the later of when its predecessor ends (plus ``activation_cost`` if the predecessor ran
+on another worker) and when its compute worker is free (plus ``weight_cost`` when its weights live
+on another worker).  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest batch, then furthest
+along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest batch).  With
+``max_activations`` a worker holding that many stashed activations starts no forward until a
+backward frees one — which is how 1F1B emerges from the GPipe mapping.
+
+Statistics (f, b the forward and backward costs; W workers; B batches; S stages; T the latency):
+
+- ``latency`` T: when the last item ends.  ``throughput``: 2SB / (T·W), work items per unit time
+  per worker.  ``busy`` / ``utilisation`` per worker.
+- ``activation_transmissions``: consecutive items of a batch on different workers (an activation
+  forward, a gradient backward).  ``weight_transmissions``: items whose weights live elsewhere
+  (fetched to the compute worker); ``gradient_transmissions``: backward items among those (their
+  gradient goes back to the weight worker).
+- ``weight_storage``: per worker, the stages whose weights it keeps.
+- activation storage: the forward of stage s for batch b stashes its input on its compute worker
+  until the backward of (s, b) ends; ``peak_activations`` is the most any worker holds at once,
+  ``mean_activations`` the time average of what a worker holds, averaged over the workers.
+
+The bound ρ ≤ M/S (ρ the throughput above, M the peak activation storage of a worker, S the
+stages).  What we can prove: the activation of (s, b) is held at least from the start of F(s, b)
+to the end of B(s, b), which spans the forward and backward of stages s…S−1: (S−s)(f+b).  Summed
+over one batch that is (f+b)·S(S+1)/2, and over the run at most W·M·T is available, so
+ρ = 2SB/(TW) ≤ 4M / ((f+b)(S+1)) — for f+b = 3 this is ρ ≤ (4/3)·M/(S+1), which implies ρ ≤ M/S
+for S ≤ 3; for larger S the tests check ρ ≤ M/S on every built-in strategy, and the proven bound
+always.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+from .work import ComputeAndWeightWorkers, Direction, Strategy, Work
+
+__all__ = ["simulate", "StrategyRun", "ScheduledWork", "OldestBatchFirst", "OldestStageFirst"]
+
+
+def OldestBatchFirst(batch: int, position: int) -> tuple:
+    return (batch, -position)
+
+
+def OldestStageFirst(batch: int, position: int) -> tuple:
+    return (-position, batch)
+
+
+@dataclass(frozen=True)
+class ScheduledWork:
+    work: Work
+    workers: ComputeAndWeightWorkers
+    start: float
+    end: float
+
+
+@dataclass
+class StrategyRun:
+    num_workers: int
+    num_stages: int
+    num_batches: int
+    items: list[ScheduledWork]
+    forward_cost: float
+    backward_cost: float
+    activation_transmissions: int
+    weight_transmissions: int
+    gradient_transmissions: int
+    peak_activations: int
+    mean_activations: float
+    busy: list[float] = field(default_factory=list)
+
+    @property
+    def latency(self) -> float:
+        return max((i.end for i in self.items), default=0.0)
+
+    @property
+    def throughput(self) -> float:
+        return len(self.items) / (self.latency * self.num_workers) if self.latency else 0.0
+
+    @property
+    def utilisation(self) -> list[float]:
+        return [b / self.latency if self.latency else 0.0 for b in self.busy]
+
+    @property
+    def weight_storage(self) -> list[int]:
+        stores: list[set[int]] = [set() for _ in range(self.num_workers)]
+        for i in self.items:
+            stores[i.workers.weight].add(i.work.stage)
+        return [len(s) for s in stores]
+
+    def proven_bound(self) -> float:
+        """4M / ((f+b)(S+1)): the throughput no schedule can beat at this peak storage."""
+        return 4 * self.peak_activations / ((self.forward_cost + self.backward_cost) * (self.num_stages + 1))
+
+
+def _sequence(stages: int, batch: int) -> list[Work]:
+    return ([Work(s, batch, Direction.FORWARD) for s in range(stages)]
+            + [Work(s, batch, Direction.BACKWARD) for s in reversed(range(stages))])
+
+
+def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Strategy, policy=OldestBatchFirst,
+             forward_cost: float = 1.0, backward_cost: float = 2.0, activation_cost: float = 0.0,
+             weight_cost: float = 0.0, max_activations: int | None = None) -> StrategyRun:
+    """Schedule every batch's 2S work items greedily (see the module doc)."""
+    for name, v in (("num_workers", num_workers), ("num_stages", num_stages), ("num_batches", num_batches)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UsageError(f"simulate: {name} must be a positive int, got {v!r}")
+    seqs = [_sequence(num_stages, b) for b in range(num_batches)]
+    pos = [0] * num_batches
+    done_at = [0.0] * num_batches
+    last_worker: list[int | None] = [None] * num_batches
+    free = [0.0] * num_workers
+    held: list[list[float]] = [[] for _ in range(num_workers)]  # release times (inf until the B is placed)
+    stash: dict[tuple[int, int], tuple[int, int]] = {}  # (stage, batch) -> (worker, index in held)
+    items: list[ScheduledWork] = []
+    busy = [0.0] * num_workers
+    act_tx = w_tx = g_tx = 0
+    remaining = 2 * num_stages * num_batches
+    while remaining:
+        best = None
+        for b in range(num_batches):
+            if pos[b] == len(seqs[b]):
+                continue
+            w = seqs[b][pos[b]]
+            cw = strategy(w)
+            _check_workers(cw, w, num_workers)
+            start = max(free[cw.compute], done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0))
+            if cw.weight != cw.compute:
+                start += weight_cost
+            if w.direction is Direction.FORWARD and max_activations is not None:
+                slot = _slot_free_at(held[cw.compute], max_activations)
+                if slot is None:
+                    continue
+                start = max(start, slot)
+            key = (start, *policy(b, pos[b]))
+            if best is None or key < best[0]:
+                best = (key, b, w, cw, start)
+        if best is None:
+            raise UsageError(f"simulate: every next work item waits for activation room (max_activations="
+                             f"{max_activations} is too small for this strategy)")
+        _, b, w, cw, start = best
+        cost = forward_cost if w.direction is Direction.FORWARD else backward_cost
+        end = start + cost
+        items.append(ScheduledWork(w, cw, start, end))
+        busy[cw.compute] += cost
+        if last_worker[b] is not None and last_worker[b] != cw.compute:
+            act_tx += 1
+        if cw.weight != cw.compute:
+            w_tx += 1
+            g_tx += w.direction is Direction.BACKWARD
+        if w.direction is Direction.FORWARD:
+            stash[(w.stage, b)] = (cw.compute, len(held[cw.compute]))
+            held[cw.compute].append(float("inf"))
+        else:
+            worker, idx = stash.pop((w.stage, b))
+            held[worker][idx] = end
+        free[cw.compute], done_at[b], last_worker[b] = end, end, cw.compute
+        pos[b] += 1
+        remaining -= 1
+    peak, mean = _activation_stats(items, num_workers)
+    return StrategyRun(num_workers, num_stages, num_batches, items, forward_cost, backward_cost, act_tx, w_tx, g_tx,
+                       peak, mean, busy)
+
+
+def _slot_free_at(releases: list[float], cap: int) -> float | None:
+    """Earliest time at which fewer than ``cap`` of these activations are still held (None: never
+    known yet, because ``cap`` of them wait for a backward not yet placed)."""
+    alive = sorted((r for r in releases), reverse=True)
+    if len(alive) < cap:
+        return 0.0
+    t = alive[cap - 1]
+    return None if t == float("inf") else t
+
+
+def _check_workers(cw: ComputeAndWeightWorkers, w: Work, n: int) -> None:
+    if not (isinstance(cw, tuple) and len(cw) == 2 and all(isinstance(x, int) and 0 <= x < n for x in cw)):
+        raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to {cw!r}; expected "
+                         f"ComputeAndWeightWorkers(compute, weight) with workers 0..{n - 1}")
+
+
+def _activation_stats(items: list[ScheduledWork], workers: int) -> tuple[int, float]:
+    """Peak over workers and time of stashed activations, and the mean over time and workers."""
+    events: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
+    start_of: dict[tuple[int, int], tuple[int, float]] = {}
+    for i in items:
+        if i.work.direction is Direction.FORWARD:
+            start_of[(i.work.stage, i.work.batch)] = (i.workers.compute, i.start)
+    for i in items:
+        if i.work.direction is Direction.BACKWARD:
+            worker, t0 = start_of[(i.work.stage, i.work.batch)]
+            events[worker] += [(t0, 1), (i.end, -1)]
+    latency = max((i.end for i in items), default=0.0)
+    peak, area = 0, 0.0
+    for ev in events:
+        ev.sort(key=lambda e: (e[0], e[1]))
+        n, last = 0, 0.0
+        for t, d in ev:
+            area += n * (t - last)
+            n, last = n + d, t
+            peak = max(peak, n)
+    mean = area / (latency * workers) if latency else 0.0
+    return peak, mean

@@ -1,0 +1,106 @@
+"""Every training strategy as two functions of a unit of work (seed 001's scheme).
+
+A unit of ``Work`` is one stage of one batch in one direction.  A strategy maps it to
+``ComputeAndWeightWorkers``: the worker that computes it and the worker that stores the weights
+it needs.  When the two differ, the weights travel to the compute worker (and, for a backward,
+the gradients travel back), as in FSDP.  The built-in strategies are the notebook's, each a few
+lines: data parallelism gives every batch its own worker; pipeline parallelism gives every stage
+its own worker; the looped variants give each batch a group of ``group_size`` workers that it
+loops over when the model has more stages than the group.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Callable, NamedTuple
+
+__all__ = ["Direction", "Work", "ComputeAndWeightWorkers", "Strategy", "DistributedDataParallel",
+           "FullyShardedDataParallel", "GPipe", "LoopedPipeline", "FullyShardedLoopedPipeline", "Cuckoo",
+           "STRATEGIES"]
+
+
+class Direction(Enum):
+    FORWARD = "f"
+    BACKWARD = "b"
+
+
+class Work(NamedTuple):
+    stage: int
+    batch: int
+    direction: Direction
+
+    def __str__(self) -> str:
+        return f"{self.direction.value}{self.stage}"
+
+
+class ComputeAndWeightWorkers(NamedTuple):
+    compute: int
+    weight: int
+
+
+Strategy = Callable[[Work], ComputeAndWeightWorkers]
+
+
+def DistributedDataParallel(w: Work) -> ComputeAndWeightWorkers:
+    """Batch b on worker b, which also keeps a full copy of the weights."""
+    return ComputeAndWeightWorkers(w.batch, w.batch)
+
+
+def FullyShardedDataParallel(num_workers: int) -> Strategy:
+    """Batch b on worker b; stage s's weights stored once, on worker s mod W."""
+    def fsdp(w: Work) -> ComputeAndWeightWorkers:
+        return ComputeAndWeightWorkers(w.batch, w.stage % num_workers)
+    return fsdp
+
+
+def GPipe(w: Work) -> ComputeAndWeightWorkers:
+    """Stage s on worker s, with its weights (order the work OldestBatchFirst or OldestStageFirst)."""
+    return ComputeAndWeightWorkers(w.stage, w.stage)
+
+
+def _looped(group_size: int, num_workers: int, x: int, y: int) -> int:
+    return (group_size * y) % num_workers + x % group_size
+
+
+def LoopedPipeline(group_size: int, num_workers: int) -> Strategy:
+    """Batch b runs on the group of workers starting at group_size·b mod W; stage s on member s mod group_size."""
+    def looped(w: Work) -> ComputeAndWeightWorkers:
+        worker = _looped(group_size, num_workers, w.stage, w.batch)
+        return ComputeAndWeightWorkers(worker, worker)
+    return looped
+
+
+def FullyShardedLoopedPipeline(group_size: int, num_workers: int) -> Strategy:
+    """Looped compute; stage s's weights stored on the worker the looped map gives (stage, stage)."""
+    def fs_looped(w: Work) -> ComputeAndWeightWorkers:
+        return ComputeAndWeightWorkers(_looped(group_size, num_workers, w.stage, w.batch),
+                                       _looped(group_size, num_workers, w.stage, w.stage))
+    return fs_looped
+
+
+def Cuckoo(num_workers: int, num_stages: int, num_batches: int) -> Strategy:
+    """GPipe, except that the backward of the early stages of the early batches is computed on the
+    mirror worker W−1−s (which must keep their input activations meanwhile), weights unmoved."""
+    def cuckoo(w: Work) -> ComputeAndWeightWorkers:
+        if w.direction is Direction.BACKWARD and w.stage < num_stages // 2 + 2 and w.batch < num_batches // 2 - 2:
+            return ComputeAndWeightWorkers(num_workers - w.stage - 1, w.stage)
+        return ComputeAndWeightWorkers(w.stage, w.stage)
+    return cuckoo
+
+
+def _modulo(strategy: Strategy, num_workers: int) -> Strategy:
+    """More batches than workers: batch b runs where batch b mod W would (workers take turns)."""
+    def wrapped(w: Work) -> ComputeAndWeightWorkers:
+        return strategy(Work(w.stage, w.batch % num_workers, w.direction))
+    return wrapped
+
+
+#: name -> factory(workers, stages, batches, group_size) -> strategy; unknown names raise KeyError.
+STRATEGIES: dict[str, Callable[..., Strategy]] = {
+    "ddp": lambda W, S, B, g=None: DistributedDataParallel if B <= W else _modulo(DistributedDataParallel, W),
+    "fsdp": lambda W, S, B, g=None: FullyShardedDataParallel(W) if B <= W else _modulo(FullyShardedDataParallel(W), W),
+    "gpipe": lambda W, S, B, g=None: GPipe,
+    "looped": lambda W, S, B, g=None: LoopedPipeline(g or max(1, W // 2), W),
+    "fs_looped": lambda W, S, B, g=None: FullyShardedLoopedPipeline(g or max(1, W // 2), W),
+    "cuckoo": lambda W, S, B, g=None: Cuckoo(W, S, B),
+}

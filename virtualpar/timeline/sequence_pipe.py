@@ -1,0 +1,70 @@
+"""Timeline parallelism for recurrent models (seed 000): ``SequencePipe``.
+
+A recurrent model's sequence is split along time across the devices of one mesh axis.  Device i
+runs time segment i of every microbatch, starting from the recurrent state device i−1 hands it,
+and hands its final state to device i+1; the gradient of that state flows back the same way.
+Microbatches are pipelined, so while device 1 runs segment 1 of microbatch 0, device 0 runs
+segment 0 of microbatch 1.  This is a pipeline whose stages are *time segments* that share one
+set of weights: it runs on the pipeline executor with the 1F1B schedule, each device holding a
+full copy of the weights, and the weight gradients of the segments are summed over the axis
+before one optimizer step (so every copy stays identical and equal to one device's training).
+
+The user subclasses ``SequencePipe`` and writes only what seed 000's user writes::
+
+    forward(inputs, states) -> (outputs, states)      # tuples of arrays, batch first
+    loss_fn(outputs, labels) -> scalar                 # read on the last segment's outputs
+    get_init_states() -> tuple of arrays               # per sample, broadcast over the batch
+    get_group() -> mesh axis name
+
+with ``virtualpar.nn`` layers and no backward code.  The loss is computed on the last time
+segment (it reads the labels at the last step, as the seed's does).
+
+Makespan under unit costs (each segment's forward 1, backward b, free links), D devices, M
+microbatches, 1F1B: every device does M forwards and M backwards and the schedule is the
+pipeline's, so makespan = (M + D − 1)(1 + b) — 2(M + D − 1) for b = 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import nn
+from ..errors import UsageError
+
+__all__ = ["SequencePipe", "reference_step"]
+
+
+class SequencePipe(nn.Module):
+    """Base class of a model run with timeline parallelism (see the module docstring)."""
+
+    def forward(self, inputs: tuple, states: tuple) -> tuple[tuple, tuple]:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define forward(inputs, states)")
+
+    def loss_fn(self, inputs: tuple, labels: tuple) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define loss_fn(outputs, labels)")
+
+    def get_init_states(self) -> tuple:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define get_init_states()")
+
+    def get_group(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define get_group()")
+
+    def initial_states(self, batch: int) -> tuple:
+        """``get_init_states()`` broadcast to ``batch`` samples (a leading batch dim)."""
+        states = self.get_init_states()
+        if not isinstance(states, tuple):
+            raise UsageError(f"{type(self).__name__}.get_init_states() must return a tuple of arrays, got {type(states).__name__}")
+        return tuple(np.broadcast_to(s, (batch, *np.shape(s))).copy() for s in states)
+
+
+def reference_step(model: SequencePipe, inputs: tuple, labels: tuple) -> tuple[float, dict[str, np.ndarray]]:
+    """The whole sequence on one device: ``(loss, grads)`` — what the time-split run must equal."""
+    batch = np.shape(inputs[0])[0]
+
+    def loss(m: SequencePipe, *xs: Any) -> Any:
+        outputs, _ = m(tuple(xs), m.initial_states(batch))
+        return m.loss_fn(outputs, labels)
+
+    return nn.value_and_grad(loss, model, *inputs)
