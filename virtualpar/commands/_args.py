@@ -1,0 +1,32 @@
+"""Argument types shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["parse_mesh", "parse_costs"]
+
+
+def parse_mesh(text: str):
+    """``dp=2,tp=2`` -> ``Mesh({"dp": 2, "tp": 2})``; argparse reports a malformed value."""
+    from ..mesh import Mesh
+
+    shape = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        if not name.strip() or not size.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"mesh must look like dp=2,tp=2; got {text!r}")
+        shape[name.strip()] = int(size)
+    return Mesh(shape)
+
+
+def parse_costs(text: str) -> dict[str, float]:
+    """``F=1,B=2,W=0`` -> ``{"F": 1.0, "B": 2.0, "W": 0.0}``."""
+    costs: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            costs[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"costs must look like F=1,B=2; got {text!r}") from None
+    return costs

@@ -1,0 +1,34 @@
+"""``virtualpar pipeline --schedule 1f1b``: train the MLP on a cluster and show the timeline that ran."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register"]
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    from ..pipeline import SCHEDULES
+    from ..pipeline.demo import train_demo
+
+    if args.schedule not in SCHEDULES:
+        print(f"virtualpar pipeline: unknown schedule {args.schedule!r}; choose one of {', '.join(SCHEDULES)}",
+              file=sys.stderr)
+        return 2
+    ok = train_demo(sys.stdout, args.schedule, args.stages, args.microbatches, args.steps, args.batch,
+                    args.hardware, check=not args.no_check, unit=args.unit_costs)
+    return 0 if ok else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("pipeline", help="train seed 003's MLP with a pipeline schedule and show what ran")
+    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zb_h1, zbv")
+    p.add_argument("--stages", type=int, default=4, help="pipeline devices (default 4)")
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hardware", default="h100-node", help="modelled hardware preset")
+    p.add_argument("--no-check", action="store_true", help="float32, no comparison with one process")
+    p.add_argument("--unit-costs", action="store_true", help="model F=1, B=2 time units on free links (textbook grid)")
+    p.set_defaults(func=_pipeline)

@@ -1,0 +1,132 @@
+"""``virtualpar run FILE.py:FUNC [--mesh dp=2,tp=2] [--hardware h100-node]``: run ``FUNC(dev)`` from a
+script on an emulated cluster and print what each device returned, with the modelled clocks.
+
+The script is loaded as a module (its ``if __name__ == "__main__"`` block does not run); the
+function ships to the devices by value, so it may use anything the script defines.  Started under
+``mpiexec -n N``, the same command runs ``FUNC(dev)`` on the N MPI processes with ``dev`` backed by
+mpi4py (:mod:`virtualpar.mpi.device`), and rank 0 prints what the emulator would.  ``--stats`` adds
+the bytes each device sent to each other, ``--trace FILE.json`` writes the Chrome trace (under MPI
+the bytes of MPI's own collectives are MPI's business and not counted; those of p2p and of
+virtualpar's algorithms chosen with ``algorithm=`` are)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import traceback
+
+from ._args import parse_mesh
+
+__all__ = ["register"]
+
+_MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def _load(target: str):
+    path, _, func = target.rpartition(":")
+    if not path or not func:
+        raise SystemExit(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r}")
+    if not os.path.exists(path):
+        raise SystemExit(f"virtualpar run: no such file {path!r}")
+    spec = importlib.util.spec_from_file_location("__virtualpar_run__", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise SystemExit(f"virtualpar run: {path} has no function {func!r}; it defines {names}")
+    return fn
+
+
+def _run_mpi(args: argparse.Namespace) -> int:
+    """An unmodified mpi4py script on ``-n`` emulated devices; output as mpiexec gives it (each
+    rank's stdout and stderr, rank by rank), exit code the largest of the ranks'."""
+    from .. import Mesh, VirtualCluster, VirtualParError
+    from ..mpi.facade import run_script
+
+    path = args.target
+    if not os.path.exists(path):
+        print(f"virtualpar run --mpi: no such file {path!r}", file=sys.stderr)
+        return 2
+    try:
+        with VirtualCluster(Mesh({"world": args.n}), hardware=args.hardware) as cluster:
+            outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
+    except VirtualParError as exc:
+        print(f"virtualpar run --mpi: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    for out, err, _ in outputs:
+        sys.stdout.write(out)
+        sys.stderr.write(err)
+    return max(code for _, _, code in outputs)
+
+
+def _run_under_mpiexec(args: argparse.Namespace) -> int:
+    """``step(dev)`` on this MPI process with ``dev`` an :class:`~virtualpar.mpi.device.MPIDevice`;
+    rank 0 collects every rank's result, modelled clock, traffic and events and prints them as
+    the emulator's ``run`` does."""
+    from .. import Mesh
+    from ..mpi.device import MPIDevice, collect
+
+    from mpi4py import MPI
+
+    fn = _load(args.target)
+    mesh = args.mesh or Mesh({"world": MPI.COMM_WORLD.Get_size()})
+    dev = MPIDevice(mesh, hardware=args.hardware)
+    try:
+        result = fn(dev)
+    except BaseException:  # the other ranks would wait for this one forever: abort the job, saying who
+        print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}", file=sys.stderr,
+              flush=True)
+        MPI.COMM_WORLD.Abort(1)
+    got = collect(dev, result)
+    if got is not None:
+        _print(mesh, got["results"], got["clocks"], got["stats"], got["trace"], args)
+    return 0
+
+
+def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> None:
+    for rank, (value, clock) in enumerate(zip(results, clocks)):
+        print(f"device {rank} {mesh.index(rank)}: {value!r}   (modelled {clock * 1e6:.3f} us)")
+    if args.stats:
+        print(stats.format())
+    if args.trace:
+        print(f"trace: {trace.write_chrome(args.trace)} (open in chrome://tracing or ui.perfetto.dev)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.mpi:
+        return _run_mpi(args)
+    if args.script_args:  # options given after the target (REMAINDER keeps them for --mpi scripts)
+        late = argparse.ArgumentParser(prog="virtualpar run")
+        late.add_argument("--mesh", type=parse_mesh, default=args.mesh)
+        late.add_argument("-n", type=int, default=args.n)
+        late.add_argument("--hardware", default=args.hardware)
+        late.add_argument("--stats", action="store_true", default=args.stats)
+        late.add_argument("--trace", default=args.trace)
+        late.parse_args(args.script_args, namespace=args)
+    if any(v in os.environ for v in _MPI_ENV):
+        return _run_under_mpiexec(args)
+    from .. import Mesh, VirtualCluster
+
+    fn = _load(args.target)
+    mesh = args.mesh or Mesh({"world": args.n})
+    with VirtualCluster(mesh, hardware=args.hardware) as cluster:
+        results = cluster.run(fn)
+        _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace(), args)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run FUNC(dev) from a script on every device, or (--mpi) an mpi4py script")
+    p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
+    p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2")
+    p.add_argument("-n", type=int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
+    p.add_argument("--hardware", default="h100-node", help="modelled hardware preset")
+    p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
+    p.add_argument("--trace", metavar="FILE.json", default=None, help="write every device's events as a Chrome trace")
+    p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
+    p.set_defaults(func=_run)
