@@ -8,6 +8,7 @@ hardware.  It then writes the run's trace (Chrome JSON for Perfetto) and prints 
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
@@ -19,7 +20,17 @@ from .mesh import Mesh
 from .runtime import VirtualCluster
 from .trace.summary import format_bytes
 
-__all__ = ["run_tour", "TourRow", "TOUR_CASES"]
+__all__ = ["run_tour", "tour_collectives", "TourRow", "TOUR_CASES", "TOUR_SECTIONS"]
+
+# Later parts of the tour, in order: "module:function" names, imported when the tour reaches them.
+# Each function takes (out: TextIO, hardware: str | None) and returns True when every check it
+# made passed; it appears in the rows as op "section", group = its title.
+TOUR_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("Tensor parallelism: sharding policies", "virtualpar.tensor_parallel.tour:tour_section"),
+    ("Pipeline parallelism: a 1F1B run", "virtualpar.pipeline.demo:tour_section"),
+    ("One scheme for every training strategy", "virtualpar.strategies.tour:tour_section"),
+    ("Timeline parallelism: an RNN split along time", "virtualpar.timeline.tour:tour_section"),
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,27 @@ def _device_step(dev: Any, op: str, group: Any, algorithm: str) -> tuple[Any, fl
     t0 = dev.clock
     result = TOUR_CASES[op][0](dev, x, group, algorithm)
     return result, t0, dev.clock
+
+
+def tour_collectives(dev: Any) -> list[tuple[str, str, str, bool]]:
+    """The tour's collectives as one program of the device protocol, checked on the device itself:
+    every case of :data:`TOUR_CASES` on every group of the tour, with the default algorithm and
+    with each message algorithm; returns ``(op, group, algorithm, matches numpy)`` per call.  It
+    runs unchanged on the emulator and under ``mpiexec`` (``virtualpar run
+    virtualpar/tour.py:tour_collectives``), where the default is MPI's own collective."""
+    axes = dev.mesh.axis_names
+    rows = []
+    for op, (call, oracle) in TOUR_CASES.items():
+        for group in [None, *axes]:
+            ranks = dev.group(group)
+            want = oracle([_input(r) for r in ranks])[ranks.index(dev.rank)]
+            for algorithm in [None, *(a for a in ALGORITHMS[op] if a != "shm")]:
+                got = call(dev, _input(dev.rank), group, algorithm)
+                ok = (want is None and got is None) or (
+                    want is not None and got is not None and got.shape == want.shape
+                    and bool(np.allclose(got, want, rtol=1e-5, atol=1e-5)))
+                rows.append((op, group or "all", algorithm or "default", ok))
+    return rows
 
 
 def _imbalanced_step(dev: Any) -> None:
@@ -109,6 +141,11 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
     out.write(demo.summary(clock="model").format(max_path=6) + "\n")
     bad = [r for r in rows if not r.correct]
     out.write(f"\n{len(rows) - len(bad)} of {len(rows)} collective runs match numpy on every device.\n")
+    for title, target in TOUR_SECTIONS:
+        out.write(f"\n== {title} " + "=" * max(0, 74 - len(title)) + "\n\n")
+        module, _, func = target.partition(":")
+        ok = bool(getattr(importlib.import_module(module), func)(out, hardware))
+        rows.append(TourRow("section", title, "-", 0, 0.0, ok))
     return rows
 
 

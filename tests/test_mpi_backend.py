@@ -1,0 +1,147 @@
+"""The same step(dev) on the emulator and under mpiexec (the MPI backend): the same results."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+STEP = '''
+import numpy as np
+
+def step(dev):
+    x = np.arange(6.0).reshape(2, 3) + dev.rank
+    axis = "tp" if "tp" in dev.mesh.axis_names else None
+    out = [dev.all_reduce(x, group=axis), dev.all_gather(x, dim=1), dev.reduce_scatter(x, dim=1, group=axis),
+           dev.broadcast(x, root=1, group=axis), dev.reduce(x, root=0, op="max"), dev.gather(x, root=0, dim=0),
+           dev.scatter(np.arange(12.0).reshape(4, 3) if dev.group_rank() == 0 else None, root=0),
+           dev.all_to_all(np.arange(8.0) + dev.rank, group=axis), dev.all_reduce(x, op="avg")]
+    dev.barrier()
+    got = dev.sendrecv(dev.rank, (dev.rank + 1) % dev.size, (dev.rank - 1) % dev.size)
+    if dev.size > 1:
+        if dev.rank == 0:
+            dev.send(np.ones(3) * 5, 1, tag=4)
+        elif dev.rank == 1:
+            got = (got, dev.recv(0, tag=4).tolist())
+    return [None if o is None else o.tolist() for o in out] + [got]
+'''
+
+
+def _mpiexec() -> str | None:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def _results(text: str) -> list[str]:
+    return [line.split("   (modelled")[0] for line in text.strip().splitlines()]
+
+
+@pytest.mark.parametrize("n, mesh", [(2, []), (4, ["--mesh", "dp=2,tp=2"])], ids=["2", "4-dp2xtp2"])
+def test_the_same_step_on_the_emulator_and_under_mpiexec(tmp_path, n, mesh):
+    script = tmp_path / "step.py"
+    script.write_text(STEP)
+    target = f"{script}:step"
+    emu = subprocess.run([sys.executable, "-m", "virtualpar", "run", target, "-n", str(n), *mesh],
+                         capture_output=True, text=True, timeout=120)
+    assert emu.returncode == 0, emu.stderr
+    assert _mpiexec() is not None, "mpiexec is not installed: pip install mpich"
+    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", "run", target, *mesh],
+                          capture_output=True, text=True, timeout=120)
+    assert real.returncode == 0, real.stderr
+    assert _results(real.stdout) == _results(emu.stdout) and len(_results(emu.stdout)) == n
+
+
+TOUR = '''
+from virtualpar.tour import tour_collectives
+
+def step(dev):
+    rows = tour_collectives(dev)
+    return len(rows), [r for r in rows if not r[3]]
+'''
+
+# p2p (arrays of two sizes, an object, a message to oneself), all_reduce below and above 64 KiB,
+# a barrier after unequal compute, and virtualpar's own algorithms chosen with algorithm=
+TIMED = '''
+import numpy as np
+
+def step(dev):
+    n, r = dev.size, dev.rank
+    dev.compute(flops=(r + 1) * 1e9)
+    for size in (100, 300_000):
+        req = dev.isend(np.full(size, float(r)), (r + 1) % n, tag=1)
+        dev.recv((r - 1) % n, tag=1)
+        req.wait()
+    dev.send({"from": r}, r, tag=2)
+    dev.recv(r, tag=2)
+    dev.barrier()
+    dev.all_reduce(np.ones(1000))
+    dev.all_reduce(np.ones(100_000), group="tp")
+    dev.all_gather(np.ones(5000), algorithm="ring")
+    dev.broadcast(np.ones(5000), root=1, algorithm="tree")
+    dev.all_reduce(np.ones(70_000), algorithm="ring", group="dp")
+    return None
+'''
+
+
+def _both(tmp_path, program: str, n: int, *options: str) -> tuple[str, str]:
+    script = tmp_path / "prog.py"
+    script.write_text(program)
+    cmd = ["run", f"{script}:step", *options]
+    emu = subprocess.run([sys.executable, "-m", "virtualpar", *cmd, "-n", str(n)], capture_output=True, text=True,
+                         timeout=120)
+    assert emu.returncode == 0, emu.stderr
+    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", *cmd], capture_output=True,
+                          text=True, timeout=120)
+    assert real.returncode == 0, real.stderr
+    return emu.stdout, real.stdout
+
+
+def test_the_tours_collectives_give_the_same_results_on_both_backends(tmp_path):
+    emu, real = _both(tmp_path, TOUR, 4, "--mesh", "dp=2,tp=2")
+    assert _results(real) == _results(emu)
+    assert all(line.endswith(": (57, [])") for line in _results(emu)), emu  # 57 calls, none off numpy
+
+
+def test_modelled_clocks_and_traffic_are_the_same_on_both_backends(tmp_path):
+    emu, real = _both(tmp_path, TIMED, 4, "--mesh", "dp=2,tp=2", "--stats")
+    clocks = lambda out: [line.split("(modelled")[1] for line in out.splitlines() if "(modelled" in line]  # noqa: E731
+    assert clocks(real) == clocks(emu) and len(clocks(emu)) == 4
+    matrix = lambda out: out.split("src\\dst")[1].split("device-to-device")[0]  # noqa: E731
+    # the emulator's default all_reduce reads peers' memory and counts it; MPI's own is not counted
+    emu_rows = [[int(v) for v in line.split()[1:]] for line in matrix(emu).strip().splitlines()[1:]]
+    real_rows = [[int(v) for v in line.split()[1:]] for line in matrix(real).strip().splitlines()[1:]]
+    assert all(real_rows[s][d] <= emu_rows[s][d] for s in range(4) for d in range(4))
+    assert real_rows[0][1] >= 300_000 * 8 + 100 * 8  # the ring's p2p arrays at least
+
+
+def test_a_failing_rank_under_mpiexec_aborts_the_job_naming_the_device(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import numpy as np\n\ndef step(dev):\n    return dev.all_reduce(np.ones(3), algorithm='shm')\n")
+    out = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "virtualpar", "run", f"{script}:step"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "device 0 (world=0) raised" in out.stderr
+    assert "all_reduce(algorithm='shm') is not available under MPI; choose from ['direct', 'ring', 'tree']" in out.stderr
+
+
+def test_run_writes_a_trace_under_mpiexec(tmp_path):
+    import json
+
+    trace = tmp_path / "t.json"
+    script = tmp_path / "prog.py"
+    script.write_text(TIMED)
+    out = subprocess.run([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:step",
+                          "--mesh", "dp=2,tp=2", "--trace", str(trace)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"all_reduce", "all_gather", "broadcast", "barrier", "send", "recv"} <= names
+
+
+def test_virtualpar_mpi_imports_without_touching_mpi4py():
+    code = "import sys, virtualpar.mpi; print('mpi4py' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False"

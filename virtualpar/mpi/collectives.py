@@ -1,0 +1,180 @@
+"""The collectives of :class:`~virtualpar.mpi.device.MPIDevice`: MPI's own by default, virtualpar's
+algorithms over MPI point-to-point when the caller names one (``algorithm="ring"``, ``"tree"``,
+``"direct"``; ``"shm"`` needs the emulator's shared memory).
+
+Results follow the emulator's semantics (gathers concatenate along ``dim`` in group order,
+``reduce_scatter`` and ``scatter`` split like ``numpy.array_split``, ``avg`` divides the sum).
+
+The modelled clock.  Every member first learns the members' entry clocks (one ``allgather`` of a
+float on the group's communicator), then charges what the emulator's default would on the mesh's
+hardware:
+
+* ``all_reduce``: the recursive-doubling tree below 64 KiB, the ring from there, as the max-plus
+  schedules of :mod:`virtualpar.sim.schedules` — the same charge as the emulator's default;
+* ``barrier``: the dissemination barrier, the same as the emulator's;
+* the others: ``max(entry) + steps × T_worst(piece)``, with the default algorithm's step count
+  (ring n−1, tree ⌈log2 n⌉, all_to_all's pairwise exchange n−1, gather and scatter 1, the
+  root's messages travelling at once) and ``T_worst`` the slowest route between group neighbours
+  (the root and the others for gather and scatter).  This closed form equals the emulator's
+  charge on uniform links when the members enter together, except that every member is charged
+  the whole tree (on the emulator a tree's leaves leave early).
+
+With ``algorithm=`` the messages themselves carry the modelled time, exactly as on the emulator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..collectives.ops import REDUCE_OPS, check_op
+from ..collectives.registry import ALGORITHMS
+from ..collectives.shm import RING_MIN_BYTES, split_bounds
+from ..errors import UsageError
+from .comm import MPIComm
+
+__all__ = ["MPICollectives"]
+
+_STEPS = {"all_gather": "ring", "reduce_scatter": "ring", "broadcast": "tree", "reduce": "tree",
+          "gather": "direct", "scatter": "direct", "all_to_all": "direct"}
+
+
+class MPICollectives:
+    """Mixin: needs ``_comm(group)``, ``_mpi``, ``group(group)``, ``rank``, ``_clock``, ``_record``."""
+
+    def _ours(self, name: str, algorithm: str, group: Any, *args: Any) -> Any:
+        table = ALGORITHMS[name]
+        if algorithm not in table or algorithm == "shm":
+            usable = sorted(a for a in table if a != "shm")
+            raise UsageError(f"device {self.rank}: {name}(algorithm={algorithm!r}) is not available under MPI; "
+                             f"choose from {usable} or leave it to MPI (algorithm=None)", rank=self.rank, op=name)
+        sub, ranks = self._comm(group, private=True), self.group(group)
+        comm = MPIComm(self, sub, ranks)
+        try:
+            return table[algorithm](comm, *args)
+        finally:
+            comm.flush()
+
+    def _collective(self, name: str, group: Any, algorithm: str | None, native: Any, ours: tuple,
+                    nbytes: Any, itemsize: int = 1) -> Any:
+        """Run one collective (``native()`` or our ``algorithm`` on ``ours``), time it on both clocks
+        and record it; ``nbytes(result)`` gives the per-member size the modelled charge uses."""
+        ranks = self.group(group)
+        wall0, model0 = self.wall, self._clock.now
+        if algorithm is not None:
+            result = self._ours(name, algorithm, group, *ours)
+        else:
+            entry = self._comm(group).allgather(self._clock.now) if len(ranks) > 1 else [self._clock.now]
+            result = native()
+            self._charge(name, ranks, entry, nbytes(result), itemsize)
+        self._record("collective", name, wall0, model0, nbytes(result), group=ranks)
+        return result
+
+    def _charge(self, name: str, ranks: tuple[int, ...], entry: list[float], nbytes: int, itemsize: int) -> None:
+        n, clock = len(ranks), self._clock
+        if n == 1:
+            return
+        if name == "barrier":
+            clock.dissemination_barrier(ranks, entry)
+        elif name == "all_reduce":
+            if nbytes < RING_MIN_BYTES:
+                clock.tree_all_reduce(ranks, entry, nbytes)
+            else:
+                bounds = split_bounds(nbytes // itemsize, n)
+                clock.ring_all_reduce(ranks, entry, [(bounds[i + 1] - bounds[i]) * itemsize for i in range(n)])
+        else:
+            steps = {"ring": n - 1, "tree": math.ceil(math.log2(n)), "direct": n - 1}[_STEPS[name]]
+            piece = nbytes // n if name in ("reduce_scatter", "scatter", "all_to_all") else nbytes
+            route = clock.topology.route
+            if name in ("gather", "scatter"):  # the root's n−1 messages travel at once, one per link
+                steps, pairs = 1, [(ranks[0], r) for r in ranks[1:]]
+            else:
+                pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
+            worst = max(max(route(a, b).time(piece), route(b, a).time(piece)) for a, b in pairs)
+            clock.advance_to(max(entry) + steps * worst)
+
+    # -- the collectives of the device protocol ------------------------------------------------------
+    def all_reduce(self, x: np.ndarray, op: str = "sum", group: Any = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> np.ndarray:
+        x = np.ascontiguousarray(x)
+        check_op(op, x.dtype)  # an unknown op, or avg on integers, raises here naming what is wrong
+
+        def native() -> np.ndarray:
+            out = np.empty_like(x)
+            self._comm(group).Allreduce(x, out, op=self._mpi_op(op))
+            return out / len(self.group(group)) if op == "avg" else out
+
+        return self._collective("all_reduce", group, algorithm, native, (x, op), lambda _: x.nbytes,
+                                x.itemsize)
+
+    def all_gather(self, x: np.ndarray, dim: int = 0, group: Any = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> np.ndarray:
+        native = lambda: np.concatenate(self._comm(group).allgather(np.asarray(x)), axis=dim)  # noqa: E731
+        return self._collective("all_gather", group, algorithm, native, (x, dim), lambda _: np.asarray(x).nbytes)
+
+    def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Any = None,
+                       algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+        def native() -> np.ndarray:
+            x_ = np.ascontiguousarray(x)
+            full = np.empty_like(x_)
+            self._comm(group).Allreduce(x_, full, op=self._mpi_op(op))
+            full = full / len(self.group(group)) if op == "avg" else full
+            return np.array_split(full, len(self.group(group)), axis=dim)[self.group_rank(group)]
+
+        return self._collective("reduce_scatter", group, algorithm, native, (x, dim, op),
+                                lambda _: np.asarray(x).nbytes)
+
+    def broadcast(self, x: Any, root: int = 0, group: Any = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> np.ndarray:
+        native = lambda: self._comm(group).bcast(x, root=root)  # noqa: E731
+        return self._collective("broadcast", group, algorithm, native, (x, root), lambda out: np.asarray(out).nbytes)
+
+    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Any = None, algorithm: str | None = None,
+               timeout: float | None = None) -> np.ndarray | None:
+        def native() -> np.ndarray | None:
+            parts = self._comm(group).gather(np.asarray(x), root=root)
+            if parts is None:
+                return None
+            acc = np.array(parts[0], copy=True)
+            for p in parts[1:]:  # left to right in group order, as the emulator's tree leaves the bits
+                REDUCE_OPS["sum" if op == "avg" else op].ufunc(acc, p, out=acc)
+            return acc / len(parts) if op == "avg" else acc
+
+        return self._collective("reduce", group, algorithm, native, (x, root, op), lambda _: np.asarray(x).nbytes)
+
+    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Any = None, algorithm: str | None = None,
+               timeout: float | None = None) -> np.ndarray | None:
+        def native() -> np.ndarray | None:
+            parts = self._comm(group).gather(np.asarray(x), root=root)
+            return None if parts is None else np.concatenate(parts, axis=dim)
+
+        return self._collective("gather", group, algorithm, native, (x, root, dim), lambda _: np.asarray(x).nbytes)
+
+    def scatter(self, x: Any, root: int = 0, dim: int = 0, group: Any = None, algorithm: str | None = None,
+                timeout: float | None = None) -> np.ndarray:
+        n = len(self.group(group))
+        mine = self.group_rank(group) == root
+
+        def native() -> np.ndarray:
+            return self._comm(group).scatter(np.array_split(np.asarray(x), n, axis=dim) if mine else None, root=root)
+
+        return self._collective("scatter", group, algorithm, native, (x if mine else None, root, dim),
+                                lambda out: out.nbytes * n)
+
+    def all_to_all(self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, group: Any = None,
+                   algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+        n = len(self.group(group))
+
+        def native() -> np.ndarray:
+            got = self._comm(group).alltoall(np.array_split(np.asarray(x), n, axis=split_dim))
+            return np.concatenate(got, axis=concat_dim)
+
+        return self._collective("all_to_all", group, algorithm, native, (x, split_dim, concat_dim),
+                                lambda _: np.asarray(x).nbytes)
+
+    def barrier(self, group: Any = None, algorithm: str | None = None, timeout: float | None = None) -> None:
+        self._collective("barrier", group, algorithm, lambda: self._comm(group).Barrier(), (), lambda _: 0)
+        return None
+

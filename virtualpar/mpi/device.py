@@ -1,0 +1,225 @@
+"""``MPIDevice``: the device protocol over mpi4py, so a ``step(dev)`` written for the emulator runs
+unchanged under ``mpiexec -n N python -m virtualpar run script.py:step --mesh dp=2,tp=4``.
+
+* Mesh axes map to sub-communicators: ``Split`` by the coordinates off the axes, once per group
+  (a second, private ``Dup`` carries virtualpar's own algorithms when ``algorithm=`` names one).
+* Arrays move with buffer calls: a small pickled header (shape, dtype, the departure stamp on the
+  modelled clock), then ``Send``/``Isend`` of the array itself; other objects are pickled.
+  A blocking send to oneself is posted non-blocking and completed by the matching receive, so a
+  device may message itself as on the emulator.
+* Collectives map to MPI's own (:mod:`virtualpar.mpi.collectives`).
+* The modelled clock is the emulator's ``DeviceClock`` on the mesh's hardware: sends and receives
+  are charged from the stamps exactly as on the emulator, compute from the roofline.
+* Every op is recorded as a trace :class:`~virtualpar.trace.event.Event` and its bytes counted per
+  destination; :meth:`MPIDevice.report` hands rank 0 what ``cluster.run`` would return (see
+  :func:`collect`).
+
+Requires mpi4py; importing this module without it raises ImportError with the install hint.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+try:
+    from mpi4py import MPI
+except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
+    raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
+
+from ..runtime.status import ANY_SOURCE, ANY_TAG
+from ..trace.event import Event
+from .collectives import MPICollectives
+
+__all__ = ["MPIDevice", "collect"]
+
+_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
+
+
+class _SendRequest:
+    def __init__(self, dev: "MPIDevice", reqs: list[Any], dst: int, nbytes: int, stamp: float, t0: tuple) -> None:
+        self._dev, self._reqs, self._dst, self._nbytes, self._stamp, self._t0 = dev, reqs, dst, nbytes, stamp, t0
+        self._done = False
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._done:
+            MPI.Request.Waitall([r for r in self._reqs if not isinstance(r, np.ndarray)])
+            self._dev._clock.on_send_done(self._dst, self._nbytes, self._stamp)
+            self._dev._record("send", "send", *self._t0, self._nbytes, peer=self._dst)
+            self._done = True
+
+    def test(self) -> bool:
+        return self._done or all(r.Test() for r in self._reqs if not isinstance(r, np.ndarray))
+
+
+class _RecvRequest:
+    def __init__(self, fn: Any) -> None:
+        self._fn, self._done, self._value = fn, False, None
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._done:
+            self._value, self._done = self._fn(), True
+        return self._value
+
+    def test(self) -> bool:
+        return self._done
+
+
+class MPIDevice(MPICollectives):
+    """One MPI process as a device of ``mesh`` (whose size must be the world's)."""
+
+    def __init__(self, mesh: Any, comm: Any = None, hardware: Any = None) -> None:
+        from ..runtime.hardware_choice import resolve_hardware
+        from ..sim.clock import DeviceClock
+
+        self.comm = comm or MPI.COMM_WORLD
+        mesh.check_devices(self.comm.Get_size())
+        self.mesh, self.rank, self.size = mesh, self.comm.Get_rank(), self.comm.Get_size()
+        self.index = mesh.index(self.rank)
+        self.state: dict[str, Any] = {}
+        _, topology, spec = resolve_hardware(hardware, mesh)
+        self._clock = DeviceClock(self.rank, topology, spec)
+        self._t0 = time.monotonic()
+        self._comms: dict[tuple[tuple[str, ...], bool], Any] = {}
+        self._to_self: list[_SendRequest] = []
+        self.events: list[Event] = []
+        self.sent_bytes = np.zeros(self.size, np.int64)  # per destination, algorithm messages included
+        self.sent_messages = np.zeros(self.size, np.int64)
+
+    @property
+    def name(self) -> str:
+        return f"device {self.rank} {self.index}"
+
+    @property
+    def clock(self) -> float:
+        return self._clock.now
+
+    @property
+    def wall(self) -> float:
+        return time.monotonic() - self._t0
+
+    def group(self, group: Any = None) -> tuple[int, ...]:
+        return self.mesh.group_of(self.rank, self.mesh.axes(group))
+
+    def group_rank(self, group: Any = None) -> int:
+        return self.group(group).index(self.rank)
+
+    def _comm(self, group: Any, private: bool = False) -> Any:
+        axes = self.mesh.axes(group)
+        sub = self._comms.get((axes, private))
+        if sub is None:
+            if private:
+                sub = self._comm(group).Dup()
+            else:
+                ranks = self.mesh.group_of(self.rank, axes)
+                sub = self.comm.Split(color=min(ranks), key=ranks.index(self.rank))
+            self._comms[(axes, private)] = sub
+        return sub
+
+    def _mpi_op(self, op: str) -> Any:
+        return _OPS[op]
+
+    def _count(self, dst: int, nbytes: int) -> None:
+        self.sent_bytes[dst] += nbytes
+        self.sent_messages[dst] += 1
+
+    def _record(self, kind: str, name: str, wall0: float, model0: float, nbytes: int = 0, peer: int | None = None,
+                group: tuple[int, ...] | None = None) -> None:
+        self.events.append(Event(self.rank, kind, name, wall0, self.wall, model0, self._clock.now, int(nbytes),
+                                 peer=peer, seq=len(self.events), group=group))
+
+    # -- point to point -----------------------------------------------------------------------------
+    def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
+        t0 = (self.wall, self._clock.now)
+        nbytes = x.nbytes if isinstance(x, np.ndarray) else 0
+        stamp = self._clock.on_send(dst, nbytes)
+        if isinstance(x, np.ndarray):
+            x = np.ascontiguousarray(x)
+            reqs = [self.comm.isend(("array", x.shape, x.dtype.str, stamp), dest=dst, tag=tag),
+                    self.comm.Isend(x, dest=dst, tag=tag), x]  # the array stays referenced until done
+        else:
+            reqs = [self.comm.isend(("object", x, stamp), dest=dst, tag=tag)]
+        self._count(dst, nbytes)
+        return _SendRequest(self, reqs, dst, nbytes, stamp, t0)
+
+    def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        req = self.isend(x, dst, tag)
+        if dst == self.rank:  # MPI would block a large send to oneself until the receive: defer
+            self._to_self.append(req)
+        else:
+            req.wait()
+
+    def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
+             status: Any = None) -> Any:
+        wall0, model0 = self.wall, self._clock.now
+        st = MPI.Status()
+        head = self.comm.recv(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src,
+                              tag=MPI.ANY_TAG if tag == ANY_TAG else tag, status=st)
+        source = st.Get_source()
+        if head[0] == "object":
+            value, nbytes, stamp = head[1], 0, head[2]
+        else:
+            fits = out is not None and out.shape == tuple(head[1]) and out.dtype == np.dtype(head[2])
+            value = out if fits else np.empty(head[1], np.dtype(head[2]))
+            self.comm.Recv(value, source=source, tag=st.Get_tag())
+            nbytes, stamp = value.nbytes, head[3]
+            if out is not None and not fits:
+                np.copyto(out, value)
+                value = out
+        if status is not None:
+            status.source, status.tag, status.nbytes = source, st.Get_tag(), nbytes
+        self._clock.on_recv(source, nbytes, stamp)
+        if source == self.rank:
+            for req in self._to_self:
+                req.wait()
+            self._to_self.clear()
+        self._record("recv", "recv", wall0, model0, nbytes, peer=source)
+        return value
+
+    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
+        return _RecvRequest(lambda: self.recv(src, tag, out))
+
+    def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
+                 timeout: float | None = None) -> Any:
+        req = self.isend(x, dst, sendtag)
+        value = self.recv(src, sendtag if recvtag is None else recvtag)
+        req.wait()
+        return value
+
+    # -- compute and clocks -------------------------------------------------------------------------
+    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute") -> float:
+        wall0 = self.wall
+        start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=str(np.dtype(dtype)))
+        self._record("compute", name, wall0, start)
+        return end - start
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        from ..kernels import matmul
+
+        return matmul(self, a, b)
+
+    # -- what rank 0 collects --------------------------------------------------------------------------
+    def report(self, result: Any) -> tuple[Any, float, np.ndarray, np.ndarray, list[Event]]:
+        """This device's part of a run: its result, modelled clock, bytes and messages sent per
+        destination, and its events."""
+        return result, self._clock.now, self.sent_bytes.copy(), self.sent_messages.copy(), list(self.events)
+
+
+def collect(dev: MPIDevice, result: Any) -> dict[str, Any] | None:
+    """Gather every rank's :meth:`MPIDevice.report` on rank 0, as ``cluster.run`` returns them there:
+    ``{"results", "clocks", "stats" (a TrafficStats), "trace" (a Trace)}``; None on the other ranks."""
+    from ..runtime.stats import TrafficStats
+    from ..trace.events import Trace
+
+    parts = dev.comm.gather(dev.report(result), root=0)
+    if parts is None:
+        return None
+    n = dev.size
+    zeros = np.zeros(n, np.int64)
+    stats = TrafficStats(bytes=np.stack([p[2] for p in parts]), messages=np.stack([p[3] for p in parts]),
+                         host_to_device=zeros, device_to_host=zeros.copy(), control_bytes=0)
+    names = {r: f"device {r} {dev.mesh.index(r)}" for r in range(n)}
+    trace = Trace([e for p in parts for e in p[4]], device_names=names)
+    return {"results": [p[0] for p in parts], "clocks": [p[1] for p in parts], "stats": stats, "trace": trace}

@@ -1,0 +1,307 @@
+"""``mpi4py.MPI`` on the emulator: the common subset, so an unmodified mpi4py script runs on devices.
+
+``virtualpar run --mpi -n 4 prog.py`` runs ``prog.py`` on every device with ``mpi4py`` and
+``mpi4py.MPI`` resolving to :func:`module_for` a device.  Point-to-point calls become the device's
+own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``); collectives are
+built here from point-to-point messages in a fixed order (the root gathers in rank order, reduces
+left to right, and sends the result back), so every rank gets the same bits.  A communicator's
+messages carry its own tag range, so collectives and other communicators never mix with user
+messages.  Anything outside the subset raises ``NotImplementedError`` naming the call.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+import numpy as np
+
+from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
+from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, Datatype, Op,
+                           Request, Status, _buf, _COLL, _SPAN)
+
+__all__ = ["module_for", "Comm"]
+
+class Comm:
+    """A communicator: ``ranks`` (device ranks, in this communicator's order) and a tag range."""
+
+    def __init__(self, dev: Any, ranks: tuple[int, ...], ctx: int) -> None:
+        self._dev, self._ranks, self._ctx = dev, tuple(ranks), ctx
+        self.rank, self.size = self._ranks.index(dev.rank), len(self._ranks)
+        self._splits = 0
+
+    # -- identity ---------------------------------------------------------------------------------
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def _tag(self, tag: int) -> int:
+        if tag == ANY_TAG:
+            return ANY_TAG
+        if not 0 <= tag < _COLL:
+            raise ValueError(f"MPI tag {tag} is out of range 0..{_COLL - 1} on the emulator")
+        return self._ctx * _SPAN + tag
+
+    def _peer(self, r: int) -> int:
+        return ANY_SOURCE if r == ANY_SOURCE else self._ranks[r]
+
+    def _local(self, device_rank: int) -> int:
+        return self._ranks.index(device_rank)
+
+    # -- point to point (pickled objects) ---------------------------------------------------------
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        if dest != PROC_NULL:
+            self._dev.send(obj, self._peer(dest), tag=self._tag(tag))
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
+        if source == PROC_NULL:
+            return None
+        st = _DevStatus()
+        value = self._dev.recv(self._peer(source), tag=self._tag(tag), status=st)
+        if status is not None:
+            status.source, status.tag, status.count = self._local(st.source), st.tag % _SPAN, st.nbytes
+        return value
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return Request(self._dev.isend(obj, self._peer(dest), tag=self._tag(tag)), self)
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return Request(self._dev.irecv(self._peer(source), tag=self._tag(tag)), self)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
+        req = self.irecv(source=source, tag=recvtag)
+        self.send(sendobj, dest, sendtag)
+        return req.wait(status)
+
+    # -- point to point (buffers) -------------------------------------------------------------------
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        if dest == PROC_NULL:
+            return
+        self._dev.send(np.ascontiguousarray(_buf(buf)), self._peer(dest), tag=self._tag(tag))
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+        if source == PROC_NULL:
+            return
+        np.copyto(_buf(buf), self.recv(source=source, tag=tag, status=status).reshape(_buf(buf).shape))
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        return Request(self._dev.isend(np.array(_buf(buf)), self._peer(dest), tag=self._tag(tag)), self)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return Request(self._dev.irecv(self._peer(source), tag=self._tag(tag)), self, out=_buf(buf))
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        req = self.Irecv(recvbuf, source, recvtag) if source != PROC_NULL else None
+        self.Send(sendbuf, dest, sendtag)
+        if req is not None:
+            req.wait(status)
+
+    # -- collectives on objects: through the root, in rank order ------------------------------------
+    def _to_root(self, obj: Any, root: int) -> list[Any] | None:
+        tag = self._ctx * _SPAN + _COLL
+        if self.rank != root:
+            self._dev.send(obj, self._ranks[root], tag=tag)
+            return None
+        return [obj if r == root else self._dev.recv(self._ranks[r], tag=tag) for r in range(self.size)]
+
+    def _from_root(self, obj: Any, root: int, per_rank: bool = False) -> Any:
+        tag = self._ctx * _SPAN + _COLL
+        if self.rank == root:
+            for r in range(self.size):
+                if r != root:
+                    self._dev.send(obj[r] if per_rank else obj, self._ranks[r], tag=tag)
+            return obj[root] if per_rank else obj
+        return self._dev.recv(self._ranks[root], tag=tag)
+
+    def barrier(self) -> None:
+        self._from_root(self._to_root(None, 0), 0)
+
+    Barrier = barrier
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._from_root(obj, root)
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        return self._to_root(obj, root)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self._from_root(self._to_root(obj, 0), 0)
+
+    def scatter(self, objs: Any, root: int = 0) -> Any:
+        return self._from_root(list(objs) if self.rank == root else None, root, per_rank=True)
+
+    def reduce(self, obj: Any, op: Op = SUM, root: int = 0) -> Any:
+        parts = self._to_root(obj, root)
+        if parts is None:
+            return None
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = op.fn(acc, p)
+        return acc
+
+    def allreduce(self, obj: Any, op: Op = SUM) -> Any:
+        return self._from_root(self.reduce(obj, op, 0), 0)
+
+    def alltoall(self, objs: Any) -> list[Any]:
+        everything = self.allgather(list(objs))
+        return [everything[r][self.rank] for r in range(self.size)]
+
+    # -- collectives on buffers ---------------------------------------------------------------------
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        arr = _buf(buf)
+        np.copyto(arr, self.bcast(np.array(arr) if self.rank == root else None, root))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
+        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
+        out = self.reduce(np.array(src), op, root)
+        if out is not None:
+            np.copyto(_buf(recvbuf), out)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
+        np.copyto(_buf(recvbuf), self.allreduce(np.array(src), op))
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        parts = self.gather(np.array(_buf(sendbuf)), root)
+        if parts is not None:
+            np.copyto(_buf(recvbuf).reshape(-1), np.concatenate([p.reshape(-1) for p in parts]))
+
+    Gatherv = Gather
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        parts = self.allgather(np.array(_buf(sendbuf)))
+        np.copyto(_buf(recvbuf).reshape(-1), np.concatenate([p.reshape(-1) for p in parts]))
+
+    Allgatherv = Allgather
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        out = _buf(recvbuf)
+        pieces = np.array_split(np.array(_buf(sendbuf)).reshape(-1), self.size) if self.rank == root else None
+        np.copyto(out.reshape(-1), self.scatter(pieces, root))
+
+    Scatterv = Scatter
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        pieces = np.array_split(np.array(_buf(sendbuf)).reshape(-1), self.size)
+        np.copyto(_buf(recvbuf).reshape(-1), np.concatenate(self.alltoall(pieces)))
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        total = self.allreduce(np.array(_buf(sendbuf)).reshape(-1), op)
+        np.copyto(_buf(recvbuf).reshape(-1), np.array_split(total, self.size)[self.rank])
+
+    # -- new communicators --------------------------------------------------------------------------
+    def Split(self, color: int = 0, key: int = 0) -> "Comm":
+        self._splits += 1
+        everyone = self.allgather((color, key, self.rank))
+        mine = sorted((k, r) for c, k, r in everyone if c == color)
+        ranks = tuple(self._ranks[r] for _, r in mine)
+        ctx = (self._ctx * 131 + self._splits * 17 + int(color) + 1) % 4000 + 1
+        return Comm(self._dev, ranks, ctx)
+
+    def Dup(self) -> "Comm":
+        return self.Split(0, self.rank)
+
+    def Create_cart(self, dims: list[int], periods: Any = None, reorder: bool = False) -> "Cartcomm":
+        return Cartcomm(self._dev, self._ranks, (self._ctx * 7 + 3) % 4000 + 1, list(dims), periods)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise NotImplementedError(f"MPI.Comm.{name} is outside the subset virtualpar emulates; run this program "
+                                  "under real MPI (mpiexec) for it")
+
+
+class Cartcomm(Comm):
+    def __init__(self, dev: Any, ranks: tuple[int, ...], ctx: int, dims: list[int], periods: Any) -> None:
+        super().__init__(dev, ranks, ctx)
+        self.dims = dims
+        self.periods = list(periods) if periods is not None else [False] * len(dims)
+
+    def Get_coords(self, rank: int) -> list[int]:
+        return [int(c) for c in np.unravel_index(rank, self.dims)]
+
+    def Get_cart_rank(self, coords: list[int]) -> int:
+        return int(np.ravel_multi_index(coords, self.dims))
+
+    def Shift(self, direction: int, disp: int) -> tuple[int, int]:
+        here = self.Get_coords(self.rank)
+
+        def moved(step: int) -> int:
+            c = list(here)
+            c[direction] += step
+            if self.periods[direction]:
+                c[direction] %= self.dims[direction]
+            elif not 0 <= c[direction] < self.dims[direction]:
+                return PROC_NULL
+            return self.Get_cart_rank(c)
+
+        return moved(-disp), moved(disp)
+
+    def Sub(self, remain_dims: list[bool]) -> Comm:
+        here = self.Get_coords(self.rank)
+        color = sum(c * 1000 ** i for i, (c, keep) in enumerate(zip(here, remain_dims)) if not keep)
+        return self.Split(color, self.rank)
+
+
+
+def module_for(dev: Any) -> types.ModuleType:
+    """An ``mpi4py.MPI`` module for ``dev``: ``COMM_WORLD`` spans every device."""
+    mod = types.ModuleType("mpi4py.MPI")
+    t0 = time.perf_counter()
+    names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm, Request=Request,
+                 Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN, IN_PLACE=IN_PLACE,
+                 ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
+                 LONG=LONG, Wtime=lambda: time.perf_counter() - t0, Get_processor_name=lambda: f"virtualpar-{dev.rank}")
+    mod.__dict__.update(names)
+
+    def missing(name: str) -> Any:
+        raise NotImplementedError(f"MPI.{name} is outside the subset virtualpar emulates; run this program under "
+                                  "real MPI (mpiexec) for it")
+
+    mod.__getattr__ = missing  # type: ignore[attr-defined]
+    return mod
+
+
+def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
+    """Run the mpi4py script ``path`` on this device with ``mpi4py.MPI`` resolving to the facade;
+    returns (its stdout, its stderr, its exit code).  virtualpar's own errors (a deadlock, a
+    mismatch) are raised, so the run reports them by name."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+    import traceback
+
+    from ..errors import VirtualParError
+
+    mpi = module_for(dev)
+    pkg = types.ModuleType("mpi4py")
+    pkg.MPI = mpi  # type: ignore[attr-defined]
+    saved = {k: sys.modules.get(k) for k in ("mpi4py", "mpi4py.MPI")}
+    sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = pkg, mpi
+    argv0, sys.argv = sys.argv, [path, *argv]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except VirtualParError:
+                raise
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = argv0
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return out.getvalue(), err.getvalue(), code

@@ -1,0 +1,99 @@
+"""The facade's value types: ``Op``, ``Datatype``, ``Status``, ``Request``, ``IN_PLACE`` and the
+tag layout a communicator uses (user tags below ``_COLL``, the facade's collectives at ``_COLL``,
+each communicator in its own span of ``_SPAN`` device tags)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..runtime.status import ANY_SOURCE, ANY_TAG
+
+__all__ = ["Op", "Datatype", "Status", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
+           "DOUBLE", "FLOAT", "INT", "LONG", "PROC_NULL"]
+
+_SPAN = 1 << 20  # device tags per communicator: user tags below _COLL, collectives at _COLL
+_COLL = _SPAN - 1
+IN_PLACE = type("InPlace", (), {"__repr__": lambda self: "MPI.IN_PLACE"})()
+
+
+class Op:
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name, self.fn = name, fn
+
+    def __repr__(self) -> str:
+        return f"MPI.{self.name}"
+
+
+SUM = Op("SUM", lambda a, b: a + b)
+PROD = Op("PROD", lambda a, b: a * b)
+MAX = Op("MAX", lambda a, b: np.maximum(a, b) if isinstance(a, np.ndarray) else max(a, b))
+MIN = Op("MIN", lambda a, b: np.minimum(a, b) if isinstance(a, np.ndarray) else min(a, b))
+
+
+class Datatype:
+    def __init__(self, name: str, dtype: Any) -> None:
+        self.name, self.dtype = name, np.dtype(dtype)
+
+    def __repr__(self) -> str:
+        return f"MPI.{self.name}"
+
+
+DOUBLE, FLOAT, INT, LONG = Datatype("DOUBLE", np.float64), Datatype("FLOAT", np.float32), Datatype("INT", np.int32), \
+    Datatype("LONG", np.int64)
+
+
+def _buf(spec: Any) -> np.ndarray:
+    """The array of a buffer spec: ``arr`` or ``[arr, MPI.DOUBLE]`` (or with counts)."""
+    return spec[0] if isinstance(spec, (list, tuple)) else spec
+
+
+class Status:
+    def __init__(self) -> None:
+        self.source, self.tag, self.count = ANY_SOURCE, ANY_TAG, 0
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_count(self, datatype: Any = None) -> int:
+        return self.count // (datatype.dtype.itemsize if isinstance(datatype, Datatype) else 1)
+
+
+class Request:
+    """A pending facade call; ``Wait`` completes it and fills the receive buffer and ``status``."""
+
+    def __init__(self, inner: Any, comm: Any, out: np.ndarray | None = None) -> None:
+        self._inner, self._comm, self._out, self._value, self._done = inner, comm, out, None, False
+
+    def wait(self, status: Status | None = None) -> Any:
+        if not self._done:
+            self._value = self._inner.wait()
+            self._done = True
+            if self._out is not None and self._value is not self._out and isinstance(self._value, np.ndarray):
+                np.copyto(self._out, self._value)
+            st = getattr(self._inner, "status", None)
+            if status is not None and st is not None:
+                status.source, status.tag, status.count = self._comm._local(st.source), st.tag % _SPAN, st.nbytes
+        return self._value
+
+    Wait = wait
+
+    def test(self) -> tuple[bool, Any]:
+        done = self._done or self._inner.test()
+        return done, (self.wait() if done else None)
+
+    def Test(self) -> bool:
+        return self.test()[0]
+
+    @staticmethod
+    def waitall(requests: list["Request"]) -> list[Any]:
+        return [r.wait() for r in requests]
+
+    Waitall = waitall
+
+
+PROC_NULL = -2
