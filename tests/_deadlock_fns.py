@@ -122,3 +122,21 @@ def busy_mix(dev: Any, rounds: int) -> float:
         total += float(dev.all_reduce(np.ones(1000), group=("a",))[0])
         total += float(dev.all_reduce(np.ones(8))[0])
     return total
+
+
+def any_source_order(dev):
+    """Every other device sends before a barrier; device 0 then takes them with ANY_SOURCE: the
+    order it gets is the delivery order of ready messages from different sources."""
+    from virtualpar import ANY_SOURCE, Status
+
+    if dev.rank != 0:
+        dev.send(np.array([dev.rank]), 0, tag=3)
+        dev.barrier()
+        return None
+    dev.barrier()  # every message has been sent (eagerly) before anyone passes the barrier
+    order = []
+    for _ in range(dev.size - 1):
+        st = Status()
+        dev.recv(ANY_SOURCE, 3, status=st)
+        order.append(st.source)
+    return tuple(order)

@@ -54,3 +54,16 @@ def test_shuffling_exposes_an_arrival_order_race():
 def test_shuffle_is_checked():
     with pytest.raises(UsageError, match="shuffle must be an int seed"):
         VirtualCluster(2, shuffle=1.5)
+
+
+def test_shuffle_orders_ready_messages_from_several_sources_by_the_seed():
+    """Any-source receives with messages from 4 sources ready: the seed decides the order, the same
+    seed gives the same order, and across seeds the orders differ."""
+    def order(seed):
+        with VirtualCluster(5, timeout=30.0, shuffle=seed) as c:
+            return c.run(fns.any_source_order)[0]
+
+    orders = {seed: order(seed) for seed in range(4)}
+    assert all(sorted(o) == [1, 2, 3, 4] for o in orders.values())
+    assert order(2) == orders[2]
+    assert len(set(orders.values())) > 1

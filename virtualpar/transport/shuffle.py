@@ -8,8 +8,10 @@ same seed replays the same perturbation (the OS scheduler still adds its own noi
 reproduces the part we add).  A program whose result depends on arrival order then gives
 different results for different seeds, which a test sweeping a few seeds catches.
 
-:meth:`Shuffle.order` is the hook for any-source receives: given the sources with a ready
-message, it returns them in a seeded order, the first to be delivered first.  Control traffic
+:meth:`Shuffle.order` is the hook for any-source receives (``transport/wildcard.py``): given the
+sources with a ready message, it returns them in a seeded order, the first to be delivered first.
+Its draws come from a generator of their own, so the pauses replay whatever arrives; the order
+replays whenever the same sources are ready, as when they sent before a barrier.  Control traffic
 (the runtime's own messages) is never delayed.  Off (no ``shuffle``), the endpoint's hot path
 pays one ``is None`` test.
 """
@@ -35,6 +37,7 @@ class Shuffle:
         self.seed = seed
         self.rank = rank
         self._rng = random.Random(f"{seed}/{rank}")
+        self._order_rng = random.Random(f"{seed}/{rank}/order")  # apart, so pauses replay whatever arrives
         self.max_delay = max_delay
         self.p_delay = p_delay
 
@@ -54,5 +57,5 @@ class Shuffle:
     def order(self, sources: Sequence[int]) -> list[int]:
         """``sources`` (of ready messages) in the seeded order in which to deliver them."""
         out = list(sources)
-        self._rng.shuffle(out)
+        self._order_rng.shuffle(out)
         return out

@@ -7,6 +7,10 @@ that arrives is matched to the earliest-posted receive that accepts it, a specif
 wildcard one (both carry their posting number) — MPI's non-overtaking rule.  Wildcards match only
 user tags (>= 0): the runtime's own messages (negative tags) are never taken.  Which source an
 any-source receive took shows in its header (``req.src`` is set to it).
+
+In shuffled mode (``VirtualCluster(shuffle=seed)``) an any-source receive that finds ready
+messages from several sources takes the source the seeded :meth:`Shuffle.order` puts first,
+not the earliest arrival: a program that depends on arrival order then changes with the seed.
 """
 
 from __future__ import annotations
@@ -27,12 +31,26 @@ def _accepts(req: RecvRequest, src: int, tag: int) -> bool:
     return tag >= 0 and (req.src is None or req.src == src) and (req.tag is None or req.tag == tag)
 
 
-def irecv_any(ep: "Endpoint", src: int | None, tag: int | None, out: Any) -> RecvRequest:
-    best_key, best = None, None
+def _earliest_per_source(ep: "Endpoint", src: int | None, tag: int | None) -> dict[int, tuple[Any, RecvRequest]]:
+    """For each source with a matching unexpected message: (key, message) of its earliest arrival."""
+    heads: dict[int, tuple[Any, RecvRequest]] = {}
     for key, waiting in ep._unexpected.items():
         if waiting and key[1] >= 0 and (src is None or key[0] == src) and (tag is None or key[1] == tag):
-            if best is None or waiting[0].order < best.order:
-                best_key, best = key, waiting[0]
+            held = heads.get(key[0])
+            if held is None or waiting[0].order < held[1].order:
+                heads[key[0]] = (key, waiting[0])
+    return heads
+
+
+def irecv_any(ep: "Endpoint", src: int | None, tag: int | None, out: Any) -> RecvRequest:
+    if ep.shuffle is not None:
+        ep.progress()  # every message already in a ring competes, not only those drained so far
+    heads = _earliest_per_source(ep, src, tag)
+    best_key, best = None, None
+    if len(heads) > 1 and ep.shuffle is not None:  # shuffled mode: the seed picks among the sources
+        best_key, best = heads[ep.shuffle.order(sorted(heads))[0]]
+    elif heads:  # the earliest arrival; one source's messages always in the order they were sent
+        best_key, best = min(heads.values(), key=lambda kv: kv[1].order)
     if best is not None:
         ep._unexpected[best_key].popleft()
         best.out = out
