@@ -90,6 +90,28 @@ def test_a_failing_spmd_test_names_its_device_with_timeline_and_flight_records(t
     assert "flight recorder (last 6 ops per device)" in out and "all_reduce #1" in out
 
 
+TWO_FAILING = """
+@pytest.mark.spmd(mesh={"dp": 2, "tp": 2})
+def test_two_devices_wrong(dev):
+    dev.all_reduce(np.ones(2))
+    assert dev.index.tp == 0, f"tp rank {dev.index.tp} disagrees"
+"""
+
+
+def test_every_device_that_failed_on_its_own_is_reported_with_its_traceback(tester):
+    _file(tester, TWO_FAILING)
+    result = _run(tester)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    first, other = ("1 (dp=0, tp=1)", "3 (dp=1, tp=1)")
+    if f"\nfailed on device {first}" not in out:  # the earlier failure is the root: either may be
+        first, other = other, first
+    assert f"\nfailed on device {first}: DeviceError" in out
+    assert f"also failed on device {other}: DeviceError" in out
+    assert "remote traceback of device 1" in out and "remote traceback of device 3" in out
+    assert "also failed on device 0" not in out and "also failed on device 2" not in out
+
+
 LEAKING = """
 KEEP = []
 

@@ -248,8 +248,17 @@ class Supervisor:
     def root_error(self, errors: list[tuple[int, tuple]]) -> BaseException:
         """The first failure that was not itself caused by an abort (earliest, then lowest rank)."""
         primary = [e for e in errors if not e[1][3]] or errors
-        _, packaged = min(primary, key=lambda e: (e[1][2], e[0]))
-        return unpack_error(packaged)
+        first = min(primary, key=lambda e: (e[1][2], e[0]))
+        root = unpack_error(first[1])
+        # every device that failed on its own (not by the abort), in rank order, root included:
+        # a test report shows each with its coordinates and remote traceback
+        failures = {rank: (root if (rank, packaged) == first else unpack_error(packaged))
+                    for rank, packaged in sorted(primary, key=lambda e: e[0])}
+        try:
+            root.device_failures = failures
+        except AttributeError:  # an exception type with __slots__: the root alone is reported
+            pass
+        return root
 
     def _stack_text(self, got: Collected) -> str:
         return "".join(f"\n  stack of stuck device {r} {self.mesh.index(r)}:\n{_indent(got.stacks[r])}"

@@ -31,9 +31,17 @@ def _device_line(err: BaseException | None) -> str:
     return f"failed on {where.strip()}: {type(err).__name__}{tb}"
 
 
+def _other_failures(err: BaseException | None) -> list[str]:
+    """The devices besides ``err``'s own that failed on their own in the same run (not by the abort)."""
+    failures = getattr(err, "device_failures", None) or {}
+    return [_device_line(e).replace("failed on", "also failed on", 1)
+            for rank, e in failures.items() if rank != getattr(err, "rank", None)]
+
+
 def failure_report(clusters: list[Any], err: BaseException | None, width: int = 100) -> str:
-    """The report text for a test that failed with ``err`` after using ``clusters``."""
-    parts = [_device_line(err)]
+    """The report text for a test that failed with ``err`` after using ``clusters``: the failing
+    device first, then every other device that failed on its own, then timelines and flight tails."""
+    parts = [_device_line(err), *_other_failures(err)]
     for k, cluster in enumerate(clusters):
         name = f"cluster {k} {cluster.mesh}" if len(clusters) > 1 else f"cluster {cluster.mesh}"
         if cluster.closed:
