@@ -30,18 +30,19 @@ def _mpiexec() -> str | None:
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
+@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py"])
 @pytest.mark.parametrize("n", [2, 4])
-def test_the_program_set_prints_the_same_as_under_mpiexec(n):
-    emu = _emulate("p2p_and_collectives.py", n)
+def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
+    emu = _emulate(prog, n)
     assert emu.returncode == 0, emu.stderr
     if _mpiexec() is None:  # the test extra installs mpich; without it, check against the expected values
         pytest.fail("mpiexec is not installed: pip install mpich")
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # one write per line: mpiexec then never splits a line
-    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, "p2p_and_collectives.py")],
+    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, prog)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert real.returncode == 0, real.stderr
     assert _lines(emu.stdout) == _lines(real.stdout)
-    assert f"total {n * (n + 1) // 2}" in emu.stdout
+    assert (f"total {n * (n + 1) // 2}" if prog.startswith("p2p") else "gathered pi 3.14159") in emu.stdout
 
 
 def test_a_deadlocked_program_is_named_not_hung():

@@ -45,7 +45,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
     """An unmodified mpi4py script on ``-n`` emulated devices; output as mpiexec gives it (each
     rank's stdout and stderr, rank by rank), exit code the largest of the ranks'."""
     from .. import Mesh, VirtualCluster, VirtualParError
-    from ..mpi.facade import run_script
+    from ..mpi.script import run_script
 
     path = args.target
     if not os.path.exists(path):

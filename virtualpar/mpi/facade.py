@@ -19,9 +19,9 @@ import numpy as np
 
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, Datatype, Op,
-                           Request, Status, _buf, _COLL, _SPAN)
+                           Request, Status, _buf, _COLL, _SPAN, _layout, _place)
 
-__all__ = ["module_for", "Comm"]
+__all__ = ["module_for", "Comm", "Cartcomm"]
 
 class Comm:
     """A communicator: ``ranks`` (device ranks, in this communicator's order) and a tag range."""
@@ -167,22 +167,24 @@ class Comm:
         np.copyto(_buf(recvbuf), self.allreduce(np.array(src), op))
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        parts = self.gather(np.array(_buf(sendbuf)), root)
+        parts = self.gather(np.array(_buf(sendbuf)).reshape(-1), root)
         if parts is not None:
-            np.copyto(_buf(recvbuf).reshape(-1), np.concatenate([p.reshape(-1) for p in parts]))
+            _place(parts, recvbuf, self.size)
 
     Gatherv = Gather
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        parts = self.allgather(np.array(_buf(sendbuf)))
-        np.copyto(_buf(recvbuf).reshape(-1), np.concatenate([p.reshape(-1) for p in parts]))
+        _place(self.allgather(np.array(_buf(sendbuf)).reshape(-1)), recvbuf, self.size)
 
     Allgatherv = Allgather
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        out = _buf(recvbuf)
-        pieces = np.array_split(np.array(_buf(sendbuf)).reshape(-1), self.size) if self.rank == root else None
-        np.copyto(out.reshape(-1), self.scatter(pieces, root))
+        pieces = None
+        if self.rank == root:
+            flat = np.array(_buf(sendbuf)).reshape(-1)
+            counts, displs = _layout(sendbuf, self.size, flat.size)
+            pieces = [flat[d:d + c] for c, d in zip(counts, displs)]
+        np.copyto(_buf(recvbuf).reshape(-1), self.scatter(pieces, root))
 
     Scatterv = Scatter
 
@@ -265,43 +267,3 @@ def module_for(dev: Any) -> types.ModuleType:
 
     mod.__getattr__ = missing  # type: ignore[attr-defined]
     return mod
-
-
-def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
-    """Run the mpi4py script ``path`` on this device with ``mpi4py.MPI`` resolving to the facade;
-    returns (its stdout, its stderr, its exit code).  virtualpar's own errors (a deadlock, a
-    mismatch) are raised, so the run reports them by name."""
-    import contextlib
-    import io
-    import runpy
-    import sys
-    import traceback
-
-    from ..errors import VirtualParError
-
-    mpi = module_for(dev)
-    pkg = types.ModuleType("mpi4py")
-    pkg.MPI = mpi  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in ("mpi4py", "mpi4py.MPI")}
-    sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = pkg, mpi
-    argv0, sys.argv = sys.argv, [path, *argv]
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                runpy.run_path(path, run_name="__main__")
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except VirtualParError:
-                raise
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-    finally:
-        sys.argv = argv0
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-    return out.getvalue(), err.getvalue(), code

@@ -1,4 +1,5 @@
-"""The facade's value types: ``Op``, ``Datatype``, ``Status``, ``Request``, ``IN_PLACE`` and the
+"""The facade's value types (``Op``, ``Datatype``, ``Status``, ``Request``, ``IN_PLACE``), the buffer specs
+(``[buf, counts, displs, MPI.DOUBLE]``: :func:`_layout`, :func:`_place`) and the
 tag layout a communicator uses (user tags below ``_COLL``, the facade's collectives at ``_COLL``,
 each communicator in its own span of ``_SPAN`` device tags)."""
 
@@ -97,3 +98,28 @@ class Request:
 
 
 PROC_NULL = -2
+
+
+def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
+    """(counts, displacements) of a v-buffer spec: ``[buf, counts]``, ``[buf, counts, displs]``,
+    ``[buf, (counts, displs), type]`` or ``[buf, counts, displs, type]``; equal pieces otherwise."""
+    extra = [a for a in spec[1:] if not isinstance(a, Datatype)] if isinstance(spec, (list, tuple)) else []
+    if not extra:
+        counts = [total // size] * size
+        return counts, [sum(counts[:i]) for i in range(size)]
+    if len(extra) == 1 and isinstance(extra[0], tuple) and len(extra[0]) == 2 and not np.isscalar(extra[0][0]):
+        extra = list(extra[0])
+    counts = [int(c) for c in extra[0]]
+    displs = [int(d) for d in extra[1]] if len(extra) > 1 and extra[1] is not None else \
+        [sum(counts[:i]) for i in range(size)]
+    return counts, displs
+
+
+def _place(parts: list[np.ndarray], recvbuf: Any, size: int) -> None:
+    """Write the ranks' flat ``parts`` into ``recvbuf`` at the displacements its spec gives."""
+    flat = _buf(recvbuf).reshape(-1)
+    _, displs = _layout(recvbuf, size, flat.size)
+    if not isinstance(recvbuf, (list, tuple)) or len([a for a in recvbuf[1:] if not isinstance(a, Datatype)]) == 0:
+        displs = [sum(p.size for p in parts[:i]) for i in range(size)]  # plain Gather: back to back
+    for part, d in zip(parts, displs):
+        flat[d:d + part.size] = part

@@ -1,0 +1,50 @@
+"""Run an unmodified mpi4py script on one device, with ``mpi4py.MPI`` resolving to the facade."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from .facade import module_for
+
+__all__ = ["run_script"]
+
+
+def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
+    """Run the mpi4py script ``path`` on this device with ``mpi4py.MPI`` resolving to the facade;
+    returns (its stdout, its stderr, its exit code).  virtualpar's own errors (a deadlock, a
+    mismatch) are raised, so the run reports them by name."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+    import traceback
+
+    from ..errors import VirtualParError
+
+    mpi = module_for(dev)
+    pkg = types.ModuleType("mpi4py")
+    pkg.MPI = mpi  # type: ignore[attr-defined]
+    saved = {k: sys.modules.get(k) for k in ("mpi4py", "mpi4py.MPI")}
+    sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = pkg, mpi
+    argv0, sys.argv = sys.argv, [path, *argv]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except VirtualParError:
+                raise
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = argv0
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return out.getvalue(), err.getvalue(), code
