@@ -164,6 +164,14 @@ class RemoteTraceback(Exception):
         return "\n\n" + self.tb
 
 
+def unpack_error(packaged: tuple) -> BaseException:
+    """A device's error as it reached the driver (error, traceback text, ...), with its remote
+    traceback attached as ``__cause__``."""
+    err, tb, _, _ = packaged
+    err.__cause__ = RemoteTraceback(tb)
+    return err
+
+
 class Deadlock(VirtualParError):
     """Devices wait for each other (a cycle) or for devices that will never act, with nothing in
     flight: found by the driver on the wait board (runtime/deadlock.py), long before any timeout.

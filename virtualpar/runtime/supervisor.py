@@ -2,7 +2,7 @@
 
 A ``Supervisor`` owns the driver's handles on every device process: the process itself (its
 *sentinel* becomes readable when it exits), its command pipe (replies come back here) and its
-sidecar pipe (asks "where are you stuck?").  ``collect`` waits on all of them at once with
+sidecar pipe (asks "where are you stuck?"). ``collect`` waits on all of them at once with
 ``multiprocessing.connection.wait``, so a reply, a death and a deadline are noticed in one place and
 nothing is polled.
 
@@ -17,9 +17,9 @@ Failure handling follows torch's spawn: the first failure is the root cause.
 3. The root cause is a death if there was one, else the earliest error that was not caused by an
    abort (ties: lowest rank), with the remote traceback as its ``__cause__``.
 
-A run may also carry a deadline (``VirtualCluster(run_timeout=...)``).  If it passes before any
+A run may also carry a deadline (``VirtualCluster(run_timeout=...)``). If it passes before any
 failure, every device still running is reported -- rank, last op from the flight recorder, stack --
-as ``RunTimeout``, and the cluster kills them.  If a failure came first, the deadline only cuts the
+as ``RunTimeout``, and the cluster kills them. If a failure came first, the deadline only cuts the
 grace short and the root cause is reported as usual.
 
 The supervisor decides *what* went wrong and whether it is fatal (a :class:`Verdict`); the cluster
@@ -27,6 +27,8 @@ acts on it (shuts down, or resets the rings and keeps going).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import multiprocessing.connection as mpc
 import signal
@@ -36,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, DeviceDied, RemoteTraceback, RunTimeout, VirtualParError
+from ..errors import CollectiveTimeout, DeviceDied, RunTimeout, VirtualParError, unpack_error
 from ..mesh import Mesh
 from .deadlock import WATCH_EVERY
 from .recorder import FlightRecorder, OpRecord, format_records
@@ -71,13 +73,6 @@ class Verdict:
 
     error: BaseException
     fatal: str | None
-
-
-def unpack_error(packaged: tuple) -> BaseException:
-    """The device's error, with its remote traceback attached as ``__cause__``."""
-    err, tb, _, _ = packaged
-    err.__cause__ = RemoteTraceback(tb)
-    return err
 
 
 class Supervisor:
@@ -246,18 +241,13 @@ class Supervisor:
         return None
 
     def root_error(self, errors: list[tuple[int, tuple]]) -> BaseException:
-        """The first failure that was not itself caused by an abort (earliest, then lowest rank)."""
-        primary = [e for e in errors if not e[1][3]] or errors
-        first = min(primary, key=lambda e: (e[1][2], e[0]))
-        root = unpack_error(first[1])
-        # every device that failed on its own (not by the abort), in rank order, root included:
-        # a test report shows each with its coordinates and remote traceback
-        failures = {rank: (root if (rank, packaged) == first else unpack_error(packaged))
-                    for rank, packaged in sorted(primary, key=lambda e: e[0])}
-        try:
+        """The first failure that was not itself caused by an abort (earliest, then lowest rank),
+        carrying as ``device_failures`` every device's that failed on its own, in rank order."""
+        primary = sorted([e for e in errors if not e[1][3]] or errors, key=lambda e: e[0])
+        failures = {rank: unpack_error(packaged) for rank, packaged in primary}
+        root = failures[min(primary, key=lambda e: (e[1][2], e[0]))[0]]
+        with contextlib.suppress(AttributeError):  # a type with __slots__: the root alone is reported
             root.device_failures = failures
-        except AttributeError:  # an exception type with __slots__: the root alone is reported
-            pass
         return root
 
     def _stack_text(self, got: Collected) -> str:
