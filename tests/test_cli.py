@@ -51,3 +51,22 @@ def test_run_command_runs_a_scripts_function_on_every_device(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:nope"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "has no function 'nope'; it defines ['step']" in bad.stderr
+
+
+def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
+    script = tmp_path / "step.py"
+    script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"
+                      "def bad(dev):\n    return dev.index.tp\n")
+    big = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "12"],
+                         capture_output=True, text=True, timeout=120)
+    assert big.returncode == 0, big.stderr  # 12 devices: modelled as a cluster of 8-GPU nodes
+    assert big.stdout.count(": 12.0") == 12
+    bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:bad"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1
+    assert bad.stderr.rstrip().splitlines()[-1].startswith("virtualpar run: DeviceError: device ")
+    assert "unknown mesh axis 'tp'" in bad.stderr and 'step.py", line 7, in bad' in bad.stderr  # remote traceback
+    wrong = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "12",
+                            "--hardware", "h100-node"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "virtualpar run: MeshError: hardware 'h100-node' is a single node of at most 8 devices" in wrong.stderr

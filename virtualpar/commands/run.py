@@ -24,6 +24,11 @@ __all__ = ["register"]
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
+def _hardware(args: argparse.Namespace, size: int) -> str:
+    """The preset to model: the one asked for, else one 8-GPU node, or a cluster of them beyond 8."""
+    return args.hardware or ("h100-node" if size <= 8 else "h100-cluster")
+
+
 def _load(target: str):
     path, _, func = target.rpartition(":")
     if not path or not func:
@@ -52,7 +57,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
         print(f"virtualpar run --mpi: no such file {path!r}", file=sys.stderr)
         return 2
     try:
-        with VirtualCluster(Mesh({"world": args.n}), hardware=args.hardware) as cluster:
+        with VirtualCluster(Mesh({"world": args.n}), hardware=_hardware(args, args.n)) as cluster:
             outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
     except VirtualParError as exc:
         print(f"virtualpar run --mpi: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -74,7 +79,7 @@ def _run_under_mpiexec(args: argparse.Namespace) -> int:
 
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": MPI.COMM_WORLD.Get_size()})
-    dev = MPIDevice(mesh, hardware=args.hardware)
+    dev = MPIDevice(mesh, hardware=_hardware(args, mesh.size))
     try:
         result = fn(dev)
     except BaseException:  # the other ranks would wait for this one forever: abort the job, saying who
@@ -113,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
 
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n})
-    with VirtualCluster(mesh, hardware=args.hardware) as cluster:
+    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size)) as cluster:
         results = cluster.run(fn)
         _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace(), args)
     return 0
@@ -124,7 +129,8 @@ def register(sub) -> None:
     p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
     p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2")
     p.add_argument("-n", type=int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
-    p.add_argument("--hardware", default="h100-node", help="modelled hardware preset")
+    p.add_argument("--hardware", default=None,
+                   help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster beyond)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
     p.add_argument("--trace", metavar="FILE.json", default=None, help="write every device's events as a Chrome trace")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
