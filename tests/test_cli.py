@@ -59,7 +59,7 @@ def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
                       "def bad(dev):\n    return dev.index.tp\n")
     big = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "12"],
                          capture_output=True, text=True, timeout=120)
-    assert big.returncode == 0, big.stderr  # 12 devices: modelled as a cluster of 8-GPU nodes
+    assert big.returncode == 0, big.stderr  # 12 devices: more than a node, not whole nodes: the mesh's links
     assert big.stdout.count(": 12.0") == 12
     bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:bad"], capture_output=True, text=True,
                          timeout=120)
@@ -70,3 +70,6 @@ def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
                             "--hardware", "h100-node"], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
     assert "virtualpar run: MeshError: hardware 'h100-node' is a single node of at most 8 devices" in wrong.stderr
+    sixteen = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "16"],
+                             capture_output=True, text=True, timeout=120)
+    assert sixteen.returncode == 0 and sixteen.stdout.count(": 16.0") == 16, sixteen.stderr  # two 8-GPU nodes

@@ -24,9 +24,12 @@ __all__ = ["register"]
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
-def _hardware(args: argparse.Namespace, size: int) -> str:
-    """The preset to model: the one asked for, else one 8-GPU node, or a cluster of them beyond 8."""
-    return args.hardware or ("h100-node" if size <= 8 else "h100-cluster")
+def _hardware(args: argparse.Namespace, size: int) -> str | None:
+    """The preset to model: the one asked for, else one 8-GPU node, a cluster of them for a
+    multiple of 8, or (None) the mesh's own fully connected NVLink-class links for other sizes."""
+    if args.hardware:
+        return args.hardware
+    return "h100-node" if size <= 8 else "h100-cluster" if size % 8 == 0 else None
 
 
 def _load(target: str):
@@ -130,7 +133,8 @@ def register(sub) -> None:
     p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2")
     p.add_argument("-n", type=int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
     p.add_argument("--hardware", default=None,
-                   help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster beyond)")
+                   help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
+                        "multiples of 8, else the mesh's fully connected NVLink-class links)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
     p.add_argument("--trace", metavar="FILE.json", default=None, help="write every device's events as a Chrome trace")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
