@@ -101,6 +101,7 @@ def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> Non
     if args.stats:
         print(stats.format())
     if args.trace:
+        trace = trace() if callable(trace) else trace  # the emulator's is fetched only when asked for
         print(f"trace: {trace.write_chrome(args.trace)} (open in chrome://tracing or ui.perfetto.dev)")
 
 
@@ -123,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     mesh = args.mesh or Mesh({"world": args.n})
     with VirtualCluster(mesh, hardware=_hardware(args, mesh.size)) as cluster:
         results = cluster.run(fn)
-        _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace(), args)
+        _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
     return 0
 
 
