@@ -120,11 +120,14 @@ def test_modelled_clocks_and_traffic_are_the_same_on_both_backends(tmp_path):
 def test_a_failing_rank_under_mpiexec_aborts_the_job_naming_the_device(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return dev.all_reduce(np.ones(3), algorithm='shm')\n")
+    before = set(os.listdir("/dev/shm"))
     out = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "virtualpar", "run", f"{script}:step"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "device 0 (world=0) raised" in out.stderr
     assert "all_reduce(algorithm='shm') is not available under MPI; choose from ['direct', 'ring', 'tree']" in out.stderr
+    left = sorted(set(os.listdir("/dev/shm")) - before)
+    assert not left, f"the aborted job left shared memory behind: {left}"  # MPICH's, removed before MPI_Abort
 
 
 def test_run_writes_a_trace_under_mpiexec(tmp_path):

@@ -88,11 +88,28 @@ def _run_under_mpiexec(args: argparse.Namespace) -> int:
     except BaseException:  # the other ranks would wait for this one forever: abort the job, saying who
         print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
+        _unlink_job_segments()
         MPI.COMM_WORLD.Abort(1)
     got = collect(dev, result)
     if got is not None:
         _print(mesh, got["results"], got["clocks"], got["stats"], got["trace"], args)
     return 0
+
+
+def _unlink_job_segments() -> None:
+    """Unlink the shared-memory segments this MPI job maps (MPICH's ``/dev/shm/mpich_shm_*``):
+    MPI_Abort kills every rank before MPI_Finalize would remove them.  Ranks that still map them
+    keep their mappings, so unlinking first is safe; on systems without /proc this does nothing."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
+    except OSError:
+        return
+    for path in paths:
+        try:
+            os.unlink(path.removesuffix(" (deleted)"))
+        except OSError:
+            pass  # another rank unlinked it first
 
 
 def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> None:
