@@ -21,12 +21,13 @@ KIB = 1024
 def _ops() -> dict:
     small, large = np.ones(8 * KIB // 8), np.ones(512 * KIB // 8)
     out_small, out_large = np.empty_like(small), np.empty_like(large)
-    gathered = np.empty(large.size * SIZE)
+    piece = large[: large.size // SIZE]
+    gathered = np.empty(piece.size * SIZE)  # a 512 KiB result (less the remainder when SIZE does not divide it)
     return {
         "barrier": lambda: COMM.Barrier(),
         "all_reduce_8KiB": lambda: COMM.Allreduce(small, out_small, op=MPI.SUM),
         "all_reduce_512KiB": lambda: COMM.Allreduce(large, out_large, op=MPI.SUM),
-        "all_gather_512KiB": lambda: COMM.Allgather(large, gathered),
+        "all_gather_512KiB": lambda: COMM.Allgather(piece, gathered),
         "broadcast_512KiB": lambda: COMM.Bcast(large, root=0),
     }
 

@@ -5,6 +5,9 @@ and the *steady* time (best of the next three), each the slowest device's time a
 — exactly what ``_mpi_scale.py`` measures under ``mpiexec -n n``.  Then the cluster's resident
 memory (sum of the devices' PSS, so shared pages count once) and the time to close it.  Every
 result is checked (an all_reduce of ones gives n everywhere, a gather holds every rank's piece).
+Sizes are those of the result, as nccl-tests counts them: the all_gather's 512 KiB is the gathered
+array, each device contributing 512 KiB / n (with 512 KiB from each, 256 devices would hold 32 GiB
+of results, more than this machine has).
 
     python benchmarks/bench_scale.py                 # 8 ... 256 devices, MPICH up to 64
     python benchmarks/bench_scale.py --sizes 8,16 --json
@@ -48,9 +51,10 @@ def _device_op(dev, name: str) -> tuple[float, bool]:
         ok = bool((dev.all_reduce(small) == n).all())
     elif name == "all_reduce_512KiB":
         ok = bool((dev.all_reduce(np.ones(large.size)) == n).all())
-    elif name == "all_gather_512KiB":
-        got = dev.all_gather(large)
-        ok = got.shape == (n * large.size,) and bool((got[:: large.size] == np.arange(n)).all())
+    elif name == "all_gather_512KiB":  # a 512 KiB result, as nccl-tests and bench_collectives.py count it
+        piece = large[: large.size // n]
+        got = dev.all_gather(piece)
+        ok = got.shape == (n * piece.size,) and bool((got[:: piece.size] == np.arange(n)).all())
     else:
         ok = bool((dev.broadcast(large if dev.rank == 0 else None, root=0) == 0.0).all())
     return time.perf_counter() - t0, ok

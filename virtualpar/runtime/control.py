@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages
 from ..mesh import Mesh
 from ..transport.endpoint import Endpoint
-from ..transport.shm import Layout, SharedArena
+from ..transport.shm import Layout, SharedArena, ring_control
 from .config import ClusterConfig
 from .supervisor import Supervisor, Verdict, unpack_error
 
@@ -53,7 +53,7 @@ class ClusterControl:
         self._abort = arena.view(layout.abort_offset, 1, np.int64)
         self.clocks = arena.view(layout.clocks_offset, E, np.float64)
         self.counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
-        ctrl = arena.view(layout.ring_ctrl_offset, E * E * 16, np.uint64).reshape(E * E, 16)
+        ctrl = ring_control(arena, layout).reshape(E * E, 16)
         self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
         self._arrivals = arena.view(layout.arrivals_offset, layout.devices * layout.arrival_row_bytes // 8, np.uint64)
 

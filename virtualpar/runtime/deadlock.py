@@ -35,9 +35,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..errors import Deadlock
 from ..mesh import Mesh
-from ..transport.shm import Layout, SharedArena
+from ..transport.shm import ARRIVAL_WORDS, Layout, SharedArena, ring_control
 from ..transport.waitboard import ACK, ANY, FENCE, GEN, KIND, KIND_NAMES, MASK, PEER, POKE, RECV, SEND, TAG, board_view
 from .recorder import FlightRecorder
 
@@ -58,12 +60,11 @@ class DeadlockWatch:
         self._boards = [board_view(arena, layout, r) for r in range(n)]
         self._recorders = recorders
         self._bells = doorbells
-        E = layout.endpoints
-        self._rings_in = [[(arena.word_at(layout.head_offset(s, d)), arena.word_at(layout.tail_offset(s, d)))
-                           for s in range(E) if s != d] for d in range(n)]
-        self._arrivals = [[arena.word_at(layout.arrival_offset(i, j)) for j in range(n)] for i in range(n)]
-        self._replies = [[arena.word_at(layout.reply_offset(i, j)) if i != j else None for j in range(n)]
-                         for i in range(n)]
+        # numpy views of the shared words, indexed [src, dst]: built in O(1), read only when needed
+        ctrl = ring_control(arena, layout)
+        self._heads, self._tails, self._replies = ctrl[:, :n, 0], ctrl[:, :n, 8], ctrl[:n, :n, 9]
+        rows = arena.view(layout.arrivals_offset, n * layout.arrival_row_bytes // 8, np.uint64)
+        self._arrivals = rows.reshape(n, -1)[:, : n * ARRIVAL_WORDS : ARRIVAL_WORDS]  # fence counts [i, j]
         self._candidate: tuple | None = None
         self._pokes = 0
 
@@ -76,8 +77,8 @@ class DeadlockWatch:
             return [entry[PEER]]
         if kind == FENCE:  # the members that have not arrived yet (transport/arrivals.py)
             mask, count = entry[MASK], self._arrivals
-            return [r for r in range(self.n) if r != d and (mask == -1 or mask >> r & 1)
-                    and count[r][d][0] < count[d][r][0]]
+            behind = (count[:, d] < count[d, :]).tolist()  # r has entered fewer fences with d than d with r
+            return [r for r in range(self.n) if r != d and (mask == -1 or mask >> r & 1) and behind[r]]
         return [r for r in range(self.n) if r != d]
 
     def dead_set(self, running: set[int], snap: list[tuple[int, ...]]) -> set[int]:
@@ -85,7 +86,7 @@ class DeadlockWatch:
         blocked = {d for d in running if snap[d][KIND] in _BLOCKING and snap[d][GEN] & 1}
         live = set(running) - blocked
         for d in blocked:
-            if any(head[0] != tail[0] for head, tail in self._rings_in[d]) or self._answered(d, snap[d]):
+            if (self._heads[:, d] != self._tails[:, d]).any() or self._answered(d, snap[d]):
                 live.add(d)  # bytes in flight to it, or its offer answered: it will wake and go on
             elif snap[d][KIND] in (RECV, ANY):
                 for p in blocked:  # a posted receive and its matching send always complete
@@ -108,7 +109,7 @@ class DeadlockWatch:
         token = entry[MASK]
         if entry[KIND] != SEND or not token or not 0 <= entry[PEER] < self.n:
             return False
-        return self._replies[d][entry[PEER]][0] >> 1 == token
+        return int(self._replies[d, entry[PEER]]) >> 1 == token
 
     def reset(self) -> None:
         """Forget the candidate (a new round of replies begins)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -43,10 +43,10 @@ class VirtualDevice(PointToPoint):
         mesh: "Mesh",
         config: ClusterConfig,
         endpoint: "Endpoint",
-        recorders: list[FlightRecorder],
+        recorders: Mapping[int, FlightRecorder],
         clock: "DeviceClock",
         clocks: np.ndarray,
-        scratch: list[np.ndarray] | None = None,
+        scratch: Mapping[int, np.ndarray] | None = None,
     ) -> None:
         self.rank = rank
         self.mesh = mesh
@@ -60,7 +60,7 @@ class VirtualDevice(PointToPoint):
         self._clock = clock
         self._clocks = clocks  # every endpoint's published modelled clock (shared memory)
         self._clock_mv = memoryview(clocks[rank : rank + 1])  # this device's slot (cheaper to store through)
-        self._scratch = scratch or []  # every device's shared scratch region, for shm collectives
+        self._scratch = scratch if scratch is not None else []  # every device's scratch region, for shm collectives
         self._trace = config.trace
         self._texts = OpTexts()  # flight-recorder texts of recent sends and receives
         self._op_seq = 0

@@ -22,12 +22,14 @@ handshake), every process already started is killed and reaped before the error 
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import time
 from typing import Any, Callable
 
 import numpy as np
 
+from .. import blas_threads
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from .config import ClusterConfig
@@ -78,6 +80,32 @@ def start_devices(
     return sup, doorbells, pids
 
 
+def _before_fork() -> None:
+    """What every device would otherwise do for itself after the fork, each paying its own copy:
+    import what a first ``run`` needs (cloudpickle unpickles functions shipped by value) and find
+    the BLAS libraries to limit (threadpoolctl's scan, ~3 MiB a device)."""
+    import cloudpickle  # noqa: F401
+
+    blas_threads.prepare()
+
+
+def _start_all(procs: list[Any], forked: bool) -> None:
+    """Start every process.  Under fork the driver's objects are frozen first (``gc.freeze``): a
+    device's full collection then never writes the GC headers of the objects it inherited, so the
+    pages holding them stay shared with the driver instead of being copied into every device
+    (measured: 64 devices after a ``gc.collect()`` each hold 0.28 GiB frozen, 1.0 GiB not).  The
+    driver unfreezes its own objects once the children exist."""
+    if forked:
+        _before_fork()
+        gc.freeze()
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        if forked:
+            gc.unfreeze()
+
+
 def _spawn(ctx: Any, sup: Supervisor, mesh: Mesh, config: ClusterConfig, layout: Layout, arena: SharedArena,
            doorbells: list[Any], clocks: list[Any], target: Callable[..., None], forked: bool) -> None:
     child_ends = []
@@ -99,8 +127,7 @@ def _spawn(ctx: Any, sup: Supervisor, mesh: Mesh, config: ClusterConfig, layout:
                     conn.close()  # not handed to the supervisor yet
                 raise
             sup.add(proc, cmd_here, side_here)
-        for proc in sup.procs:
-            proc.start()
+        _start_all(sup.procs, forked)
     finally:
         for conn in child_ends:
             conn.close()  # the child has its own copy; ours would hide the child's death

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import blas_threads
 from ..errors import DeviceAborted, DeviceError, PayloadError, VirtualParError
 from ..transport.endpoint import Endpoint
+from ..transport.lazy import Lazy
 from ..transport.shm import Layout, SharedArena
 from .config import ClusterConfig
 from .recorder import FlightRecorder
@@ -78,21 +80,6 @@ def _device_stack(frame: Any) -> str:
     return "".join(traceback.format_list(frames[starts[-1] if starts else 0 :]))
 
 
-def _limit_blas_threads(devices: int) -> None:
-    """n devices on c cores share the cores: each device's BLAS gets max(1, c // n) threads (numpy's
-    default, c threads in every device, thrashed a 4-device pipeline step 26x).  Done at the
-    first run, not at start-up: threadpoolctl scans the loaded libraries (~5 ms), which a
-    256-device start-up should not pay for devices that never compute."""
-    try:
-        from threadpoolctl import threadpool_limits
-
-        from ..transport.waiting import usable_cpus
-
-        threadpool_limits(limits=max(1, usable_cpus() // devices), user_api="blas")
-    except Exception:  # a BLAS threadpoolctl does not know: leave it as it is
-        pass
-
-
 def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
     """Entry point of a device process (``arena`` is given when forked: the mapping is inherited)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -110,9 +97,10 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
         from ..transport.shuffle import Shuffle
 
         endpoint.shuffle = Shuffle(args.config.shuffle, args.rank)
-    recorders = [FlightRecorder(arena, layout, r) for r in range(layout.devices)]
+    # every device's flight recorder (read in error reports) and scratch region, viewed on first use
+    recorders = Lazy(lambda r: FlightRecorder(arena, layout, r))
     clocks = arena.view(layout.clocks_offset, layout.endpoints, np.float64)
-    scratch = [arena.view(layout.scratch_offset(r), layout.scratch_bytes) for r in range(layout.devices)]
+    scratch = Lazy(lambda r: arena.view(layout.scratch_offset(r), layout.scratch_bytes))
     dev = VirtualDevice(args.rank, args.mesh, args.config, endpoint, recorders, args.clock, clocks, scratch)
     cmd = args.cmd
     cmd.send(("ready", os.getpid()))
@@ -152,7 +140,7 @@ class _Handlers:
     def run(self, payload: bytes) -> tuple:
         dev = self.dev
         if dev._run == 0:
-            _limit_blas_threads(dev.size)
+            blas_threads.limit(dev.size)  # before the first run: a device that never computes skips it
         dev._run += 1  # first: every device counts every run, even one whose payload fails to load
         dev._run_ops_from = dev.op_seq  # an error before this run's first op must not name an older one
         fn, fargs, fkwargs = pickle.loads(payload)

@@ -17,7 +17,6 @@ its buffers to it): the resident inputs plus the peak of what the program alloca
 
 from __future__ import annotations
 
-import os
 import tracemalloc
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import blas_threads
 from ..errors import ShardingError
 from .layout import Layout, piece, unshard
 
@@ -36,10 +36,7 @@ _OUT = "tp.out"
 def limit_blas_threads(dev: Any) -> None:
     """Once per device process: BLAS threads = max(1, cores // devices on this machine)."""
     if dev.state.get("tp.blas") is None:
-        from threadpoolctl import threadpool_limits
-
-        n = max(1, (os.cpu_count() or 1) // dev.size)
-        dev.state["tp.blas"] = threadpool_limits(limits=n, user_api="blas")
+        dev.state["tp.blas"] = blas_threads.limit(dev.size)
 
 
 def _block_key(layout: Layout, mesh: Any, rank: int) -> tuple[int, ...]:

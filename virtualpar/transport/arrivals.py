@@ -42,6 +42,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Sequence
 
+from .lazy import Lazy
 from .shm import ARRIVAL_WORDS, Layout, SharedArena
 
 __all__ = ["ArrivalCounters"]
@@ -54,9 +55,10 @@ class ArrivalCounters:
         raw = arena.bytes_at(layout.arrival_offset(me, 0), ARRIVAL_WORDS * 8 * layout.devices)
         self._row, self._row_f = raw.cast("Q"), raw.cast("d")
         self._out = self._row[::ARRIVAL_WORDS]  # count[me][j] at index j
-        slots = [arena.bytes_at(layout.arrival_offset(j, me), ARRIVAL_WORDS * 8) for j in range(layout.devices)]
-        self._in = [m.cast("Q") for m in slots]
-        self._in_f = [m.cast("d") for m in slots]
+        # peer j's slot for us (its count, digests and clocks), viewed as words and as floats, on first use
+        slot = lambda j: arena.bytes_at(layout.arrival_offset(j, me), ARRIVAL_WORDS * 8)  # noqa: E731
+        self._in = Lazy(lambda j: slot(j).cast("Q"))
+        self._in_f = Lazy(lambda j: slot(j).cast("d"))
         self._bells = doorbells
         self._fence = threading.Lock()
 

@@ -52,7 +52,8 @@ from .receiving import CHUNK, Receiving
 from .rendezvous import take_offer
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
-from .shm import CROSS_MEMORY, Layout, SharedArena
+from .lazy import Lazy
+from .shm import CROSS_MEMORY, Layout, SharedArena, ring_control
 from .want_room import want_room
 from .wildcard import irecv_any
 from .waiting import spin_seconds, usable_cpus, wait
@@ -63,6 +64,7 @@ __all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR"]
 SMALL = 1 << 14  # eager payloads up to this size are written unwrapped, right after their header
 RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None: those the ring cannot hold
 RENDEZVOUS_FLOOR = 1 << 16  # ... and payloads this large too when the ring cannot take them right now
+SCAN_LOOP = 64  # up to this many peers, progress loops over its inbound channels (see __init__)
 
 
 class Endpoint(Receiving):
@@ -72,12 +74,19 @@ class Endpoint(Receiving):
         self.me = me
         self.layout = layout
         peers = [p for p in range(layout.endpoints) if p != me]
-        self._out = {p: VirtualChannel(arena, layout, me, p) for p in peers}
-        self._in = {p: VirtualChannel(arena, layout, p, me) for p in peers}
-        self._inlist = list(self._in.items())
-        self._sendq: dict[int, deque[SendRequest]] = {p: deque() for p in peers}
+        # Channels, send queues: built on first use (transport/lazy.py), so a 256-device start-up
+        # does not build 2n channels per device that most devices never use.
+        self._out = Lazy(lambda p: VirtualChannel(arena, layout, me, p))
+        self._in = Lazy(lambda p: VirtualChannel(arena, layout, p, me))
+        self._sendq: Lazy = Lazy(lambda p: deque())  # per destination, FIFO
         self._busy: set[int] = set()  # destinations with queued sends
-        self._partial: dict[int, RecvRequest | None] = {p: None for p in peers}
+        self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
+        # How progress finds the sources with unread bytes: up to SCAN_LOOP peers, a loop over
+        # every inbound channel (~64 ns a peer); beyond, one numpy comparison of every inbound
+        # ring's head with its tail (~4 us whatever the count), building channels as they appear.
+        ctrl = ring_control(arena, layout)
+        self._scan = (ctrl[:, me, 0], ctrl[:, me, 8]) if len(peers) > SCAN_LOOP else None
+        self._inlist = [(p, self._in[p]) for p in peers] if self._scan is None else []
         self._posted: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
         self._posted_any: list[RecvRequest] = []  # receives from any source / with any tag, in posting order
         self._order = 0  # numbers receives as posted and unexpected messages as they arrive
@@ -181,9 +190,16 @@ class Endpoint(Receiving):
             for dst in tuple(self._busy):
                 self._push(dst)
         partial = self._partial
-        for src, ch in self._inlist:
-            if ch._head[0] != ch._local or partial[src] is not None:
-                self._pull(src)
+        if self._scan is None:
+            for src, ch in self._inlist:
+                if ch._head[0] != ch._local or src in partial:
+                    self._pull(src)
+            return
+        heads, tails = self._scan
+        for src in np.flatnonzero(heads != tails).tolist():
+            self._pull(src)
+        for src in tuple(partial):
+            self._pull(src)
 
     def _push(self, dst: int) -> None:
         q = self._sendq[dst]
@@ -268,8 +284,7 @@ class Endpoint(Receiving):
         self._posted.clear()
         self._posted_any.clear()
         self._unexpected.clear()
-        for p in self._partial:
-            self._partial[p] = None
+        self._partial.clear()
         for ch in self._out.values():
             ch.sync_local(producer=True)
         for ch in self._in.values():

@@ -46,7 +46,7 @@ class Receiving:
         freed = False
         try:
             while True:
-                req = self._partial[src]
+                req = self._partial.get(src)
                 if req is None:
                     if ch._head[0] == ch._local:
                         return
@@ -94,7 +94,7 @@ class Receiving:
                         self._room_freed(ch, src)  # room for the sender's next chunk
                     else:
                         freed = True
-                self._partial[src] = None
+                self._partial.pop(src, None)
                 self._finish(req)
         finally:
             if freed:

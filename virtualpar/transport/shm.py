@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Layout", "SharedArena", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
+__all__ = ["Layout", "SharedArena", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
 
 _LINE = 64
 _PAGE = 4096
@@ -233,6 +233,13 @@ class SharedArena:
             self._mmap.close()
         except (BufferError, ValueError):
             pass  # numpy views are still alive; the mapping goes when they do
+
+
+def ring_control(arena: SharedArena, layout: Layout) -> np.ndarray:
+    """Every channel's two control lines as one uint64 array ``[src, dst, word]``: word 0 is the
+    head, 1 the want-room flag, 8 the tail, 9 the rendezvous reply (see ``Layout.head_offset``)."""
+    E = layout.endpoints
+    return arena.view(layout.ring_ctrl_offset, E * E * 16, np.uint64).reshape(E, E, 16)
 
 
 # -- cross-memory attach ---------------------------------------------------------------------------
