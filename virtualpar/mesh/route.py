@@ -11,9 +11,11 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+import numpy as np
+
 from virtualpar.errors import MeshError
 
-__all__ = ["Link", "Route", "check_figures"]
+__all__ = ["Link", "Route", "check_figures", "direct_figures"]
 
 
 def check_figures(where: str, latency: float, bandwidth: float) -> tuple[float, float]:
@@ -28,6 +30,14 @@ def check_figures(where: str, latency: float, bandwidth: float) -> tuple[float, 
     if not bw > 0.0:  # also rejects NaN
         raise MeshError(f"{where}: bandwidth must be > 0 bytes/second; got {bandwidth!r}")
     return lat, bw
+
+
+def direct_figures(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Empty (NaN) n×n tables of ``(latency, bandwidth)`` for the device pairs whose route is their
+    direct link, for ``Topology`` to fill: devices read them instead of the routing dicts, whose
+    reference counts would copy the driver's pages into every device process (256 devices: 8 MiB
+    each on their first barrier)."""
+    return np.full((n, n), np.nan), np.full((n, n), np.nan)
 
 
 @dataclass(frozen=True)

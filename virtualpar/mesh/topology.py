@@ -26,11 +26,12 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from virtualpar.errors import MeshError
 from virtualpar.mesh import presets
 from virtualpar.mesh.presets import INFINIBAND_BANDWIDTH, INFINIBAND_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY
-from virtualpar.mesh.route import Link, Route, check_figures
+from virtualpar.mesh.route import Link, Route, check_figures, direct_figures
 
 __all__ = [
     "Link",
@@ -75,6 +76,10 @@ class Topology:
         g = nx.Graph()
         g.add_nodes_from(devices)
         g.add_nodes_from(sorted(others))
+        # one pass: check and copy the edges; build routing's plain adjacency (in the driver, once)
+        adj: dict[Hashable, dict[Hashable, tuple[tuple, float]]] = {v: {} for v in g.nodes}
+        edges: dict[tuple[float, float], list] = {}
+        direct, min_latency = direct_figures(n), math.inf
         for u, v, data in graph.edges(data=True):
             if u == v:
                 raise MeshError(f"topology has a self-loop on node {u!r}")
@@ -82,26 +87,25 @@ class Topology:
                 raise MeshError(f"topology edge ({u!r}, {v!r}) needs 'latency' and 'bandwidth' "
                                 f"attributes; got {sorted(data)}")
             lat, bw = check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
-            g.add_edge(u, v, latency=lat, bandwidth=bw)
+            edges.setdefault((lat, bw), []).append((u, v))  # no dict per edge: few distinct figures
+            adj[u][v], adj[v][u] = (_node_key(v), lat), (_node_key(u), lat)
+            min_latency = min(min_latency, lat)
+            if _is_device(u) and _is_device(v):
+                direct[0][u, v] = direct[0][v, u] = lat
+                direct[1][u, v] = direct[1][v, u] = bw
+        for (lat, bw), pairs in edges.items():
+            g.add_edges_from(pairs, latency=lat, bandwidth=bw)
         component = nx.node_connected_component(g, 0)
         missing = [d for d in devices if d not in component]
         if missing:
             raise MeshError(f"topology {name or 'graph'} is disconnected: no path between device 0 and "
                             f"device {missing[0]} (unreachable devices: {missing})")
-        object.__setattr__(self, "_graph", nx.freeze(g))
-        object.__setattr__(self, "_n", n)
-        object.__setattr__(self, "_name", name or f"custom({n})")
-        object.__setattr__(self, "_routes", {})
-        object.__setattr__(self, "_figures", {})
-        object.__setattr__(self, "_key", None)
-        # plain adjacency for routing, built here, once, in the driver: devices inherit it at fork
-        adj: dict[Hashable, dict[Hashable, tuple[tuple, float]]] = {v: {} for v in g.nodes}
-        lats = []
-        for u, v, data in g.edges(data=True):
-            adj[u][v] = (_node_key(v), data["latency"])
-            adj[v][u] = (_node_key(u), data["latency"])
-            lats.append(data["latency"])
-        object.__setattr__(self, "_adj", (adj, min(lats, default=0.0)))
+        min_latency = 0.0 if min_latency == math.inf else min_latency
+        longer = direct[0] > 2 * min_latency  # a detour may be shorter: route() decides those
+        direct[0][longer] = direct[1][longer] = np.nan
+        for key, value in (("_graph", nx.freeze(g)), ("_n", n), ("_name", name or f"custom({n})"), ("_routes", {}),
+                           ("_figures", {}), ("_key", None), ("_adj", (adj, min_latency)), ("_direct", direct)):
+            object.__setattr__(self, key, value)  # _direct: what devices read (see route.direct_figures)
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"Topology is immutable; cannot set {key!r}")
@@ -130,8 +134,7 @@ class Topology:
 
     def _check_device(self, node: Any, role: str) -> int:
         if not _is_device(node) or not 0 <= node < self._n:
-            raise MeshError(f"route {role} must be a device 0..{self._n - 1} of topology "
-                            f"{self._name}; got {node!r}")
+            raise MeshError(f"route {role} must be a device 0..{self._n - 1} of topology {self._name}; got {node!r}")
         return node
 
     def link(self, u: Hashable, v: Hashable) -> Link:
@@ -145,9 +148,8 @@ class Topology:
         """The minimum-latency route from device ``src`` to device ``dst`` (cached, deterministic)."""
         self._check_device(src, "source")
         self._check_device(dst, "destination")
-        cached = self._routes.get((src, dst))
-        if cached is not None:
-            return cached
+        if (src, dst) in self._routes:
+            return self._routes[(src, dst)]
         if src == dst:
             route = Route(src, dst, (src,), (), 0.0, math.inf)
         else:
@@ -165,19 +167,17 @@ class Topology:
         return route
 
     def figures(self, src: int, dst: int) -> tuple[float, float]:
-        """``(latency, bandwidth)`` of the route ``src -> dst``, cached, without building a
-        :class:`Route` (a schedule replay over n members asks for n·⌈log2 n⌉ of them)."""
+        """``(latency, bandwidth)`` of the route ``src -> dst`` without a :class:`Route` (a replay asks n·⌈log2 n⌉)."""
+        if _is_device(src) and _is_device(dst) and 0 <= src < self._n and 0 <= dst < self._n:
+            lat, bw = self._direct
+            latency = lat.item(src, dst)
+            if latency == latency:  # not NaN: the direct link is the route
+                return latency, bw.item(src, dst)
         key = (src, dst)
         cached = self._figures.get(key)
         if cached is None:
-            adj, min_latency = self._adj
-            direct = adj.get(src, {}).get(dst) if _is_device(src) and src != dst else None
-            if direct is not None and direct[1] <= 2 * min_latency and _is_device(dst) and dst < self._n:
-                cached = (direct[1], self._graph.adj[src][dst]["bandwidth"])
-            else:
-                route = self.route(src, dst)
-                cached = (route.latency, route.bandwidth)
-            self._figures[key] = cached
+            route = self.route(src, dst)
+            cached = self._figures[key] = (route.latency, route.bandwidth)
         return cached
 
     def _best_path(self, src: int, dst: int) -> tuple[Hashable, ...]:
