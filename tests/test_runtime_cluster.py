@@ -221,6 +221,8 @@ def test_devices_share_the_cores_between_their_blas_threads():
     import os as _os
 
     cores = len(_os.sched_getaffinity(0))
+    driver = _blas_threads(None)
     with VirtualCluster(4) as c:
         per_device = c.run(_blas_threads)
     assert all(threads and max(threads) == max(1, cores // 4) for threads in per_device)
+    assert _blas_threads(None) == driver  # the driver found the libraries before forking, and limited nothing

@@ -301,3 +301,36 @@ def test_custom_graph_errors():
     with pytest.raises(MeshError, match=r"nbytes must be >= 0; got -1"):
         Topology.ring(4).route(0, 1).time(-1)
     assert Topology(_graph(nodes=[0])).route(0, 0).latency == 0.0
+
+
+def _detour_graph() -> nx.Graph:
+    """0--1 directly (latency 1.0), and 0--2--1 at 0.25 each: the direct link is not the route."""
+    g = nx.Graph()
+    g.add_edge(0, 1, latency=1.0, bandwidth=B)
+    g.add_edge(0, 2, latency=A, bandwidth=2 * B)
+    g.add_edge(2, 1, latency=A, bandwidth=4 * B)
+    return g
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Topology.fully_connected(6, A, B),
+    lambda: Topology.ring(7, A, B),
+    lambda: Topology.torus2d(3, 4, A, B),
+    lambda: Topology.hierarchical(2, 3, 0.5, 8.0, 0.125, 2.0),
+    lambda: Topology.hierarchical(2, 2, intra_latency=1.0, intra_bandwidth=100.0, inter_latency=0.25,
+                                  inter_bandwidth=50.0),
+    lambda: Topology(_detour_graph(), name="detour"),
+])
+def test_figures_are_the_routes_figures_for_every_pair(build):
+    """Devices read direct links' figures from numpy tables; every answer must be the route's."""
+    t = build()
+    for s in range(t.num_devices):
+        for d in range(t.num_devices):
+            r = t.route(s, d)
+            assert t.figures(s, d) == (r.latency, r.bandwidth), (t.name, s, d)
+
+
+def test_a_direct_link_longer_than_a_detour_is_not_read_from_the_table():
+    t = Topology(_detour_graph())
+    assert t.figures(0, 1) == (2 * A, 2 * B)  # via device 2; the bottleneck is the 0--2 link
+    assert t.route(0, 1).path == (0, 2, 1)

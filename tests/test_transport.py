@@ -59,6 +59,29 @@ def test_random_traffic_arrives_intact_in_order(monkeypatch, ring_bytes, cross_m
             assert c.run(exchange, seed) == [0] * n
 
 
+def _collectives(dev):
+    x = np.arange(6.0) + dev.rank
+    return (dev.all_reduce(x).tolist(), dev.all_gather(x[:2]).tolist(), dev.broadcast(x if dev.rank == 1 else None, root=1).tolist())
+
+
+@pytest.mark.parametrize("ring_bytes,cross_memory,n", [(4096, False, 3), (8192, True, 5)])
+def test_the_numpy_scan_of_large_clusters_delivers_everything(monkeypatch, ring_bytes, cross_memory, n):
+    """Beyond SCAN_LOOP peers, progress finds sources with unread bytes by comparing every inbound
+    ring's head with its tail in one numpy call, building channels as they appear; forced here on a
+    few devices, with tiny rings (partial receives) and without cross-memory reads (streamed offers)."""
+    monkeypatch.setattr(ep, "SCAN_LOOP", 0)
+    monkeypatch.setattr(waiting, "_WAKE_SLICE", 60.0)
+    if not cross_memory:
+        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)
+    with VirtualCluster(n, ring_bytes=ring_bytes, timeout=20) as c:
+        assert c.run(exchange, 7) == [0] * n
+        x = [np.arange(6.0) + r for r in range(n)]
+        want = (sum(x).tolist(), np.concatenate([v[:2] for v in x]).tolist(), x[1].tolist())
+        assert c.run(_collectives) == [want] * n
+        c.put(n - 1, "k", np.arange(3))  # the host endpoint scans too
+        assert c.get(n - 1, "k").tolist() == [0, 1, 2]
+
+
 @pytest.fixture
 def pair():
     layout = Layout(2, 1 << 20)

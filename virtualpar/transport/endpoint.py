@@ -189,16 +189,15 @@ class Endpoint(Receiving):
         if self._busy:
             for dst in tuple(self._busy):
                 self._push(dst)
-        partial = self._partial
+        # A partly received message needs a pull only once more bytes arrived, so unread bytes are
+        # the one thing to look for.
         if self._scan is None:
             for src, ch in self._inlist:
-                if ch._head[0] != ch._local or src in partial:
+                if ch._head[0] != ch._local:
                     self._pull(src)
             return
         heads, tails = self._scan
         for src in np.flatnonzero(heads != tails).tolist():
-            self._pull(src)
-        for src in tuple(partial):
             self._pull(src)
 
     def _push(self, dst: int) -> None:
