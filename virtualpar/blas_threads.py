@@ -30,21 +30,16 @@ def prepare() -> None:
             _controller = False
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def limit(devices: int) -> int:
     """Limit this process's BLAS to ``max(1, cpus // devices)`` threads, once per process; returns
     the limit (later calls return the first one and change nothing)."""
     global _limited
     if _limited is not None and _limited[0] == os.getpid():
         return _limited[1]
+    from .transport.waiting import usable_cpus  # the runtime's own count of the cores we may use
+
     prepare()
-    threads = max(1, _cpus() // max(1, devices))
+    threads = max(1, usable_cpus() // max(1, devices))
     if _controller:
         try:
             _controller.limit(limits=threads, user_api="blas")
