@@ -73,6 +73,19 @@ def test_adam_and_a_data_parallel_axis_match_the_reference():
     _close(state, ref_state)
 
 
+def test_one_operation_trains_a_copy_of_its_own_on_each_cluster_it_runs_on():
+    x, y = _data(8, 16, seed=5)
+    ref_losses, ref_state = nn.reference_train(deep_mlp(4), [(x, y)], nn.mse_loss, nn.SGD(0.05), 2, 2)
+    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[2]), "1f1b", microbatches=2, optimizer=nn.SGD(0.05))
+    with VirtualCluster(2) as first:
+        with pytest.raises(UsageError, match="has not run on this cluster"):
+            op.state_dict(first)
+        np.testing.assert_allclose([first.execute(op, x, y) for _ in range(2)], ref_losses, rtol=1e-9)
+    with VirtualCluster(2) as second:  # starts again from the model's weights, not a KeyError
+        np.testing.assert_allclose([second.execute(op, x, y) for _ in range(2)], ref_losses, rtol=1e-9)
+        _close(op.state_dict(second), ref_state)
+
+
 @pytest.mark.parametrize("S, M", [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 8)])
 def test_executed_modelled_clock_reproduces_the_closed_forms(S, M):
     """Unit costs (F = B = 1 FLOP on a 1 FLOP/s device) and free links: the run's own modelled

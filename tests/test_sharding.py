@@ -9,7 +9,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from virtualpar import Mesh, ShardingError, VirtualCluster
+from virtualpar import Mesh, ShardingError, UsageError, VirtualCluster
 from virtualpar.ops import MATMUL, ShardedOperation
 from virtualpar.sharding import DimSharding, TensorSharding, plan_redistribution, shard, unshard
 
@@ -111,6 +111,18 @@ def test_sharded_operation_with_resident_weights_sends_them_once():
         np.testing.assert_allclose(cluster.execute(op, a), a @ b, rtol=1e-12)
         second = cluster.stats().host_to_device.sum() - first
     assert first == second and first < a.nbytes + b.nbytes  # A's pieces only, each call
+
+
+def test_weights_placed_on_a_closed_cluster_are_not_taken_for_placed_on_the_next():
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
+    op = ShardedOperation(_matmul_program, [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")], [T("[R, R]")], name="matmul")
+    for _ in range(3):  # CPython often gives the next cluster the closed one's id
+        with VirtualCluster(MESH) as cluster:
+            with pytest.raises(UsageError, match="expected 2 host inputs, got 1"):
+                cluster.execute(op, a)
+            op.place(cluster, 1, b)
+            np.testing.assert_allclose(cluster.execute(op, a), a @ b, rtol=1e-12)
 
 
 def test_a_graph_runs_in_order_and_redistributes_between_nodes():

@@ -55,6 +55,20 @@ def test_the_seed_example_learns():
             assert f"{s}F{m}" in text and f"{s}B{m}" in text
 
 
+def test_one_operation_runs_on_a_second_cluster_from_the_model_weights():
+    inputs, labels = example.synthetic(batch=4, length=12)
+    op = TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.SGD(0.1))
+    losses = []
+    for _ in range(2):
+        with VirtualCluster(Mesh({"time": 2})) as cluster:
+            losses.append([cluster.execute(op, inputs, labels) for _ in range(2)])
+            weights = op.state_dict(cluster)
+    assert losses[0] == losses[1] and losses[0][1] < losses[0][0]
+    with VirtualCluster(Mesh({"time": 2})) as fresh, pytest.raises(UsageError, match="has not run on this cluster"):
+        op.state_dict(fresh)
+    assert weights
+
+
 @pytest.mark.parametrize("devices, microbatches", [(2, 2), (3, 4), (4, 3)])
 def test_makespan_under_unit_costs_is_the_closed_form(devices, microbatches):
     inputs, labels = example.synthetic(batch=12, length=12)

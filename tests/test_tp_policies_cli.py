@@ -50,6 +50,19 @@ def test_resident_weights_are_sent_once(cluster):
         cluster.execute(op, np.zeros((8, 8)))
 
 
+def test_weights_placed_on_a_closed_cluster_must_be_placed_again():
+    m, k, n = 8, 8, 4
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    op = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", Mesh({"x": 2}))), ((m, k), (k, n)), (m, n), weights=(1,))
+    for _ in range(3):  # CPython often gives the next cluster the closed one's id
+        with VirtualCluster(Mesh({"x": 2})) as c:
+            with pytest.raises(ShardingError, match=r"expected 2 arrays \(inputs \[0, 1\]\), got 1"):
+                c.execute(op, a)
+            op.place_weights(c, b)
+            np.testing.assert_allclose(c.execute(op, a), a @ b, rtol=1e-13)
+
+
 def test_cli_json_rows(capsys):
     assert main(["policies", "--mesh", "x=2,y=2", "--shape", "16,8,16", "--json", "--dtype", "float64"]) == 0
     rows = json.loads(capsys.readouterr().out)

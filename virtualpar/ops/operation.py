@@ -14,6 +14,7 @@ pieces (device → host) to unshard them.  ``op.place(cluster, i, array)`` place
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -55,13 +56,14 @@ class ShardedOperation:
     out_specs: Sequence[TensorSharding]
     name: str = "sharded_op"
     key: str = field(default_factory=lambda: f"op/{next(_IDS)}")
-    _placed: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    # cluster -> {input index: shape} of the inputs placed there (weakly: a closed cluster's id can recur)
+    _placed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False, compare=False)
 
     def place(self, cluster: Any, index: int, array: np.ndarray) -> None:
         """Put input ``index`` on the devices now and keep it there (weights)."""
         array = np.asarray(array)
         self._put(cluster, index, array)
-        self._placed[index] = (id(cluster), array.shape)
+        self._placed.setdefault(cluster, {})[index] = array.shape
 
     def _put(self, cluster: Any, index: int, array: np.ndarray) -> None:
         spec = self.in_specs[index]
@@ -76,15 +78,15 @@ class ShardedOperation:
         n_in = len(self.in_specs)
         given = iter(arrays)
         shapes = []
+        placed = self._placed.get(cluster, {})
         for i in range(n_in):
-            placed = self._placed.get(i)
-            if placed is not None and placed[0] == id(cluster):
-                shapes.append(placed[1])
+            if i in placed:
+                shapes.append(placed[i])
                 continue
             try:
                 a = np.asarray(next(given))
             except StopIteration:
-                raise UsageError(f"{self.name}: expected {n_in - len(self._placed)} host inputs, got {len(arrays)}") from None
+                raise UsageError(f"{self.name}: expected {n_in - len(placed)} host inputs, got {len(arrays)}") from None
             self._put(cluster, i, a)
             shapes.append(a.shape)
         cluster.run(_run, self.key, self.program, n_in, len(self.out_specs))

@@ -7,8 +7,9 @@
     print(op.timeline())                      # what ran, per rank, on the modelled clock
 
 The schedule is validated, simulated (a schedule that cannot finish is refused before anything
-runs) and lowered once; the stages' weights and optimizer state are placed on their devices at
-the first step and stay there.  Each step puts the batch on the first stage's devices and the
+runs) and lowered once; the stages' weights and optimizer state are placed on a cluster's devices
+at the first step the operation runs there, and stay there: every cluster an operation runs on
+trains its own copy, starting from the model's weights.  Each step puts the batch on the first stage's devices and the
 targets on the last's (host traffic), runs :func:`~virtualpar.pipeline.device_step.run_step` on
 every device, and returns the mean microbatch loss.  ``dp_axis`` names a data-parallel mesh axis:
 its replicas split the batch and average their gradients.  ``costs`` ({kind: FLOPs}) replaces
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -75,7 +77,7 @@ class PipelinedOperation:
             self.schedule_name = "custom"
             self.schedule, self.placement = schedule
         self.key = f"pipeline/{next(_IDS)}"
-        self._placed: set[int] = set()
+        self._clusters: weakref.WeakSet = weakref.WeakSet()  # the clusters holding this op's weights
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
 
@@ -102,12 +104,12 @@ class PipelinedOperation:
     def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
         mesh = cluster.mesh
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
-        if not self._placed:
+        if cluster not in self._clusters:
             spec = self._plan(ranks)
             payload = {"spec": spec, "modules": {s.index: s.module for s in self.pipeline.stages},
                        "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
             cluster.run(_place, self.key, payload)
-            self._placed = set(range(mesh.size))
+            self._clusters.add(cluster)
         p, M = self.placement, self.microbatches
         first = {p.rank_of(0, m) for m in range(M)}
         last = {p.rank_of(p.stages - 1, m) for m in range(M)}
@@ -132,6 +134,7 @@ class PipelinedOperation:
 
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
+        check_ran(self, cluster)
         parts = cluster.run(_params, self.key)
         out: dict[str, np.ndarray] = {}
         for stage_params in parts:
@@ -192,6 +195,13 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
         grid = {p: line for p, line in grid.items()}
         return "(columns in order of start)\n" + format_grid(_compress(grid))
     return format_grid(grid)
+
+
+def check_ran(op: Any, cluster: Any) -> None:
+    """Refuse to fetch the weights of an operation from a cluster it never ran on."""
+    if cluster not in op._clusters:
+        raise UsageError(f"{type(op).__name__} {op.key!r} has not run on this cluster, so it holds none of "
+                         f"its weights; run a step first: cluster.execute(op, ...)")
 
 
 def _compress(grid: Schedule) -> Schedule:

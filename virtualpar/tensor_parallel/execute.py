@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tracemalloc
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -82,7 +83,8 @@ class TensorParallelOp:
     out_shape: tuple[int, ...]
     weights: tuple[int, ...] = ()
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    placed_on: int | None = None  # id() of the cluster holding the weights (they live on its devices)
+    # the clusters holding the weights (they live on its devices); weakly, as a closed cluster's id can recur
+    placed_on: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False, compare=False)
 
     def _key(self, i: int) -> str:
         return f"tp.{self.token}.{i}"
@@ -101,14 +103,14 @@ class TensorParallelOp:
                 p = piece(w, layouts[i], cluster.mesh, rank)
                 cluster.put(rank, self._key(i), p)
                 total += p.nbytes
-        self.placed_on = id(cluster)
+        self.placed_on.add(cluster)
         return total
 
     def execute_on(self, cluster: Any, *arrays: np.ndarray) -> np.ndarray:
         """Run the forward on ``cluster``: ``arrays`` are the activations if the weights are placed,
         else every input; returns the full output on the host."""
         n_in = len(self.shapes)
-        placed = self.placed_on == id(cluster)
+        placed = cluster in self.placed_on
         positions = [i for i in range(n_in) if not (placed and i in self.weights)]
         if len(arrays) != len(positions):
             raise ShardingError(f"execute: expected {len(positions)} arrays (inputs {positions}), got {len(arrays)}")

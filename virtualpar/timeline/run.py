@@ -12,6 +12,7 @@ the D segments; see :mod:`.sequence_pipe` for the semantics and the makespan's c
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from .. import nn
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
 from ..pipeline.device_step import run_step
-from ..pipeline.executor import StepSpec, format_timeline
+from ..pipeline.executor import StepSpec, check_ran, format_timeline
 from ..pipeline.actions import Action
 from .sequence_pipe import SequencePipe
 
@@ -85,7 +86,7 @@ class TimelineParallel:
         self.costs = costs
         self.axis = model.get_group()
         self.key = f"timeline/{id(self)}"
-        self._placed = False
+        self._clusters: weakref.WeakSet = weakref.WeakSet()  # the clusters holding its weights
         self.last_records: dict[int, list] = {}
 
     def execute_on(self, cluster: Any, inputs: tuple, labels: tuple) -> float:
@@ -97,14 +98,14 @@ class TimelineParallel:
         if T % D:
             raise UsageError(f"a sequence of {T} steps does not split into {D} equal time segments "
                              f"(the size of mesh axis {self.axis!r})")
-        if not self._placed:
+        if cluster not in self._clusters:
             sched, placement = build("1f1b", D, self.microbatches)
             validate(sched, placement, self.microbatches)
             simulate(sched, placement, self.microbatches)
             spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
                             stage_forward=stage_forward, shared_axis=self.axis)
             cluster.run(_place, self.key, spec, self.model, self.optimizer)
-            self._placed = True
+            self._clusters.add(cluster)
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
@@ -119,6 +120,7 @@ class TimelineParallel:
 
     def state_dict(self, cluster: Any, rank: int = 0) -> dict[str, np.ndarray]:
         """The trained weights (every device of the axis holds the same copy)."""
+        check_ran(self, cluster)
         return cluster.run(_weights, self.key)[rank]
 
     def timeline(self, clock: str = "auto") -> str:
