@@ -85,11 +85,19 @@ class _Step:
             self.outbox[("G", stage, m)] = g
             return
         acc = self.grads.get(stage)
-        if acc is None:
-            self.grads[stage] = g
-        else:
-            for k in acc:
-                acc[k] = acc[k] + g[k]
+        if acc is None:  # the first microbatch's gradients become the sum, unless they are someone's view
+            self.grads[stage] = {k: v if _own(v) else np.array(v, copy=True) for k, v in g.items()}
+            return
+        for k, v in acc.items():  # in place: a fresh 2 MiB sum per microbatch cost ~0.5 ms of page faults
+            if np.result_type(v, g[k]) == v.dtype:
+                np.add(v, g[k], out=v)
+            else:
+                acc[k] = v + g[k]
+
+
+def _own(a: Any) -> bool:
+    """May the sum of gradients grow in ``a`` itself: a writable ndarray no one else holds a view of?"""
+    return isinstance(a, np.ndarray) and a.flags.owndata and a.flags.writeable
 
 
 def _split(v: Any, M: int) -> list | None:
