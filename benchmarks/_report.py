@@ -7,7 +7,8 @@ Targets (issue 2, section 7), each PASS, FAIL or n/a (a reference was not measur
   ``Allreduce`` of the same size and process count, same run (rounds measured in alternation,
   ``allreduce_rounds``; the single main-sequence figures otherwise);
 * one-way latency of a 4 KiB message <= mpi4py's pickle-based ``send``/``recv`` (rounds measured
-  in alternation, ``latency_rounds``; the single main-sequence figures otherwise);
+  in alternation, ``latency_rounds``, on a cluster in its default configuration, trace recording
+  and contract check on (issue 13); the single main-sequence figures otherwise);
 
 Rounds are compared **paired**: each round measures both sides seconds apart, under the same load,
 so the ratio within a round cancels the load, and a target takes the median of those ratios.  The
@@ -116,8 +117,8 @@ def _latency_and_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
     rounds = result.get("latency_rounds", {})
     if "ours_s" in rounds:  # measured in alternation: the fairer comparison (see bench_latency_rounds)
         ours_s, theirs_s = rounds["ours_s"], rounds["mpi4py_s"]
-        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", _paired(ours_s, theirs_s), 1.0, "lower",
-                               f"median of {rounds['rounds']} paired rounds (ratios {_ratios(rounds)}); medians "
+        targets.append(_target("4 KiB latency, default configuration / mpi4py pickle send/recv", _paired(ours_s, theirs_s),
+                               1.0, "lower", f"median of {rounds['rounds']} paired rounds (ratios {_ratios(rounds)}); medians "
                                f"{statistics.median(ours_s) * 1e6:.1f} us vs {statistics.median(theirs_s) * 1e6:.1f} us"))
     elif mpi2 and "latency_4KiB_s" in mpi2:
         targets.append(_target("4 KiB latency / mpi4py pickle send/recv", ours / mpi2["latency_4KiB_s"], 1.0, "lower",
@@ -170,7 +171,8 @@ def print_report(result: dict[str, Any]) -> None:
           + (f"  gloo: {gloo2['latency_4KiB_s'] * 1e6:.1f} us" if gloo2 and 'latency_4KiB_s' in gloo2 else ""))
     rounds = result.get("latency_rounds", {})
     if "ours_s" in rounds:
-        print("# ... in alternation with mpi4py, us: ours " + " ".join(f"{t * 1e6:.1f}" for t in rounds["ours_s"])
+        print("# ... in alternation with mpi4py, us: default configuration " + " ".join(f"{t * 1e6:.1f}" for t in rounds["ours_s"])
+              + (" | trace and check off " + " ".join(f"{t * 1e6:.1f}" for t in rounds["untraced_s"]) if "untraced_s" in rounds else "")
               + " | mpi4py " + " ".join(f"{t * 1e6:.1f}" for t in rounds["mpi4py_s"]) + f" | ratios {_ratios(rounds)}")
     rows = []
     for r in result["p2p_bandwidth"]:
