@@ -86,6 +86,7 @@ class VirtualCluster:
     program that only works because channels buffer deadlocks here, visibly (MPI's eager limit).
     ``shuffle``: an int seed turns on shuffled mode: seeded random pauses before sends and receives
     (transport/shuffle.py), so races show up in tests and the seed reproduces the perturbation.
+    ``bind``: run every device on its own share of the cores (on by default; runtime/binding.py).
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class VirtualCluster:
         detect_deadlocks: bool = True,
         eager_limit: int | None = None,
         shuffle: int | None = None,
+        bind: bool = True,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
@@ -128,7 +130,7 @@ class VirtualCluster:
             raise UsageError(f"shuffle must be an int seed or None (no shuffling), got {shuffle!r}")
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
                                     check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
-                                    shuffle=shuffle)
+                                    shuffle=shuffle, bind=bool(bind))
         if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
             raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
         self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes)

@@ -28,6 +28,7 @@ class ClusterConfig:
     channel before its receive is posted (0: every non-empty send is a rendezvous; see endpoint.py).
     ``shuffle``: None, or the seed of shuffled mode (transport/shuffle.py).
     ``t0``: the driver's ``time.monotonic()`` at start-up; wall times in traces are relative to it.
+    ``bind``: every device runs on its own share of the cores (runtime/binding.py).
     """
 
     timeout: float = 60.0
@@ -38,3 +39,4 @@ class ClusterConfig:
     t0: float = 0.0
     eager_limit: int | None = None  # strict mode: sends larger than this wait for their receive
     shuffle: int | None = None  # shuffled mode: the seed of every device's pauses
+    bind: bool = True  # devices bound to their own share of the cores

@@ -31,6 +31,7 @@ from ..errors import DeviceAborted, DeviceError, PayloadError, VirtualParError
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
 from ..transport.shm import Layout, SharedArena
+from .binding import bind
 from .config import ClusterConfig
 from .recorder import FlightRecorder
 
@@ -83,6 +84,8 @@ def _device_stack(frame: Any) -> str:
 def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
     """Entry point of a device process (``arena`` is given when forked: the mapping is inherited)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.config.bind:  # first: the threads started below inherit the binding
+        bind(args.rank, args.layout.devices)
     ppid = os.getppid()
     if arena is None:
         arena = SharedArena.attach(args.arena_name, args.layout.total_bytes)

@@ -38,7 +38,7 @@ from .waitboard import ACK, GEN, KIND, NONE, POKE, describe_wait
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
 
-__all__ = ["wait", "aborted_error", "spin_seconds", "usable_cpus", "SPIN_SECONDS", "SPIN_BUSY", "SPIN_YIELD"]
+__all__ = ["wait", "aborted_error", "spin_seconds", "usable_cpus", "share_cpus", "SPIN_SECONDS", "SPIN_BUSY", "SPIN_YIELD"]
 
 SPIN_YIELD = True  # sched_yield between doorbell polls (after the first SPIN_BUSY seconds)
 SPIN_SECONDS = 50e-6  # longest doorbell poll before sleeping (only when devices <= cores)
@@ -46,8 +46,21 @@ SPIN_BUSY = 10e-6  # ... of which the first this many poll without yielding
 _WAKE_SLICE = 0.5  # longest sleep between re-checks of the abort word
 
 
+_shared_cpus: int | None = None  # set by a device bound to its own cores: its cluster's CPU count
+
+
+def share_cpus(n: int) -> None:
+    """Record that this process's cluster shares ``n`` CPUs (a device does so before it binds
+    itself to its own, see runtime/binding.py)."""
+    global _shared_cpus
+    _shared_cpus = n
+
+
 def usable_cpus() -> int:
-    """The CPUs this process may run on."""
+    """The CPUs this process's cluster may run on: those this process may use, or for a device
+    bound to its own cores, those its cluster shares."""
+    if _shared_cpus is not None:
+        return _shared_cpus
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
