@@ -84,8 +84,6 @@ def _device_stack(frame: Any) -> str:
 def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
     """Entry point of a device process (``arena`` is given when forked: the mapping is inherited)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if args.config.bind:  # first: the threads started below inherit the binding
-        bind(args.rank, args.layout.devices)
     ppid = os.getppid()
     if arena is None:
         arena = SharedArena.attach(args.arena_name, args.layout.total_bytes)
@@ -142,8 +140,10 @@ class _Handlers:
 
     def run(self, payload: bytes) -> tuple:
         dev = self.dev
-        if dev._run == 0:
-            blas_threads.limit(dev.size)  # before the first run: a device that never computes skips it
+        if dev._run == 0:  # before the first run: a device that never computes skips both
+            if dev.config.bind:  # after start-up, which the kernel spreads over the cores faster
+                bind(dev.rank, dev.size)
+            blas_threads.limit(dev.size)  # after binding: BLAS threads started now inherit it
         dev._run += 1  # first: every device counts every run, even one whose payload fails to load
         dev._run_ops_from = dev.op_seq  # an error before this run's first op must not name an older one
         fn, fargs, fkwargs = pickle.loads(payload)
