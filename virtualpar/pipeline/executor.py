@@ -9,9 +9,10 @@
 The schedule is validated, simulated (a schedule that cannot finish is refused before anything
 runs) and lowered once; the stages' weights and optimizer state are placed on a cluster's devices
 at the first step the operation runs there, and stay there: every cluster an operation runs on
-trains its own copy, starting from the model's weights.  Each step puts the batch on the first stage's devices and the
-targets on the last's (host traffic), runs :func:`~virtualpar.pipeline.device_step.run_step` on
-every device, and returns the mean microbatch loss.  ``dp_axis`` names a data-parallel mesh axis:
+trains its own copy, starting from the model's weights.  Each step puts the batch on the first
+stage's devices and the targets on the last's (host traffic), runs
+:func:`~virtualpar.pipeline.device_step.run_step` on every device, and returns the mean
+microbatch loss.  ``dp_axis`` names a data-parallel mesh axis:
 its replicas split the batch and average their gradients.  ``costs`` ({kind: FLOPs}) replaces
 the stages' own FLOP counts on the modelled clock, e.g. unit costs on a 1 FLOP/s device to
 check a schedule's closed forms on an executed run.
