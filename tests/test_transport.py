@@ -65,11 +65,10 @@ def _collectives(dev):
 
 
 @pytest.mark.parametrize("ring_bytes,cross_memory,n", [(4096, False, 3), (8192, True, 5)])
-def test_the_numpy_scan_of_large_clusters_delivers_everything(monkeypatch, ring_bytes, cross_memory, n):
-    """Beyond SCAN_LOOP peers, progress finds sources with unread bytes by comparing every inbound
-    ring's head with its tail in one numpy call, building channels as they appear; forced here on a
-    few devices, with tiny rings (partial receives) and without cross-memory reads (streamed offers)."""
-    monkeypatch.setattr(ep, "SCAN_LOOP", 0)
+def test_the_scan_of_heads_and_tails_delivers_everything(monkeypatch, ring_bytes, cross_memory, n):
+    """Progress finds sources with unread bytes by comparing every inbound ring's head with its tail
+    (building channels as they appear): with tiny rings (partial receives), without cross-memory
+    reads (streamed offers), for collectives and the host endpoint too."""
     monkeypatch.setattr(waiting, "_WAKE_SLICE", 60.0)
     if not cross_memory:
         monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)

@@ -64,7 +64,6 @@ __all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR"]
 SMALL = 1 << 14  # eager payloads up to this size are written unwrapped, right after their header
 RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None: those the ring cannot hold
 RENDEZVOUS_FLOOR = 1 << 16  # ... and payloads this large too when the ring cannot take them right now
-SCAN_LOOP = 64  # up to this many peers, progress loops over its inbound channels (see __init__)
 
 
 class Endpoint(Receiving):
@@ -81,12 +80,15 @@ class Endpoint(Receiving):
         self._sendq: Lazy = Lazy(lambda p: deque())  # per destination, FIFO
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
-        # How progress finds the sources with unread bytes: up to SCAN_LOOP peers, a loop over
-        # every inbound channel (~64 ns a peer); beyond, one numpy comparison of every inbound
-        # ring's head with its tail (~4 us whatever the count), building channels as they appear.
+        # How progress finds the sources with unread bytes: every inbound ring's head against its
+        # tail, as two strided memoryviews compared in C (~0.4 µs for 64 sources; a Python loop
+        # over the channels cost ~25 µs at 64 devices once the caches had gone cold between
+        # wake-ups); only when they differ, one numpy comparison says which.
+        E = layout.endpoints
+        words = arena.bytes_at(layout.ring_ctrl_offset, E * E * 128).cast("Q")
+        self._heads_in, self._tails_in = words[me * 16 :: E * 16], words[me * 16 + 8 :: E * 16]
         ctrl = ring_control(arena, layout)
-        self._scan = (ctrl[:, me, 0], ctrl[:, me, 8]) if len(peers) > SCAN_LOOP else None
-        self._inlist = [(p, self._in[p]) for p in peers] if self._scan is None else []
+        self._heads_np, self._tails_np = ctrl[:, me, 0], ctrl[:, me, 8]
         self._posted: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
         self._posted_any: list[RecvRequest] = []  # receives from any source / with any tag, in posting order
         self._order = 0  # numbers receives as posted and unexpected messages as they arrive
@@ -191,13 +193,9 @@ class Endpoint(Receiving):
                 self._push(dst)
         # A partly received message needs a pull only once more bytes arrived, so unread bytes are
         # the one thing to look for.
-        if self._scan is None:
-            for src, ch in self._inlist:
-                if ch._head[0] != ch._local:
-                    self._pull(src)
+        if self._heads_in == self._tails_in:
             return
-        heads, tails = self._scan
-        for src in np.flatnonzero(heads != tails).tolist():
+        for src in np.flatnonzero(self._heads_np != self._tails_np).tolist():
             self._pull(src)
 
     def _push(self, dst: int) -> None:
