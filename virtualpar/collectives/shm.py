@@ -102,8 +102,8 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
 
 
 def barrier(comm: SharedComm) -> None:
-    """Barrier as one fence over the arrival counters: n−1 word stores per member and n−1 wake-ups
-    in all (the last member to arrive wakes the rest), no messages; the dissemination barrier
+    """Barrier as one fence over the arrival counters: a word store and a read of the group's
+    words per member, n−1 wake-ups in all (the last member to arrive wakes the rest), no messages; the dissemination barrier
     sends n⌈log2 n⌉ messages and wakes every member ⌈log2 n⌉ times.  A barrier of a group whose
     members just fenced to compare their calls is already complete.  Charged to the modelled
     clock as the dissemination barrier, which is what real hardware would run."""

@@ -34,6 +34,7 @@ from ..transport.shm import Layout, SharedArena
 from . import host_link
 from .config import FAULT_ACTIONS, ClusterConfig
 from .control import ClusterControl
+from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
 from .startup import start_devices
 from .shipping import dumps_call as _dumps, resident as _resident
@@ -133,7 +134,7 @@ class VirtualCluster:
                                     shuffle=shuffle, bind=bool(bind))
         if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
             raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
-        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes)
+        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
         self._arena = SharedArena.create(self.layout.total_bytes)
         try:
             from ..sim.clock import DeviceClock

@@ -55,7 +55,7 @@ class ClusterControl:
         self.counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
         ctrl = ring_control(arena, layout).reshape(E * E, 16)
         self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
-        self._arrivals = arena.view(layout.arrivals_offset, layout.devices * layout.arrival_row_bytes // 8, np.uint64)
+        self._arrivals = arena.view(layout.arrivals_offset, layout.arrivals_bytes // 8, np.uint64)
 
     def check_open(self) -> None:
         if self.closed:

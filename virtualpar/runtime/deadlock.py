@@ -39,8 +39,9 @@ import numpy as np
 
 from ..errors import Deadlock
 from ..mesh import Mesh
-from ..transport.shm import ARRIVAL_WORDS, Layout, SharedArena, ring_control
+from ..transport.shm import FENCE_PLANES, Layout, SharedArena, ring_control
 from ..transport.waitboard import ACK, ANY, FENCE, GEN, KIND, KIND_NAMES, MASK, PEER, POKE, RECV, SEND, TAG, board_view
+from .fence_kinds import kind_axes
 from .recorder import FlightRecorder
 
 __all__ = ["DeadlockWatch", "WATCH_EVERY"]
@@ -63,8 +64,8 @@ class DeadlockWatch:
         # numpy views of the shared words, indexed [src, dst]: built in O(1), read only when needed
         ctrl = ring_control(arena, layout)
         self._heads, self._tails, self._replies = ctrl[:, :n, 0], ctrl[:, :n, 8], ctrl[:n, :n, 9]
-        rows = arena.view(layout.arrivals_offset, n * layout.arrival_row_bytes // 8, np.uint64)
-        self._arrivals = rows.reshape(n, -1)[:, : n * ARRIVAL_WORDS : ARRIVAL_WORDS]  # fence counts [i, j]
+        words = arena.view(layout.arrivals_offset, FENCE_PLANES * layout.fence_kinds * n, np.uint64)
+        self._counts = words.reshape(FENCE_PLANES, layout.fence_kinds, n)[0]  # fences entered [kind, rank]
         self._candidate: tuple | None = None
         self._pokes = 0
 
@@ -75,10 +76,10 @@ class DeadlockWatch:
         kind = entry[KIND]
         if kind in (RECV, SEND):
             return [entry[PEER]]
-        if kind == FENCE:  # the members that have not arrived yet (transport/arrivals.py)
-            mask, count = entry[MASK], self._arrivals
-            behind = (count[:, d] < count[d, :]).tolist()  # r has entered fewer fences with d than d with r
-            return [r for r in range(self.n) if r != d and (mask == -1 or mask >> r & 1) and behind[r]]
+        if kind == FENCE:  # the members that have not entered its fence yet (transport/arrivals.py)
+            group, c = self.mesh.group_of(d, kind_axes(self.mesh, entry[PEER])), entry[TAG]
+            counts = self._counts[entry[PEER]]
+            return [r for r in group if r != d and counts[r] < c]
         return [r for r in range(self.n) if r != d]
 
     def dead_set(self, running: set[int], snap: list[tuple[int, ...]]) -> set[int]:

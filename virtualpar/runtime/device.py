@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import InjectedFault, P2PTimeout, UsageError
 from .collective_call import CollectiveSpec, GroupInfo, run_collective
 from .config import TAG_HOST, ClusterConfig
+from .fence_kinds import fence_kind
 from .p2p import PointToPoint
 from .recorder import EventLog, FlightRecorder, OpTexts
 
@@ -69,6 +70,7 @@ class VirtualDevice(PointToPoint):
         self._run_ops_from = 0  # op_seq when the current run began: its own ops number above it
         self._group_seq: dict[tuple[int, ...], int] = {}
         self._groups: dict[Any, GroupInfo] = {}  # resolved group spellings (see _group)
+        self._specs: dict[tuple, Any] = {}  # validated collective calls (CollectiveSpec.build)
         self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
         self._events = EventLog(rank)
         self._events_dropped = 0
@@ -176,7 +178,8 @@ class VirtualDevice(PointToPoint):
         if info is None:
             axes = self.mesh.axes(group)
             ranks = self.mesh.group_of(self.rank, axes)
-            info = GroupInfo(axes, ranks, ranks.index(self.rank), self.mesh.describe_group(axes, ranks))
+            info = GroupInfo(axes, ranks, ranks.index(self.rank), self.mesh.describe_group(axes, ranks),
+                             fence_kind(self.mesh, axes))
             if keep:
                 self._groups[group] = info
         return info

@@ -3,7 +3,8 @@
 Positions in the group map to device ranks; messages go over the device's channels with the
 collective tag (so they never match a user's ``recv``); shared-memory algorithms get every member's
 scratch region, result buffers from the receive pool, fences made of arrival counters in the arena
-(``transport/arrivals.py``: n−1 word stores and n−1 semaphore posts per member, no messages), byte
+(``transport/arrivals.py``: a word store and a read of the group's words per member, n−1 semaphore
+posts by the last to arrive, no messages), byte
 accounting as if each read of a peer's memory were a message, and the modelled clock charged as
 the ring all_reduce real hardware would run (``sim/schedules.py``).
 """
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..transport.waitboard import FenceWait
 from .config import TAG_COLLECTIVE
 from .requests import Request
 
@@ -37,8 +37,7 @@ class GroupComm:
         self._deadline = deadline
         self._on_timeout = on_timeout
         self._entry: list[float] | None = None  # members' clocks at the first fence()
-        self._peers = [r for r in spec.ranks if r != dev.rank]
-        self._fence_what = FenceWait(self._peers)  # what a fence waits for, on the wait board
+        self._fences = dev._endpoint.arrivals.group(spec.kind, spec.ranks) if self.size > 1 else None
 
     def isend(self, x: np.ndarray, peer: int) -> Request:
         dst = self._ranks[peer]
@@ -83,21 +82,23 @@ class GroupComm:
         first = self._entry is None
         if first:
             dev._publish_clock()  # for the driver; the peers read it from the fence's slots
-        arrivals = dev._endpoint.arrivals
-        peers = self._peers
-        clock = dev._clock.now if first else None
-        if not arrivals.arrive(peers, digest, clock):  # the last to arrive wakes the others
-            dev._endpoint.wait(lambda: arrivals.arrived(peers), self._deadline - time.monotonic(), self._on_timeout, self._fence_what)
+        if self._fences is None:  # a group of one
+            self._entry = [dev._clock.now]
+            return []
+        arrivals, grp = dev._endpoint.arrivals, self._fences
+        c = arrivals.arrive(grp, digest, dev._clock.now if first else None)  # the last to arrive wakes the others
+        if not arrivals.arrived(grp, c):
+            dev._endpoint.wait(lambda: arrivals.arrived(grp, c), self._deadline - time.monotonic(), self._on_timeout,
+                               arrivals.waiting_for(grp, c))
         if first:
-            theirs = dict(zip(peers, arrivals.clocks(peers)))
-            self._entry = [clock if r == dev.rank else theirs[r] for r in self._ranks]
-        return arrivals.differing(peers, digest) if digest is not None else []
+            self._entry = arrivals.clocks(grp, c)
+        return arrivals.differing(grp, c, digest) if digest is not None else []
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         dst = self._ranks[peer]
         ep = self._dev._endpoint
-        ep._bytes_row[dst] += nbytes
-        ep._msgs_row[dst] += messages
+        ep._bytes_mv[dst] += nbytes
+        ep._msgs_mv[dst] += messages
 
     def model_tree_all_reduce(self, nbytes: int) -> None:
         if self._entry is None:

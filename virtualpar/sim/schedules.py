@@ -26,6 +26,7 @@ shared-memory all_reduce at 4 devices spent ~30 µs per call replaying the steps
 
 from __future__ import annotations
 
+from operator import add
 from typing import Sequence
 
 import numpy as np
@@ -163,7 +164,7 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
 
 def apply_delays(column: Sequence[float], entry: Sequence[float]) -> float:
     """``max_q (entry[q] + column[q])``: the exit clock of the member whose column of ``D`` this is."""
-    return max(float(e) + d for e, d in zip(entry, column))
+    return float(max(map(add, entry, column)))
 
 
 def ring_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float], chunk_nbytes: Sequence[int]) -> list[float]:

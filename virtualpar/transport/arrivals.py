@@ -1,107 +1,144 @@
 """Arrival counters: the fences of shared-memory collectives, in the arena, without messages.
 
 A shared-memory algorithm needs to know that every member of its group has reached the same point
-(its data is in its scratch; its reduced slice is published; it has stopped reading).  Word
-``count[i][j]`` of the arena says how many fences device i has entered *together with* device j;
-only i writes it.  A fence over a group is::
+(its data is in its scratch; its reduced slice is published; it has stopped reading).  Groups are
+sets of mesh axes, so a device belongs to exactly one group of each *kind* (one kind per set of
+axes, see runtime/fence_kinds.py), and the members of a group enter its fences in the same program
+order.  Word ``count[k][r]`` says how many fences device r has entered in its group of kind k (only
+r writes it); word ``done[k][l]`` how many fences the group of kind k led by device l (its lowest
+rank) has completed.  A fence, the c-th of this member in this group::
 
-    count[me][j] += 1 for each peer j;  full memory barrier          (arrive)
-    if count[j][me] >= count[me][j] for every peer j:                (everybody is here:
-        ring every peer's doorbell                                     I arrived last)
-    else: sleep until that holds                                     (the last one wakes me)
+    count[k][me] = c;  full memory barrier                            (arrive)
+    if count[k][r] >= c for every member r:                           (everybody is here:
+        done[k][leader] = c;  ring every other member's doorbell        I arrived last)
+    else: sleep until done[k][leader] >= c                            (the last one wakes me)
 
-Only the last member to arrive rings anybody: n−1 wake-ups per fence, not the n(n−1) of every
-member ringing every peer, which at 64 devices on 2 cores was a storm of context switches.  No
-wake-up is lost: of the members' (store, barrier, load) sequences, the one whose barrier comes
-last in the global order loads after every store, so at least one member sees everybody and
-rings the rest.  The barrier is the lock-prefixed compare-and-swap of taking and dropping an
-uncontended private lock (x86-64 lets a load pass an earlier plain store to another address
-without one — the Dekker case); it costs ~0.1 µs and no system call.
+Every member does O(1) work of its own plus one C-level read of the group's counts (a strided
+memoryview: the members of a group of one axis are evenly spaced ranks);
+only the last rings anybody: n−1 wake-ups per fence.  The per-pair counters this replaced made
+every member store and load a word per peer, in Python, twice per fence — at 64 devices on two
+cores ~130 µs of CPU per member per fence once the caches had gone cold between wake-ups, most of
+a barrier's cost.  No wake-up is lost: of the members' (store, barrier, load) sequences, the one
+whose barrier comes last in the global order loads after every store, so at least one member sees
+everybody and rings the rest (two may; the second ring is a harmless spurious wake-up).  The
+barrier is the lock-prefixed compare-and-swap of taking and dropping an uncontended private lock
+(x86-64 lets a load pass an earlier plain store to another address without one — the Dekker
+case); it costs ~0.1 µs and no system call.  ``done`` only grows: a stale last member of fence c
+cannot write after fence c+1 completed, because c+1 needs that member's arrival.
 
-Members of a group enter their fences in the same program order, so the k-th fence i enters with j
-is the k-th fence j enters with i, whichever groups each also fenced with others in between: the
-pairwise counts need no group identifier and no local state.  Cost: n−1 word stores and one
-semaphore post per member, n−1 posts by the last, then a poll (a message-based dissemination barrier costs ⌈log2 n⌉
-messages, ~10 µs each here).  Data written before ``arrive`` is visible to a peer that has seen
-the count (x86-64 and AArch64 keep a process's stores in order for an aligned word published
-after them, the same assumption the rings rely on).
+A fence can also carry two words from each member: a 64-bit digest of its call (the collective
+contract check) and its modelled clock on entry (shared-memory algorithms price themselves from
+their members' entry clocks).  Member r stores them in ``digest[c mod 2][k][r]`` and
+``clock[c mod 2][k][r]`` before it counts fence c, and every member reads the group's after the
+fence.  Two slots are enough: r cannot store fence c+2's before fence c+1 completed, which needs
+every reader of fence c's to have arrived at c+1, done reading.  Data written before the count is
+visible to a member that has seen ``done`` (x86-64 and AArch64 keep a process's stores in order for
+an aligned word published after them, the same assumption the rings rely on).
 
-A fence can also carry a word or two from each member to each peer: a 64-bit digest of its call
-(the collective contract check) and its modelled clock on entry (shared-memory algorithms price
-themselves from their members' entry clocks).  Member i stores them in ``slot[i][j][c mod 2]``
-before it counts fence c with j, and j reads them after the fence.  Two slots per pair are
-enough: i cannot store fence c+2's before j arrived at fence c+1, by which time j has read c's.
-(A single shared word per member would not do: a member leaving a one-fence collective early
-could overwrite it while a slower peer is still about to read it.)
-
-The driver zeroes every count when it resets the cluster after a failure, together with the rings.
+The driver zeroes every word when it resets the cluster after a failure, together with the rings.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Sequence
 
-from .lazy import Lazy
-from .shm import ARRIVAL_WORDS, Layout, SharedArena
+from .shm import FENCE_PLANES, Layout, SharedArena
+from .waitboard import FenceWait, rank_mask
 
-__all__ = ["ArrivalCounters"]
+__all__ = ["ArrivalCounters", "FenceGroup"]
+
+COUNT, DONE, DIGEST, CLOCK = 0, 1, 2, 4  # planes (DIGEST and CLOCK: + the fence's parity)
+
+
+class FenceGroup:
+    """One group as its member ``me`` fences in it: word indices, the members, their doorbells."""
+
+    __slots__ = ("kind", "ranks", "mine", "done", "bells", "mask", "_base", "_cols")
+
+    def __init__(self, kind: int, ranks: Sequence[int], me: int, devices: int, doorbells: list[Any]) -> None:
+        self.kind = kind
+        self.ranks = tuple(ranks)
+        self._base = kind * devices  # the group's row in a plane
+        self.mine = self._base + me  # our word in a plane
+        self.done = self._base + self.ranks[0]  # the leader's word in the ``done`` plane
+        self.bells = [doorbells[r] for r in self.ranks if r != me]
+        self.mask = rank_mask(self.ranks)  # for the wait board
+        # the members' columns as one slice when they are evenly spaced (every group of one axis,
+        # and of adjacent axes): a strided memoryview read costs one C loop, not a Python loop
+        r = self.ranks
+        step = r[1] - r[0] if len(r) > 1 else 1
+        even = all(b - a == step for a, b in zip(r, r[1:]))
+        self._cols = slice(r[0], r[-1] + 1, step) if even else list(r)
+
+    def words(self, plane: memoryview, first: int) -> Any:
+        """The members' words of the plane that starts at word ``first`` of ``plane``, in group order
+        (a memoryview slice, or a list)."""
+        cols, base = self._cols, first + self._base
+        if type(cols) is slice:
+            return plane[base + cols.start : base + cols.stop : cols.step]
+        return [plane[base + c] for c in cols]
 
 
 class ArrivalCounters:
-    """Device ``me``'s view of the arrival counters (a fence is ``arrive`` then wait for ``arrived``)."""
+    """Device ``me``'s view of the arrival words (a fence is ``arrive``, then wait for ``arrived``)."""
 
     def __init__(self, arena: SharedArena, layout: Layout, me: int, doorbells: list[Any]) -> None:
-        raw = arena.bytes_at(layout.arrival_offset(me, 0), ARRIVAL_WORDS * 8 * layout.devices)
-        self._row, self._row_f = raw.cast("Q"), raw.cast("d")
-        self._out = self._row[::ARRIVAL_WORDS]  # count[me][j] at index j
-        # peer j's slot for us (its count, digests and clocks), viewed as words and as floats, on first use
-        slot = lambda j: arena.bytes_at(layout.arrival_offset(j, me), ARRIVAL_WORDS * 8)  # noqa: E731
-        self._in = Lazy(lambda j: slot(j).cast("Q"))
-        self._in_f = Lazy(lambda j: slot(j).cast("d"))
-        self._bells = doorbells
+        K, D = layout.fence_kinds, layout.devices
+        raw = arena.bytes_at(layout.arrivals_offset, 8 * FENCE_PLANES * K * D)
+        self._w, self._f = raw.cast("Q"), raw.cast("d")  # word access, ~40 ns each
+        self._plane = K * D  # words per plane
+        self._me, self._devices, self._bells = me, D, doorbells
+        self._groups: dict[int, FenceGroup] = {}
         self._fence = threading.Lock()
+        self._expect: tuple = (None, b"")  # (digest, members) -> that digest repeated, as bytes
 
-    def arrive(self, peers: Sequence[int], digest: int | None = None, clock: float | None = None) -> bool:
-        """Count one more fence with each of ``peers``, publishing first the ``digest`` of our call
-        and our ``clock`` if given; True if every peer had already arrived, in which case they have
-        been woken."""
-        out = self._out
-        if digest is not None or clock is not None:
-            row, row_f, words = self._row, self._row_f, ARRIVAL_WORDS
-            for j in peers:
-                c = out[j]
-                if digest is not None:
-                    row[words * j + 1 + (c & 1)] = digest
-                if clock is not None:
-                    row_f[words * j + 3 + (c & 1)] = clock
-                out[j] = c + 1
-        else:
-            for j in peers:
-                out[j] += 1
-        with self._fence:  # a full memory barrier between the stores and the loads
+    def group(self, kind: int, ranks: Sequence[int]) -> FenceGroup:
+        """The group of ``kind`` (its members ``ranks``, this device among them), kept per kind."""
+        grp = self._groups.get(kind)
+        if grp is None:
+            grp = self._groups[kind] = FenceGroup(kind, ranks, self._me, self._devices, self._bells)
+        return grp
+
+    def arrive(self, grp: FenceGroup, digest: int | None = None, clock: float | None = None) -> int:
+        """Enter the next fence of ``grp``, publishing first the ``digest`` of our call and our
+        ``clock`` if given; returns its number c.  If every member has arrived, completes it and
+        wakes the others (then ``arrived(grp, c)`` holds already)."""
+        w, mine, plane = self._w, grp.mine, self._plane
+        c = w[mine] + 1
+        if digest is not None:
+            w[(DIGEST + (c & 1)) * plane + mine] = digest
+        if clock is not None:
+            self._f[(CLOCK + (c & 1)) * plane + mine] = clock
+        w[mine] = c
+        with self._fence:  # a full memory barrier between the store and the loads
             pass
-        if not self.arrived(peers):
-            return False
-        bells = self._bells
-        for j in peers:
-            bells[j].release()
-        return True
+        if min(grp.words(w, COUNT)) >= c and w[plane + grp.done] < c:
+            w[plane + grp.done] = c
+            for bell in grp.bells:
+                bell.release()
+        return c
 
-    def differing(self, peers: Sequence[int], digest: int) -> list[int]:
-        """After a fence that published digests: the peers whose digest differs from ``digest``."""
-        out, words = self._out, self._in
-        return [j for j in peers if words[j][1 + ((out[j] - 1) & 1)] != digest]
+    def arrived(self, grp: FenceGroup, c: int) -> bool:
+        """Has fence ``c`` of ``grp`` completed (every member entered it)?"""
+        return self._w[self._plane + grp.done] >= c
 
-    def clocks(self, peers: Sequence[int]) -> list[float]:
-        """After a fence that published clocks: each peer's clock on entering it."""
-        out, slots = self._out, self._in_f
-        return [slots[j][3 + ((out[j] - 1) & 1)] for j in peers]
+    def differing(self, grp: FenceGroup, c: int, digest: int) -> list[int]:
+        """After fence ``c``, which published digests: the members whose digest differs from ``digest``."""
+        theirs = grp.words(self._w, (DIGEST + (c & 1)) * self._plane)
+        if type(theirs) is memoryview:  # compared as bytes: 64-bit ints would each be a new object
+            if (digest, len(theirs)) != self._expect[0]:
+                self._expect = ((digest, len(theirs)), digest.to_bytes(8, sys.byteorder) * len(theirs))
+            if theirs.tobytes() == self._expect[1]:
+                return []
+        return [r for r, d in zip(grp.ranks, theirs) if d != digest]
 
-    def arrived(self, peers: Sequence[int]) -> bool:
-        """Has every peer entered as many fences with us as we have with it?"""
-        out, words = self._out, self._in
-        for j in peers:
-            if words[j][0] < out[j]:
-                return False
-        return True
+    def clocks(self, grp: FenceGroup, c: int) -> list[float]:
+        """After fence ``c``, which published clocks: every member's clock on entering it, in group order."""
+        theirs = grp.words(self._f, (CLOCK + (c & 1)) * self._plane)
+        return theirs.tolist() if type(theirs) is memoryview else theirs
+
+    def waiting_for(self, grp: FenceGroup, c: int) -> FenceWait:
+        """What a wait for fence ``c`` of ``grp`` publishes on the wait board."""
+        return FenceWait(grp.ranks, grp.kind, c, grp.mask)

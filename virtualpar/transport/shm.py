@@ -11,7 +11,7 @@ cache line)::
 
     [control: abort word | clock per endpoint]
     [counters: bytes, messages, control bytes — one int64 matrix each, endpoint x endpoint]
-    [arrival counters (fences of shared-memory collectives): a uint64 row per device, device x device]
+    [arrival words (fences of shared-memory collectives): per group kind and device, see Layout]
     [flight recorders: one per device]
     [ring control: a producer line (head, want-room flag) and a consumer line (tail, rendezvous
      reply) per channel]
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Layout", "SharedArena", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
+__all__ = ["Layout", "SharedArena", "FENCE_PLANES", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
 
 _LINE = 64
 _PAGE = 4096
@@ -52,7 +52,7 @@ RECORD_SLOTS = 64  # flight-recorder entries kept per device
 RECORD_BYTES = 256  # bytes per flight-recorder entry
 
 
-ARRIVAL_WORDS = 5  # per (device, peer): fence count; call digest and entry clock of even, odd fences
+FENCE_PLANES = 6  # arrival words per (group kind, device): count, done, digest and clock of even/odd fences
 
 
 def _align(n: int, to: int = _LINE) -> int:
@@ -66,6 +66,7 @@ class Layout:
     devices: int
     ring_bytes: int
     scratch_bytes: int = 0
+    fence_kinds: int = 1  # kinds of groups that fence: one per set of the mesh's axes longer than 1
 
     @property
     def endpoints(self) -> int:
@@ -94,23 +95,19 @@ class Layout:
 
     @property
     def arrivals_offset(self) -> int:
+        """The arrival words of fences (transport/arrivals.py): ``FENCE_PLANES`` planes of uint64,
+        each ``fence_kinds`` x ``devices``: [0] how many fences device r entered in its group of
+        kind k (written by r only), [1] the count the group whose leader is r has completed, [2, 3]
+        the digest r published at its even, odd fences, [4, 5] its modelled clock (float64)."""
         return self.counters_offset + self.counters_bytes
 
-    def arrival_offset(self, src: int, dst: int) -> int:
-        """uint64: how many fences device ``src`` has entered together with device ``dst``, followed
-        by what ``src`` published at those fences, by the count's parity: its call's digest
-        (uint64) at words 1 and 2, its modelled clock (float64) at words 3 and 4.
-
-        Row ``src`` is written only by ``src`` and starts on its own cache line (see arrivals.py)."""
-        return self.arrivals_offset + src * self.arrival_row_bytes + ARRIVAL_WORDS * 8 * dst
-
     @property
-    def arrival_row_bytes(self) -> int:
-        return _align(ARRIVAL_WORDS * 8 * self.devices)
+    def arrivals_bytes(self) -> int:
+        return _align(FENCE_PLANES * 8 * self.fence_kinds * self.devices)
 
     @property
     def recorders_offset(self) -> int:
-        return self.arrivals_offset + self.devices * self.arrival_row_bytes
+        return self.arrivals_offset + self.arrivals_bytes
 
     def recorder_offset(self, rank: int) -> int:
         return self.recorders_offset + rank * (_LINE + RECORD_SLOTS * RECORD_BYTES)

@@ -8,8 +8,9 @@ phase), so a wait that ends while polling writes nothing::
 
 * ``KIND``: what the wait is for (``NONE`` once it returned): a receive from ``PEER`` with ``TAG``,
   a send to ``PEER`` with ``TAG`` (that the receiver has not taken yet; ``MASK`` holds the token of
-  its rendezvous offer, 0 for an eager send waiting for room), a fence of the members in
-  ``MASK`` (bit ``r`` for device ``r``; -1 when there are more than 63 devices), or something else
+  its rendezvous offer, 0 for an eager send waiting for room), fence number ``TAG`` of its group of
+  kind ``PEER`` (transport/arrivals.py), whose members are in ``MASK`` (bit ``r`` for device ``r``;
+  -1 when there are more than 63 devices), or something else
   (``OTHER``: never part of a deadlock).
 * ``GEN``: odd while the device sleeps, even while awake inside the wait (+1 before each sleep and
   after each wake-up), so a reader that sees the same odd ``GEN`` twice knows it slept in between.
@@ -26,7 +27,7 @@ import numpy as np
 from .shm import Layout, SharedArena
 
 __all__ = ["board_view", "describe_wait", "NONE", "RECV", "SEND", "FENCE", "ANY", "OTHER",
-           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "KIND_NAMES", "FenceWait"]
+           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "KIND_NAMES", "FenceWait", "rank_mask"]
 
 NONE, RECV, SEND, FENCE, ANY, OTHER = 0, 1, 2, 3, 4, 5
 KIND_NAMES = {RECV: "recv from", SEND: "send to", FENCE: "fence with", ANY: "recv from any", OTHER: "wait"}
@@ -39,25 +40,37 @@ def board_view(arena: SharedArena, layout: Layout, rank: int) -> memoryview:
 
 
 class FenceWait:
-    """What a fence waits for: every member in ``ranks`` to arrive (prints as ``a fence``)."""
+    """What a fence waits for: every member in ``ranks`` (a group of ``kind``) to have entered
+    fence number ``count`` (prints as ``a fence``)."""
 
-    __slots__ = ("ranks",)
+    __slots__ = ("ranks", "kind", "count", "mask")
 
-    def __init__(self, ranks) -> None:
+    def __init__(self, ranks, kind: int = 0, count: int = 0, mask: int | None = None) -> None:
         self.ranks = tuple(ranks)
+        self.kind = kind
+        self.count = count
+        self.mask = rank_mask(self.ranks) if mask is None else mask
 
     def __str__(self) -> str:
         return "a fence"
 
 
+def rank_mask(ranks) -> int:
+    """Bit r set for each of ``ranks``; -1 if any is 63 or more (the board word is an int64)."""
+    mask = 0
+    for r in ranks:
+        if r >= 63:
+            return -1
+        mask |= 1 << r
+    return mask
+
+
 def describe_wait(board: memoryview, what: object) -> None:
     """Publish what ``what`` (a request, a :class:`FenceWait`, anything else) waits for."""
-    peers = getattr(what, "ranks", None)
-    if peers is not None:
-        mask = 0
-        for r in peers:
-            mask = -1 if r >= 63 or mask == -1 else mask | (1 << r)
-        board[MASK] = mask
+    if type(what) is FenceWait:
+        board[MASK] = what.mask
+        board[PEER] = what.kind
+        board[TAG] = what.count
         board[KIND] = FENCE
         return
     tag = getattr(what, "tag", None)

@@ -1,0 +1,112 @@
+"""Fences per group kind (transport/arrivals.py, runtime/fence_kinds.py), and the cache of
+validated collective calls (CollectiveSpec.build): groups whose ranks are not evenly spaced,
+interleaved fences of every kind, a mismatch and a deadlock inside a sub-group."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from virtualpar import Mesh, VirtualCluster
+from virtualpar.errors import CollectiveMismatch, Deadlock, PayloadError, UsageError
+from virtualpar.runtime.fence_kinds import fence_kind, fence_kinds, kind_axes
+from virtualpar.transport.arrivals import FenceGroup
+
+MESH = {"a": 2, "b": 2, "c": 2}  # groups over ("a", "c"): ranks 0, 1, 4, 5 — not evenly spaced
+
+
+def test_kinds_count_the_axes_longer_than_one_and_invert():
+    mesh = Mesh({"dp": 2, "one": 1, "tp": 4})
+    assert fence_kinds(mesh) == 4  # dp and tp; the axis of size 1 changes no group
+    assert [fence_kind(mesh, axes) for axes in [(), ("dp",), ("tp",), ("dp", "tp"), ("dp", "one", "tp")]] == [0, 1, 2, 3, 3]
+    assert [kind_axes(mesh, k) for k in range(4)] == [(), ("dp",), ("tp",), ("dp", "tp")]
+
+
+def test_a_fence_group_reads_evenly_spaced_members_as_one_slice_and_others_one_by_one():
+    words = memoryview(bytearray(8 * 16)).cast("Q")
+    for r in range(16):
+        words[r] = 100 + r
+    even = FenceGroup(1, (1, 3, 5, 7), me=5, devices=8, doorbells=list(range(8)))
+    assert list(even.words(words, 0)) == [109, 111, 113, 115]  # row 1 of the plane: words 8 + rank
+    uneven = FenceGroup(0, (0, 1, 4, 5), me=4, devices=8, doorbells=list(range(8)))
+    assert list(uneven.words(words, 8)) == [108, 109, 112, 113]
+    assert uneven.bells == [0, 1, 5] and (uneven.mine, uneven.done) == (4, 0)
+
+
+def _interleaved(dev, rounds: int) -> list[list[float]]:
+    """Barriers and shm all_reduces on every kind of group, in an order that mixes them."""
+    rng = np.random.default_rng(7)  # the same sequence on every device
+    groups = [None, "a", "b", "c", ("a", "b"), ("a", "c"), ("b", "c")]
+    out = []
+    for _ in range(rounds):
+        group = groups[rng.integers(len(groups))]
+        if rng.random() < 0.5:
+            dev.barrier(group=group)
+        else:
+            x = np.arange(5.0) * (dev.rank + 1)
+            out.append(dev.all_reduce(x, group=group, algorithm="shm").tolist())
+    return out
+
+
+def test_interleaved_fences_of_every_kind_give_numpy_results():
+    mesh = Mesh(MESH)
+    rng = np.random.default_rng(7)
+    groups = [None, "a", "b", "c", ("a", "b"), ("a", "c"), ("b", "c")]
+    want = {r: [] for r in range(mesh.size)}
+    for _ in range(40):  # the oracle replays the same sequence
+        group = groups[rng.integers(len(groups))]
+        if rng.random() >= 0.5:
+            for r in range(mesh.size):
+                members = mesh.group_of(r, mesh.axes(group))
+                want[r].append((np.arange(5.0) * sum(m + 1 for m in members)).tolist())
+    with VirtualCluster(mesh, timeout=30) as c:
+        assert c.run(_interleaved, 40) == [want[r] for r in range(mesh.size)]
+
+
+def _mismatch_in_uneven_group(dev):
+    shape = 3 if dev.rank != 4 else 4
+    return dev.all_reduce(np.ones(shape), group=("a", "c"), algorithm="shm")
+
+
+def test_a_mismatch_inside_an_unevenly_spaced_group_names_its_members():
+    with VirtualCluster(Mesh(MESH), timeout=30) as c:
+        with pytest.raises(CollectiveMismatch) as info:
+            c.run(_mismatch_in_uneven_group)
+        err = info.value
+        assert err.group == (0, 1, 4, 5) if err.rank in (0, 1, 4, 5) else err.group == (2, 3, 6, 7)
+        assert "differs in: shape" in str(err) and "device 4" in str(err)
+
+
+def _skip_in_group(dev):
+    if dev.rank != 5:
+        dev.barrier(group=("a", "c"))
+
+
+def test_a_device_skipping_a_sub_group_barrier_is_named_as_the_one_its_peers_wait_for():
+    with VirtualCluster(Mesh(MESH), timeout=30, check_collectives=False) as c:
+        t0 = time.monotonic()
+        with pytest.raises(Deadlock) as info:
+            c.run(_skip_in_group)
+        assert time.monotonic() - t0 < 10
+        text = str(info.value)
+        assert "waits fence with [5] ← device 5 has returned from the run" in text
+        assert c.run(lambda dev: dev.barrier() or dev.rank) == list(range(8))  # the reset cleared the counts
+
+
+def _cached_then_wrong(dev, wrong):
+    dev.broadcast(np.ones(2), root=1)
+    dev.all_reduce(np.ones(2))
+    if wrong == "root":
+        dev.broadcast(np.ones(2), root=True)
+    else:
+        dev.all_reduce([1.0, 1.0])
+
+
+@pytest.mark.parametrize("wrong,error", [("root", UsageError), ("list", PayloadError)])
+def test_a_call_validated_before_does_not_let_a_wrong_one_through(wrong, error):
+    """root=True hashes like root=1, and a list is no array: neither may reuse a cached validation."""
+    with VirtualCluster(2, timeout=30) as c:
+        with pytest.raises(error):
+            c.run(_cached_then_wrong, wrong)
