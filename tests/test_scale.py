@@ -14,7 +14,7 @@ import pytest
 
 from virtualpar import CollectiveMismatch, DeviceDied, Mesh, Topology, VirtualCluster
 from virtualpar.collectives import reference
-from virtualpar.runtime.collective_call import _differences, _digest, _fingerprint
+from virtualpar.runtime.fingerprint import _differences, _digest, _fingerprint
 from virtualpar.sim import Hardware
 
 # (name, device call, oracle over one group's inputs) — one of each collective
