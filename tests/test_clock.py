@@ -317,3 +317,20 @@ def test_bad_messages():
         r.on_recv(0, 8, math.inf)
     with pytest.raises(MeshError):
         s.on_send(5, 8)
+
+
+@pytest.mark.parametrize("n", [2, 3, 6, 8, 13])
+def test_the_kept_tree_column_gives_the_replay_s_exit_clocks(n):
+    """tree_all_reduce charges max_q(entry[q] + row[q]) from a kept row of the max-plus matrix;
+    it must equal replaying every member's messages from the same entry clocks."""
+    from virtualpar.sim.schedules import apply_delays, tree_all_reduce_column, tree_all_reduce_times
+
+    from virtualpar import Mesh
+
+    topo = Mesh({"x": n}).topology
+    ranks = tuple(range(n))
+    entry = np.random.default_rng(n).random(n).tolist()
+    for nbytes in (0, 8, 1 << 16):
+        want = tree_all_reduce_times(topo, ranks, entry, nbytes)
+        got = [apply_delays(tree_all_reduce_column(topo, ranks, me, nbytes), entry) for me in range(n)]
+        assert got == pytest.approx(want, rel=1e-13, abs=0)

@@ -34,7 +34,7 @@ import numpy as np
 from virtualpar.mesh.topology import Topology
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "dissemination_column",
-           "tree_all_reduce_times", "apply_delays"]
+           "tree_all_reduce_times", "tree_all_reduce_column", "apply_delays"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
 
@@ -131,8 +131,24 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
 
     O(n log n) per call; exact on links idle at entry, as :func:`ring_all_reduce_delays` is.
     """
+    return _tree_replay(topology, ranks, [float(e) for e in entry], nbytes, max)
+
+
+def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int) -> list[float]:
+    """Member ``me``'s row of the max-plus matrix of :func:`tree_all_reduce_times` (every step is
+    a max of sums): ``exit[me] = max_q (entry[q] + row[q])``, via :func:`apply_delays` — O(n) per
+    call once the row is kept (it is one replay with every clock a numpy vector over the entry
+    members: O(n log n) vector steps)."""
     n = len(ranks)
-    t = [float(e) for e in entry]
+    unit = np.full((n, n), -np.inf)
+    np.fill_diagonal(unit, 0.0)
+    return _tree_replay(topology, ranks, list(unit), nbytes, np.maximum)[me].tolist()
+
+
+def _tree_replay(topology: Topology, ranks: Sequence[int], t: list, nbytes: int, mx) -> list:
+    """The recurrence of :func:`tree_all_reduce_times` on clocks ``t`` (floats, or numpy vectors
+    with ``mx`` = ``numpy.maximum``)."""
+    n = len(ranks)
     if n == 1:
         return t
 
@@ -145,20 +161,20 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
     posted = {}
     for r in range(p, n):  # fold: r posts its array to r − p and waits for the send
         posted[r] = t[r]
-        t[r] += T(r, r - p)
+        t[r] = t[r] + T(r, r - p)  # a new object: posted[r] keeps the clock at the post
     for r in range(extra):
-        t[r] = max(t[r], posted[r + p] + T(r + p, r))
+        t[r] = mx(t[r], posted[r + p] + T(r + p, r))
     mask = 1
     while mask < p:
         before = t[:p]
         for r in range(p):
             q = r ^ mask
-            t[r] = max(before[r] + T(r, q), before[q] + T(q, r))
+            t[r] = mx(before[r] + T(r, q), before[q] + T(q, r))
         mask <<= 1
     for r in range(extra):  # unfold: the result goes back to r + p, blocked in its receive
         post = t[r]
         t[r] = post + T(r, r + p)
-        t[r + p] = max(t[r + p], post + T(r, r + p))
+        t[r + p] = mx(t[r + p], post + T(r, r + p))
     return t
 
 
