@@ -80,16 +80,18 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
         mine[hi:m] = chunk[hi:]
         comm.fence()  # every member's chunk is in its scratch
 
-        terms = [chunk[lo:hi] if j == r else scratch[j][lo:hi] for j in range(n)]
-        acc = mine[lo:hi]  # slice r of our scratch holds no input: reduce straight into it
-        ufunc(terms[0], terms[1], out=acc)
-        for term in terms[2:]:
-            ufunc(acc, term, out=acc)
-        finalize(op, acc, n)
+        if hi > lo:  # (fewer items than members leave some slices empty: nothing to reduce)
+            terms = [chunk[lo:hi] if j == r else scratch[j][lo:hi] for j in range(n)]
+            acc = mine[lo:hi]  # slice r of our scratch holds no input: reduce straight into it
+            ufunc(terms[0], terms[1], out=acc)
+            for term in terms[2:]:
+                ufunc(acc, term, out=acc)
+            finalize(op, acc, n)
         comm.fence()  # every reduced slice is published
 
         for j in range(n):
-            flat[start + b[j] : start + b[j + 1]] = scratch[j][b[j] : b[j + 1]]
+            if b[j + 1] > b[j]:
+                flat[start + b[j] : start + b[j + 1]] = scratch[j][b[j] : b[j + 1]]
             if j != r:
                 comm.account(j, (b[j + 1] - b[j] + hi - lo) * itemsize, messages=2)
         comm.fence()  # nobody reads our scratch any more: it may be reused
