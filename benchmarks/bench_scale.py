@@ -1,8 +1,11 @@
 """Scale: 8 to 256 devices on this machine's cores, against MPICH on the same sizes in the same run.
 
-For every device count n, a fresh cluster: its start-up time, then for each op the *first* call
-and the *steady* time (best of the next three), each the slowest device's time as it measured it
-— exactly what ``_mpi_scale.py`` measures under ``mpiexec -n n``.  Then the cluster's resident
+For every device count n, a fresh cluster: its start-up time, then, in one run, for each op the
+*first* call and the *steady* time (best of the next three), each the slowest device's time as it
+measured it, the devices lined up by the all_reduce that collects each time — exactly what
+``_mpi_scale.py`` measures under ``mpiexec -n n``.  The very first call (the barrier) also
+carries the devices' first-run set-up (binding, BLAS threads), as MPICH's carries what
+``MPI_Init`` left unsynchronised.  Then the cluster's resident
 memory (sum of the devices' PSS, so shared pages count once) once started and after every op, and
 the time to close it.  Every
 result is checked (an all_reduce of ones gives n everywhere, a gather holds every rank's piece).
@@ -61,6 +64,23 @@ def _device_op(dev, name: str) -> tuple[float, bool]:
     return time.perf_counter() - t0, ok
 
 
+def _device_ops(dev) -> dict[str, tuple[list[float], bool]]:
+    """Every op on this device, its first call and three more, each timed and followed by an
+    all_reduce of the times with max — ``_mpi_scale.py``'s protocol exactly: the timing collective
+    also lines the devices up for the next call, as it does the ranks.  (Timing each call in its
+    own ``cluster.run`` instead measured the driver handing the run to 64 devices one by one:
+    15-20 ms of skew between the first device's entry and the last's, more than a barrier.)"""
+    out = {}
+    for name in OPS:
+        times, ok = [], True
+        for _ in range(4):
+            took, good = _device_op(dev, name)
+            ok &= good
+            times.append(float(dev.all_reduce(np.array([took]), op="max")[0]))
+        out[name] = (times, ok)
+    return out
+
+
 def measure(n: int) -> dict:
     t0 = time.perf_counter()
     cluster = VirtualCluster(n, timeout=120)
@@ -68,12 +88,10 @@ def measure(n: int) -> dict:
     result = {"devices": n, "start_s": started, "first_s": {}, "steady_s": {}, "correct": True}
     try:
         result["pss_start_bytes"] = sum(m["pss"] for m in cluster.resident_memory())  # the started cluster
+        replies = cluster.run(_device_ops)
         for name in OPS:
-            times = []
-            for _ in range(4):
-                replies = cluster.run(_device_op, name)
-                times.append(max(t for t, _ in replies))
-                result["correct"] &= all(ok for _, ok in replies)
+            times = replies[0][name][0]  # the same on every device: the max over them
+            result["correct"] &= all(reply[name][1] for reply in replies)
             result["first_s"][name], result["steady_s"][name] = times[0], min(times[1:])
         memory = cluster.resident_memory()
         result["pss_bytes"] = sum(m["pss"] for m in memory)
