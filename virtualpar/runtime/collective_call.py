@@ -4,8 +4,9 @@ The contract check is what turns the classic silent hang into an error.  Before 
 the members of the group fence (transport/arrivals.py), each publishing a 64-bit digest of its
 call's *fingerprint* (op, group, shape, dtype, reduce op, root, dim, algorithm), and each compares
 its digest with its peers'.  If all agree, that is the whole check: two word stores and a read of
-the group's digests (one C-level compare) per member and one wake-up, no messages (the leader-based exchange it replaced sent 2(n−1) pickled
-messages through one device, which at 64 devices cost a barrier 10 ms).  If any differ, every
+the group's digests (one C-level compare) per member and one wake-up, no messages (the
+leader-based exchange it replaced sent 2(n−1) pickled messages through one device, which at 64
+devices cost a barrier 10 ms).  If any differ, every
 member sees it, and they all fall back to that exchange — every device sends its full fingerprint
 to the group's leader (position 0), which answers every member with all of them — so that every
 device raises the same ``CollectiveMismatch`` naming each device's call and what differs.
@@ -15,6 +16,7 @@ have just fenced for the check needs no second fence.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -79,14 +81,17 @@ class CollectiveSpec:
             except TypeError:  # an unhashable parameter: likewise
                 key = None
         if known is not None:
-            return cls(name, x if known.x is not None else None, known.axes, known.ranks, known.position,
-                       known.algorithm, known.params, known.group_desc, known.kind, known.fingerprint, known.digest)
+            template, reads_x = known  # kept without the array, which the cache must not hold alive
+            spec = copy.copy(template)
+            spec.x = x if reads_x else None
+            return spec
         spec = cls._validate(dev, name, x, group, algorithm, params)
         if key is not None:
             if len(dev._specs) >= 256:
                 dev._specs.clear()
-            dev._specs[key] = cls(name, True if spec.x is not None else None, spec.axes, spec.ranks, spec.position,
-                                  spec.algorithm, spec.params, spec.group_desc, spec.kind, spec.fingerprint, spec.digest)
+            template = copy.copy(spec)
+            template.x = None
+            dev._specs[key] = (template, spec.x is not None)
         return spec
 
     @classmethod

@@ -140,7 +140,7 @@ def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nb
     call once the row is kept (it is one replay with every clock a numpy vector over the entry
     members: O(n log n) vector steps)."""
     n = len(ranks)
-    unit = np.full((n, n), -np.inf)
+    unit = np.full((n, n), NEVER)
     np.fill_diagonal(unit, 0.0)
     return _tree_replay(topology, ranks, list(unit), nbytes, np.maximum)[me].tolist()
 
