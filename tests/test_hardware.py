@@ -48,6 +48,13 @@ def test_dtype_name():
     assert dtype_name("bfloat16") == "bfloat16"
     with pytest.raises(TypeError):
         dtype_name(object())
+    # cached per key: equal dtypes spelled differently, asked twice, and an unhashable spelling
+    for _ in range(2):
+        assert [dtype_name(d) for d in ("f4", np.float32, np.dtype("float32"), "float32")] == ["float32"] * 4
+        assert dtype_name("bfloat16") == "bfloat16" and dtype_name(np.int8) == "int8"
+        assert dtype_name([("a", "f8")]) == np.dtype([("a", "f8")]).name
+        with pytest.raises(TypeError):
+            dtype_name(object())
 
 
 def test_roofline_compute_bound():

@@ -163,3 +163,32 @@ def test_value_and_grad_of_an_mlp_equals_a_hand_written_backward(dtype, tol):
     np.testing.assert_array_equal(dx2, dx)
     for k in dp:
         np.testing.assert_array_equal(dp2[k], dp[k])
+
+
+def test_vjp_without_input_grads_gives_the_same_weight_grads_and_no_input_grad():
+    model = nn.Sequential(nn.Linear(4, 5, seed=2), nn.ReLU(), nn.Linear(5, 3, seed=4))
+    x = RNG.standard_normal((6, 4)).astype(np.float32)
+    dy = RNG.standard_normal((6, 3)).astype(np.float32)
+    full = nn.vjp(model, x)
+    data = nn.vjp(model, x, input_grads=False)
+    np.testing.assert_array_equal(data.output, full.output)
+    (dx, want), (none, got) = full.backward(dy), data.backward(dy)
+    assert none is None and dx.shape == x.shape
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    # the zero-bubble halves likewise: I gives nothing for data, W the same weight gradients
+    half = nn.vjp(model, x, input_grads=False)
+    assert half.backward_input(dy) is None
+    for k, v in half.backward_weight().items():
+        np.testing.assert_array_equal(v, want[k])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_keeps_the_dtype_and_passes_gradient_only_where_positive(dtype):
+    x = np.array([[-1.5, 0.0, 2.0], [3.0, -0.0, -2.0]], dtype)
+    rec = nn.vjp(nn.ReLU(), x)
+    np.testing.assert_array_equal(rec.output, [[0, 0, 2], [3, 0, 0]])
+    dx, _ = rec.backward(np.full(x.shape, 7, dtype))
+    np.testing.assert_array_equal(dx, [[0, 0, 7], [7, 0, 0]])  # 0 at the kink, as x·[x > 0] gives
+    assert rec.output.dtype == dx.dtype == dtype

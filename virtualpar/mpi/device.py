@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
     raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
 
 from ..runtime.status import ANY_SOURCE, ANY_TAG
+from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
 
@@ -191,7 +192,7 @@ class MPIDevice(MPICollectives):
     # -- compute and clocks -------------------------------------------------------------------------
     def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute") -> float:
         wall0 = self.wall
-        start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=str(np.dtype(dtype)))
+        start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
         self._record("compute", name, wall0, start)
         return end - start
 

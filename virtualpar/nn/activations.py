@@ -10,6 +10,8 @@ import math
 from typing import Any
 
 import autograd.numpy as anp
+import numpy as np
+from autograd.extend import defvjp, primitive
 from autograd.scipy.special import erf
 
 from ..errors import UsageError
@@ -20,9 +22,15 @@ __all__ = ["ReLU", "GELU", "Tanh", "relu", "gelu", "tanh"]
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
+@primitive
 def relu(x: Any) -> Any:
-    """``x·[x > 0]`` (autograd's ``maximum`` would hand back float64 gradients for float32 inputs)."""
-    return x * (x > 0)
+    """``max(x, 0)`` as one autograd primitive with backward ``dy·[y > 0]``: one node and two
+    elementwise passes each way (as ``x * (x > 0)`` it took two nodes, a bool-to-float cast and a
+    broadcasting helper; autograd's ``maximum`` would hand back float64 gradients for float32)."""
+    return np.maximum(x, 0)
+
+
+defvjp(relu, lambda y, x: lambda g: np.multiply(g, y > 0, dtype=np.result_type(g, y)))
 
 
 def gelu(x: Any, approximate: str = "none") -> Any:

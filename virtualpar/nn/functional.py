@@ -43,7 +43,7 @@ def _differentiable(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind in "fc" or isinstance(x, float)
 
 
-def _trace(fun: Callable[..., Any], values: list[Any]) -> tuple[Any, Callable[[Any], list[Any]]]:
+def _trace(fun: Callable[..., Any], values: list[Any], constant: int = 0) -> tuple[Any, Callable[[Any], list[Any]]]:
     """Run ``fun(*values)`` once, recording it; return ``(output, back)`` where ``back(dy)`` gives
     d<dy, output>/d value for every value.
 
@@ -51,8 +51,10 @@ def _trace(fun: Callable[..., Any], values: list[Any]) -> tuple[Any, Callable[[A
     go through its container arithmetic, which builds a zero container of *every* parameter for
     each one read (2.7x a hand-written backward on a 4-layer MLP).  Here each float value is its
     own root of the trace, so each gradient flows straight to its root: one reverse pass, no
-    containers.  Values that are not float arrays (integer labels) are passed through unboxed."""
-    roots = [VJPNode.new_root() if _differentiable(v) else None for v in values]
+    containers.  Values that are not float arrays (integer labels), and the last ``constant``
+    values, are passed through unboxed: no gradient flows to them, and none is computed."""
+    free = len(values) - constant
+    roots = [VJPNode.new_root() if i < free and _differentiable(v) else None for i, v in enumerate(values)]
     with trace_stack.new_trace() as t:
         boxed = [new_box(v, t, r) if r is not None else v for v, r in zip(values, roots)]
         out = fun(*boxed)
@@ -113,18 +115,21 @@ class VJP:
     """
 
     def __init__(self, back: Callable[[Any], Any], output: Any, params: dict[str, np.ndarray], n_inputs: int,
-                 inputs: tuple) -> None:
+                 inputs: tuple, input_grads: bool = True) -> None:
         self.output = output
         self._back = back
         self._params = params
         self._n = n_inputs
         self._inputs = inputs
+        self._input_grads = input_grads
         self._pending: dict[str, np.ndarray] | None = None
 
     def backward(self, dy: Any) -> tuple[Any, dict[str, np.ndarray]]:
         grads = self._back(_cotangent(dy, self.output))
         k = len(self._params)
         dparams = {name: _dense(g, v) for (name, v), g in zip(self._params.items(), grads[:k])}
+        if not self._input_grads:
+            return (None if self._n == 1 else (None,) * self._n), dparams
         dinputs = tuple(_dense(g, x) for g, x in zip(grads[k:], self._inputs))
         return (dinputs[0] if self._n == 1 else dinputs), dparams
 
@@ -141,11 +146,14 @@ class VJP:
         return grads
 
 
-def vjp(module: Module | Callable[..., Any], *inputs: Any, params: dict[str, Any] | None = None) -> VJP:
+def vjp(module: Module | Callable[..., Any], *inputs: Any, params: dict[str, Any] | None = None,
+        input_grads: bool = True) -> VJP:
     """Run ``module(*inputs)`` now and keep what its backward needs (see :class:`VJP`).
 
     ``module`` is a ``Module`` (its own parameters, or ``params`` in their place) or a plain
-    function ``fn(params, *inputs)`` with an explicit ``params`` dict."""
+    function ``fn(params, *inputs)`` with an explicit ``params`` dict.  ``input_grads=False``
+    treats the inputs as data (a pipeline's first stage): the backward gives ``None`` for them and
+    skips their part of the work (for a ``Linear``, the ``dy Wᵀ`` matmul, a third of its backward)."""
     if isinstance(module, Module):
         own = module.parameters() if params is None else dict(params)
     elif params is None:
@@ -161,8 +169,8 @@ def vjp(module: Module | Callable[..., Any], *inputs: Any, params: dict[str, Any
                 return module(*values[k:])
         return module(bound, *values[k:])
 
-    output, back = _trace(run, [own[n] for n in names] + list(inputs))
-    return VJP(back, output, own, len(inputs), inputs)
+    output, back = _trace(run, [own[n] for n in names] + list(inputs), constant=0 if input_grads else len(inputs))
+    return VJP(back, output, own, len(inputs), inputs, input_grads)
 
 
 def _cotangent(dy: Any, output: Any) -> Any:

@@ -124,12 +124,14 @@ def _forward(c: _Step, a: Action) -> None:
     module, params = c.st["modules"][s], c.params(s, m)
     x = c.xs[m] if s == 0 else c.inbox.pop(("F", s, m))
     try:
+        data = s == 0  # the first stage's input is the batch: no gradient for it
         if s == c.spec.placement.stages - 1:
             y, loss = c.ys[m], c.spec.loss
-            rec = nn.vjp(lambda p, inp: loss(nn.functional_call(module, p, inp), y), x, params=params)
+            rec = nn.vjp(lambda p, inp: loss(nn.functional_call(module, p, inp), y), x, params=params,
+                         input_grads=not data)
             c.losses[m] = float(rec.output)
         else:
-            rec = nn.vjp(module, x, params=params)
+            rec = nn.vjp(module, x, params=params, input_grads=not data)
             c.deliver("F", s, m, rec.output)
     except nn.ShapeError as exc:
         src = f"stage {s - 1}'s activation" if s else "the input batch"

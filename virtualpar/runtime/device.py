@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InjectedFault, P2PTimeout, UsageError
+from ..sim.hardware import dtype_name
 from .collective_call import CollectiveSpec, GroupInfo, run_collective
 from .config import TAG_HOST, ClusterConfig
 from .fence_kinds import fence_kind
@@ -114,7 +115,7 @@ class VirtualDevice(PointToPoint):
         (a matmul of (m, k) x (k, n) charges 2mnk flops).
         """
         wall0 = time.monotonic()
-        start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=str(np.dtype(dtype)))
+        start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
         self._publish_clock()
         self._event("compute", name, wall0, start, end, args=(("flops", float(flops)), ("bytes", float(bytes))))
         return end - start

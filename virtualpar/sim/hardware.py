@@ -31,17 +31,31 @@ __all__ = ["DeviceSpec", "Hardware", "IDEAL_DEVICE", "HARDWARE", "get_hardware",
 _FALLBACK_DTYPE = "float32"
 
 
+_NAMES: dict[Any, str] = {}  # dtype (or name, or type) -> its canonical name: numpy's conversion costs ~10 µs
+
+
 def dtype_name(dtype: Any) -> str:
     """The canonical name of ``dtype``: numpy's name (``"f4"`` → ``"float32"``), else the string as given.
 
     Strings numpy does not know (``"bfloat16"`` without ml_dtypes installed) are kept verbatim.
+    Cached per hashable ``dtype``: every modelled kernel charge asks.
     """
     try:
-        return np.dtype(dtype).name
+        return _NAMES[dtype]
+    except (KeyError, TypeError):  # TypeError: unhashable (a structured dtype given as a list)
+        pass
+    try:
+        name = np.dtype(dtype).name
     except TypeError:
-        if isinstance(dtype, str):
-            return dtype
-        raise TypeError(f"dtype_name: expected a numpy dtype or a dtype name; got {dtype!r}") from None
+        if not isinstance(dtype, str):
+            raise TypeError(f"dtype_name: expected a numpy dtype or a dtype name; got {dtype!r}") from None
+        name = dtype
+    try:
+        if len(_NAMES) < 256:
+            _NAMES[dtype] = name
+    except TypeError:
+        pass
+    return name
 
 
 def _nonneg(where: str, name: str, value: float) -> float:
@@ -88,8 +102,11 @@ class DeviceSpec:
 
     def peak(self, dtype: Any = _FALLBACK_DTYPE) -> float:
         """Peak FLOP/s for ``dtype`` (numpy dtype or name); unknown dtypes use the float32 figure."""
-        table = dict(self.peak_flops)
-        return table.get(dtype_name(dtype), table[_FALLBACK_DTYPE])
+        name = dtype_name(dtype)
+        for key, flops in self.peak_flops:
+            if key == name:
+                return flops
+        return dict(self.peak_flops)[_FALLBACK_DTYPE]
 
     def compute_time(self, flops: float = 0.0, nbytes: float = 0.0, dtype: Any = _FALLBACK_DTYPE) -> float:
         """Roofline seconds: ``max(flops / peak(dtype), nbytes / memory_bandwidth)``.
