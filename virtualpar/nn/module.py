@@ -43,12 +43,17 @@ class Module:
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
         """``(dotted name, array)`` for every parameter, depth first in the order they were set."""
+        for dotted, _, _, value in self._slots(prefix):
+            yield dotted, value
+
+    def _slots(self, prefix: str = "") -> Iterator[tuple[str, "Module", str, Any]]:
+        """``(dotted name, owning module, attribute, value)`` per parameter, as ``named_parameters``."""
         for name in self.__dict__.get("_order", []):
             value = self.__dict__[name]
             if isinstance(value, Module):
-                yield from value.named_parameters(f"{prefix}{name}.")
-            elif value is not None and not isinstance(value, Module):
-                yield f"{prefix}{name}", value
+                yield from value._slots(f"{prefix}{name}.")
+            elif value is not None:
+                yield f"{prefix}{name}", self, name, value
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """``{dotted name: array}`` (copies: later training does not change the dict)."""
@@ -106,18 +111,21 @@ class Module:
 
     @contextmanager
     def _bound(self, params: dict[str, Any]):
-        """Temporarily replace parameters by ``params`` (any subset of names, values may be boxes)."""
-        own = dict(self.named_parameters())
-        unknown = [k for k in params if k not in own]
+        """Temporarily replace parameters by ``params`` (any subset of names, values may be boxes).
+        Runs at every traced call, so it walks the tree once and sets the attributes directly."""
+        slots = {dotted: (owner, leaf, value) for dotted, owner, leaf, value in self._slots()}
+        unknown = [k for k in params if k not in slots]
         if unknown:
-            raise UsageError(f"{type(self).__name__}: unknown parameter names {unknown}; the module has {list(own)}")
+            raise UsageError(f"{type(self).__name__}: unknown parameter names {unknown}; the module has {list(slots)}")
         try:
             for name, value in params.items():
-                self._set(name, value)
+                owner, leaf, _ = slots[name]
+                object.__setattr__(owner, leaf, value)
             yield self
         finally:
             for name in params:
-                self._set(name, own[name])
+                owner, leaf, old = slots[name]
+                object.__setattr__(owner, leaf, old)
 
     # -- calling ------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -140,11 +148,13 @@ class Module:
 
 def check_input(layer: Module, x: Any, last_dim: int | None, what: str = "input") -> None:
     """Raise ``ShapeError`` unless ``x`` is a float array (of the layer's dtype) ending in ``last_dim``."""
-    shape = np.shape(x)
+    shape = getattr(x, "shape", None)  # arrays and autograd's boxes: np.shape would go through asarray
+    if shape is None:
+        shape = np.shape(x)
     dtype = getattr(x, "dtype", None)
     if last_dim is not None and (len(shape) == 0 or shape[-1] != last_dim):
         raise ShapeError(f"{layer!r}: expected {what} of shape (..., {last_dim}), got shape {tuple(shape)}")
     own = layer.dtype
-    if dtype is not None and own is not None and np.dtype(dtype) != own:
+    if dtype is not None and own is not None and dtype != own and np.dtype(dtype) != own:
         raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's parameters), got {np.dtype(dtype)}; "
                          f"cast the input or call .astype({np.dtype(dtype)}) on the model")
