@@ -13,6 +13,7 @@ from typing import Any
 
 import autograd.numpy as anp
 import numpy as np
+from autograd.extend import defvjp, primitive
 
 from ..errors import UsageError
 
@@ -22,8 +23,29 @@ __all__ = ["mse_loss", "cross_entropy"]
 def mse_loss(pred: Any, target: Any) -> Any:
     if np.shape(pred) != np.shape(target):
         raise UsageError(f"mse_loss: pred has shape {np.shape(pred)}, target {np.shape(target)}")
+    return _mse(pred, target)
+
+
+@primitive
+def _mse(pred: np.ndarray, target: np.ndarray) -> Any:
+    """``Σ(pred − target)² / N`` as one autograd primitive, backward ``±(2·dy/N)(pred − target)``:
+    one node instead of four (subtract, square, sum, divide, whose vjps broadcast the scalar back
+    through ``repeat``), in the dtype of the inputs (``anp.mean``'s vjp would give float64)."""
     diff = pred - target
-    return anp.sum(diff * diff) / max(int(np.size(diff)), 1)  # not anp.mean: its vjp is float64
+    return np.sum(diff * diff) / max(int(np.size(diff)), 1)
+
+
+def _mse_grad(sign: float):
+    def make(ans: Any, pred: np.ndarray, target: np.ndarray):
+        def vjp(g: Any) -> np.ndarray:
+            diff = np.subtract(pred, target)
+            diff *= np.asarray(sign * 2.0 * g / max(int(np.size(diff)), 1), dtype=diff.dtype)
+            return diff
+        return vjp
+    return make
+
+
+defvjp(_mse, _mse_grad(1.0), _mse_grad(-1.0))
 
 
 def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
