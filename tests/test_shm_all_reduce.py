@@ -15,7 +15,7 @@ import pytest
 
 from virtualpar import Mesh, VirtualCluster
 from virtualpar.collectives import REDUCE_OPS, ThreadWorld, default_algorithm, shm
-from virtualpar.collectives.selection import SHM_MIN_BYTES, SHM_MIN_BYTES_PAIR
+from virtualpar.collectives.selection import SHM_MIN_BYTES
 from virtualpar.collectives.shm import RING_MIN_BYTES
 from virtualpar.errors import CollectiveTimeout, DeviceAborted, UsageError
 from virtualpar.mesh import Topology
@@ -87,8 +87,8 @@ def test_default_algorithm_by_size_group_and_memory():
     edge = SHM_MIN_BYTES
     assert default_algorithm("all_reduce", edge, 4, shared_memory=True) == "shm"
     assert default_algorithm("all_reduce", 8, 3, shared_memory=True) == "shm"  # charged as the tree when small
-    assert default_algorithm("all_reduce", SHM_MIN_BYTES_PAIR, 2, shared_memory=True) == "shm"
-    assert default_algorithm("all_reduce", SHM_MIN_BYTES_PAIR - 1, 2, shared_memory=True) == "tree"
+    assert default_algorithm("all_reduce", 8, 2, shared_memory=True) == "shm"  # pairs too, at every size
+    assert default_algorithm("all_reduce", 8, 2, shared_memory=False) == "tree"
     assert default_algorithm("all_reduce", edge, 4, shared_memory=False) == "ring"
     assert default_algorithm("all_reduce", edge - 1, 4, shared_memory=False) == "tree"
     assert default_algorithm("all_reduce", edge, 1, shared_memory=True) == "ring"

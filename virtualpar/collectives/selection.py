@@ -8,9 +8,10 @@ devices and 1 KiB to 4 MiB (table in benchmarks/README.md): since fences wake on
 ``shm`` is faster *here* than the tree at every size once a group has more than 2 members — but
 it is charged to the modelled clock as the algorithm real hardware would run for that size — the
 ring from 64 KiB, the recursive-doubling tree below — so the default takes ``shm`` at every size
-once a group has more than 2 members, and for pairs from 8 KiB (below that a pair's two tree
-messages are faster).  A barrier is one fence (charged exactly as the
-dissemination barrier).  Every device of a group computes the same choice from the same shape,
+for every group of 2 or more.  (Pairs below 8 KiB took the tree until fences became one shared
+word per group kind: a paired sweep on 2026-11-23 put ``shm`` at 0.72–0.93× the tree's time for a
+pair from 8 bytes to 64 KiB, alone and inside a 16-device cluster.)  A barrier is one fence
+(charged exactly as the dissemination barrier).  Every device of a group computes the same choice from the same shape,
 dtype and group size, so the choice never splits a group.
 """
 
@@ -19,10 +20,9 @@ from __future__ import annotations
 from virtualpar.collectives.registry import DEFAULT_ALGORITHMS
 from virtualpar.collectives.shm import RING_MIN_BYTES
 
-__all__ = ["default_algorithm", "SHM_MIN_BYTES", "SHM_MIN_BYTES_PAIR"]
+__all__ = ["default_algorithm", "SHM_MIN_BYTES"]
 
 SHM_MIN_BYTES = RING_MIN_BYTES  # from here messages run (and shm is charged as) the ring; below, the tree
-SHM_MIN_BYTES_PAIR = 8 << 10  # a pair below this exchanges faster by the tree's two messages
 
 
 def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bool = False) -> str:
@@ -33,7 +33,7 @@ def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bo
     if collective == "barrier" and shared_memory and size > 1:
         return "shm"  # one fence over shared counters, no messages
     if collective == "all_reduce":
-        if shared_memory and (size > 2 or size == 2 and nbytes >= SHM_MIN_BYTES_PAIR):
+        if shared_memory and size > 1:
             return "shm"
         return "tree" if nbytes < SHM_MIN_BYTES else "ring"
     return DEFAULT_ALGORITHMS[collective]
