@@ -40,7 +40,7 @@ def _timed(dev, count: int, algorithm: str | None, iters: int) -> list[float]:
     return out
 
 
-def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 3) -> list[dict]:
+def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5) -> list[dict]:
     rows = []
     contenders = (*ALGOS, None)
     for n in devices:
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--devices", default="2,4,8,16,32,64")
     ap.add_argument("--sizes", default="1024,8192,65536,524288,4194304")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = sweep([int(d) for d in args.devices.split(",")], [int(s) for s in args.sizes.split(",")], args.iters, args.rounds)
