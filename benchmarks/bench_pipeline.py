@@ -6,7 +6,8 @@
 2. An executed step per schedule on real devices: wall time and modelled time (h100-node).
 3. The speed target: seed 003's MLP (256→512→1024→512→256) at batch 512 in 8 microbatches,
    float32, 4 stages, 1F1B — the executor's wall time per step against its floor: every action's
-   compute timed in one process (numpy's default threads) plus every byte sent at the memcpy
+   compute timed in one process (numpy's default threads; a B's compute is its backward and the
+   addition of its weight gradients into the running sum) plus every byte sent at the memcpy
    bandwidth measured in the same run.  Target ≤ 1.3×, on the median of 5 rounds that each measure
    the floor and then the cluster's steps (paired, as ``_report.py`` explains).
 4. The simulator's own speed: 1F1B at S = 32, M = 1024 (target: about a second).
@@ -76,8 +77,10 @@ def executed(steps: int = 3) -> list[dict]:
 
 def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int, repeats: int) -> tuple[float, int]:
     """Every action's compute, timed in this process with numpy's default threads: each stage's
-    forward + backward on one microbatch (best of ``repeats``) times M; and the bytes a step sends
-    (each activation forward and its gradient back)."""
+    forward + backward on one microbatch (best of ``repeats``) times M, plus adding a microbatch's
+    weight gradients into the running sum (best of ``repeats``) M − 1 times — the executor's B
+    does exactly this, the first microbatch's gradients becoming the sum; and the bytes a step
+    sends (each activation forward and its gradient back)."""
     rows = x.shape[0] // M
     acts = [x[:rows]]
     for stage in pipe.stages:
@@ -87,15 +90,20 @@ def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int, repeats
         inp = acts[i]
         last = i == len(pipe.stages) - 1
         fn = (lambda p, a, m=stage.module: nn.mse_loss(nn.functional_call(m, p, a), y[:rows])) if last else None
-        best = float("inf")
+        best = add = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
             data = i == 0  # as the executor: the batch needs no gradient
             rec = nn.vjp(fn, inp, params=stage.module.parameters(), input_grads=not data) if last \
                 else nn.vjp(stage.module, inp, input_grads=not data)
-            rec.backward(1.0 if last else np.ones_like(rec.output))
+            _, grads = rec.backward(1.0 if last else np.ones_like(rec.output))
             best = min(best, time.perf_counter() - t0)
-        compute += best * M
+            total = {k: v.copy() for k, v in grads.items()}
+            t0 = time.perf_counter()
+            for k, v in total.items():
+                np.add(v, grads[k], out=v)
+            add = min(add, time.perf_counter() - t0)
+        compute += best * M + add * (M - 1)
     sent = sum(acts[i + 1].nbytes * 2 for i in range(len(pipe.stages) - 1)) * M
     return compute, sent
 
