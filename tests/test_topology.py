@@ -334,3 +334,28 @@ def test_a_direct_link_longer_than_a_detour_is_not_read_from_the_table():
     t = Topology(_detour_graph())
     assert t.figures(0, 1) == (2 * A, 2 * B)  # via device 2; the bottleneck is the 0--2 link
     assert t.route(0, 1).path == (0, 2, 1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_fully_connected_builds_its_graph_only_when_asked_and_equals_the_eager_one(n):
+    from virtualpar.mesh import presets
+
+    lazy = Topology.fully_connected(n, latency=2e-6, bandwidth=3e11)
+    eager = Topology(presets.fully_connected(n, 2e-6, 3e11)[0], name=f"fully_connected({n})")
+    for s in range(n):  # what devices read: the direct-link tables, no graph
+        for d in range(n):
+            assert lazy.figures(s, d) == eager.figures(s, d)
+    assert all(lazy.route(s, d) == eager.route(s, d) for s in range(n) for d in range(n))  # as devices ask
+    if n > 1:
+        assert lazy.link(0, n - 1) == Link(2e-6, 3e11)
+    assert lazy._graph is None and repr(lazy) == repr(eager)
+    copy = pickle.loads(pickle.dumps(lazy))  # a recipe, not n(n-1)/2 edges
+    assert len(pickle.dumps(lazy)) < 300
+    for topo in (lazy, copy):
+        assert topo == eager and hash(topo) == hash(eager)
+        assert all(topo.route(s, d) == eager.route(s, d) for s in range(n) for d in range(n))
+        assert nx.utils.graphs_equal(topo.graph, eager.graph)
+    with pytest.raises(MeshError, match="positive integer"):
+        Topology.fully_connected(0)
+    with pytest.raises(MeshError, match="bandwidth"):
+        Topology.fully_connected(3, bandwidth=0)

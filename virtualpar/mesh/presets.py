@@ -31,7 +31,7 @@ INFINIBAND_LATENCY: float = 1e-6
 INFINIBAND_BANDWIDTH: float = 50e9
 
 
-def _positive(name: str, value: Any) -> int:
+def check_size(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise MeshError(f"{name} must be a positive integer; got {value!r}")
     return value
@@ -39,7 +39,7 @@ def _positive(name: str, value: Any) -> int:
 
 def fully_connected(n: int, latency: float, bandwidth: float) -> tuple[nx.Graph, str]:
     """The graph of ``Topology.fully_connected``."""
-    _positive("fully_connected: n", n)
+    check_size("fully_connected: n", n)
     lat, bw = check_figures("fully_connected", latency, bandwidth)
     g = nx.complete_graph(n)
     nx.set_edge_attributes(g, lat, "latency")
@@ -49,7 +49,7 @@ def fully_connected(n: int, latency: float, bandwidth: float) -> tuple[nx.Graph,
 
 def ring(n: int, latency: float, bandwidth: float) -> tuple[nx.Graph, str]:
     """The graph of ``Topology.ring``."""
-    _positive("ring: n", n)
+    check_size("ring: n", n)
     lat, bw = check_figures("ring", latency, bandwidth)
     g = nx.Graph()
     g.add_nodes_from(range(n))
@@ -62,8 +62,8 @@ def ring(n: int, latency: float, bandwidth: float) -> tuple[nx.Graph, str]:
 
 def torus2d(rows: int, cols: int, latency: float, bandwidth: float) -> tuple[nx.Graph, str]:
     """The graph of ``Topology.torus2d``."""
-    _positive("torus2d: rows", rows)
-    _positive("torus2d: cols", cols)
+    check_size("torus2d: rows", rows)
+    check_size("torus2d: cols", cols)
     lat, bw = check_figures("torus2d", latency, bandwidth)
     g = nx.Graph()
     g.add_nodes_from(range(rows * cols))
@@ -79,8 +79,8 @@ def torus2d(rows: int, cols: int, latency: float, bandwidth: float) -> tuple[nx.
 def hierarchical(nodes: int, devices_per_node: int, intra_latency: float, intra_bandwidth: float,
                  inter_latency: float, inter_bandwidth: float) -> tuple[nx.Graph, str]:
     """The graph of ``Topology.hierarchical``."""
-    _positive("hierarchical: nodes", nodes)
-    _positive("hierarchical: devices_per_node", devices_per_node)
+    check_size("hierarchical: nodes", nodes)
+    check_size("hierarchical: devices_per_node", devices_per_node)
     ia, ib = check_figures("hierarchical intra", intra_latency, intra_bandwidth)
     ea, eb = check_figures("hierarchical inter", inter_latency, inter_bandwidth)
     g = nx.Graph()

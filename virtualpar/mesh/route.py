@@ -7,15 +7,26 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from virtualpar.errors import MeshError
 
-__all__ = ["Link", "Route", "check_figures", "direct_figures"]
+__all__ = ["Link", "Route", "check_figures", "direct_figures", "best_path", "is_device", "node_key"]
+
+
+def is_device(node: Hashable) -> bool:
+    return isinstance(node, int) and not isinstance(node, bool)
+
+
+def node_key(node: Hashable) -> tuple[int, Any]:
+    """Total order on mixed int/str nodes: devices (by value) before switches (by name)."""
+    return (0, node) if is_device(node) else (1, node)
 
 
 def check_figures(where: str, latency: float, bandwidth: float) -> tuple[float, float]:
@@ -76,3 +87,36 @@ class Route:
         if nbytes < 0:
             raise MeshError(f"route {self.src}->{self.dst}: nbytes must be >= 0; got {nbytes!r}")
         return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
+
+
+def best_path(adj: dict, min_latency: float, src: int, dst: int, name: str) -> tuple[Hashable, ...]:
+    """Dijkstra on the label (latency, hops, path keys): lexicographic, so ties are deterministic.
+    A direct link no longer than twice the smallest link latency wins outright (O(1)); else a
+    label is pushed only if it beats its node's best, and a node whose cheapest extension is
+    worse than dst's label is not expanded (64 fully connected devices: O(degree·log) a route)."""
+    direct = adj[src].get(dst)
+    if direct is not None and direct[1] <= 2 * min_latency:
+        return (src, dst)
+    best: dict[Hashable, tuple] = {src: (0.0, 0, (node_key(src),))}
+    heap: list[tuple[float, int, tuple, tuple]] = [(0.0, 0, (node_key(src),), (src,))]
+    settled: set[Hashable] = set()
+    while heap:
+        lat, hops, keys, path = heapq.heappop(heap)
+        node = path[-1]
+        if node in settled:
+            continue
+        settled.add(node)
+        if node == dst:
+            return path
+        target = best.get(dst)
+        if target is not None and (lat + min_latency, hops + 1) > target[:2]:
+            continue  # nothing through this node can reach dst with a better label
+        for nbr, (key, latency) in adj[node].items():
+            if nbr in settled:
+                continue
+            label = (lat + latency, hops + 1, keys + (key,))
+            known = best.get(nbr)
+            if known is None or label < known:
+                best[nbr] = label
+                heapq.heappush(heap, (*label, path + (nbr,)))
+    raise MeshError(f"topology {name} has no path between device {src} and device {dst}")

@@ -4,8 +4,8 @@ A message of ``n`` bytes from device ``s`` to device ``d`` follows one route and
 
     T(n) = Σ_{links on the route} latency  +  n / min_{links on the route} bandwidth
 
-i.e. the α–β (Hockney) model with store-and-forward latency and a cut-through bottleneck bandwidth.
-Contention between concurrent messages is not modelled here (the cost model may add it).
+i.e. the α–β (Hockney) model with store-and-forward latency and a cut-through bottleneck bandwidth
+(contention between concurrent messages is not modelled here; the cost model may add it).
 
 Device nodes are the ints ``0..n-1`` (the global rank); every other node is a switch named by a
 string (``"node0-switch"``, ``"core-switch"``).  Graphs are undirected: each link is full duplex with
@@ -14,13 +14,12 @@ hops, then to the lexicographically smallest path (devices before switches, ints
 by text) listed from the lower-numbered endpoint; the opposite direction reuses that path reversed,
 so a route and its reverse always have equal cost.
 
-``Link`` and ``Route`` (the values a topology hands out) live in ``route.py``; the graphs of the
-presets and the NVLink / InfiniBand figures they default to, in ``presets.py``.
+``Link``, ``Route`` and the route search live in ``route.py``; the presets' graphs and the
+NVLink / InfiniBand figures they default to, in ``presets.py``.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 from virtualpar.errors import MeshError
 from virtualpar.mesh import presets
 from virtualpar.mesh.presets import INFINIBAND_BANDWIDTH, INFINIBAND_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY
-from virtualpar.mesh.route import Link, Route, check_figures, direct_figures
+from virtualpar.mesh.route import Link, Route, best_path, check_figures, direct_figures, is_device, node_key
 
 __all__ = [
     "Link",
@@ -45,15 +44,6 @@ __all__ = [
 ]
 
 
-def _is_device(node: Hashable) -> bool:
-    return isinstance(node, int) and not isinstance(node, bool)
-
-
-def _node_key(node: Hashable) -> tuple[int, Any]:
-    """Total order on mixed int/str nodes: devices (by value) before switches (by name)."""
-    return (0, node) if _is_device(node) else (1, node)
-
-
 class Topology:
     """An immutable network of ``num_devices`` devices (int nodes) and switches (str nodes).
 
@@ -65,11 +55,11 @@ class Topology:
     def __init__(self, graph: nx.Graph, *, name: str | None = None) -> None:
         if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
             raise MeshError(f"a topology needs an undirected networkx.Graph; got {type(graph).__name__}")
-        devices = sorted(n for n in graph.nodes if _is_device(n))
+        devices = sorted(n for n in graph.nodes if is_device(n))
         n = len(devices)
         if n == 0 or devices != list(range(n)):
             raise MeshError(f"topology device nodes must be the ints 0..n-1 with n >= 1; got {devices}")
-        others = [v for v in graph.nodes if not _is_device(v)]
+        others = [v for v in graph.nodes if not is_device(v)]
         bad = [v for v in others if not isinstance(v, str)]
         if bad:
             raise MeshError(f"topology switch nodes must be strings; got {bad!r}")
@@ -88,9 +78,9 @@ class Topology:
                                 f"attributes; got {sorted(data)}")
             lat, bw = check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
             edges.setdefault((lat, bw), []).append((u, v))  # no dict per edge: few distinct figures
-            adj[u][v], adj[v][u] = (_node_key(v), lat), (_node_key(u), lat)
+            adj[u][v], adj[v][u] = (node_key(v), lat), (node_key(u), lat)
             min_latency = min(min_latency, lat)
-            if _is_device(u) and _is_device(v):
+            if is_device(u) and is_device(v):
                 direct[0][u, v] = direct[0][v, u] = lat
                 direct[1][u, v] = direct[1][v, u] = bw
         for (lat, bw), pairs in edges.items():
@@ -103,22 +93,35 @@ class Topology:
         min_latency = 0.0 if min_latency == math.inf else min_latency
         longer = direct[0] > 2 * min_latency  # a detour may be shorter: route() decides those
         direct[0][longer] = direct[1][longer] = np.nan
-        for key, value in (("_graph", nx.freeze(g)), ("_n", n), ("_name", name or f"custom({n})"), ("_routes", {}),
-                           ("_figures", {}), ("_key", None), ("_adj", (adj, min_latency)), ("_direct", direct)):
+        self._set_fields(n, name or f"custom({n})", direct, nx.freeze(g), (adj, min_latency), None)
+
+    def _set_fields(self, n: int, name: str, direct: tuple, graph: Any, adj: Any, recipe: Any) -> None:
+        for key, value in (("_graph", graph), ("_n", n), ("_name", name), ("_routes", {}), ("_figures", {}),
+                           ("_key", None), ("_adj", adj), ("_direct", direct), ("_recipe", recipe)):
             object.__setattr__(self, key, value)  # _direct: what devices read (see route.direct_figures)
+
+    def _full(self) -> "Topology":
+        """Self, with its graph and routing tables: a preset built without them (``_recipe``) builds
+        them on first use, exactly as ``Topology(graph)`` would have."""
+        if self._graph is None:
+            preset, args = self._recipe
+            built = Topology(getattr(presets, preset)(*args)[0], name=self._name)
+            for key in ("_adj", "_graph"):
+                object.__setattr__(self, key, getattr(built, key))
+        return self
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"Topology is immutable; cannot set {key!r}")
 
-    # -- pickling: drop the caches, keep the graph and the name -----------------------------------
+    # -- pickling: drop the caches, keep the graph (or the preset's recipe) and the name -------------
     def __reduce__(self):
-        return (_rebuild_topology, (nx.Graph(self._graph), self._name))
+        return (_preset_topology, self._recipe) if self._recipe else (_rebuild_topology, (nx.Graph(self._graph), self._name))
 
     # -- properties -------------------------------------------------------------------------------
     @property
     def graph(self) -> nx.Graph:
         """The frozen graph (modifying it raises ``networkx.NetworkXError``)."""
-        return self._graph
+        return self._full()._graph
 
     @property
     def num_devices(self) -> int:
@@ -133,15 +136,19 @@ class Topology:
         return self._name
 
     def _check_device(self, node: Any, role: str) -> int:
-        if not _is_device(node) or not 0 <= node < self._n:
+        if not is_device(node) or not 0 <= node < self._n:
             raise MeshError(f"route {role} must be a device 0..{self._n - 1} of topology {self._name}; got {node!r}")
         return node
 
     def link(self, u: Hashable, v: Hashable) -> Link:
         """The figures of the direct link between nodes ``u`` and ``v``."""
-        if not self._graph.has_edge(u, v):
+        direct = self._direct_pair(u, v)
+        if direct is not None:
+            return Link(*direct)
+        graph = self.graph
+        if not graph.has_edge(u, v):
             raise MeshError(f"topology {self._name} has no link between {u!r} and {v!r}")
-        data = self._graph.edges[u, v]
+        data = graph.edges[u, v]
         return Link(data["latency"], data["bandwidth"])
 
     def route(self, src: int, dst: int) -> Route:
@@ -150,29 +157,37 @@ class Topology:
         self._check_device(dst, "destination")
         if (src, dst) in self._routes:
             return self._routes[(src, dst)]
+        direct = self._direct_pair(src, dst)
         if src == dst:
             route = Route(src, dst, (src,), (), 0.0, math.inf)
+        elif direct is not None:  # the direct link is the route (what _best_path finds, without the graph)
+            route = Route(src, dst, (src, dst), ((src, dst),), *direct)
         else:
             lo, hi = min(src, dst), max(src, dst)
             path = self._best_path(lo, hi)
             if src != lo:
                 path = path[::-1]
             links = tuple(zip(path[:-1], path[1:]))
-            latency = 0.0
+            latency, edges = 0.0, self.graph.edges
             for u, v in links:  # summed in path order, as the search did, so ties stay exact
-                latency += self._graph.edges[u, v]["latency"]
-            bandwidth = min(self._graph.edges[u, v]["bandwidth"] for u, v in links)
+                latency += edges[u, v]["latency"]
+            bandwidth = min(edges[u, v]["bandwidth"] for u, v in links)
             route = Route(src, dst, path, links, latency, bandwidth)
         self._routes[(src, dst)] = route
         return route
 
+    def _direct_pair(self, u: Hashable, v: Hashable) -> tuple[float, float] | None:
+        """(latency, bandwidth) of devices u, v's direct link if it is their route (not NaN), else None."""
+        if is_device(u) and is_device(v) and 0 <= u < self._n and 0 <= v < self._n:
+            latency = self._direct[0].item(u, v)
+            return (latency, self._direct[1].item(u, v)) if latency == latency else None
+        return None
+
     def figures(self, src: int, dst: int) -> tuple[float, float]:
         """``(latency, bandwidth)`` of the route ``src -> dst`` without a :class:`Route` (a replay asks n·⌈log2 n⌉)."""
-        if _is_device(src) and _is_device(dst) and 0 <= src < self._n and 0 <= dst < self._n:
-            lat, bw = self._direct
-            latency = lat.item(src, dst)
-            if latency == latency:  # not NaN: the direct link is the route
-                return latency, bw.item(src, dst)
+        direct = self._direct_pair(src, dst)
+        if direct is not None:
+            return direct
         key = (src, dst)
         cached = self._figures.get(key)
         if cached is None:
@@ -181,46 +196,17 @@ class Topology:
         return cached
 
     def _best_path(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """Dijkstra on the label (latency, hops, path keys): lexicographic, so ties are deterministic.
-        A direct link no longer than twice the smallest link latency wins outright (O(1)); else a
-        label is pushed only if it beats its node's best, and a node whose cheapest extension is
-        worse than dst's label is not expanded (64 fully connected devices: O(degree·log) a route)."""
-        adj, min_latency = self._adj
-        direct = adj[src].get(dst)
-        if direct is not None and direct[1] <= 2 * min_latency:
-            return (src, dst)
-        best: dict[Hashable, tuple] = {src: (0.0, 0, (_node_key(src),))}
-        heap: list[tuple[float, int, tuple, tuple]] = [(0.0, 0, (_node_key(src),), (src,))]
-        settled: set[Hashable] = set()
-        while heap:
-            lat, hops, keys, path = heapq.heappop(heap)
-            node = path[-1]
-            if node in settled:
-                continue
-            settled.add(node)
-            if node == dst:
-                return path
-            target = best.get(dst)
-            if target is not None and (lat + min_latency, hops + 1) > target[:2]:
-                continue  # nothing through this node can reach dst with a better label
-            for nbr, (key, latency) in adj[node].items():
-                if nbr in settled:
-                    continue
-                label = (lat + latency, hops + 1, keys + (key,))
-                known = best.get(nbr)
-                if known is None or label < known:
-                    best[nbr] = label
-                    heapq.heappush(heap, (*label, path + (nbr,)))
-        raise MeshError(f"topology {self._name} has no path between device {src} and device {dst}")
+        adj, min_latency = self._full()._adj
+        return best_path(adj, min_latency, src, dst, self._name)
 
     # -- value semantics ----------------------------------------------------------------------------
     def _structure(self) -> tuple:
         if self._key is None:
             edges = []
-            for u, v, d in self._graph.edges(data=True):
-                a, b = sorted((_node_key(u), _node_key(v)))
+            for u, v, d in self.graph.edges(data=True):
+                a, b = sorted((node_key(u), node_key(v)))
                 edges.append((a, b, d["latency"], d["bandwidth"]))
-            switches = tuple(sorted(v for v in self._graph.nodes if not _is_device(v)))
+            switches = tuple(sorted(v for v in self.graph.nodes if not is_device(v)))
             object.__setattr__(self, "_key", (self._n, switches, tuple(sorted(edges))))
         return self._key
 
@@ -233,15 +219,25 @@ class Topology:
         return hash(self._structure())
 
     def __repr__(self) -> str:
-        return f"Topology<{self._name}: {self._n} devices, {self._graph.number_of_edges()} links>"
+        links = self._n * (self._n - 1) // 2 if self._graph is None else self._graph.number_of_edges()
+        return f"Topology<{self._name}: {self._n} devices, {links} links>"
 
     # -- presets ------------------------------------------------------------------------------------
     @classmethod
     def fully_connected(cls, n: int, latency: float = NVLINK_LATENCY,
                         bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
-        """A direct link between every pair of ``n`` devices (one NVSwitch node): every route is 1 hop."""
-        graph, name = presets.fully_connected(n, latency, bandwidth)
-        return cls(graph, name=name)
+        """A direct link between every pair of ``n`` devices (one NVSwitch node): every route is 1 hop.
+
+        Built without its n(n−1)/2-edge graph, which ``graph``, ``link``, ``route`` and equality
+        build on first use: devices read only the direct-link tables (256 devices: the graph took
+        0.25 s and 31 MB of the driver, which every device fork then paid ~1 ms to copy)."""
+        presets.check_size("fully_connected: n", n)
+        lat, bw = check_figures("fully_connected", latency, bandwidth)
+        direct, off = direct_figures(n), ~np.eye(n, dtype=bool)
+        direct[0][off], direct[1][off] = lat, bw
+        topo = object.__new__(cls)
+        topo._set_fields(n, f"fully_connected({n})", direct, None, None, ("fully_connected", (n, lat, bw)))
+        return topo
 
     @classmethod
     def ring(cls, n: int, latency: float = NVLINK_LATENCY, bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
@@ -289,6 +285,10 @@ class Topology:
 
 def _rebuild_topology(graph: nx.Graph, name: str) -> Topology:
     return Topology(graph, name=name)
+
+
+def _preset_topology(preset: str, args: tuple) -> Topology:
+    return TOPOLOGIES[preset](*args)
 
 
 #: Preset builders by name; ``TOPOLOGIES["ring"](8)``.  Unknown names raise ``KeyError`` (plain dict).
