@@ -359,3 +359,19 @@ def test_fully_connected_builds_its_graph_only_when_asked_and_equals_the_eager_o
         Topology.fully_connected(0)
     with pytest.raises(MeshError, match="bandwidth"):
         Topology.fully_connected(3, bandwidth=0)
+
+
+@pytest.mark.parametrize("build", [lambda: Topology.fully_connected(6), lambda: Topology.hierarchical(2, 3),
+                                   lambda: Topology.ring(5), lambda: Topology.torus2d(2, 3)])
+def test_figures_many_equals_figures_pair_by_pair(build):
+    topo = build()
+    n = topo.num_devices
+    src = [s for s in range(n) for _ in range(n)]
+    dst = [d for _ in range(n) for d in range(n)]
+    lat, bw = topo.figures_many(src, dst)
+    assert [(float(a), float(b)) for a, b in zip(lat, bw)] == [topo.figures(s, d) for s, d in zip(src, dst)]
+    assert [x.size for x in topo.figures_many([], [])] == [0, 0]
+    with pytest.raises(MeshError, match="devices 0.."):
+        topo.figures_many([0, n], [1, 0])
+    with pytest.raises(MeshError, match="equal-length"):
+        topo.figures_many([0, 1], [1])

@@ -233,6 +233,12 @@ class Mesh:
             self._cache[("of", axes)] = {r: g for g in groups for r in g}
         return self._cache[key]
 
+    def prepare_groups(self) -> None:
+        """Compute the groups of every set of axes now: a driver does so before forking its devices,
+        which then inherit them (at 64 devices each device's first barrier computed its own)."""
+        for mask in range(1, 1 << self.ndim):
+            self._groups(tuple(a for i, a in enumerate(self._names) if mask >> i & 1))
+
     def group_of(self, rank: int, axes: AxesLike) -> tuple[int, ...]:
         """The group along ``axes`` that contains ``rank``."""
         r, normal = self._check_rank(rank), self.axes(axes)

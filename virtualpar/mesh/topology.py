@@ -30,7 +30,7 @@ import numpy as np
 from virtualpar.errors import MeshError
 from virtualpar.mesh import presets
 from virtualpar.mesh.presets import INFINIBAND_BANDWIDTH, INFINIBAND_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY
-from virtualpar.mesh.route import Link, Route, best_path, check_figures, direct_figures, is_device, node_key
+from virtualpar.mesh.route import Link, Route, best_path, check_figures, direct_figures, gather_figures, is_device, node_key
 
 __all__ = [
     "Link",
@@ -195,6 +195,10 @@ class Topology:
             cached = self._figures[key] = (route.latency, route.bandwidth)
         return cached
 
+    def figures_many(self, src: Any, dst: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``figures`` of the pairs ``(src[i], dst[i])`` as two arrays: one lookup of the direct tables."""
+        return gather_figures(self._direct, self.figures, self._n, src, dst)
+
     def _best_path(self, src: int, dst: int) -> tuple[Hashable, ...]:
         adj, min_latency = self._full()._adj
         return best_path(adj, min_latency, src, dst, self._name)
@@ -241,10 +245,8 @@ class Topology:
 
     @classmethod
     def ring(cls, n: int, latency: float = NVLINK_LATENCY, bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
-        """A bidirectional ring i -- (i+1) mod n; route i->j takes min(|i-j|, n-|i-j|) hops.
-
-        n=1 has no links; n=2 has a single link (not two parallel ones).
-        """
+        """A bidirectional ring i -- (i+1) mod n; route i->j takes min(|i-j|, n-|i-j|) hops (n=1: no
+        links; n=2: a single link, not two parallel ones)."""
         graph, name = presets.ring(n, latency, bandwidth)
         return cls(graph, name=name)
 
@@ -252,11 +254,9 @@ class Topology:
     def torus2d(cls, rows: int, cols: int, latency: float = NVLINK_LATENCY,
                 bandwidth: float = NVLINK_BANDWIDTH) -> Topology:
         """A rows x cols torus (TPU-style ICI): device r sits at (r // cols, r % cols) with wrap-around links.
-
         Hops between (a, b) and (c, d): min(|a-c|, rows-|a-c|) + min(|b-d|, cols-|b-d|).  A dimension
-        of size 1 has no links and one of size 2 has a single link per pair (no self-loops, no
-        doubled edges; the doubled bandwidth of a real size-2 wrap is not modelled).
-        """
+        of size 1 has no links and one of size 2 a single link per pair (the doubled bandwidth of a
+        real size-2 wrap is not modelled)."""
         graph, name = presets.torus2d(rows, cols, latency, bandwidth)
         return cls(graph, name=name)
 

@@ -135,6 +135,7 @@ class VirtualCluster:
         if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
             raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
         self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
+        self.mesh.prepare_groups()  # inherited by every device
         self._arena = SharedArena.create(self.layout.total_bytes)
         try:
             from ..sim.clock import DeviceClock

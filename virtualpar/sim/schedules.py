@@ -85,7 +85,8 @@ def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) 
     """
     n = len(ranks)
     offsets = [1 << k for k in range(max(n - 1, 0).bit_length())]
-    steps = np.array([[topology.figures(ranks[p], ranks[(p + k) % n])[0] for p in range(n)] for k in offsets])  # T(0) = α
+    rk = np.asarray(ranks)
+    steps = np.array([topology.figures_many(rk, np.roll(rk, -k))[0] for k in offsets]).reshape(len(offsets), n)  # T(0) = α
     return _column(steps, offsets, member, n)
 
 
@@ -109,8 +110,8 @@ def _ring_steps(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence
     n = len(ranks)
     if len(chunk_nbytes) != n:
         raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
-    figures = np.array([topology.figures(ranks[p], ranks[(p + 1) % n]) for p in range(n)])  # p -> p+1
-    latency, bandwidth = figures[:, 0], figures[:, 1]
+    rk = np.asarray(ranks)
+    latency, bandwidth = topology.figures_many(rk, np.roll(rk, -1))  # p -> p+1
     members = np.arange(n)
     # reduce-scatter step s sends chunk p−s−1, all-gather step s chunk p−s
     shift = np.concatenate([np.arange(n - 1) + 1, np.arange(n - 1)])
@@ -131,7 +132,7 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
 
     O(n log n) per call; exact on links idle at entry, as :func:`ring_all_reduce_delays` is.
     """
-    return _tree_replay(topology, ranks, [float(e) for e in entry], nbytes, max)
+    return _tree_replay(topology, ranks, np.array(entry, dtype=np.float64).reshape(-1, 1), nbytes)[:, 0].tolist()
 
 
 def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int) -> list[float]:
@@ -142,39 +143,36 @@ def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nb
     n = len(ranks)
     unit = np.full((n, n), NEVER)
     np.fill_diagonal(unit, 0.0)
-    return _tree_replay(topology, ranks, list(unit), nbytes, np.maximum)[me].tolist()
+    return _tree_replay(topology, ranks, unit, nbytes)[me].tolist()
 
 
-def _tree_replay(topology: Topology, ranks: Sequence[int], t: list, nbytes: int, mx) -> list:
-    """The recurrence of :func:`tree_all_reduce_times` on clocks ``t`` (floats, or numpy vectors
-    with ``mx`` = ``numpy.maximum``)."""
+def _tree_replay(topology: Topology, ranks: Sequence[int], t: np.ndarray, nbytes: int) -> np.ndarray:
+    """The recurrence of :func:`tree_all_reduce_times` on clocks ``t`` of shape (n, k): row r is
+    member r's clock (k = 1), or its clocks from each of k entry unit vectors.  Each step runs on
+    every member at once, its message times looked up with one ``figures_many`` (the same float
+    operations, element by element, as a replay member by member)."""
     n = len(ranks)
     if n == 1:
         return t
+    rk = np.asarray(ranks)
 
-    def T(a: int, b: int) -> float:
-        lat, bw = topology.figures(ranks[a], ranks[b])
-        return lat + (nbytes / bw if nbytes else 0.0)
+    def T(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # message times a[i] -> b[i], as a column
+        lat, bw = topology.figures_many(rk[a], rk[b])
+        return (lat + (nbytes / bw if nbytes else 0.0))[:, None]
 
     p = 1 << (n.bit_length() - 1)
-    extra = n - p
-    posted = {}
-    for r in range(p, n):  # fold: r posts its array to r − p and waits for the send
-        posted[r] = t[r]
-        t[r] = t[r] + T(r, r - p)  # a new object: posted[r] keeps the clock at the post
-    for r in range(extra):
-        t[r] = mx(t[r], posted[r + p] + T(r + p, r))
-    mask = 1
+    lo, hi = np.arange(n - p), np.arange(p, n)
+    posted = t[hi].copy()  # fold: r ≥ p posts its array to r − p and waits for the send
+    t[hi] = posted + T(hi, hi - p)
+    t[lo] = np.maximum(t[lo], posted + T(hi, lo))
+    r, mask = np.arange(p), 1
     while mask < p:
-        before = t[:p]
-        for r in range(p):
-            q = r ^ mask
-            t[r] = mx(before[r] + T(r, q), before[q] + T(q, r))
+        q, before = r ^ mask, t[:p].copy()
+        t[:p] = np.maximum(before + T(r, q), before[q] + T(q, r))
         mask <<= 1
-    for r in range(extra):  # unfold: the result goes back to r + p, blocked in its receive
-        post = t[r]
-        t[r] = post + T(r, r + p)
-        t[r + p] = mx(t[r + p], post + T(r, r + p))
+    post, back = t[lo].copy(), T(lo, lo + p)  # unfold: the result goes back to r + p, blocked in its receive
+    t[lo] = post + back
+    t[hi] = np.maximum(t[hi], post + back)
     return t
 
 
