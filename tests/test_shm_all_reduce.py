@@ -238,13 +238,12 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     fence = GroupComm.fence
     seen = {"fences": 0}
 
-    def slow_fence(self, digest=None):
-        differing = fence(self, digest)
-        if self._dev.rank == 0 and digest is None:  # the algorithm's fences, not the contract check's
+    def slow_fence(self):
+        fence(self)
+        if self._dev.rank == 0:  # the contract check rides on the algorithm's first fence
             seen["fences"] += 1
             if seen["fences"] == 2:  # the row all_reduce's reduced slices are published
                 time.sleep(0.3)
-        return differing
 
     monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
     n = 1000

@@ -13,7 +13,7 @@ from typing import Callable
 
 from virtualpar.collectives import direct, reference, ring, shm, tree
 from virtualpar.collectives.comm import Comm, Request, SharedComm, sendrecv
-from virtualpar.collectives.registry import ALGORITHMS, DEFAULT_ALGORITHMS
+from virtualpar.collectives.registry import ALGORITHMS, DEFAULT_ALGORITHMS, FENCE_FIRST
 from virtualpar.collectives.selection import default_algorithm
 from virtualpar.collectives.ops import REDUCE_OPS, ReduceOp, check_op, combine, finalize
 from virtualpar.collectives.threaded import ThreadComm, ThreadWorld, run_threaded
@@ -22,6 +22,7 @@ from virtualpar.errors import UsageError
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_ALGORITHMS",
+    "FENCE_FIRST",
     "get_algorithm",
     "default_algorithm",
     "Comm",

@@ -54,8 +54,9 @@ class SharedComm(Comm, Protocol):
     * ``empty(shape, dtype)``: a fresh array for a result (the runtime hands out recycled, already
       faulted-in memory: a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).
     * ``fence()``: returns once every member has called it as often as this one (a barrier that
-      carries no data and costs no modelled time).
-    * ``entered``: True once the members have fenced in this call (a runtime may fence on entry).
+      carries no data and costs no modelled time).  A runtime may make its check that the members
+      called the same collective at an algorithm's first fence (``registry.FENCE_FIRST``), so
+      before it such an algorithm writes only its own scratch and reads nothing of its peers'.
     * ``model_tree_all_reduce(nbytes)``: likewise, as the recursive-doubling all_reduce
       (``tree.all_reduce``) of ``nbytes`` would — what runs for small messages.
     * ``model_barrier()``: advance every member's modelled clock as the dissemination barrier
@@ -68,7 +69,6 @@ class SharedComm(Comm, Protocol):
     """
 
     scratch_bytes: int
-    entered: bool
 
     def scratch(self, member: int) -> np.ndarray: ...
 

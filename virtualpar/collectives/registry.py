@@ -6,7 +6,7 @@ from typing import Callable
 
 from virtualpar.collectives import direct, ring, shm, tree
 
-__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHMS"]
+__all__ = ["ALGORITHMS", "DEFAULT_ALGORITHMS", "FENCE_FIRST"]
 
 ALGORITHMS: dict[str, dict[str, Callable[..., object]]] = {
     "all_reduce": {"ring": ring.all_reduce, "tree": tree.all_reduce, "direct": direct.all_reduce, "shm": shm.all_reduce},
@@ -31,3 +31,7 @@ DEFAULT_ALGORITHMS: dict[str, str] = {
     "all_to_all": "direct",
     "barrier": "direct",
 }
+
+#: Algorithms whose first dependency on the peers is a ``fence()`` (before it a member at most writes
+#: its own scratch): the runtime's contract check rides on that fence instead of a fence of its own.
+FENCE_FIRST: frozenset[tuple[str, str]] = frozenset({("all_reduce", "shm"), ("barrier", "shm")})

@@ -13,12 +13,14 @@ With M the bytes of the array, per member and per call::
     copy in          (n−1)/n·M    (own array but slice r → own scratch)
     reduce           M read, M/n written      (slice r of n arrays → own scratch)
     copy out         M            (n reduced slices → result)
-    fences           3 per chunk, each ⌈log2 n⌉ tiny control messages
+    fences           3 per chunk: a word store and a read of the group's words each, n−1 wake-ups
 
 about 3M of memory traffic, no per-step handshakes, and no message headers; a ring moves the same
 bytes through 2(n−1) messages, each copied in and out of a channel.  Arrays larger than the scratch go ``scratch_bytes`` at a
 time.  The third fence keeps a member from overwriting its scratch (in the next chunk or the next
-collective, possibly in another group) while a peer still reads it.
+collective, possibly in another group) while a peer still reads it — which is also why the first
+copy in may come before any fence, and why the runtime's contract check can ride on the first
+fence (``registry.FENCE_FIRST``) instead of costing a fence of its own.
 
 Bytes moved are counted as if each read of a peer's slice were a message from that peer:
 member j "sends" each peer r slice r of its input and its own reduced slice j, i.e.
@@ -106,11 +108,10 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
 def barrier(comm: SharedComm) -> None:
     """Barrier as one fence over the arrival counters: a word store and a read of the group's
     words per member, n−1 wake-ups in all (the last member to arrive wakes the rest), no messages; the dissemination barrier
-    sends n⌈log2 n⌉ messages and wakes every member ⌈log2 n⌉ times.  A barrier of a group whose
-    members just fenced to compare their calls is already complete.  Charged to the modelled
-    clock as the dissemination barrier, which is what real hardware would run."""
+    sends n⌈log2 n⌉ messages and wakes every member ⌈log2 n⌉ times.  The runtime's contract
+    check rides on this fence (``registry.FENCE_FIRST``).  Charged to the modelled clock as the
+    dissemination barrier, which is what real hardware would run."""
     if comm.size == 1:
         return
-    if not comm.entered:  # the members fenced on entry already (the contract check): that was it
-        comm.fence()
+    comm.fence()
     comm.model_barrier()

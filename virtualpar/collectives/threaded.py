@@ -154,8 +154,6 @@ class ThreadComm:
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
         """Threads keep no modelled clock: nothing to charge."""
 
-    entered = False  # threads never fence on entry
-
     def model_barrier(self) -> None:
         """Threads keep no modelled clock: nothing to charge."""
 

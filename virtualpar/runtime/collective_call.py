@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..collectives import ALGORITHMS, default_algorithm
+from ..collectives import ALGORITHMS, FENCE_FIRST, default_algorithm
 from ..collectives.ops import check_op
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
 from .config import TAG_FINGERPRINT, TAG_VERDICT
@@ -154,9 +154,11 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, timeout: float) -
     try:
         if dev.config.check_nan and isinstance(spec.x, np.ndarray) and spec.x.dtype.kind in "fc":
             _check_finite(dev, spec, label)
-        comm = GroupComm(dev, spec, deadline, on_timeout)
-        if dev.config.check_collectives and len(spec.ranks) > 1 and comm.fence(spec.digest):
-            _exchange_fingerprints(dev, spec, seq, deadline, on_timeout)
+        check = (lambda: _exchange_fingerprints(dev, spec, seq, deadline, on_timeout)) \
+            if dev.config.check_collectives and len(spec.ranks) > 1 else None
+        comm = GroupComm(dev, spec, deadline, on_timeout, check)
+        if check is not None and (spec.name, spec.algorithm) not in FENCE_FIRST:
+            comm.fence()  # the contract check, before any message; shm algorithms make it at their first fence
         algorithm = ALGORITHMS[spec.name][spec.algorithm]
         result = algorithm(comm) if spec.name == "barrier" else algorithm(comm, spec.x, **spec.params)
     except BaseException:

@@ -12,7 +12,7 @@ a message, and the modelled clock charged as the ring all_reduce real hardware w
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -29,8 +29,11 @@ __all__ = ["GroupComm"]
 class GroupComm:
     """Adapts one device and one mesh group to the ``Comm`` and ``SharedComm`` protocols the algorithms use."""
 
-    def __init__(self, dev: "VirtualDevice", spec: CollectiveSpec, deadline: float, on_timeout: Any) -> None:
+    def __init__(self, dev: "VirtualDevice", spec: CollectiveSpec, deadline: float, on_timeout: Any,
+                 check: Callable[[], None] | None = None) -> None:
         self.rank = spec.position
+        # the contract check, made at the first fence: the call's digest, and what to do if they differ
+        self._check = (spec.digest, check) if check is not None and len(spec.ranks) > 1 else None
         self.size = len(spec.ranks)
         self._dev = dev
         self._ranks = spec.ranks
@@ -66,25 +69,21 @@ class GroupComm:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self._dev._endpoint._pool.array(shape, np.dtype(dtype))
 
-    @property
-    def entered(self) -> bool:
-        """True once the members have fenced in this call (e.g. the contract check did)."""
-        return self._entry is not None
-
-    def fence(self, digest: int | None = None) -> list[int]:
+    def fence(self) -> None:
         """Every member has reached this point: arrival counters in shared memory (see
         transport/arrivals.py), no messages, no bytes counted, no modelled time.  At the first fence
         of a call every member also publishes its clock in the fence's slots and reads the
-        others': the entry clocks that shared-memory algorithms price themselves from.  With
-        ``digest`` (an int < 2**64 that stands for this member's call) returns the peers (ranks)
-        whose digest differs."""
+        others': the entry clocks that shared-memory algorithms price themselves from; and, with
+        the contract check on, its call's 64-bit digest: if any member's differs, every member
+        runs ``check`` (which compares the full calls and raises)."""
         dev = self._dev
         first = self._entry is None
+        digest = self._check[0] if first and self._check is not None else None
         if first:
             dev._publish_clock()  # for the driver; the peers read it from the fence's slots
         if self._fences is None:  # a group of one
             self._entry = [dev._clock.now]
-            return []
+            return
         arrivals, grp = dev._endpoint.arrivals, self._fences
         c = arrivals.arrive(grp, digest, dev._clock.now if first else None)  # the last to arrive wakes the others
         if not arrivals.arrived(grp, c):
@@ -92,7 +91,8 @@ class GroupComm:
                                arrivals.waiting_for(grp, c))
         if first:
             self._entry = arrivals.clocks(grp, c)
-        return arrivals.differing(grp, c, digest) if digest is not None else []
+        if digest is not None and arrivals.differing(grp, c, digest):
+            self._check[1]()
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         dst = self._ranks[peer]
