@@ -91,11 +91,11 @@ def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int, repeats
         last = i == len(pipe.stages) - 1
         fn = (lambda p, a, m=stage.module: nn.mse_loss(nn.functional_call(m, p, a), y[:rows])) if last else None
         best = add = float("inf")
+        wanted = i > 0  # as the executor: the batch itself needs no gradient
         for _ in range(repeats):
             t0 = time.perf_counter()
-            data = i == 0  # as the executor: the batch needs no gradient
-            rec = nn.vjp(fn, inp, params=stage.module.parameters(), input_grads=not data) if last \
-                else nn.vjp(stage.module, inp, input_grads=not data)
+            rec = nn.vjp(fn, inp, params=stage.module.parameters(), input_grads=wanted) if last \
+                else nn.vjp(stage.module, inp, input_grads=wanted)
             _, grads = rec.backward(1.0 if last else np.ones_like(rec.output))
             best = min(best, time.perf_counter() - t0)
             total = {k: v.copy() for k, v in grads.items()}
