@@ -43,24 +43,33 @@ KIB = 1024
 OPS = ("barrier", "all_reduce_8KiB", "all_reduce_512KiB", "all_gather_512KiB", "broadcast_512KiB")
 
 
-def _device_op(dev, name: str) -> tuple[float, bool]:
+def _inputs(dev) -> dict[str, np.ndarray]:
+    """Every op's input, made once per device before anything is timed, as ``_mpi_scale.py`` makes
+    MPICH's: building a 512 KiB array inside (or just before) a timed call put a memset and page
+    faults per device into the time — and, through the slowest device, into the barrier's."""
+    n, large = dev.size, np.full(512 * KIB // 8, float(dev.rank))
+    return {"small": np.ones(8 * KIB // 8), "ones": np.ones(large.size), "large": large,
+            "piece": large[: large.size // n]}
+
+
+def _device_op(dev, name: str, inputs: dict[str, np.ndarray] | None = None) -> tuple[float, bool]:
     """One op on this device: (seconds it took here, result correct?)."""
     n = dev.size
-    small, large = np.ones(8 * KIB // 8), np.full(512 * KIB // 8, float(dev.rank))
+    inputs = _inputs(dev) if inputs is None else inputs
     t0 = time.perf_counter()
     if name == "barrier":
         dev.barrier()
         ok = True
     elif name == "all_reduce_8KiB":
-        ok = bool((dev.all_reduce(small) == n).all())
+        ok = bool((dev.all_reduce(inputs["small"]) == n).all())
     elif name == "all_reduce_512KiB":
-        ok = bool((dev.all_reduce(np.ones(large.size)) == n).all())
+        ok = bool((dev.all_reduce(inputs["ones"]) == n).all())
     elif name == "all_gather_512KiB":  # a 512 KiB result, as nccl-tests and bench_collectives.py count it
-        piece = large[: large.size // n]
+        piece = inputs["piece"]
         got = dev.all_gather(piece)
         ok = got.shape == (n * piece.size,) and bool((got[:: piece.size] == np.arange(n)).all())
     else:
-        ok = bool((dev.broadcast(large if dev.rank == 0 else None, root=0) == 0.0).all())
+        ok = bool((dev.broadcast(inputs["large"] if dev.rank == 0 else None, root=0) == 0.0).all())
     return time.perf_counter() - t0, ok
 
 
@@ -70,11 +79,11 @@ def _device_ops(dev) -> dict[str, tuple[list[float], bool]]:
     also lines the devices up for the next call, as it does the ranks.  (Timing each call in its
     own ``cluster.run`` instead measured the driver handing the run to 64 devices one by one:
     15-20 ms of skew between the first device's entry and the last's, more than a barrier.)"""
-    out = {}
+    out, inputs = {}, _inputs(dev)
     for name in OPS:
         times, ok = [], True
         for _ in range(4):
-            took, good = _device_op(dev, name)
+            took, good = _device_op(dev, name, inputs)
             ok &= good
             times.append(float(dev.all_reduce(np.array([took]), op="max")[0]))
         out[name] = (times, ok)
