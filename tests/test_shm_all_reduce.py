@@ -54,6 +54,30 @@ def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, scratch_by
         assert list((world.bytes - before).sum(axis=1)) == expected
 
 
+@pytest.mark.parametrize("n", [2, 3, 7])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "avg"])
+def test_small_arrays_ride_in_one_fence_and_match_numpy_bit_for_bit(n, op):
+    """Arrays up to fence_payload_bytes take one fence, not three, with the same rank-order bits
+    (m = 1 included: numpy would sum a single column pairwise) and (n−1)·M bytes read per member."""
+    rng = np.random.default_rng([n, 7])
+    world = ThreadWorld(n, scratch_bytes=8, fence_payload_bytes=256)
+    fences = []
+    for shape in [(1,), (2,), (3, 5), (32,)]:  # 8 .. 256 bytes
+        xs = [rng.uniform(0.5, 1.5, size=shape) * 10.0 ** rng.integers(-6, 6, size=shape) for _ in range(n)]
+        before = world.bytes.copy()
+
+        def body(c):
+            out = shm.all_reduce(c, xs[c.rank], op)
+            return out, c._fences
+
+        got = world.run(body)
+        want = rank_order_reduction(xs, op)
+        assert all(g.tobytes() == want.tobytes() and g.shape == shape for g, _ in got)
+        assert list((world.bytes - before).sum(axis=1)) == [8 * want.size * (n - 1)] * n
+        fences.append(got[0][1])
+    assert fences == [1, 1, 1, 1]  # the 8-byte scratch would have taken 3 fences per element
+
+
 def test_split_bounds_is_array_split():
     for m in range(0, 12):
         for n in range(1, 6):
@@ -146,15 +170,16 @@ def _all_reduce_own(dev, xs, algorithm):
 
 def test_shm_bytes_and_results_on_real_devices_with_a_tiny_scratch():
     with VirtualCluster(4, scratch_bytes=48, trace=False) as cluster:  # 6 float64 per chunk
-        xs = [np.random.default_rng(r).uniform(size=(5, 7)) for r in range(4)]
+        # 9.6 KB: more than a fence carries (Layout.fence_payload_bytes), so the scratch path runs
+        xs = [np.random.default_rng(r).uniform(size=(40, 30)) for r in range(4)]
         cluster.reset_stats()
         got = cluster.run(_all_reduce_own, xs, "shm")
         sent = cluster.stats().bytes.sum(axis=1)
     want = rank_order_reduction(xs, "sum")
     assert all(g.tobytes() == want.tobytes() for g in got)
     expected = [0] * 4
-    for start in range(0, 35, 6):
-        b = shm.split_bounds(min(6, 35 - start), 4)
+    for start in range(0, 1200, 6):
+        b = shm.split_bounds(min(6, 1200 - start), 4)
         for r in range(4):
             s_r = b[r + 1] - b[r]
             expected[r] += 8 * ((b[4] - s_r) + 3 * s_r)
@@ -170,7 +195,7 @@ def test_scratch_regions_are_page_aligned_disjoint_and_after_the_rings():
     assert offsets[0] >= rings_end and all(o % 4096 == 0 for o in offsets)
     assert all(b - a >= 5000 for a, b in zip(offsets, offsets[1:]))
     assert layout.total_bytes >= offsets[-1] + 5000
-    assert Layout(3, 1 << 16).total_bytes == Layout(3, 1 << 16, 0).scratch_data_offset  # no scratch: no bytes
+    assert Layout(3, 1 << 16).payloads_offset == Layout(3, 1 << 16, 0).scratch_data_offset  # no scratch: no bytes
     with pytest.raises(ValueError, match="no scratch region"):
         layout.scratch_offset(3)  # the host has none
 
@@ -253,3 +278,29 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
         partner = rank ^ 1  # row groups {0, 1}, {2, 3}; column groups {0, 2}, {1, 3}
         np.testing.assert_array_equal(row, np.full(n, 2.0 + rank + partner))
         np.testing.assert_array_equal(col, np.full(n, 100.0 * (rank + 1) + 100.0 * ((rank + 2) % 4 + 1)))
+
+
+def _small_in_groups(dev, shapes):
+    rng = np.random.default_rng(dev.rank)
+    out = []
+    for group in (None, "b", ("a", "c")):  # ("a", "c"): members 0, 1, 4, 5 — not evenly spaced
+        for shape in shapes:
+            x = rng.uniform(size=shape) * 10.0 ** rng.integers(-6, 6, size=shape)
+            out.append((dev.mesh.group_of(dev.rank, dev.mesh.axes(group)), x, dev.all_reduce(x, group=group)))
+    return out
+
+
+def test_one_fence_all_reduce_on_real_devices_in_every_kind_of_group():
+    """Small arrays through the fence slots on devices: whole mesh, one axis, and two axes whose
+    members are not evenly spaced (the slots are gathered, not viewed), bit for bit in rank order."""
+    with VirtualCluster(Mesh({"a": 2, "b": 2, "c": 2}), trace=False) as cluster:
+        shapes = [(1,), (3,), (4, 4), (1024,)]  # 8 B .. 8 KiB
+        runs = cluster.run(_small_in_groups, shapes)
+        assert cluster.layout.fence_payload_bytes >= 8192
+    k = 0
+    for rank, results in enumerate(runs):
+        for i, (ranks, _, got) in enumerate(results):
+            want = rank_order_reduction([runs[m][i][1] for m in ranks], "sum")
+            assert got.tobytes() == want.tobytes(), (rank, ranks, got.shape)
+            k += 1
+    assert k == 8 * 3 * 4

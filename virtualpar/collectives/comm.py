@@ -57,12 +57,16 @@ class SharedComm(Comm, Protocol):
       carries no data and costs no modelled time).  A runtime may make its check that the members
       called the same collective at an algorithm's first fence (``registry.FENCE_FIRST``), so
       before it such an algorithm writes only its own scratch and reads nothing of its peers'.
+    * ``fence_exchange(x)``: a fence that carries ``x`` (C-contiguous, at most
+      ``fence_payload_bytes``, which may be 0) from every member: returns an (n, x.size) array
+      whose row j is member j's ``x``, valid until this member's next fence.
     * ``model_tree_all_reduce(nbytes)``: likewise, as the recursive-doubling all_reduce
       (``tree.all_reduce``) of ``nbytes`` would — what runs for small messages.
     * ``model_barrier()``: advance every member's modelled clock as the dissemination barrier
       (``direct.barrier``) would.
     * ``account(peer, nbytes, messages)``: record that ``nbytes`` of this member's memory were
-      read by ``peer`` (the traffic counters see them as sent from this member to ``peer``).
+      read by ``peer`` (the traffic counters see them as sent from this member to ``peer``);
+      ``account_all(nbytes, messages)`` the same for every other member at once.
     * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
       all_reduce over chunks of these sizes would (the algorithm real hardware runs; no message
       carries modelled time in a shared-memory algorithm).
@@ -76,7 +80,13 @@ class SharedComm(Comm, Protocol):
 
     def fence(self) -> None: ...
 
+    fence_payload_bytes: int
+
+    def fence_exchange(self, x: np.ndarray) -> np.ndarray: ...
+
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None: ...
+
+    def account_all(self, nbytes: int, messages: int = 1) -> None: ...
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None: ...
 

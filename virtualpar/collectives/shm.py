@@ -16,7 +16,14 @@ With M the bytes of the array, per member and per call::
     fences           3 per chunk: a word store and a read of the group's words each, n−1 wake-ups
 
 about 3M of memory traffic, no per-step handshakes, and no message headers; a ring moves the same
-bytes through 2(n−1) messages, each copied in and out of a channel.  Arrays larger than the scratch go ``scratch_bytes`` at a
+bytes through 2(n−1) messages, each copied in and out of a channel.
+
+Small arrays (at most ``fence_payload_bytes``, 8 KiB on most meshes) skip the scratch: each member
+carries its whole array into a single fence (``fence_exchange``) and reduces all n of them itself,
+in the same rank order — one fence instead of three, so one wake-up per member, at the price of
+nM read and (n−1)M "received" per member, which for small M is cheaper than two more wake-ups
+(at 64 devices on two cores a wake-up costs ~0.1 ms of CPU per member).  Every member computes
+every element in the same order, so all get the same bits, the same as the scratch path's.  Arrays larger than the scratch go ``scratch_bytes`` at a
 time.  The third fence keeps a member from overwriting its scratch (in the next chunk or the next
 collective, possibly in another group) while a peer still reads it — which is also why the first
 copy in may come before any fence, and why the runtime's contract check can ride on the first
@@ -57,6 +64,8 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
     n, r = comm.size, comm.rank
     if n == 1:
         return finalize(op, np.array(x, copy=True, order="C"), 1)
+    if 0 < x.nbytes <= comm.fence_payload_bytes:
+        return _all_reduce_in_fence(comm, x, op)
     itemsize = x.dtype.itemsize
     capacity = comm.scratch_bytes // itemsize  # elements per chunk
     if capacity < 1:
@@ -102,6 +111,22 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
     else:
         ring = split_bounds(total, n)  # the chunks the ring algorithm would send
         comm.model_ring_all_reduce([(ring[i + 1] - ring[i]) * itemsize for i in range(n)])
+    return result
+
+
+def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray:
+    """The one-fence all_reduce of an array small enough to ride in a fence (module docstring)."""
+    ufunc, n, nbytes = REDUCE_OPS[op].ufunc, comm.size, x.nbytes
+    rows = comm.fence_exchange(np.ascontiguousarray(x))
+    result = comm.empty(x.shape, x.dtype)
+    acc = result.reshape(-1)
+    if acc.size > 1:  # over the outer axis numpy reduces row after row: rank order
+        ufunc.reduce(rows, axis=0, out=acc)
+    else:  # one column is an inner axis, which numpy sums pairwise; accumulate is sequential by definition
+        acc[0] = ufunc.accumulate(rows[:, 0])[-1]
+    finalize(op, acc, n)
+    comm.account_all(nbytes)  # every peer read our whole array
+    comm.model_tree_all_reduce(nbytes)
     return result
 
 

@@ -4,7 +4,8 @@
 rank order.  ``ThreadWorld`` does the same and keeps the traffic: bytes and messages per ordered
 pair (src, dst), so tests can assert the closed-form byte counts of each algorithm exactly.
 Shared-memory algorithms get one ``scratch_bytes`` array per member and a ``threading.Barrier``
-as their fence.
+as their fence; a fence carries up to ``fence_payload_bytes`` from each member (0 by default, so
+that tests of the chunked paths stay on them).
 
 Safety nets, so that a buggy algorithm fails a test instead of hanging or lying:
 
@@ -65,6 +66,7 @@ class ThreadComm:
         self.world = world
         self.rank = rank
         self.size = world.size
+        self._fences = 0  # entered so far in this run: the parity picks the payload slot
 
     def _check_peer(self, peer: int, what: str) -> None:
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size or peer == self.rank:
@@ -139,7 +141,21 @@ class ThreadComm:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
 
+    @property
+    def fence_payload_bytes(self) -> int:
+        return self.world.fence_payload_bytes
+
+    def fence_exchange(self, x: np.ndarray) -> np.ndarray:
+        if x.nbytes > self.fence_payload_bytes:
+            raise UsageError(f"rank {self.rank}: a fence carries at most {self.fence_payload_bytes} bytes, "
+                             f"not {x.nbytes}", rank=self.rank)
+        slots = self.world._payloads[self._fences & 1]
+        slots[self.rank] = np.array(x, copy=True).reshape(-1)
+        self.fence()
+        return np.stack([slots[j] for j in range(self.size)])
+
     def fence(self) -> None:
+        self._fences += 1
         try:
             self.world._fence.wait(self.world.timeout)
         except threading.BrokenBarrierError:
@@ -150,6 +166,11 @@ class ThreadComm:
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         self.world._count(self.rank, peer, nbytes, messages)
+
+    def account_all(self, nbytes: int, messages: int = 1) -> None:
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.account(peer, nbytes, messages)
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
         """Threads keep no modelled clock: nothing to charge."""
@@ -167,7 +188,7 @@ class ThreadWorld:
     ``bytes[src, dst]`` and ``messages[src, dst]`` accumulate over every ``run``.
     """
 
-    def __init__(self, size: int, timeout: float = 5.0, scratch_bytes: int = 4096) -> None:
+    def __init__(self, size: int, timeout: float = 5.0, scratch_bytes: int = 4096, fence_payload_bytes: int = 0) -> None:
         if not isinstance(size, int) or size < 1:
             raise UsageError(f"ThreadWorld size must be a positive int, got {size!r}")
         self.size = size
@@ -180,6 +201,8 @@ class ThreadWorld:
         self.scratch_bytes = scratch_bytes
         self._scratch = [np.zeros(scratch_bytes, np.uint8) for _ in range(size)]
         self._fence = threading.Barrier(size)
+        self.fence_payload_bytes = fence_payload_bytes
+        self._payloads: list[list[Any]] = [[None] * size, [None] * size]  # by fence parity, then member
         self.comms = [ThreadComm(self, r) for r in range(size)]
 
     def _count(self, src: int, dst: int, nbytes: int, messages: int = 1) -> None:
@@ -212,6 +235,8 @@ class ThreadWorld:
         """Run ``fn(comm, *args)`` on every member in its own thread; results in rank order."""
         self._abort.clear()
         self._fence.reset()
+        for comm in self.comms:
+            comm._fences = 0
         results: list[Any] = [None] * self.size
         errors: list[tuple[float, int, BaseException]] = []
 

@@ -4,7 +4,7 @@ Positions in the group map to device ranks; messages go over the device's channe
 collective tag (so they never match a user's ``recv``); shared-memory algorithms get every member's
 scratch region, result buffers from the receive pool, fences made of arrival counters in the arena
 (``transport/arrivals.py``: a word store and a read of the group's words per member, n−1 semaphore
-posts by the last to arrive, no messages), byte accounting as if each read of a peer's memory were
+posts by the last to arrive, no messages; a fence may carry a small array from each member), byte accounting as if each read of a peer's memory were
 a message, and the modelled clock charged as the ring all_reduce real hardware would run
 (``sim/schedules.py``).
 """
@@ -94,11 +94,31 @@ class GroupComm:
         if digest is not None and arrivals.differing(grp, c, digest):
             self._check[1]()
 
+    @property
+    def fence_payload_bytes(self) -> int:
+        return self._dev._endpoint.arrivals.payload_bytes if self._fences is not None else 0
+
+    def fence_exchange(self, x: np.ndarray) -> np.ndarray:
+        """``fence()`` carrying ``x`` (C-contiguous, at most ``fence_payload_bytes``) in this
+        member's fence slot (transport/arrivals.py): returns every member's ``x`` as rows of an
+        (n, x.size) array in group order, valid until this member's next fence."""
+        arrivals, grp = self._dev._endpoint.arrivals, self._fences
+        c = arrivals.next_fence(grp)
+        arrivals.payload_slot(grp, c)[: x.nbytes] = x.reshape(-1).view(np.uint8)
+        self.fence()
+        return arrivals.payloads(grp, c, x.dtype, x.size)
+
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         dst = self._ranks[peer]
         ep = self._dev._endpoint
         ep._bytes_mv[dst] += nbytes
         ep._msgs_mv[dst] += messages
+
+    def account_all(self, nbytes: int, messages: int = 1) -> None:
+        if self._fences is not None:
+            ep, peers = self._dev._endpoint, self._fences.peers
+            ep._bytes_row[peers] += nbytes
+            ep._msgs_row[peers] += messages
 
     def model_tree_all_reduce(self, nbytes: int) -> None:
         if self._entry is None:

@@ -35,6 +35,12 @@ every reader of fence c's to have arrived at c+1, done reading.  Data written be
 visible to a member that has seen ``done`` (x86-64 and AArch64 keep a process's stores in order for
 an aligned word published after them, the same assumption the rings rely on).
 
+A fence can also carry a small array from each member (``Layout.fence_payload_bytes``, up to
+8 KiB): member r copies it into its slot ``payload[c mod 2][k][r]`` before it counts fence c, and
+every member reads the group's slots after the fence — the one-fence all_reduce of small arrays
+(collectives/shm.py).  The same two-slot argument holds: nobody rewrites a slot of fence c before
+every reader of it has arrived at fence c+1.
+
 The driver zeroes every word when it resets the cluster after a failure, together with the rings.
 """
 
@@ -43,6 +49,8 @@ from __future__ import annotations
 import sys
 import threading
 from typing import Any, Sequence
+
+import numpy as np
 
 from .shm import FENCE_PLANES, Layout, SharedArena
 from .waitboard import FenceWait, rank_mask
@@ -55,7 +63,7 @@ COUNT, DONE, DIGEST, CLOCK = 0, 1, 2, 4  # planes (DIGEST and CLOCK: + the fence
 class FenceGroup:
     """One group as its member ``me`` fences in it: word indices, the members, their doorbells."""
 
-    __slots__ = ("kind", "ranks", "mine", "done", "bells", "mask", "_base", "_cols")
+    __slots__ = ("kind", "ranks", "peers", "mine", "done", "bells", "mask", "_base", "_cols")
 
     def __init__(self, kind: int, ranks: Sequence[int], me: int, devices: int, doorbells: list[Any]) -> None:
         self.kind = kind
@@ -64,6 +72,7 @@ class FenceGroup:
         self.mine = self._base + me  # our word in a plane
         self.done = self._base + self.ranks[0]  # the leader's word in the ``done`` plane
         self.bells = [doorbells[r] for r in self.ranks if r != me]
+        self.peers = np.array([r for r in self.ranks if r != me], dtype=np.intp)  # to index per-peer counters
         self.mask = rank_mask(self.ranks)  # for the wait board
         # the members' columns as one slice when they are evenly spaced (every group of one axis,
         # and of adjacent axes): a strided memoryview read costs one C loop, not a Python loop
@@ -93,6 +102,9 @@ class ArrivalCounters:
         self._groups: dict[int, FenceGroup] = {}
         self._fence = threading.Lock()
         self._expect: tuple = (None, b"")  # (digest, members) -> that digest repeated, as bytes
+        P = layout.fence_payload_bytes
+        self.payload_bytes = P
+        self._slots = arena.view(layout.payloads_offset, 2 * K * D * P).reshape(2, K, D, P) if P else None
 
     def group(self, kind: int, ranks: Sequence[int]) -> FenceGroup:
         """The group of ``kind`` (its members ``ranks``, this device among them), kept per kind."""
@@ -119,6 +131,20 @@ class ArrivalCounters:
             for bell in grp.bells:
                 bell.release()
         return c
+
+    def next_fence(self, grp: FenceGroup) -> int:
+        """The number of the fence of ``grp`` this member enters next."""
+        return self._w[grp.mine] + 1
+
+    def payload_slot(self, grp: FenceGroup, c: int) -> np.ndarray:
+        """This member's slot (uint8, ``payload_bytes``) for what it carries into fence ``c`` of ``grp``."""
+        return self._slots[c & 1, grp.kind, self._me]
+
+    def payloads(self, grp: FenceGroup, c: int, dtype: np.dtype, count: int) -> np.ndarray:
+        """After fence ``c`` of ``grp``: the first ``count`` items of every member's slot as
+        ``dtype``, shape (members, count), in group order — a view for evenly spaced members,
+        else a copy; valid until this member enters fence ``c`` + 1."""
+        return self._slots[c & 1, grp.kind, :, : count * dtype.itemsize][grp._cols].view(dtype)
 
     def arrived(self, grp: FenceGroup, c: int) -> bool:
         """Has fence ``c`` of ``grp`` completed (every member entered it)?"""

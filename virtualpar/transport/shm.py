@@ -17,6 +17,7 @@ cache line)::
      reply) per channel]
     [ring data: one ring of ``ring_bytes`` per directed channel src != dst]
     [scratch: ``scratch_bytes`` per device, page aligned, for shared-memory collectives]
+    [fence payloads: a small slot per (fence parity, group kind, device), see Layout]
 
 Endpoints are the devices ``0..n-1`` and the host (the driver) at index ``n``.  Control lines exist
 for every (src, dst) pair, the diagonal included, so the driver can zero all heads and tails with
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Layout", "SharedArena", "FENCE_PLANES", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
+__all__ = ["Layout", "SharedArena", "FENCE_PLANES", "FENCE_PAYLOAD_MAX", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
 
 _LINE = 64
 _PAGE = 4096
@@ -53,6 +54,8 @@ RECORD_BYTES = 256  # bytes per flight-recorder entry
 
 
 FENCE_PLANES = 6  # arrival words per (group kind, device): count, done, digest and clock of even/odd fences
+FENCE_PAYLOAD_MAX = 8 << 10  # bytes a member's fence may carry (the one-fence all_reduce, collectives/shm.py) ...
+FENCE_PAYLOAD_BUDGET = 16 << 20  # ... and the bytes of all the slots together, at most, whatever the mesh
 
 
 def _align(n: int, to: int = _LINE) -> int:
@@ -158,8 +161,20 @@ class Layout:
         return self.scratch_data_offset + rank * self.scratch_stride
 
     @property
-    def total_bytes(self) -> int:
+    def fence_payload_bytes(self) -> int:
+        """Bytes a member's fence can carry: its slot in each of 2 parities x ``fence_kinds`` x
+        ``devices`` (the parity of the fence's number, as for the digest words; pages are backed
+        only once written, so slots of unused kinds cost nothing)."""
+        per_slot = FENCE_PAYLOAD_BUDGET // (2 * self.fence_kinds * self.devices)
+        return min(FENCE_PAYLOAD_MAX, per_slot // _LINE * _LINE)
+
+    @property
+    def payloads_offset(self) -> int:
         return self.scratch_data_offset + self.devices * self.scratch_stride
+
+    @property
+    def total_bytes(self) -> int:
+        return self.payloads_offset + 2 * self.fence_kinds * self.devices * self.fence_payload_bytes
 
 
 class SharedArena:
