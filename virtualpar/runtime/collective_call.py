@@ -16,7 +16,6 @@ have just fenced for the check needs no second fence.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -64,34 +63,37 @@ class CollectiveSpec:
     kind: int = 0  # of the group (runtime/fence_kinds.py)
     fingerprint: tuple[str, str, tuple] = field(default=("", "", ()))
     digest: int = 0  # 64 bits that agree across the group exactly when the fingerprints do
+    # worked out once per cached call, so that a repeated call does none of it again:
+    reads_x: bool = False  # does this device's call read its input (a non-root's broadcast does not)
+    run: Any = None  # the algorithm's function
+    fence_first: bool = False  # the contract check rides on the algorithm's first fence
+    tail: str = ""  # of the flight record's text, after the group's call number
+    traced: tuple = ()  # the trace event's fixed fields: (group, shape, dtype name, algorithm)
 
     @classmethod
     def build(cls, dev: "VirtualDevice", name: str, x: Any, group: GroupInfo, algorithm: str | None, params: dict[str, Any]) -> "CollectiveSpec":
         """The validated call, from ``dev``'s cache when the same op, group, algorithm, parameters
         and input shape and dtype were seen before (validation, the default algorithm's choice and
-        the fingerprint depend on nothing else): a loop of collectives validates once, and a
-        barrier costs ~40 µs less at 64 devices on two cores, where every µs of Python is paid
-        again with cold caches after each wake-up."""
-        key = known = None
+        the fingerprint depend on nothing else): a loop of collectives validates once.  The spec
+        holds no array — the caller passes ``x`` along when ``reads_x`` — so the cached one is
+        returned as it is: at 64 devices on two cores every µs of Python is paid again with cold
+        caches after each wake-up."""
+        key = None
         if x is None or type(x) is np.ndarray:  # anything else: validate (and most likely reject) it
             try:  # parameters keyed with their types: root=True must not pass as root=1
                 key = (name, group, algorithm, x if x is None else (x.shape, x.dtype),
-                       tuple((k, type(v), v) for k, v in params.items()))
+                       tuple([(k, type(v), v) for k, v in params.items()]) if params else ())
                 known = dev._specs.get(key)
             except TypeError:  # an unhashable parameter: likewise
                 key = None
-        if known is not None:
-            template, reads_x = known  # kept without the array, which the cache must not hold alive
-            spec = copy.copy(template)
-            spec.x = x if reads_x else None
-            return spec
+            else:
+                if known is not None:
+                    return known
         spec = cls._validate(dev, name, x, group, algorithm, params)
         if key is not None:
             if len(dev._specs) >= 256:
                 dev._specs.clear()
-            template = copy.copy(spec)
-            template.x = None
-            dev._specs[key] = (template, spec.x is not None)
+            dev._specs[key] = spec
         return spec
 
     @classmethod
@@ -127,10 +129,16 @@ class CollectiveSpec:
         if algo is None:  # every member sees the same shape, dtype and group: the same choice
             nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
             algo = default_algorithm(name, nbytes, n, shared_memory=dev._endpoint.layout.scratch_bytes >= itemsize)
-        spec = cls(name, x, axes, ranks, pos, algo, params, gdesc, kind)
+        spec = cls(name, None, axes, ranks, pos, algo, params, gdesc, kind)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
         spec.digest = _digest(spec.fingerprint)
+        spec.reads_x = reads_x
+        spec.run = choices[algo]
+        spec.fence_first = (name, algo) in FENCE_FIRST
+        spec.tail = f" on {gdesc}: {spec.fingerprint[1]}"
+        array = isinstance(x, np.ndarray)
+        spec.traced = (ranks, tuple(x.shape) if array else None, _dtype_name(x.dtype) if array else None, algo)
         return spec
 
 
@@ -142,41 +150,41 @@ def _normalize_dim(where: str, key: str, dim: Any, ndim: int) -> int:
     return int(dim) % ndim
 
 
-def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, timeout: float) -> Any:
-    """Count, record, check and run one collective on this device."""
-    seq = dev._group_seq[spec.ranks] = dev._group_seq.get(spec.ranks, 0) + 1
-    label = f"{spec.name} #{seq} on {spec.group_desc}"
-    wall0, model0 = time.monotonic(), dev.clock
-    bytes0 = sum(dev._endpoint._bytes_mv) if dev._trace else 0
-    slot = dev._begin_op(f"{label}: {spec.fingerprint[1]}")
+def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, x: Any, timeout: float) -> Any:
+    """Count, record, check and run one collective on this device (``x``: its input, or None
+    when its call reads none)."""
+    seqs = dev._group_seq
+    seq = seqs[spec.kind] = seqs.get(spec.kind, 0) + 1  # the kind names this device's group
+    trace = dev._trace
+    if trace:
+        wall0, model0 = time.monotonic(), dev._clock.now
+    slot = dev._begin_op(f"{spec.name} #{seq}{spec.tail}")
     deadline = time.monotonic() + timeout
-    on_timeout = _timeout_builder(dev, spec, seq, label, timeout)
+    on_timeout = _timeout_builder(dev, spec, seq, timeout)
     try:
-        if dev.config.check_nan and isinstance(spec.x, np.ndarray) and spec.x.dtype.kind in "fc":
-            _check_finite(dev, spec, label)
-        check = (lambda: _exchange_fingerprints(dev, spec, seq, deadline, on_timeout)) \
-            if dev.config.check_collectives and len(spec.ranks) > 1 else None
+        if x is not None and dev.config.check_nan and x.dtype.kind in "fc":
+            _check_finite(dev, spec, x, seq)
+        check = None
+        if dev.config.check_collectives and len(spec.ranks) > 1:
+            def check() -> None:
+                _exchange_fingerprints(dev, spec, seq, deadline, on_timeout)
         comm = GroupComm(dev, spec, deadline, on_timeout, check)
-        if check is not None and (spec.name, spec.algorithm) not in FENCE_FIRST:
+        if check is not None and not spec.fence_first:
             comm.fence()  # the contract check, before any message; shm algorithms make it at their first fence
-        algorithm = ALGORITHMS[spec.name][spec.algorithm]
-        result = algorithm(comm) if spec.name == "barrier" else algorithm(comm, spec.x, **spec.params)
+        result = spec.run(comm) if spec.name == "barrier" else spec.run(comm, x, **spec.params)
     except BaseException:
-        dev._recorder.finish(slot, dev.clock, failed=True)
+        dev._recorder.finish(slot, dev._clock.now, failed=True)
         raise
-    dev._recorder.finish(slot, dev.clock)
-    if dev._trace:  # the event's fields cost a few µs to build: only when someone will read them
-        nbytes = sum(dev._endpoint._bytes_mv) - bytes0
-        dev._event("collective", spec.name, wall0, model0, dev.clock, nbytes=nbytes, group=spec.ranks,
-                   shape=tuple(spec.x.shape) if isinstance(spec.x, np.ndarray) else None,
-                   dtype=_dtype_name(spec.x.dtype) if isinstance(spec.x, np.ndarray) else None,
-                   args=(("algorithm", spec.algorithm), ("group_seq", seq)))
+    model1 = dev._clock.now
+    dev._recorder.finish(slot, model1)
+    if trace:
+        dev._collective_event(spec.name, wall0, model0, model1, comm.moved, spec.traced, seq)
     return result
 
 
-def _check_finite(dev: "VirtualDevice", spec: CollectiveSpec, label: str) -> None:
-    x = spec.x
+def _check_finite(dev: "VirtualDevice", spec: CollectiveSpec, x: np.ndarray, seq: int) -> None:
     if not np.isfinite(x).all():
+        label = f"{spec.name} #{seq} on {spec.group_desc}"
         nan = int(np.isnan(x).sum())
         inf = int(np.isinf(x).sum())
         raise NonFiniteError(
@@ -212,10 +220,10 @@ def _exchange_fingerprints(dev: "VirtualDevice", spec: CollectiveSpec, seq: int,
         )
 
 
-def _timeout_builder(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, label: str, timeout: float):
-    key = f" #{seq} on {spec.group_desc}:"
-
+def _timeout_builder(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, timeout: float):
     def build() -> CollectiveTimeout:
+        key = f" #{seq} on {spec.group_desc}:"
+        label = f"{spec.name} #{seq} on {spec.group_desc}"
         records = {r: dev._recorders[r].records() for r in spec.ranks}
         reached = [r for r in spec.ranks if any(rec.run == dev._run and key in rec.text for rec in records[r])]
         missing = [r for r in spec.ranks if r not in reached]

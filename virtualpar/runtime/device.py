@@ -166,7 +166,7 @@ class VirtualDevice(PointToPoint):
 
     def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None, **params: Any) -> Any:
         spec = CollectiveSpec.build(self, name, x, self._group(group), algorithm, params)
-        return run_collective(self, spec, self._timeout(timeout))
+        return run_collective(self, spec, x if spec.reads_x else None, self._timeout(timeout))
 
     def _group(self, group: Group) -> GroupInfo:
         """``group`` resolved on the mesh: (axes, ranks, this device's position, description).
@@ -234,6 +234,16 @@ class VirtualDevice(PointToPoint):
             return
         t0 = self.config.t0
         events.add_message(kind, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, nbytes, peer, flow)
+
+    def _collective_event(self, name: str, wall0: float, model0: float, model1: float, nbytes: int,
+                          traced: tuple, group_seq: int) -> None:
+        """``_event`` for a collective: its fixed fields come prepared with its cached spec."""
+        events = self._events
+        if len(events._raw) >= self.config.max_events:
+            self._events_dropped += 1
+            return
+        t0 = self.config.t0
+        events.add_collective(name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, nbytes, traced, group_seq)
 
     def _event(self, kind: str, name: str, wall0: float, model0: float, model1: float, **fields: Any) -> None:
         if not self.config.trace:

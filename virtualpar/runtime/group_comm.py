@@ -41,10 +41,12 @@ class GroupComm:
         self._on_timeout = on_timeout
         self._entry: list[float] | None = None  # members' clocks at the first fence()
         self._fences = dev._endpoint.arrivals.group(spec.kind, spec.ranks) if self.size > 1 else None
+        self.moved = 0  # bytes sent and read by peers in this call (for its trace event)
 
     def isend(self, x: np.ndarray, peer: int) -> Request:
         dst = self._ranks[peer]
         inner, flow = self._dev._post_send(x, dst, TAG_COLLECTIVE)
+        self.moved += inner.nbytes
         return Request(self._dev, inner, "send", dst, TAG_COLLECTIVE, self._deadline, self._on_timeout, None, flow)
 
     def irecv(self, peer: int, out: np.ndarray | None = None) -> Request:
@@ -111,12 +113,14 @@ class GroupComm:
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         dst = self._ranks[peer]
         ep = self._dev._endpoint
+        self.moved += nbytes
         ep._bytes_mv[dst] += nbytes
         ep._msgs_mv[dst] += messages
 
     def account_all(self, nbytes: int, messages: int = 1) -> None:
         if self._fences is not None:
             ep, peers = self._dev._endpoint, self._fences.peers
+            self.moved += nbytes * len(peers)
             ep._bytes_row[peers] += nbytes
             ep._msgs_row[peers] += messages
 

@@ -182,8 +182,9 @@ class EventLog:
     op it records, so :meth:`add` keeps ``(kind, name, wall_start, wall_end, model_start, model_end,
     seq, fields)`` and iterating builds the events (``list(log)`` is what ``cluster.trace()`` reads).
     A send or receive (:meth:`add_message`, on every message's path) keeps its fields as a plain
-    ``(nbytes, peer, flow)`` tuple, its flow id as ``(src, dst, number)``: both become the
-    event's fields when read.
+    ``(nbytes, peer, flow)`` tuple, its flow id as ``(src, dst, number)``, and a collective
+    (:meth:`add_collective`) its bytes, the fixed fields its cached call prepared and its number
+    in the group: all become the event's fields when read.
     """
 
     def __init__(self, rank: int) -> None:
@@ -198,15 +199,25 @@ class EventLog:
                     seq: int, nbytes: int, peer: int, flow: tuple[int, int, int] | None) -> None:
         self._raw.append((kind, kind, wall_start, wall_end, model_start, model_end, seq, (nbytes, peer, flow)))
 
+    def add_collective(self, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
+                       seq: int, nbytes: int, traced: tuple, group_seq: int) -> None:
+        """A collective, its fields kept as ``(nbytes, (group, shape, dtype, algorithm), group_seq)``."""
+        self._raw.append(("collective", name, wall_start, wall_end, model_start, model_end, seq, (nbytes, traced, group_seq)))
+
     def __len__(self) -> int:
         return len(self._raw)
 
     def __iter__(self) -> Iterator[Event]:
         rank = self.rank
         for kind, name, ws, we, ms, me, seq, fields in list(self._raw):
-            if isinstance(fields, tuple):  # a message's (nbytes, peer, flow), kept raw on its path
-                nbytes, peer, flow = fields
-                fields = {"nbytes": nbytes, "peer": peer, "flow": None if flow is None else f"{flow[0]}>{flow[1]}#{flow[2]}"}
+            if isinstance(fields, tuple):  # kept raw on its path: a message's or a collective's
+                if kind == "collective":
+                    nbytes, (group, shape, dtype, algorithm), group_seq = fields
+                    fields = {"nbytes": nbytes, "group": group, "shape": shape, "dtype": dtype,
+                              "args": (("algorithm", algorithm), ("group_seq", group_seq))}
+                else:  # (nbytes, peer, flow)
+                    nbytes, peer, flow = fields
+                    fields = {"nbytes": nbytes, "peer": peer, "flow": None if flow is None else f"{flow[0]}>{flow[1]}#{flow[2]}"}
             yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms, model_end=me,
                         seq=seq, **fields)
 
