@@ -73,20 +73,14 @@ def collectives(dev: Any, algorithm: str) -> list[np.ndarray]:
 
 
 def first_ready(dev: Any) -> int:
-    """A race: device 0 takes whichever of devices 1 and 2 answered first (polling ``test()``)."""
+    """A race: device 0 takes whichever of devices 1 and 2 sent first (an ANY_SOURCE receive)."""
+    from virtualpar import ANY_SOURCE, Status
+
     if dev.rank == 0:
-        reqs = {1: dev.irecv(1, tag=0), 2: dev.irecv(2, tag=0)}
-        while True:
-            for src, req in reqs.items():
-                if req.test():
-                    winner = src
-                    break
-            else:
-                continue
-            break
-        for req in reqs.values():
-            req.wait()
-        return winner
+        st = Status()
+        dev.recv(ANY_SOURCE, 0, status=st)
+        dev.recv(ANY_SOURCE, 0)
+        return st.source
     dev.send(np.array([dev.rank]), 0, tag=0)
     return dev.rank
 

@@ -41,7 +41,10 @@ def test_a_shuffled_cluster_computes_the_same_results():
 
 
 def test_shuffling_exposes_an_arrival_order_race():
-    """Which of two senders answers first is a race: across seeds, both winners are seen."""
+    """Which of two senders arrives first is a race: across seeds, both winners are seen.  (Without
+    shuffling, device 2 won 2 runs in 60 here; with it, 17 in 60.  The earlier version polled
+    ``test()`` on both receives and device 2 won 1 run in 10 with shuffling on, so 40 seeds
+    missed it about once in 70 runs.)"""
     winners = set()
     for seed in range(40):
         with VirtualCluster(3, timeout=30.0, shuffle=seed) as c:
