@@ -8,8 +8,13 @@ for that (size, n); the thresholds in ``virtualpar/collectives/selection.py`` co
 
 Paired, because this shared machine's speed drifts by ±30% over a minute (``_report.py``): every
 round times each algorithm and the default back to back, in an order that rotates from round to
-round, and ``default/best`` is the median over the rounds of the default's time over the best
-algorithm's *in the same round*.  The table's per-algorithm times are medians over the rounds.
+round.  The verdict judges the default's *choice*: ``chosen/best`` is the median over the rounds
+of the time of the algorithm the default picks (``default_algorithm``) over the best algorithm's
+*in the same round* — 1.00 wherever the default picks the best.  The default column itself is the
+same algorithm called without naming it; ``def/chosen`` (median over rounds of the default's time
+over its algorithm's) shows that path adds nothing beyond the noise of timing one thing twice —
+which on this VM reaches ±25% for a cell (it was the verdict until 2026-11-23, and then failed
+cells where the default *was* the best).  The table's per-algorithm times are medians over rounds.
 
     python benchmarks/bench_algorithms.py --devices 2,4,8,16,32,64 --sizes 1024,8192,65536,524288,4194304
 """
@@ -24,7 +29,7 @@ import time
 import numpy as np
 
 from virtualpar import VirtualCluster
-from virtualpar.collectives import ALGORITHMS
+from virtualpar.collectives import ALGORITHMS, default_algorithm
 
 ALGOS = tuple(ALGORITHMS["all_reduce"])
 
@@ -59,7 +64,9 @@ def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5) -> 
                 row = {"devices": n, "bytes": nbytes,
                        "s": {a: statistics.median(t[a] for t in per_round) for a in per_round[0]}}
                 row["best"] = min(ALGOS, key=lambda a: row["s"][a])
-                row["default_vs_best"] = statistics.median(t["default"] / min(t[a] for a in ALGOS) for t in per_round)
+                chosen = row["chosen"] = default_algorithm("all_reduce", nbytes, n, shared_memory=True)
+                row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in ALGOS) for t in per_round)
+                row["default_vs_chosen"] = statistics.median(t["default"] / t[chosen] for t in per_round)
                 rows.append(row)
     return rows
 
@@ -77,16 +84,22 @@ def main() -> None:
         print(json.dumps(rows))
         return
     print("# all_reduce steady time per algorithm, ms (median over rounds of the slowest device's median);"
-          " def/best: median over rounds of default / best in the same round")
-    print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*ALGOS, "default")) + f" {'best':>7} {'def/best':>9}")
+          " chosen/best: median over rounds of the default's algorithm / the best, in the same round;"
+          " def/chosen: the default (algorithm=None) / its algorithm named")
+    print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*ALGOS, "default"))
+          + f" {'best':>7} {'chosen':>7} {'chosen/best':>12} {'def/chosen':>11}")
     for r in rows:
         cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" for a in (*ALGOS, "default"))
-        flag = "" if r["default_vs_best"] <= 1.10 else "  <-- over 10%"
-        print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['default_vs_best']:9.2f}{flag}")
-    worst = max(rows, key=lambda r: r["default_vs_best"])
-    verdict = "PASS" if worst["default_vs_best"] <= 1.10 else "FAIL"
-    print(f"\n{verdict}  default within 10% of the best algorithm at every (n, size): worst {worst['default_vs_best']:.2f}x "
-          f"at n={worst['devices']}, {worst['bytes']} bytes (best there: {worst['best']})")
+        flag = "" if r["chosen_vs_best"] <= 1.10 else "  <-- over 10%"
+        print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['chosen']:>7} {r['chosen_vs_best']:12.2f}"
+              f" {r['default_vs_chosen']:11.2f}{flag}")
+    worst = max(rows, key=lambda r: r["chosen_vs_best"])
+    verdict = "PASS" if worst["chosen_vs_best"] <= 1.10 else "FAIL"
+    spread = [r["default_vs_chosen"] for r in rows]
+    print(f"\n{verdict}  the default's algorithm within 10% of the best at every (n, size): worst {worst['chosen_vs_best']:.2f}x "
+          f"at n={worst['devices']}, {worst['bytes']} bytes (best there: {worst['best']}, chosen: {worst['chosen']})")
+    print(f"      the default path against naming its algorithm: median {statistics.median(spread):.2f}x "
+          f"(cells {min(spread):.2f}-{max(spread):.2f}x: the noise of timing the same code twice)")
 
 
 if __name__ == "__main__":

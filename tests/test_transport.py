@@ -113,6 +113,20 @@ def test_pool_recycles_a_buffer_only_when_every_view_is_gone(pair):
     assert (b == 2).all() and (c == 3).all() and (d == 4).all()
 
 
+def test_pooled_buffers_start_half_a_page_past_a_page_boundary(pair):
+    """Results and receives land 2 KiB away (mod 4 KiB) from the page-aligned scratch and rings
+    they are copied from, and from the page + 16 arrays numpy allocates (see ``pool.mid_page``)."""
+    from virtualpar.transport.pool import BufferPool
+
+    pool = BufferPool()
+    for nbytes in (64 << 10, (512 << 10) + 8, 3 << 20):
+        arr = pool.array((nbytes // 8,), np.dtype(np.float64))
+        assert arr.ctypes.data % 4096 == 2048 and arr.nbytes == nbytes // 8 * 8
+    assert _xfer(pair, np.ones(1 << 16)).ctypes.data % 4096 == 2048  # a 512 KiB receive
+    small = pool.array((8,), np.dtype(np.float64))  # below min_bytes: a plain array
+    assert small.base is None
+
+
 def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndarray, np.ndarray, int]:
     """Drive two endpoints of a 4 KiB-ring pair through a random interleaving of sends, receives
     (some into ``out=``) and progress; returns (sent messages, received values, byte and message

@@ -12,7 +12,25 @@ import weakref
 
 import numpy as np
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "mid_page"]
+
+_PAGE = 4096
+
+
+def mid_page(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` that starts half a page (2 KiB) past a 4 KiB boundary.
+
+    Why: a copy runs ~3x slower when its destination starts a few bytes *after* its source modulo
+    4 KiB and the source is not in cache (each load waits on a recent store to an address 4 KiB
+    away, "4K aliasing") — and a plain ``np.empty`` of 64 KiB or more starts 16 bytes past a page
+    (glibc's header on an ``mmap``-ed chunk), while the scratch regions it is filled from are page
+    aligned.  Measured at 16 devices, the 512 KiB all_reduce's copy out of its peers' scratch:
+    destination at page + 16: ~340 µs; + 0 or + 2048: ~110 µs; + 64: ~130 µs.  Half a page keeps
+    the same distance from page-aligned sources and from the page + 16 arrays a user combines the
+    result with."""
+    raw = np.empty(nbytes + _PAGE, np.uint8)
+    skip = (_PAGE // 2 - raw.ctypes.data) % _PAGE
+    return raw[skip : skip + nbytes]
 
 
 class BufferPool:
@@ -43,7 +61,7 @@ class BufferPool:
         if free:
             self.idle_bytes -= nbytes
             return free.pop()
-        return np.empty(nbytes, np.uint8)
+        return mid_page(nbytes)
 
     def give_back(self, raw: np.ndarray) -> None:
         free = self._idle.setdefault(raw.size, [])
