@@ -23,8 +23,9 @@ carries its whole array into a single fence (``fence_exchange``) and reduces all
 in the same rank order — one fence instead of three, so one wake-up per member, at the price of
 nM read and (n−1)M "received" per member, which for small M is cheaper than two more wake-ups
 (at 64 devices on two cores a wake-up costs ~0.1 ms of CPU per member).  Every member computes
-every element in the same order, so all get the same bits, the same as the scratch path's.  Arrays larger than the scratch go ``scratch_bytes`` at a
-time.  The third fence keeps a member from overwriting its scratch (in the next chunk or the next
+every element in the same order, so all get the same bits, the same as the scratch path's.
+
+Arrays larger than the scratch go ``scratch_bytes`` at a time.  The third fence keeps a member from overwriting its scratch (in the next chunk or the next
 collective, possibly in another group) while a peer still reads it — which is also why the first
 copy in may come before any fence, and why the runtime's contract check can ride on the first
 fence (``registry.FENCE_FIRST``) instead of costing a fence of its own.

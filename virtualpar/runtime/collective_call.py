@@ -53,7 +53,6 @@ class CollectiveSpec:
     """A validated collective call: what runs, on which group, with which parameters."""
 
     name: str
-    x: Any
     axes: tuple[str, ...]
     ranks: tuple[int, ...]
     position: int
@@ -129,7 +128,7 @@ class CollectiveSpec:
         if algo is None:  # every member sees the same shape, dtype and group: the same choice
             nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
             algo = default_algorithm(name, nbytes, n, shared_memory=dev._endpoint.layout.scratch_bytes >= itemsize)
-        spec = cls(name, None, axes, ranks, pos, algo, params, gdesc, kind)
+        spec = cls(name, axes, ranks, pos, algo, params, gdesc, kind)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
         spec.digest = _digest(spec.fingerprint)

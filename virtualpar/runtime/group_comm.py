@@ -4,9 +4,9 @@ Positions in the group map to device ranks; messages go over the device's channe
 collective tag (so they never match a user's ``recv``); shared-memory algorithms get every member's
 scratch region, result buffers from the receive pool, fences made of arrival counters in the arena
 (``transport/arrivals.py``: a word store and a read of the group's words per member, n−1 semaphore
-posts by the last to arrive, no messages; a fence may carry a small array from each member), byte accounting as if each read of a peer's memory were
-a message, and the modelled clock charged as the ring all_reduce real hardware would run
-(``sim/schedules.py``).
+posts by the last to arrive, no messages; a fence may carry a small array from each member), byte
+accounting as if each read of a peer's memory were a message, and the modelled clock charged as
+the ring all_reduce real hardware would run (``sim/schedules.py``).
 """
 
 from __future__ import annotations
