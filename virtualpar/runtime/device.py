@@ -225,34 +225,29 @@ class VirtualDevice(PointToPoint):
     def _publish_clock(self) -> None:
         self._clock_mv[0] = self._clock.now
 
-    def _message_event(self, kind: str, wall0: float, model0: float, model1: float, nbytes: int, peer: int,
-                       flow: tuple[int, int, int] | None) -> None:
-        """``_event`` for a send or receive, without building a fields dict (see ``EventLog``)."""
+    def _log(self, kind: str, name: str, wall0: float, model0: float, model1: float, fields: Any) -> None:
+        """Keep one trace event (``fields``: a dict, or the raw tuple of a message or a collective,
+        see ``EventLog``), unless the log is full."""
         events = self._events
         if len(events._raw) >= self.config.max_events:
             self._events_dropped += 1
             return
         t0 = self.config.t0
-        events.add_message(kind, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, nbytes, peer, flow)
+        events.add(kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, fields)
+
+    def _message_event(self, kind: str, wall0: float, model0: float, model1: float, nbytes: int, peer: int,
+                       flow: tuple[int, int, int] | None) -> None:
+        """``_event`` for a send or receive, without building a fields dict."""
+        self._log(kind, kind, wall0, model0, model1, (nbytes, peer, flow))
 
     def _collective_event(self, name: str, wall0: float, model0: float, model1: float, nbytes: int,
                           traced: tuple, group_seq: int) -> None:
         """``_event`` for a collective: its fixed fields come prepared with its cached spec."""
-        events = self._events
-        if len(events._raw) >= self.config.max_events:
-            self._events_dropped += 1
-            return
-        t0 = self.config.t0
-        events.add_collective(name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, nbytes, traced, group_seq)
+        self._log("collective", name, wall0, model0, model1, (nbytes, traced, group_seq))
 
     def _event(self, kind: str, name: str, wall0: float, model0: float, model1: float, **fields: Any) -> None:
-        if not self.config.trace:
-            return
-        if len(self._events) >= self.config.max_events:
-            self._events_dropped += 1
-            return
-        t0 = self.config.t0
-        self._events.add(kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, fields)
+        if self.config.trace:
+            self._log(kind, name, wall0, model0, model1, fields)
 
     # -- host channel (used by the worker loop) -----------------------------------------------------
     def _from_host(self) -> Any:

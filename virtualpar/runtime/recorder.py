@@ -181,10 +181,10 @@ class EventLog:
     A frozen 15-field ``Event`` costs ~2 µs to build, more than the rest of the bookkeeping of the
     op it records, so :meth:`add` keeps ``(kind, name, wall_start, wall_end, model_start, model_end,
     seq, fields)`` and iterating builds the events (``list(log)`` is what ``cluster.trace()`` reads).
-    A send or receive (:meth:`add_message`, on every message's path) keeps its fields as a plain
-    ``(nbytes, peer, flow)`` tuple, its flow id as ``(src, dst, number)``, and a collective
-    (:meth:`add_collective`) its bytes, the fixed fields its cached call prepared and its number
-    in the group: all become the event's fields when read.
+    A send or receive (on every message's path) keeps its fields as a plain ``(nbytes, peer, flow)``
+    tuple, its flow id as ``(src, dst, number)``, and a collective as ``(nbytes, (group, shape,
+    dtype, algorithm), group_seq)`` (the middle part prepared once with its cached call): both
+    become the event's fields when read.
     """
 
     def __init__(self, rank: int) -> None:
@@ -192,17 +192,8 @@ class EventLog:
         self._raw: list[tuple[str, str, float, float, float, float, int, dict[str, Any]]] = []
 
     def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
-            seq: int, fields: dict[str, Any]) -> None:
+            seq: int, fields: dict[str, Any] | tuple) -> None:
         self._raw.append((kind, name, wall_start, wall_end, model_start, model_end, seq, fields))
-
-    def add_message(self, kind: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
-                    seq: int, nbytes: int, peer: int, flow: tuple[int, int, int] | None) -> None:
-        self._raw.append((kind, kind, wall_start, wall_end, model_start, model_end, seq, (nbytes, peer, flow)))
-
-    def add_collective(self, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
-                       seq: int, nbytes: int, traced: tuple, group_seq: int) -> None:
-        """A collective, its fields kept as ``(nbytes, (group, shape, dtype, algorithm), group_seq)``."""
-        self._raw.append(("collective", name, wall_start, wall_end, model_start, model_end, seq, (nbytes, traced, group_seq)))
 
     def __len__(self) -> int:
         return len(self._raw)
