@@ -42,6 +42,7 @@ import os
 import secrets
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -51,7 +52,6 @@ _LINE = 64
 _PAGE = 4096
 RECORD_SLOTS = 64  # flight-recorder entries kept per device
 RECORD_BYTES = 256  # bytes per flight-recorder entry
-
 
 FENCE_PLANES = 6  # arrival words per (group kind, device): count, done, digest and clock of even/odd fences
 FENCE_PAYLOAD_MAX = 8 << 10  # bytes a member's fence may carry (the one-fence all_reduce, collectives/shm.py) ...
@@ -64,39 +64,40 @@ def _align(n: int, to: int = _LINE) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Byte offsets of every region for ``devices`` devices plus the host."""
+    """Byte offsets of every region for ``devices`` devices plus the host (each worked out once:
+    a device's first shared-memory collective at 128 devices asked for 128 scratch offsets)."""
 
     devices: int
     ring_bytes: int
     scratch_bytes: int = 0
     fence_kinds: int = 1  # kinds of groups that fence: one per set of the mesh's axes longer than 1
 
-    @property
+    @cached_property
     def endpoints(self) -> int:
         return self.devices + 1
 
-    @property
+    @cached_property
     def host(self) -> int:
         return self.devices
 
     # -- control ----------------------------------------------------------------------------
-    @property
+    @cached_property
     def abort_offset(self) -> int:
         return 0  # int64: 0 = running, else 1 + rank of the device that failed first (or host)
 
-    @property
+    @cached_property
     def clocks_offset(self) -> int:
         return _LINE  # float64 per endpoint: its modelled clock, for the driver to read
 
-    @property
+    @cached_property
     def counters_offset(self) -> int:
         return _align(self.clocks_offset + 8 * self.endpoints)
 
-    @property
+    @cached_property
     def counters_bytes(self) -> int:
         return _align(3 * 8 * self.endpoints * self.endpoints)
 
-    @property
+    @cached_property
     def arrivals_offset(self) -> int:
         """The arrival words of fences (transport/arrivals.py): ``FENCE_PLANES`` planes of uint64,
         each ``fence_kinds`` x ``devices``: [0] how many fences device r entered in its group of
@@ -104,18 +105,18 @@ class Layout:
         the digest r published at its even, odd fences, [4, 5] its modelled clock (float64)."""
         return self.counters_offset + self.counters_bytes
 
-    @property
+    @cached_property
     def arrivals_bytes(self) -> int:
         return _align(FENCE_PLANES * 8 * self.fence_kinds * self.devices)
 
-    @property
+    @cached_property
     def recorders_offset(self) -> int:
         return self.arrivals_offset + self.arrivals_bytes
 
     def recorder_offset(self, rank: int) -> int:
         return self.recorders_offset + rank * (_LINE + RECORD_SLOTS * RECORD_BYTES)
 
-    @property
+    @cached_property
     def ring_ctrl_offset(self) -> int:
         return self.recorder_offset(self.devices)
 
@@ -136,7 +137,7 @@ class Layout:
         """uint64 in the consumer's line: its answer to the last rendezvous offer (see rendezvous.py)."""
         return self.tail_offset(src, dst) + 8
 
-    @property
+    @cached_property
     def ring_data_offset(self) -> int:
         return self.ring_ctrl_offset + self.endpoints * self.endpoints * 2 * _LINE
 
@@ -146,11 +147,11 @@ class Layout:
         compact = src * (self.endpoints - 1) + (dst if dst < src else dst - 1)
         return self.ring_data_offset + compact * self.ring_bytes
 
-    @property
+    @cached_property
     def scratch_data_offset(self) -> int:
         return _align(self.ring_data_offset + self.endpoints * (self.endpoints - 1) * self.ring_bytes, _PAGE)
 
-    @property
+    @cached_property
     def scratch_stride(self) -> int:
         return _align(self.scratch_bytes, _PAGE)
 
@@ -160,7 +161,7 @@ class Layout:
             raise ValueError(f"device {rank} has no scratch region; devices are 0..{self.devices - 1}")
         return self.scratch_data_offset + rank * self.scratch_stride
 
-    @property
+    @cached_property
     def fence_payload_bytes(self) -> int:
         """Bytes a member's fence can carry: its slot in each of 2 parities x ``fence_kinds`` x
         ``devices`` (the parity of the fence's number, as for the digest words; pages are backed
@@ -168,11 +169,11 @@ class Layout:
         per_slot = FENCE_PAYLOAD_BUDGET // (2 * self.fence_kinds * self.devices)
         return min(FENCE_PAYLOAD_MAX, per_slot // _LINE * _LINE)
 
-    @property
+    @cached_property
     def payloads_offset(self) -> int:
         return self.scratch_data_offset + self.devices * self.scratch_stride
 
-    @property
+    @cached_property
     def total_bytes(self) -> int:
         return self.payloads_offset + 2 * self.fence_kinds * self.devices * self.fence_payload_bytes
 
