@@ -304,3 +304,25 @@ def test_one_fence_all_reduce_on_real_devices_in_every_kind_of_group():
             assert got.tobytes() == want.tobytes(), (rank, ranks, got.shape)
             k += 1
     assert k == 8 * 3 * 4
+
+
+def _oversized_fence_payload(dev):
+    import time as _time
+
+    from virtualpar.runtime.collective_call import CollectiveSpec
+    from virtualpar.runtime.group_comm import GroupComm
+
+    spec = CollectiveSpec.build(dev, "barrier", None, dev._group(None), None, {})
+    comm = GroupComm(dev, spec, _time.monotonic() + 5, None, None)
+    with pytest.raises(UsageError, match=r"carries at most 8192 bytes per member, not 8200"):
+        comm.fence_exchange(np.zeros(comm.fence_payload_bytes // 8 + 1))
+    return comm.fence_payload_bytes
+
+
+def test_a_fence_refuses_a_payload_larger_than_its_slot():
+    """The slot is fixed per member; a larger array gets an error naming both sizes, on real
+    devices as in ThreadWorld, instead of spilling into the next member's slot."""
+    with VirtualCluster(2, trace=False) as cluster:
+        assert cluster.run(_oversized_fence_payload) == [8192, 8192]
+    with pytest.raises(UsageError, match="at most 16 bytes"):
+        ThreadWorld(2, fence_payload_bytes=16).run(lambda c: c.fence_exchange(np.zeros(3)))

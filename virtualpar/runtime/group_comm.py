@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ..errors import UsageError
 from .config import TAG_COLLECTIVE
 from .requests import Request
 
@@ -105,6 +106,9 @@ class GroupComm:
         member's fence slot (transport/arrivals.py): returns every member's ``x`` as rows of an
         (n, x.size) array in group order, valid until this member's next fence."""
         arrivals, grp = self._dev._endpoint.arrivals, self._fences
+        if x.nbytes > self.fence_payload_bytes:
+            raise UsageError(f"{self._dev.name}: a fence carries at most {self.fence_payload_bytes} bytes "
+                             f"per member, not {x.nbytes}", rank=self._dev.rank)
         c = arrivals.next_fence(grp)
         arrivals.payload_slot(grp, c)[: x.nbytes] = x.reshape(-1).view(np.uint8)
         self.fence()
