@@ -5,10 +5,11 @@
    activations in flight per stage.
 2. An executed step per schedule on real devices: wall time and modelled time (h100-node).
 3. The speed target: seed 003's MLP (256→512→1024→512→256) at batch 512 in 8 microbatches,
-   float32, 4 stages, 1F1B — the executor's wall time per step against its floor: every action's
-   compute timed in one process (numpy's default threads; a B's compute is its backward and the
-   addition of its weight gradients into the running sum) plus every byte sent at the memcpy
-   bandwidth measured in the same run.  Target ≤ 1.3×, on the median of 5 rounds that each measure
+   float32, 4 stages, 1F1B — the executor's wall time per step against its floor: every action of
+   a step run in one process and timed as it runs (numpy's default threads; a B's compute is its
+   backward and the addition of its weight gradients into the running sum), summed, plus every
+   byte sent at the memcpy bandwidth measured in the same run.  Both sides take the same
+   statistic: the median of 3 steps.  Target ≤ 1.3×, on the median of 5 rounds that each measure
    the floor and then the cluster's steps (paired, as ``_report.py`` explains).
 4. The simulator's own speed: 1F1B at S = 32, M = 1024 (target: about a second).
 
@@ -75,37 +76,47 @@ def executed(steps: int = 3) -> list[dict]:
     return rows
 
 
-def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int, repeats: int) -> tuple[float, int]:
-    """Every action's compute, timed in this process with numpy's default threads: each stage's
-    forward + backward on one microbatch (best of ``repeats``) times M, plus adding a microbatch's
-    weight gradients into the running sum (best of ``repeats``) M − 1 times — the executor's B
-    does exactly this, the first microbatch's gradients becoming the sum; and the bytes a step
-    sends (each activation forward and its gradient back)."""
-    rows = x.shape[0] // M
-    acts = [x[:rows]]
-    for stage in pipe.stages:
-        acts.append(stage.module(acts[-1]))
+def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int) -> tuple[float, int, dict]:
+    """One step's compute in this process with numpy's default threads: every action of the step
+    run once and timed as it runs, summed — each stage's forward of each microbatch, then each B
+    as the executor runs it (the backward, and the addition of its weight gradients into the
+    running sum, the first microbatch's gradients becoming the sum) — and the bytes a step sends
+    (each activation forward and its gradient back).  Also returns the step's gradient sums per
+    stage, so that a test can check this is the step's whole work (the mean loss's gradients)."""
+    xs, ys = nn.split_microbatches(x, M), nn.split_microbatches(y, M)
+    S = len(pipe.stages)
     compute = 0.0
-    for i, stage in enumerate(pipe.stages):
-        inp = acts[i]
-        last = i == len(pipe.stages) - 1
-        fn = (lambda p, a, m=stage.module: nn.mse_loss(nn.functional_call(m, p, a), y[:rows])) if last else None
-        best = add = float("inf")
-        wanted = i > 0  # as the executor: the batch itself needs no gradient
-        for _ in range(repeats):
+    recs: dict[tuple[int, int], object] = {}
+    sent = 0
+    for m in range(M):
+        a = xs[m]
+        for i, stage in enumerate(pipe.stages):
+            wanted = i > 0  # as the executor: the batch itself needs no gradient
             t0 = time.perf_counter()
-            rec = nn.vjp(fn, inp, params=stage.module.parameters(), input_grads=wanted) if last \
-                else nn.vjp(stage.module, inp, input_grads=wanted)
-            _, grads = rec.backward(1.0 if last else np.ones_like(rec.output))
-            best = min(best, time.perf_counter() - t0)
-            total = {k: v.copy() for k, v in grads.items()}
+            if i == S - 1:
+                fn = lambda p, inp, mod=stage.module, tgt=ys[m]: nn.mse_loss(nn.functional_call(mod, p, inp), tgt)
+                rec = nn.vjp(fn, a, params=stage.module.parameters(), input_grads=wanted)
+            else:
+                rec = nn.vjp(stage.module, a, input_grads=wanted)
+            compute += time.perf_counter() - t0
+            recs[(i, m)] = rec
+            a = rec.output
+            if i < S - 1:
+                sent += 2 * a.nbytes  # the activation forward, its gradient back
+    sums: dict[int, dict[str, np.ndarray]] = {}
+    for m in range(M):
+        dy: object = 1.0 / M
+        for i in reversed(range(S)):
             t0 = time.perf_counter()
-            for k, v in total.items():
-                np.add(v, grads[k], out=v)
-            add = min(add, time.perf_counter() - t0)
-        compute += best * M + add * (M - 1)
-    sent = sum(acts[i + 1].nbytes * 2 for i in range(len(pipe.stages) - 1)) * M
-    return compute, sent
+            dy, grads = recs.pop((i, m)).backward(dy)
+            acc = sums.get(i)
+            if acc is None:
+                sums[i] = {k: v if v.flags.owndata and v.flags.writeable else v.copy() for k, v in grads.items()}
+            else:
+                for k, v in acc.items():
+                    np.add(v, grads[k], out=v)
+            compute += time.perf_counter() - t0
+    return compute, sent, sums
 
 
 def _memcpy_Bps() -> float:
@@ -121,9 +132,11 @@ def _memcpy_Bps() -> float:
 def floor_and_wall(rounds: int = 5, steps: int = 3) -> dict:
     """The 1.3x target: executor wall per step vs. its compute + copy floor, paired.
 
-    Each round measures the floor (in this process), lets this process's BLAS threads go idle, and
-    then takes the median of ``steps`` steps on the cluster, seconds apart under the same load; the target takes the median of the rounds' ratios
-    (this shared machine's load moves either side by ±30% over a minute, see _report.py)."""
+    Each round takes the median of ``steps`` single-process steps' compute (the floor), lets this
+    process's BLAS threads go idle, and then takes the median of ``steps`` steps on the cluster,
+    seconds apart under the same load; the target takes the median of the rounds' ratios (this
+    shared machine's load moves either side by ±30% over a minute, see _report.py).  Both sides
+    use the median: a sum of per-stage best times (what this took before) is a step no run has."""
     batch, M = 512, 8
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, 256)).astype(np.float32)
@@ -134,7 +147,11 @@ def floor_and_wall(rounds: int = 5, steps: int = 3) -> dict:
     with VirtualCluster(4, hardware="h100-node") as cluster:
         cluster.execute(op, x, y)
         for _ in range(rounds):
-            compute, sent = _compute_floor(pipe, x, y, M, repeats=5)
+            computes = []
+            for _ in range(steps):
+                compute, sent, _ = _compute_floor(pipe, x, y, M)
+                computes.append(compute)
+            compute = statistics.median(computes)
             memcpy = _memcpy_Bps()
             # OpenBLAS's threads spin ~0.1 s after their last call before they sleep: timed at once,
             # the first step shared the cores with the floor's idle BLAS threads (104 ms vs ~65)
