@@ -23,6 +23,7 @@ handshake), every process already started is killed and reaped before the error 
 from __future__ import annotations
 
 import gc
+from contextlib import nullcontext
 import multiprocessing as mp
 import time
 from typing import Any, Callable
@@ -94,15 +95,17 @@ def _start_all(procs: list[Any], forked: bool) -> None:
     device's full collection then never writes the GC headers of the objects it inherited, so the
     pages holding them stay shared with the driver instead of being copied into every device
     (measured: 64 devices after a ``gc.collect()`` each hold 0.28 GiB frozen, 1.0 GiB not).  The
-    driver unfreezes its own objects once the children exist."""
+    driver unfreezes its own objects once the children exist.  Its BLAS threads are lowered to the
+    devices' limit while it forks, so that they inherit it (``blas_threads.forking``)."""
     freeze = forked and gc.get_freeze_count() == 0  # a driver that froze its own objects keeps them frozen
     if forked:
         _before_fork()
     if freeze:
         gc.freeze()
     try:
-        for proc in procs:
-            proc.start()
+        with blas_threads.forking(len(procs)) if forked else nullcontext():
+            for proc in procs:
+                proc.start()
     finally:
         if freeze:
             gc.unfreeze()
