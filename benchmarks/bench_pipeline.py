@@ -78,18 +78,21 @@ def executed(steps: int = 3) -> list[dict]:
 
 def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int) -> tuple[float, int, dict]:
     """One step's compute in this process with numpy's default threads: every action of the step
-    run once and timed as it runs, summed — each stage's forward of each microbatch, then each B
-    as the executor runs it (the backward, and the addition of its weight gradients into the
-    running sum, the first microbatch's gradients becoming the sum) — and the bytes a step sends
-    (each activation forward and its gradient back).  Also returns the step's gradient sums per
-    stage, so that a test can check this is the step's whole work (the mean loss's gradients)."""
+    run once and timed as it runs, summed — one microbatch at a time, its forward through every
+    stage and then its B back through every stage, as the executor runs a B (the backward, and the
+    addition of its weight gradients into the running sum, the first microbatch's gradients
+    becoming the sum).  One microbatch at a time keeps its activations hot for its backward
+    (measured against all forwards first, then all backwards: 52.5 vs 50.2 ms, median of 12
+    alternating steps, within noise).  Also returns the bytes a step sends (each activation forward and
+    its gradient back) and the step's gradient sums per stage, so that a test can check this is
+    the step's whole work (the mean loss's gradients)."""
     xs, ys = nn.split_microbatches(x, M), nn.split_microbatches(y, M)
     S = len(pipe.stages)
     compute = 0.0
-    recs: dict[tuple[int, int], object] = {}
     sent = 0
+    sums: dict[int, dict[str, np.ndarray]] = {}
     for m in range(M):
-        a = xs[m]
+        a, recs = xs[m], []
         for i, stage in enumerate(pipe.stages):
             wanted = i > 0  # as the executor: the batch itself needs no gradient
             t0 = time.perf_counter()
@@ -99,16 +102,14 @@ def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int) -> tupl
             else:
                 rec = nn.vjp(stage.module, a, input_grads=wanted)
             compute += time.perf_counter() - t0
-            recs[(i, m)] = rec
+            recs.append(rec)
             a = rec.output
             if i < S - 1:
                 sent += 2 * a.nbytes  # the activation forward, its gradient back
-    sums: dict[int, dict[str, np.ndarray]] = {}
-    for m in range(M):
         dy: object = 1.0 / M
         for i in reversed(range(S)):
             t0 = time.perf_counter()
-            dy, grads = recs.pop((i, m)).backward(dy)
+            dy, grads = recs.pop().backward(dy)
             acc = sums.get(i)
             if acc is None:
                 sums[i] = {k: v if v.flags.owndata and v.flags.writeable else v.copy() for k, v in grads.items()}
