@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info
 
 from virtualpar import VirtualCluster, blas_threads
 
@@ -48,21 +49,17 @@ def test_a_device_sets_only_a_limit_it_did_not_inherit(fake_libs):
 def _threads(dev):
     a = np.ones((256, 256))
     a @ a  # a BLAS call at the device's limit
-    from threadpoolctl import threadpool_info
-
     blas = [(p["internal_api"], p.get("threading_layer"), p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"]
     return blas, sorted(os.listdir("/proc/self/task"))
 
 
 def test_devices_forked_at_one_blas_thread_start_no_blas_pool():
     n = max(4, len(os.sched_getaffinity(0)))  # at least as many devices as cores: one BLAS thread each
-    driver = [(p["internal_api"], p["num_threads"]) for p in __import__("threadpoolctl").threadpool_info()
-              if p["user_api"] == "blas"]
+    driver = [(p["internal_api"], p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"]
     with VirtualCluster(n) as c:
         got = c.run(_threads)
     for blas, tasks in got:
         assert blas and all(threads == 1 for _, _, threads in blas)
         if all(api == "openblas" and layer == "pthreads" for api, layer, _ in blas):
             assert len(tasks) == 2, tasks  # the main thread and the sidecar: no OpenBLAS worker was started
-    assert [(p["internal_api"], p["num_threads"]) for p in __import__("threadpoolctl").threadpool_info()
-            if p["user_api"] == "blas"] == driver
+    assert [(p["internal_api"], p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"] == driver

@@ -23,9 +23,9 @@ handshake), every process already started is killed and reaped before the error 
 from __future__ import annotations
 
 import gc
-from contextlib import nullcontext
 import multiprocessing as mp
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import numpy as np
