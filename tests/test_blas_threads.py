@@ -1,5 +1,6 @@
-"""Devices inherit their BLAS limit from the fork instead of setting it (which starts OpenBLAS's
-thread pool, whose workers spin ~0.1 s each), and the driver gets its own thread counts back."""
+"""Devices inherit their BLAS limit from the fork (or, spawned, from their environment) instead of
+setting it, which starts OpenBLAS's thread pool, whose workers spin ~0.1 s each; the driver gets
+its own thread counts and environment back."""
 
 from __future__ import annotations
 
@@ -53,11 +54,14 @@ def _threads(dev):
     return blas, sorted(os.listdir("/proc/self/task"))
 
 
-def test_devices_forked_at_one_blas_thread_start_no_blas_pool():
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_devices_at_one_blas_thread_start_no_blas_pool(start_method):
     n = max(4, len(os.sched_getaffinity(0)))  # at least as many devices as cores: one BLAS thread each
     driver = [(p["internal_api"], p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"]
-    with VirtualCluster(n) as c:
+    env = os.environ.get("OPENBLAS_NUM_THREADS")
+    with VirtualCluster(n, start_method=start_method) as c:
         got = c.run(_threads)
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == env  # spawning sets it only while it starts devices
     for blas, tasks in got:
         assert blas and all(threads == 1 for _, _, threads in blas)
         if all(api == "openblas" and layer == "pthreads" for api, layer, _ in blas):

@@ -13,7 +13,9 @@ starts its thread pool, whose workers then spin for ~0.1 s before they sleep (me
 ~110 ms of CPU each).  Every device starting one at its first ``run`` put 323 ms of spinning
 beside the 259 ms of real work in a 64-device cluster's first barrier (187 vs 69 ms at 16).
 A device that inherits one thread never starts a pool at all; the driver's own pool (OpenBLAS
-stops it at every fork anyway) starts again once, when its threads are restored.
+stops it at every fork anyway) starts again once, when its threads are restored.  Under spawn and
+forkserver the devices load OpenBLAS afresh, and it starts its pool as it loads: there the driver
+starts them with ``OPENBLAS_NUM_THREADS`` set to their limit (and puts its own value back after).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["prepare", "limit", "forking", "threads_for"]
+__all__ = ["prepare", "limit", "forking", "spawning", "threads_for"]
 
 _controller: Any = None  # a threadpoolctl.ThreadpoolController; False if threadpoolctl cannot work here
 _limited: tuple[int, int] | None = None  # (pid, threads) once this process has limited its BLAS
@@ -79,6 +81,21 @@ def forking(devices: int) -> Iterator[None]:
                 lib.set_num_threads(before)
             except Exception:
                 pass
+
+
+@contextmanager
+def spawning(devices: int) -> Iterator[None]:
+    """Start ``devices`` device processes that load numpy afresh (spawn, forkserver) inside this
+    block: OpenBLAS reads its thread count from the environment as it loads (see the module doc)."""
+    name, before = "OPENBLAS_NUM_THREADS", os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ[name] = str(threads_for(devices))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def limit(devices: int) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import time
-from contextlib import nullcontext
 from typing import Any, Callable
 
 import numpy as np
@@ -96,14 +95,15 @@ def _start_all(procs: list[Any], forked: bool) -> None:
     pages holding them stay shared with the driver instead of being copied into every device
     (measured: 64 devices after a ``gc.collect()`` each hold 0.28 GiB frozen, 1.0 GiB not).  The
     driver unfreezes its own objects once the children exist.  Its BLAS threads are lowered to the
-    devices' limit while it forks, so that they inherit it (``blas_threads.forking``)."""
+    devices' limit while it forks, so that they inherit it (``blas_threads.forking``; spawned devices
+    get it from their environment, ``blas_threads.spawning``)."""
     freeze = forked and gc.get_freeze_count() == 0  # a driver that froze its own objects keeps them frozen
     if forked:
         _before_fork()
     if freeze:
         gc.freeze()
     try:
-        with blas_threads.forking(len(procs)) if forked else nullcontext():
+        with blas_threads.forking(len(procs)) if forked else blas_threads.spawning(len(procs)):
             for proc in procs:
                 proc.start()
     finally:
