@@ -226,3 +226,19 @@ def test_devices_share_the_cores_between_their_blas_threads():
         per_device = c.run(_blas_threads)
     assert all(threads and max(threads) == max(1, cores // 4) for threads in per_device)
     assert _blas_threads(None) == driver  # the driver found the libraries before forking, and limited nothing
+
+
+def test_a_spawned_script_without_a_main_guard_gets_a_named_error_and_leaks_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("from virtualpar import VirtualCluster\n"
+                      "with VirtualCluster(2, start_method='spawn') as c:\n"
+                      "    c.run(lambda dev: dev.rank)\n")
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("virtualpar-")}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "if __name__ == \"__main__\":" in proc.stderr and "UsageError" in proc.stderr  # each device says why
+    assert "DeviceDied" in proc.stderr  # and the driver names the device that did not start
+    assert {f for f in os.listdir("/dev/shm") if f.startswith("virtualpar-")} <= before

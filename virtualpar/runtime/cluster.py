@@ -36,7 +36,7 @@ from .config import FAULT_ACTIONS, ClusterConfig
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
-from .startup import start_devices
+from .startup import check_not_bootstrapping, start_devices
 from .shipping import dumps_call as _dumps, resident as _resident
 from .stats import TrafficStats
 from .worker import device_main
@@ -112,6 +112,7 @@ class VirtualCluster:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
             raise UsageError(f"unknown start_method {start_method!r}; choose one of {START_METHODS}")
+        check_not_bootstrapping(start_method)
         if not timeout > 0:
             raise UsageError(f"timeout must be positive seconds, got {timeout!r}")
         if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))

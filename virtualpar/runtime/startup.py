@@ -30,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import blas_threads
+from ..errors import UsageError
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from .config import ClusterConfig
@@ -78,6 +79,18 @@ def start_devices(
     if not forked:
         arena.unlink()  # every device has mapped it now
     return sup, doorbells, pids
+
+
+def check_not_bootstrapping(start_method: str) -> None:
+    """Refuse to start a cluster inside a spawned process that is still importing its parent's main
+    module (a script without ``if __name__ == "__main__":`` under spawn or forkserver).  Each device
+    would start a cluster of its own there: the driver kills them when the first one fails, and a
+    killed process cannot free the shared memory it had just made."""
+    if start_method != "fork" and getattr(mp.current_process(), "_inheriting", False):
+        raise UsageError(f"VirtualCluster(start_method={start_method!r}) was created while a process started by "
+                         f"{start_method} imports the main module: put the code that creates the cluster under "
+                         f"`if __name__ == \"__main__\":` (each device started by {start_method} imports the main "
+                         f"module again)")
 
 
 def _before_fork() -> None:
