@@ -38,7 +38,7 @@ class GraphOperation:
         for (node, port), a in zip(inputs, arrays):
             spec = g.nodes[node]["op"].in_specs[port]
             for r, piece in enumerate(shard(np.asarray(a), spec, cluster.mesh)):
-                cluster.put(r, f"graph/{node}/in{port}", piece)
+                cluster.put(r, f"graph/{node}/in{port}", piece, block=False)
             shapes[(node, port)] = np.shape(a)
         plans = {}
         for u, v, data in g.edges(data=True):

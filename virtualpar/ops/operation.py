@@ -72,7 +72,7 @@ class ShardedOperation:
         except ShardingError as exc:
             raise ShardingError(f"{self.name}, input {index}: {exc}") from None
         for r, piece in enumerate(pieces):
-            cluster.put(r, f"{self.key}/in{index}", piece)
+            cluster.put(r, f"{self.key}/in{index}", piece, block=False)
 
     def execute_on(self, cluster: Any, *arrays: np.ndarray) -> Any:
         n_in = len(self.in_specs)

@@ -221,11 +221,15 @@ class VirtualCluster:
         ctl.command(rank, ("inject", at_op, action, params))
 
     # -- data to and from devices -----------------------------------------------------------------
-    def put(self, rank: int, key: str, x: Any) -> None:
-        """Place ``x`` in ``device.state[key]`` of device ``rank`` over the host->device channel."""
+    def put(self, rank: int, key: str, x: Any, block: bool = True) -> None:
+        """Place ``x`` in ``device.state[key]`` of device ``rank`` over the host->device channel.
+
+        ``block=False`` returns without waiting for the device to store it (when ``x`` fits in the
+        host's channel at once); an error there is raised by the next call that hears from that device.
+        """
         ctl = self._open()
         self._check_rank(rank)
-        host_link.put(ctl, rank, key, x)
+        host_link.put(ctl, rank, key, x, block)
 
     def get(self, rank: int, key: str) -> Any:
         """Fetch ``device.state[key]`` from device ``rank`` over the device->host channel."""

@@ -14,6 +14,12 @@ decides what a failure means.  A failed command ends one of two ways:
 
 After a successful run the rings must be empty: a message sent and never received is reported as
 ``UnmatchedMessages`` (and the cluster reset), never silently carried into the next run.
+
+A command may be *posted* (``post``): sent without waiting for its reply, which the device still
+sends, in order, on its pipe.  The next reply read from that device first takes the posted ones
+(``settle``); a posted command that failed fails the command being answered, with its own error,
+once that command's replies are read too (so the pipes stay in step), and the cluster is reset.
+``cluster.put(..., block=False)`` posts; a pipeline step puts its batch that way and runs at once.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages
+from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages, VirtualParError
 from ..mesh import Mesh
 from ..transport.endpoint import Endpoint
 from ..transport.shm import Layout, SharedArena, ring_control
@@ -56,6 +62,7 @@ class ClusterControl:
         ctrl = ring_control(arena, layout).reshape(E * E, 16)
         self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
         self._arrivals = arena.view(layout.arrivals_offset, layout.arrivals_bytes // 8, np.uint64)
+        self.posted: dict[int, list[str]] = {}  # rank -> what each posted command was, oldest first
 
     def check_open(self) -> None:
         if self.closed:
@@ -77,17 +84,42 @@ class ClusterControl:
         self.send(rank, msg)
         return self.finish(rank, what=f"the {msg[0]!r} command")
 
+    def post(self, rank: int, msg: tuple, what: str) -> None:
+        """Send a command whose reply is taken later, by the next reply read from ``rank``."""
+        self.send(rank, msg, what)
+        self.posted.setdefault(rank, []).append(what)
+
+    def settle(self, rank: int) -> BaseException | None:
+        """Read device ``rank``'s replies to its posted commands; the first one's error, if any
+        failed (a death is fatal and raised at once)."""
+        first = None
+        for what in self.posted.pop(rank, ()):
+            reply = self._reply(rank, what)
+            if reply[0] == "err" and first is None:
+                first = unpack_error(reply[1])
+                if isinstance(first, VirtualParError):
+                    first = first.replace(f"the posted {what} failed: {first.message}")
+        return first
+
     def finish(self, rank: int, reply: tuple | None = None, what: str = "a driver command") -> Any:
-        """Wait for device ``rank``'s reply (unless given) and unpack it; a death is fatal."""
-        try:
-            if reply is None:
-                reply = self.sup.recv_reply(rank, time.monotonic() + self.config.timeout + _REPLY_SLACK, what)
-        except DeviceDied as died:
-            self.fatal_shutdown(str(died))
-            raise
+        """Wait for device ``rank``'s reply (unless given) and unpack it; a death is fatal.  A
+        posted command that failed before it raises its own error (see the module doc)."""
+        earlier = self.settle(rank) if reply is None else None
+        if reply is None:
+            reply = self._reply(rank, what)
+        if earlier is not None:
+            self.reset()
+            raise earlier
         if reply[0] == "err":
             raise unpack_error(reply[1])
         return reply[1]
+
+    def _reply(self, rank: int, what: str) -> tuple:
+        try:
+            return self.sup.recv_reply(rank, time.monotonic() + self.config.timeout + _REPLY_SLACK, what)
+        except DeviceDied as died:
+            self.fatal_shutdown(str(died))
+            raise
 
     def broadcast(self, msg: tuple, what: str, run_timeout: float | None = None, check_unmatched: bool = True) -> list[Any]:
         """Send ``msg`` to every device; their replies in rank order, or the root cause of a failure.
@@ -95,16 +127,23 @@ class ClusterControl:
         ``run_timeout``: seconds the whole round may take from now (None: no limit).
         """
         deadline = None if run_timeout is None else time.monotonic() + run_timeout
+        earlier: BaseException | None = None
         try:
             for r in range(self.size):
                 self.send(r, msg, what)
+            for r in sorted(self.posted):
+                failed = self.settle(r)
+                earlier = earlier or failed
             got = self.sup.collect(what, deadline)
             verdict = self.sup.judge(got, what, run_timeout)
         except KeyboardInterrupt:
             self.fatal_shutdown("interrupted by Ctrl-C")
             raise
-        if verdict is not None:
+        if verdict is not None and (verdict.fatal is not None or earlier is None):
             self.fail(verdict)
+        if earlier is not None:  # a posted command failed: this one's errors follow from it
+            self.reset()
+            raise earlier
         if check_unmatched and (got.pending or self._rings_busy()):
             self._report_unmatched(got.pending)
         return got.results
@@ -141,6 +180,7 @@ class ClusterControl:
         for r in range(self.size):
             self.send(r, ("reset",))
         for r in range(self.size):
+            self.settle(r)  # already reported, or reported by the failure that led here
             self.finish(r, what="the 'reset' command")
 
     def fatal_shutdown(self, reason: str) -> None:
@@ -171,6 +211,7 @@ class ClusterControl:
     def shutdown(self) -> None:
         """Kill and reap every process, close the pipes, drop every view of the arena and free it now."""
         self.closed = True
+        self.posted.clear()
         self.sup.kill_all()
         self.sup.release()
         self.host = None

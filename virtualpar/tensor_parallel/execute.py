@@ -101,7 +101,7 @@ class TensorParallelOp:
                 raise ShardingError(f"place_weights: input {i} has shape {w.shape}, expected {self.shapes[i]}")
             for rank in range(cluster.size):
                 p = piece(w, layouts[i], cluster.mesh, rank)
-                cluster.put(rank, self._key(i), p)
+                cluster.put(rank, self._key(i), p, block=False)
                 total += p.nbytes
         self.placed_on.add(cluster)
         return total
@@ -120,7 +120,7 @@ class TensorParallelOp:
             if x.shape != self.shapes[i]:
                 raise ShardingError(f"execute: input {i} has shape {x.shape}, expected {self.shapes[i]}")
             for rank in range(cluster.size):
-                cluster.put(rank, self._key(i), piece(x, layouts[i], cluster.mesh, rank))
+                cluster.put(rank, self._key(i), piece(x, layouts[i], cluster.mesh, rank), block=False)
         keys = tuple(self._key(i) for i in range(n_in))
         temp = tuple(self._key(i) for i in positions)
         out_layout = self.layer.output_layout()

@@ -48,7 +48,7 @@ def place(cluster: Any, arrays: Sequence[np.ndarray], layouts: Sequence[Layout],
         key = keys[i] if keys else f"{_IN}{i}"
         for rank in range(cluster.size):
             p = piece(np.asarray(x), lay, cluster.mesh, rank)
-            cluster.put(rank, key, p)
+            cluster.put(rank, key, p, block=False)
             total += p.nbytes
     return total
 

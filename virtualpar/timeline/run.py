@@ -109,9 +109,10 @@ class TimelineParallel:
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
-            cluster.put(r, self.key + "/x", tuple(np.ascontiguousarray(a[:, i * seg:(i + 1) * seg]) for a in inputs))
+            cluster.put(r, self.key + "/x", tuple(np.ascontiguousarray(a[:, i * seg:(i + 1) * seg]) for a in inputs),
+                        block=False)
             if i == D - 1:
-                cluster.put(r, self.key + "/y", labels)
+                cluster.put(r, self.key + "/y", labels, block=False)
         replies = cluster.run(run_step, self.key)
         self.last_records = {}
         for _, prank, records in replies:

@@ -1,0 +1,77 @@
+"""``cluster.put(..., block=False)``: the command is posted and its reply read with the next one
+from that device (``ClusterControl.post``/``settle``).  Values arrive in order; a posted put that
+fails fails the next call with its own error and leaves a usable cluster; a device that dies
+after a posted put is a ``DeviceDied`` at the next call; a value too large for the host's ring at
+once is put blocking instead."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from virtualpar import VirtualCluster
+from virtualpar.errors import DeviceDied, PayloadError
+
+pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
+
+
+def _read(dev, key):
+    return dev.state.get(key)
+
+
+def _explode():
+    raise RuntimeError("this value cannot be rebuilt on a device")
+
+
+class _Unloadable:
+    """Pickles in the driver; unpickling it on a device raises."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def test_posted_puts_arrive_in_order_before_the_next_run():
+    with VirtualCluster(2, timeout=5) as c:
+        for i in range(5):  # several posted to one device: the last one wins
+            c.put(1, "k", np.full(3, float(i)), block=False)
+        c.put(0, "k", {"a": 1}, block=False)
+        got = c.run(_read, "k")
+        assert got[0] == {"a": 1}
+        np.testing.assert_array_equal(got[1], np.full(3, 4.0))
+        assert not c._ctl.posted  # every posted reply was read
+        c.put(0, "k", 7, block=False)
+        assert c.get(0, "k") == 7  # a get reads the posted reply first
+
+
+def test_a_failed_posted_put_fails_the_next_call_with_its_own_error_and_the_cluster_goes_on():
+    with VirtualCluster(2, timeout=5) as c:
+        c.put(1, "bad", _Unloadable(), block=False)  # the driver's half succeeds: nothing raised yet
+        with pytest.raises(PayloadError, match="the posted put 'bad' failed: device 1.*cannot be rebuilt") as info:
+            c.run(_read, "bad")
+        assert info.value.rank == 1
+        assert c.run(_read, "bad") == [None, None]  # reset: the next run starts clean
+        c.put(0, "bad", _Unloadable(), block=False)
+        with pytest.raises(PayloadError, match="the posted put 'bad' failed: device 0.*cannot be rebuilt"):
+            c.get(0, "bad")
+        c.put(0, "ok", 1.5, block=False)
+        assert c.get(0, "ok") == 1.5
+
+
+def test_a_device_that_dies_after_a_posted_put_is_named_at_the_next_call():
+    with VirtualCluster(2, timeout=5) as c:
+        c.put(1, "k", np.ones(4), block=False)
+        os.kill(c.pids[1], signal.SIGKILL)
+        with pytest.raises(DeviceDied, match="device 1"):
+            c.run(_read, "k")
+        assert c.closed
+
+
+def test_a_value_too_large_for_the_host_ring_is_put_blocking():
+    with VirtualCluster(2, timeout=5, ring_bytes=64 << 10) as c:
+        big = np.arange(64 << 10, dtype=np.float64)  # 512 KiB through a 64 KiB ring
+        c.put(0, "big", big, block=False)
+        assert not c._ctl.posted  # it waited for the device, as a blocking put does
+        np.testing.assert_array_equal(c.run(_read, "big")[0], big)
