@@ -153,3 +153,37 @@ def test_eight_devices_on_two_cores_never_look_deadlocked(shuffle):
     for r in range(8):
         ring = sum(float((r - 1) % 8 + k) for k in range(rounds))
         assert got[r] == ring + rounds * (2.0 + 8.0)
+
+
+def _staggered(dev):
+    time.sleep(0.01 * dev.rank)  # replies reach the driver one by one
+    return dev.rank
+
+
+def test_the_driver_scans_on_its_own_clock_not_at_every_reply(monkeypatch):
+    import virtualpar.runtime.deadlock as deadlock
+
+    with VirtualCluster(4, timeout=10) as c:
+        watch = c._ctl.sup.watch
+        scans = []
+        real = watch.scan
+        monkeypatch.setattr(watch, "scan", lambda running: scans.append(len(running)) or real(running))
+        monkeypatch.setattr(deadlock, "WATCH_EVERY", 30.0)  # the first scan would come after 30 s
+        assert c.run(_staggered) == [0, 1, 2, 3]
+        assert scans == []  # four replies, no scan (each wake-up scanned before)
+
+
+def test_the_scan_interval_grows_with_the_scan_cost_and_shrinks_to_confirm(monkeypatch):
+    import virtualpar.runtime.deadlock as deadlock
+
+    with VirtualCluster(2, timeout=10) as c:
+        watch = c._ctl.sup.watch
+        watch.reset()
+        assert watch.every == deadlock.WATCH_EVERY
+        monkeypatch.setattr(watch, "_scan", lambda running: time.sleep(0.01))
+        watch.scan({0, 1})
+        assert watch.every >= 0.01 / deadlock.SCAN_SHARE  # scans take at most SCAN_SHARE of the driver's time
+        watch._candidate = ("a dead set", 1, {})  # waiting to confirm one: look again soon
+        watch.scan({0, 1})
+        assert watch.every == deadlock.WATCH_EVERY
+        watch._candidate = None

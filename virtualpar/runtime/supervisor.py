@@ -40,7 +40,6 @@ import numpy as np
 
 from ..errors import CollectiveTimeout, DeviceDied, RunTimeout, VirtualParError, unpack_error
 from ..mesh import Mesh
-from .deadlock import WATCH_EVERY
 from .recorder import FlightRecorder, OpRecord, format_records
 
 __all__ = ["Supervisor", "Collected", "Verdict", "unpack_error"]
@@ -170,17 +169,18 @@ class Supervisor:
         watch = self.watch
         if watch is not None:
             watch.reset()
+            scan_at = time.monotonic() + watch.every  # scans on their own clock, not at every reply
         while waiting:
             limit = min((t for t in (grace, deadline) if t is not None), default=None)
             if watch is not None and grace is None:
-                if out.deadlock is None:
+                if out.deadlock is None and time.monotonic() >= scan_at:
                     found = watch.scan(waiting)
                     if found is not None:
                         out.deadlock = found
                         self.abort(found.cycle[0])
                         grace = time.monotonic() + self.abort_grace
                         continue
-                scan_at = time.monotonic() + WATCH_EVERY
+                    scan_at = time.monotonic() + watch.every
                 limit = scan_at if limit is None else min(limit, scan_at)
             objs = [self.cmd[r] for r in waiting] + [self.procs[r].sentinel for r in waiting]
             ready = mpc.wait(objs, timeout=None if limit is None else max(0.0, limit - time.monotonic()))
