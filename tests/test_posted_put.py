@@ -75,3 +75,12 @@ def test_a_value_too_large_for_the_host_ring_is_put_blocking():
         c.put(0, "big", big, block=False)
         assert not c._ctl.posted  # it waited for the device, as a blocking put does
         np.testing.assert_array_equal(c.run(_read, "big")[0], big)
+
+
+def test_a_failed_posted_put_that_nothing_reads_is_logged_at_close(caplog):
+    c = VirtualCluster(2, timeout=5)
+    c.put(1, "bad", _Unloadable(), block=False)
+    with caplog.at_level("WARNING", logger="virtualpar.runtime.control"):
+        c.close()
+    assert "the posted put 'bad' failed" in caplog.text and "cannot be rebuilt" in caplog.text
+    assert c.closed

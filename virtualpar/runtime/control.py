@@ -18,12 +18,14 @@ After a successful run the rings must be empty: a message sent and never receive
 A command may be *posted* (``post``): sent without waiting for its reply, which the device still
 sends, in order, on its pipe.  The next reply read from that device first takes the posted ones
 (``settle``); a posted command that failed fails the command being answered, with its own error,
-once that command's replies are read too (so the pipes stay in step), and the cluster is reset.
+once that command's replies are read too (so the pipes stay in step), and the cluster is reset;
+one that nothing reads before ``close`` is logged as a warning there.
 ``cluster.put(..., block=False)`` posts; a pipeline step puts its batch that way and runs at once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -37,6 +39,8 @@ from .config import ClusterConfig
 from .supervisor import Supervisor, Verdict, unpack_error
 
 __all__ = ["ClusterControl"]
+
+log = logging.getLogger(__name__)
 
 _CLOSE_WAIT = 2.0  # seconds devices get to leave their loop on close before they are killed
 _REPLY_SLACK = 5.0  # a command's reply may take the op timeout plus this
@@ -195,6 +199,13 @@ class ClusterControl:
         """Ask every device to leave its loop, give them ``_CLOSE_WAIT`` s, then shut down.  Idempotent."""
         if self.closed:
             return
+        for r in sorted(self.posted):  # nothing will read these replies any more: say if one failed
+            try:
+                failed = self.settle(r)
+            except DeviceDied:
+                return  # fatal_shutdown already closed everything
+            if failed is not None:
+                log.warning("%s", failed)
         self.closed = True
         sup = self.sup
         for r, proc in enumerate(sup.procs):
