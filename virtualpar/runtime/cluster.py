@@ -225,7 +225,8 @@ class VirtualCluster:
         """Place ``x`` in ``device.state[key]`` of device ``rank`` over the host->device channel.
 
         ``block=False`` returns without waiting for the device to store it (when ``x`` fits in the
-        host's channel at once); an error there is raised by the next call that hears from that device.
+        host's channel at once); an error there is raised by the next call that hears from that device
+        (or logged as a warning at ``close`` if none does).
         """
         ctl = self._open()
         self._check_rank(rank)
