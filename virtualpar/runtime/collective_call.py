@@ -10,8 +10,9 @@ devices cost a barrier 10 ms).  If any differ, every
 member sees it, and they all fall back to that exchange — every device sends its full fingerprint
 to the group's leader (position 0), which answers every member with all of them — so that every
 device raises the same ``CollectiveMismatch`` naming each device's call and what differs.
-No modelled time; ``VirtualCluster(check_collectives=False)`` skips it.  A barrier whose members
-have just fenced for the check needs no second fence.
+No modelled time; ``VirtualCluster(check_collectives=False)`` skips it.  Algorithms whose first
+dependency on their peers is a fence (``registry.FENCE_FIRST``: the shm barrier and all_reduce)
+carry the digests in that fence instead of one of their own, so a barrier is a single fence.
 """
 
 from __future__ import annotations
