@@ -177,3 +177,37 @@ def test_executed_zero_bubble_beats_1f1b_at_the_same_peak():
         results[name] = (makespan, peaks)
     assert results["zb_h1"][0] < results["1f1b"][0]
     assert results["zb_h1"][1] == results["1f1b"][1] == [min(S - s, M) for s in range(S)]
+
+
+def test_executor_costs_must_cover_every_kind_the_schedule_runs():
+    """Missing kinds would be charged nothing: zero-bubble's I and W would look free."""
+    with pytest.raises(UsageError, match="costs name 'X', not an action kind"):
+        PipelinedOperation(Pipeline(deep_mlp(2), cuts=[1]), "zb_h1", microbatches=2, costs={"X": 1.0})
+    op = PipelinedOperation(Pipeline(deep_mlp(2), cuts=[1]), "zb_h1", microbatches=2, costs={"F": 1.0, "B": 2.0})
+    with VirtualCluster(2) as cluster:
+        with pytest.raises(UsageError, match=r"PipelinedOperation\('zb_h1'\): the schedule runs I, W actions but "
+                                             r"costs give no I or W"):
+            cluster.execute(op, *_data(4, 16))
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_pipeline_command_runs_every_schedule_it_lists_with_its_defaults(name, capsys):
+    """``virtualpar pipeline --schedule NAME`` on built-in defaults: two-chunk schedules cut the MLP
+    into seed 003's 4 stages on 2 devices; the run must equal single-process training."""
+    from virtualpar.cli import main
+
+    assert main(["pipeline", "--schedule", name, "--steps", "1", "--batch", "16", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    devices = "2 devices (2 chunks each)" if name in ("interleaved_1f1b", "looped_bfs", "zbv") else "4 devices"
+    assert f"{name}: 4 stages on {devices} x 4 microbatches" in out
+    assert "matches single-process training (float64, 1e-9): yes" in out
+
+
+def test_pipeline_command_says_how_many_devices_the_mlp_allows(capsys):
+    from virtualpar.cli import main
+
+    assert main(["pipeline", "--schedule", "zbv", "--stages", "4"]) == 1
+    assert ("zbv on 4 devices with 2 model chunk(s) each needs 8 stages, but the MLP has 7 layers to cut; "
+            "use at most 3 devices") in capsys.readouterr().err
+    assert main(["pipeline", "--virtual", "0"]) == 1
+    assert "virtual must be a positive int, got 0" in capsys.readouterr().err

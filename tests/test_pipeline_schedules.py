@@ -160,3 +160,28 @@ def test_schedule_command_json_and_errors(capsys):
     assert "bubble" in capsys.readouterr().out
     assert main(["schedule", "nope"]) == 2
     assert "choose one of gpipe" in capsys.readouterr().err
+
+
+def test_costs_that_would_time_the_wrong_thing_are_refused(capsys):
+    from virtualpar.cli import main
+    from virtualpar.pipeline import check_costs
+
+    sched, placement = build("1f1b", 2, 2)
+    for costs, message in (({"f": 1.0}, "costs name 'f', not an action kind; the kinds are F, B, I, W"),
+                           ({"F": -1.0}, r"costs\['F'\] must be a finite number >= 0, got -1.0"),
+                           ({"B": float("nan")}, r"costs\['B'\] must be a finite number >= 0, got nan"),
+                           ({"F": True}, r"costs\['F'\] must be a finite number >= 0, got True"),
+                           ({"F": {0: 1.0}}, r"costs\['F'\] gives no cost for stage\(s\) \[1\] of 2")):
+        with pytest.raises(UsageError, match=message):
+            simulate(sched, placement, 2, costs=costs)
+    # per-stage costs covering every stage time each stage by its own cost
+    sim = simulate(sched, placement, 2, costs={"F": {0: 1.0, 1: 3.0}, "B": 0.0})
+    assert sim.makespan == 1 + 3 + 3
+    with pytest.raises(UsageError, match=r"x: the schedule runs I, W actions but costs give no I or W \(given: F, B\)"):
+        check_costs({"F": 1.0, "B": 2.0}, "x", needed=("F", "I", "W"))
+    with pytest.raises(UsageError, match=r"costs\['F'\] must be a number, got a mapping"):
+        check_costs({"F": {0: 1.0}}, "x")
+    with pytest.raises(SystemExit) as exc:
+        main(["schedule", "gpipe", "--costs", "F=1,Q=2"])
+    assert exc.value.code == 2
+    assert "argument --costs: costs name 'Q', not an action kind" in capsys.readouterr().err

@@ -21,7 +21,11 @@ def parse_mesh(text: str):
 
 
 def parse_costs(text: str) -> dict[str, float]:
-    """``F=1,B=2,W=0`` -> ``{"F": 1.0, "B": 2.0, "W": 0.0}``."""
+    """``F=1,B=2,W=0`` -> ``{"F": 1.0, "B": 2.0, "W": 0.0}``; a kind other than F, B, I, W or a cost
+    that is not a finite number >= 0 is refused (argparse reports it)."""
+    from ..errors import UsageError
+    from ..pipeline.simulate import check_costs
+
     costs: dict[str, float] = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
@@ -29,4 +33,8 @@ def parse_costs(text: str) -> dict[str, float]:
             costs[name.strip()] = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"costs must look like F=1,B=2; got {text!r}") from None
+    try:
+        check_costs(costs, "")
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
     return costs

@@ -17,14 +17,17 @@ def _pipeline(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     ok = train_demo(sys.stdout, args.schedule, args.stages, args.microbatches, args.steps, args.batch,
-                    args.hardware, check=not args.no_check, unit=args.unit_costs)
+                    args.hardware, check=not args.no_check, unit=args.unit_costs, virtual=args.virtual)
     return 0 if ok else 1
 
 
 def register(sub) -> None:
     p = sub.add_parser("pipeline", help="train seed 003's MLP with a pipeline schedule and show what ran")
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zb_h1, zbv")
-    p.add_argument("--stages", type=int, default=4, help="pipeline devices (default 4)")
+    p.add_argument("--stages", type=int, default=None,
+                   help="pipeline devices (default 4, or 2 for schedules with 2 chunks per device)")
+    p.add_argument("--virtual", type=int, default=None,
+                   help="model chunks per device (default: the schedule's, 1 or 2); the MLP is cut into stages x virtual")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)

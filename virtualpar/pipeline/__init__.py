@@ -15,12 +15,12 @@ from .executor import PipelinedOperation, format_timeline
 from .lower import lower
 from .partition import Pipeline, PipelineStage
 from .placement import Placement
-from .schedules import SCHEDULES, build
-from .simulate import DEFAULT_COSTS, PipelineDeadlock, Simulation, simulate
+from .schedules import SCHEDULES, build, default_virtual
+from .simulate import DEFAULT_COSTS, PipelineDeadlock, Simulation, check_costs, simulate
 from .validate import ScheduleError, format_grid, validate
 
 __all__ = [
     "Action", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
-    "build", "validate", "ScheduleError", "format_grid", "simulate", "Simulation", "PipelineDeadlock",
+    "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation", "PipelineDeadlock",
     "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
 ]

@@ -7,8 +7,10 @@ from typing import TextIO
 import numpy as np
 
 from .. import nn
+from ..errors import UsageError
 from .executor import PipelinedOperation
 from .partition import Pipeline
+from .schedules import default_virtual
 
 __all__ = ["train_demo", "tour_section", "seed_mlp"]
 
@@ -35,27 +37,42 @@ def unit_hardware():
     return Hardware.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
 
 
-def train_demo(out: TextIO, schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, steps: int = 3,
-               batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False) -> bool:
-    """Train the MLP for ``steps`` steps on ``stages`` devices; print losses and the last timeline;
-    with ``check``, compare against single-process training (float64).  ``unit``: model F = 1 and
-    B = 2 time units on free links instead of ``hardware``.  Returns True if it matched."""
+def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8, steps: int = 3,
+               batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False,
+               virtual: int | None = None) -> bool:
+    """Train the MLP for ``steps`` steps on ``devices`` pipeline devices, each holding ``virtual``
+    model chunks (default: the schedule's own, 1 or 2), so the MLP is cut into devices × virtual
+    stages; by default the 4 stages of seed 003 (4 devices, or 2 for two-chunk schedules).  Print
+    the losses and the last timeline; with ``check``, compare against single-process training
+    (float64).  ``unit``: model F = 1 and B = 2 time units on free links instead of ``hardware``.
+    Returns True if it matched."""
     from .. import VirtualCluster  # the driver side of a demo; the device program uses the protocol only
 
+    virtual = default_virtual(schedule) if virtual is None else virtual
+    for name, value in (("devices", devices), ("virtual", virtual)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(f"{name} must be a positive int, got {value!r}")
+    if devices is None:
+        devices = max(1, 4 // virtual)
     dtype = np.float64 if check else np.float32
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, SIZES[0])).astype(dtype)
     y = rng.standard_normal((batch, SIZES[-1])).astype(dtype)
     model = seed_mlp(dtype)
-    layers = len(model)
-    pipe = Pipeline.balanced(model, stages, by="params") if stages <= layers else Pipeline(model, [])
+    stages = devices * virtual
+    if not 1 <= stages <= len(model):
+        raise UsageError(f"{schedule} on {devices} devices with {virtual} model chunk(s) each needs {stages} stages, but "
+                         f"the MLP has {len(model)} layers to cut; use at most {len(model) // virtual} devices")
+    pipe = Pipeline.balanced(model, stages, by="params")
     costs = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0} if unit else None
-    op = PipelinedOperation(pipe, schedule, microbatches=microbatches, optimizer=nn.SGD(0.01), costs=costs)
-    with VirtualCluster(stages, hardware=unit_hardware() if unit else hardware) as cluster:
+    op = PipelinedOperation(pipe, schedule, microbatches=microbatches, optimizer=nn.SGD(0.01), costs=costs,
+                            virtual=virtual)
+    with VirtualCluster(devices, hardware=unit_hardware() if unit else hardware) as cluster:
         losses = [cluster.execute(op, x, y) for _ in range(steps)]
         state = op.state_dict(cluster)
         clock = max(cluster.clocks())
-    out.write(f"{schedule}: {stages} stages x {microbatches} microbatches, batch {batch}; "
+    chunks = f" ({virtual} chunks each)" if virtual > 1 else ""
+    out.write(f"{schedule}: {stages} stages on {devices} devices{chunks} x {microbatches} microbatches, batch {batch}; "
               f"losses {', '.join(f'{v:.4f}' for v in losses)}\n")
     if unit:
         out.write(f"modelled with F = 1, B = 2 (I = W = 1) time units on free links: {steps} steps took {clock:g} units\n")
@@ -74,6 +91,6 @@ def train_demo(out: TextIO, schedule: str = "1f1b", stages: int = 4, microbatche
 
 def tour_section(out: TextIO, hardware: str | None) -> bool:
     out.write("Seed 003's MLP (256-512-1024-512-256) cut into 4 stages on 4 devices, trained with 1F1B.\n")
-    ok = train_demo(out, "1f1b", stages=4, microbatches=8, steps=2, batch=32, hardware=hardware, unit=True)
+    ok = train_demo(out, "1f1b", devices=4, microbatches=8, steps=2, batch=32, hardware=hardware, unit=True)
     out.write("Try: virtualpar schedule zb_h1 --costs F=1,B=2,W=1   (same memory, smaller bubble)\n")
     return ok

@@ -36,7 +36,7 @@ from .lower import lower
 from .partition import Pipeline
 from .placement import Placement
 from .schedules import build
-from .simulate import simulate
+from .simulate import check_costs, simulate
 from .validate import format_grid, validate
 
 __all__ = ["PipelinedOperation", "StepSpec"]
@@ -69,6 +69,7 @@ class PipelinedOperation:
         self.pipeline = pipeline
         self.microbatches = microbatches
         self.optimizer = optimizer or nn.SGD(0.1)
+        check_costs(costs, "PipelinedOperation")
         self.axis, self.dp_axis, self.costs, self.loss = axis, dp_axis, costs, loss
         if isinstance(schedule, str):
             self.schedule_name = schedule
@@ -97,6 +98,8 @@ class PipelinedOperation:
             raise UsageError(f"the schedule is for {self.placement.ranks} pipeline ranks; the mesh axis "
                              f"{self.axis!r} has {ranks}")
         validate(self.schedule, self.placement, self.microbatches)
+        kinds = {a.kind for acts in self.schedule.values() for a in acts if a is not None}
+        check_costs(self.costs, f"PipelinedOperation({self.schedule_name!r})", needed=kinds)
         simulate(self.schedule, self.placement, self.microbatches)  # refuses a schedule that cannot finish
         return StepSpec(lower(self.schedule, self.placement), self.placement, self.microbatches, self.loss,
                         self.axis, self.dp_axis, self.costs)

@@ -24,13 +24,14 @@ The zero-bubble builders choose their order with a greedy list scheduler under u
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from ..errors import UsageError
 from .actions import Action, Schedule
 from .placement import Placement
 
-__all__ = ["SCHEDULES", "build", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zbv"]
+__all__ = ["SCHEDULES", "build", "default_virtual", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zbv"]
 
 
 def _check(name: str, ranks: int, microbatches: int, virtual: int, allowed_virtual: Callable[[int], bool]) -> None:
@@ -178,6 +179,14 @@ def _ready_f(placement: Placement, r: int, done: dict, t: int, next_f: dict, M: 
         if best is None or (m, s) < (best.microbatch, best.stage):
             best = Action(s, "F", m)
     return best
+
+
+def default_virtual(name: str) -> int:
+    """The model chunks per rank schedule ``name`` takes when ``virtual`` is not given (1 or 2)."""
+    if name not in SCHEDULES:
+        raise UsageError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    param = inspect.signature(SCHEDULES[name]).parameters["virtual"]
+    return int(param.default)
 
 
 def build(name: str, ranks: int, microbatches: int, virtual: int | None = None) -> tuple[Schedule, Placement]:

@@ -19,16 +19,48 @@ blocked rank's next action and what it waits for; it never hangs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from numbers import Real
+from typing import Any, Iterable, Mapping
 
 from ..errors import UsageError
-from .actions import Action, Schedule
+from .actions import COMPUTE, Action, Schedule
 from .placement import Placement
 
-__all__ = ["Simulation", "simulate", "PipelineDeadlock", "DEFAULT_COSTS"]
+__all__ = ["Simulation", "simulate", "PipelineDeadlock", "DEFAULT_COSTS", "check_costs"]
 
 DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+
+
+def check_costs(costs: Mapping[str, Any] | None, where: str, stages: int | None = None,
+                needed: Iterable[str] = ()) -> None:
+    """Refuse costs that would silently time the wrong thing: a kind that is not F, B, I or W (a
+    typo would otherwise be ignored), a cost that is not a finite number >= 0, a per-stage mapping
+    (allowed when ``stages`` is given) that misses a stage, or a kind in ``needed`` left out."""
+    if costs is None:
+        return
+    where = f"{where}: " if where else ""
+    if not isinstance(costs, Mapping):
+        raise UsageError(f"{where}costs must be a mapping such as {{'F': 1, 'B': 2}}, got {type(costs).__name__}")
+    unknown = sorted(set(costs) - set(COMPUTE), key=str)
+    if unknown:
+        raise UsageError(f"{where}costs name {', '.join(map(repr, unknown))}, not an action kind; "
+                         f"the kinds are {', '.join(COMPUTE)}")
+    missing = [k for k in COMPUTE if k in set(needed) and k not in costs]
+    if missing:
+        raise UsageError(f"{where}the schedule runs {', '.join(missing)} actions but costs give no "
+                         f"{' or '.join(missing)} (given: {', '.join(costs) or 'none'})")
+    for kind, c in costs.items():
+        per_stage = isinstance(c, Mapping)
+        if per_stage and stages is None:
+            raise UsageError(f"{where}costs[{kind!r}] must be a number, got a mapping")
+        if per_stage and set(range(stages)) - set(c):
+            raise UsageError(f"{where}costs[{kind!r}] gives no cost for stage(s) "
+                             f"{sorted(set(range(stages)) - set(c))} of {stages}")
+        for v in (c.values() if per_stage else [c]):
+            if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
+                raise UsageError(f"{where}costs[{kind!r}] must be a finite number >= 0, got {v!r}")
 
 
 class PipelineDeadlock(UsageError):
@@ -96,6 +128,7 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
              costs: Mapping[str, float | Mapping[int, float]] | None = None, comm: float = 0.0) -> Simulation:
     """Times of every action of ``schedule`` (see the module doc).  ``costs[kind]`` is a number or
     a per-stage mapping; missing kinds take ``DEFAULT_COSTS``."""
+    check_costs(costs, "simulate", stages=placement.stages)
     costs = {**DEFAULT_COSTS, **(costs or {})}
     last = placement.stages - 1
     orders = {r: [a for a in acts if a is not None] for r, acts in schedule.items()}

@@ -22,6 +22,7 @@ from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
 from ..pipeline.device_step import run_step
 from ..pipeline.executor import StepSpec, check_ran, format_timeline
+from ..pipeline.simulate import check_costs
 from ..pipeline.actions import Action
 from .sequence_pipe import SequencePipe
 
@@ -81,6 +82,7 @@ class TimelineParallel:
                  costs: dict[str, float] | None = None) -> None:
         if not isinstance(model, SequencePipe):
             raise UsageError(f"TimelineParallel needs a SequencePipe subclass, got {type(model).__name__}")
+        check_costs(costs, "TimelineParallel", needed=("F", "B"))
         self.model, self.microbatches = model, microbatches
         self.optimizer = optimizer or nn.SGD(0.1)
         self.costs = costs
