@@ -12,7 +12,7 @@ import pytest
 
 import virtualpar
 from virtualpar import Mesh, MeshIndex, VirtualChannel, VirtualCluster, VirtualDevice
-from virtualpar.errors import ClusterClosedError, DeviceError, PayloadError, VirtualParError
+from virtualpar.errors import ClusterClosedError, DeviceError, PayloadError, UsageError, VirtualParError
 
 from . import _device_fns
 
@@ -128,9 +128,13 @@ def test_put_get_of_python_objects_and_every_rank(cluster):
 
 
 def test_get_of_a_missing_key_names_it(cluster):
-    with pytest.raises(VirtualParError, match="no_such_key"):
+    cluster.put(0, "cfg", {"rank": 0})
+    cluster.run(lambda dev: dev.barrier())  # an earlier op must not be blamed: the get is the caller's mistake
+    with pytest.raises(UsageError, match=r"^cluster.get\(0, 'no_such_key'\): device 0 \(.*\) has no "
+                                         r"state\['no_such_key'\]; it holds \[.*'cfg'.*\]$") as exc:
         cluster.get(0, "no_such_key")
-    assert cluster.get(1, "cfg")["rank"] == 1  # still usable
+    assert exc.value.rank == 0
+    assert cluster.get(0, "cfg")["rank"] == 0  # still usable
 
 
 # -- clocks ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import blas_threads
-from ..errors import DeviceAborted, DeviceError, PayloadError, VirtualParError
+from ..errors import DeviceAborted, DeviceError, PayloadError, UsageError, VirtualParError
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
 from ..transport.shm import Layout, SharedArena
@@ -173,7 +173,9 @@ class _Handlers:
 
     def get(self, key: str) -> tuple:
         if key not in self.dev.state:
-            raise KeyError(f"{self.dev.name} has no state[{key!r}]; it holds {sorted(self.dev.state)}")
+            dev = self.dev  # the caller's mistake, not user code on the device: no "last op" of an older run
+            raise UsageError(f"cluster.get({dev.rank}, {key!r}): {dev.name} has no state[{key!r}]; it holds "
+                             f"{sorted(dev.state)}", rank=dev.rank, index=str(dev.index))
         self.dev._to_host(self.dev.state[key])
         return ("ok", None)
 
