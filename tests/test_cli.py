@@ -53,6 +53,30 @@ def test_run_command_runs_a_scripts_function_on_every_device(tmp_path):
     assert bad.returncode != 0 and "has no function 'nope'; it defines ['step']" in bad.stderr
 
 
+def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own_errors(tmp_path, capsys):
+    """No devices start for these: each is a mistake in the command line or in the script itself."""
+    import pytest
+
+    def fails(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(["run", *argv])
+        return str(exc.value.code)
+
+    step = tmp_path / "step.py"
+    step.write_text("import numpy as np\nfrom os import path\n\ndef step(dev):\n    return 1\n")
+    assert fails(str(step)).endswith(f"got {str(step)!r}; {step} defines step: e.g. virtualpar run {step}:step")
+    assert "there is no file 'missing.py'" in fails("missing.py")
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("def step(dev)\n    pass\n")
+    shown = fails(f"{syntax}:step")
+    assert shown.startswith(f"virtualpar run: importing {syntax} failed:") and shown.endswith("SyntaxError: expected ':'")
+    raising = tmp_path / "raising.py"
+    raising.write_text("import json\n\njson.loads('{')\n\ndef step(dev):\n    pass\n")
+    shown = fails(f"{raising}:step")
+    assert f'File "{raising}", line 3, in <module>' in shown and "JSONDecodeError" in shown
+    assert "importlib" not in shown and "commands/run.py" not in shown  # the script's frames, not ours
+
+
 def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"

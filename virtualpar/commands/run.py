@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -32,20 +33,47 @@ def _hardware(args: argparse.Namespace, size: int) -> str | None:
     return "h100-node" if size <= 8 else "h100-cluster" if size % 8 == 0 else None
 
 
-def _load(target: str):
-    path, _, func = target.rpartition(":")
-    if not path or not func:
-        raise SystemExit(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r}")
-    if not os.path.exists(path):
-        raise SystemExit(f"virtualpar run: no such file {path!r}")
+def _import(path: str):
+    """Import the user's script; an error in it is shown as ``python FILE.py`` would show it,
+    from the script's own frames, without virtualpar's import machinery above them."""
     spec = importlib.util.spec_from_file_location("__virtualpar_run__", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != os.path.abspath(path):
+            tb = tb.tb_next  # a SyntaxError has no frame of the script: its own text names the line
+        shown = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+        raise SystemExit(f"virtualpar run: importing {path} failed:\n{shown}") from None
+    return module
+
+
+def _functions(module) -> list[str]:
+    """The public functions the script itself defines (not those it imports)."""
+    return sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+                  and v.__module__ == module.__name__)
+
+
+def _load(target: str):
+    path, _, func = target.rpartition(":")
+    if not path or not func:
+        path = path or target.rstrip(":")
+        if not os.path.exists(path):
+            raise SystemExit(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
+        names = _functions(_import(path))
+        hint = f"; {path} defines {', '.join(names)}: e.g. virtualpar run {path}:{names[0]}" if names else ""
+        raise SystemExit(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
+                         f"--mpi to run an mpi4py script; got {target!r}{hint}")
+    if not os.path.exists(path):
+        raise SystemExit(f"virtualpar run: no such file {path!r}")
+    module = _import(path)
     fn = getattr(module, func, None)
     if not callable(fn):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise SystemExit(f"virtualpar run: {path} has no function {func!r}; it defines {names}")
+        raise SystemExit(f"virtualpar run: {path} has no function {func!r}; it defines {_functions(module)}")
     return fn
 
 
