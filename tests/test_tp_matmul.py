@@ -87,3 +87,32 @@ def test_bad_specs_say_what_was_received_and_expected():
     assert MatMulShardingPolicy.for_layouts("[R, S(x)]", "[S(y), R]", "unmatched_inner").role_axes == {"ka": ("x",), "kb": ("y",)}
     with pytest.raises(ShardingError, match="unknown MatMul policy 'diagonal'"):
         MatMulShardingPolicy.named("diagonal", mesh)
+
+
+def test_shapes_the_layouts_do_not_divide_are_refused_before_anything_runs():
+    """k = 6 over 4 devices would give ragged pieces: each device multiplied what it got and the
+    result was silently wrong (4 instead of 6); every entry point now refuses it by name."""
+    from virtualpar.tensor_parallel import FFN_POLICIES, FeedForward, FeedForwardShardingPolicy
+    from virtualpar.tensor_parallel.execute import TensorParallelOp
+
+    mesh = Mesh({"x": 2, "y": 2})
+    m, k, n = 4, 6, 4
+    layer = MatMul(MatMulShardingPolicy.named("matched_inner", mesh))
+    message = r"cannot shard dim 1 of input 0 of matched_inner \({}\), shape \(4, 6\), over mesh axes \('x', 'y'\) " \
+              r"\(size 4\): 6 is not divisible by 4"
+    with VirtualCluster(mesh) as cluster:
+        op = TensorParallelOp(layer, ((m, k), (k, n)), (m, n), weights=(1,))
+        with pytest.raises(ShardingError, match=message.format("place_weights")):
+            op.place_weights(cluster, np.ones((k, n)))
+        with pytest.raises(ShardingError, match=message.format("execute")):
+            cluster.execute(op, np.ones((m, k)), np.ones((k, n)))
+        with pytest.raises(ShardingError, match=message.format("run_forward")):
+            run_forward(cluster, layer, [np.ones((m, k)), np.ones((k, n))], (m, n))
+        for name in FFN_POLICIES:  # the FFN's sharded dims: 6 tokens or 6 features do not split 4 (or 2) ways
+            ffn = FeedForward(FeedForwardShardingPolicy.named(name, mesh))
+            shapes = ((1, 6, 6), (6, 6), (6,), (6, 6), (6,))
+            if name == "unsharded":
+                continue
+            with pytest.raises(ShardingError, match=r"is not divisible by"):
+                run_forward(cluster, ffn, [np.ones(s) for s in shapes], (1, 6, 6))
+        assert cluster.run(lambda dev: dev.rank) == [0, 1, 2, 3]  # nothing was left half-done

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import blas_threads
 from ..errors import ShardingError
-from .layout import Layout, piece, unshard
+from .layout import Layout, check_layer, piece, unshard
 
 __all__ = ["TensorParallelOp", "limit_blas_threads"]
 
@@ -93,6 +93,7 @@ class TensorParallelOp:
         """Send every device its pieces of the weights; returns host→device bytes."""
         if len(weights) != len(self.weights):
             raise ShardingError(f"place_weights: expected {len(self.weights)} weights (inputs {self.weights}), got {len(weights)}")
+        check_layer("place_weights", self.layer, self.shapes, self.out_shape, cluster.mesh)
         layouts = self.layer.input_layouts()
         total = 0
         for i, w in zip(self.weights, weights):
@@ -114,6 +115,7 @@ class TensorParallelOp:
         positions = [i for i in range(n_in) if not (placed and i in self.weights)]
         if len(arrays) != len(positions):
             raise ShardingError(f"execute: expected {len(positions)} arrays (inputs {positions}), got {len(arrays)}")
+        check_layer("execute", self.layer, self.shapes, self.out_shape, cluster.mesh)
         layouts = self.layer.input_layouts()
         for i, x in zip(positions, arrays):
             x = np.asarray(x)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ShardingError
 
-__all__ = ["Layout", "format_layout", "parse_layout", "check_layout", "local_shape", "piece", "device_piece", "unshard"]
+__all__ = ["Layout", "format_layout", "parse_layout", "check_layout", "check_layer", "local_shape", "piece", "device_piece", "unshard"]
 
 Layout = tuple[tuple[str, ...], ...]
 
@@ -71,6 +71,21 @@ def check_layout(name: str, layout: Layout, shape: Sequence[int], mesh: Any) -> 
         if shape[dim] % n:
             raise ShardingError(f"cannot shard dim {dim} of {name}, shape {tuple(shape)}, over mesh axes {axes} "
                                 f"(size {n}): {shape[dim]} is not divisible by {n}", tensor=name, dim=dim, axes=axes)
+
+
+def check_layer(what: str, layer: Any, in_shapes: Sequence[Sequence[int]], out_shape: Sequence[int] | None,
+                mesh: Any) -> None:
+    """Refuse to run ``layer`` (``input_layouts()``, ``output_layout()``) on shapes its layouts do
+    not fit on ``mesh`` — above all a dim that does not divide by its axes' devices, which the
+    per-device programs would otherwise compute on ragged pieces and get silently wrong."""
+    layouts = layer.input_layouts()
+    if len(in_shapes) != len(layouts):
+        raise ShardingError(f"{what}: the layer takes {len(layouts)} inputs, got {len(in_shapes)} shapes")
+    name = getattr(getattr(layer, "policy", None), "name", None) or getattr(layer, "name", type(layer).__name__)
+    for i, (lay, shape) in enumerate(zip(layouts, in_shapes)):
+        check_layout(f"input {i} of {name} ({what})", lay, tuple(shape), mesh)
+    if out_shape is not None:
+        check_layout(f"the output of {name} ({what})", layer.output_layout(), tuple(out_shape), mesh)
 
 
 def local_shape(layout: Layout, shape: Sequence[int], mesh: Any) -> tuple[int, ...]:

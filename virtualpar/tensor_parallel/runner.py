@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import nn
 
-from .layout import Layout, piece, unshard
+from .layout import Layout, check_layer, piece, unshard
 
 __all__ = ["Phase", "place", "run_forward", "run_backward"]
 
@@ -97,6 +97,8 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
     """Forward on every device: (full output, output pieces in rank order, the phase measured).
 
     ``placed``: the inputs are already resident under ``keys`` (nothing is sent from the host)."""
+    if not placed:
+        check_layer("run_forward", layer, [np.shape(x) for x in inputs], out_shape, cluster.mesh)
     keys = tuple(keys or (f"{_IN}{i}" for i in range(len(layer.input_layouts()))))
     if not placed:
         place(cluster, inputs, layer.input_layouts(), keys)
@@ -106,6 +108,7 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
 
 def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
     """Backward of the last forward: (full input gradients, their pieces per input, the phase)."""
+    check_layer("run_backward", layer, in_shapes, np.shape(dy), cluster.mesh)
     place(cluster, [dy], [layer.output_layout()], [_DY])
     per_device, phase = _measure(cluster, _backward_on_device)
     grads, pieces = [], []
