@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
-from virtualpar.errors import UsageError
+from virtualpar.errors import DeviceError, UnmatchedMessages, UsageError
 
 TIMEOUT = 20.0  # a deadlock fails within this many seconds instead of hanging the suite
 MiB = 1 << 20
@@ -343,6 +343,66 @@ def test_messages_to_oneself_and_sendrecv():
     for r, (mine, passed) in enumerate(out):
         np.testing.assert_array_equal(mine, np.full(4, float(r)))
         assert passed == (r - 1) % 3
+
+
+def _self_fails_after_queueing(dev):
+    dev.send(np.array([111.0]), dev.rank)
+    raise RuntimeError("after queueing a message to itself")
+
+
+def _self_round_trip(dev):
+    dev.send(np.array([222.0]), dev.rank)
+    return float(dev.recv(dev.rank)[0])
+
+
+def _leave_to_self(dev):
+    dev.send(np.array([333.0]), dev.rank, tag=4)
+
+
+def _post_and_leave(dev, any_source: bool):
+    if dev.rank == 1:
+        dev.irecv(-1, tag=-1) if any_source else dev.irecv(0, tag=5)
+
+
+def _send_to_one(dev, v: float):
+    if dev.rank == 0:
+        dev.send(np.array([v]), 1, tag=5)
+        return None
+    return float(dev.recv(0, tag=5)[0])
+
+
+def test_nothing_left_unmatched_by_a_run_reaches_the_next():
+    """A message queued to oneself by a failed run, or left queued by a finished one, and a receive
+    posted and never waited on, each would hand the next run a stale value (or steal its message)."""
+    with VirtualCluster(2) as cluster:
+        with pytest.raises(DeviceError, match="after queueing"):
+            cluster.run(_self_fails_after_queueing)
+        assert cluster.run(_self_round_trip) == [222.0, 222.0]  # not the failed run's 111
+        with pytest.raises(UnmatchedMessages, match=r"^2 message\(s\) were sent and never received by the end of the "
+                                                    r"run:\n  device 0 -> device 0, tag 4: array\(1,\) float64 sent to itself"):
+            cluster.run(_leave_to_self)
+        assert cluster.run(_self_round_trip) == [222.0, 222.0]
+        for any_source, who in ((False, "device 0, tag 5"), (True, "any device, any tag")):
+            with pytest.raises(UnmatchedMessages, match=rf"^1 receive\(s\) were posted and never completed by the end of "
+                                                        rf"the run:\n  device 1 <- {who}: a receive posted and never matched"):
+                cluster.run(_post_and_leave, any_source)
+            assert cluster.run(_send_to_one, 1.0) == [None, 1.0]  # the message reaches this run's receive
+            assert cluster.run(_send_to_one, 2.0) == [None, 2.0]
+
+
+def _self_into_wrong_buffer(dev, shape, dtype):
+    dev.send(np.array([1.5]), dev.rank)
+    return dev.recv(dev.rank, out=np.zeros(shape, dtype))
+
+
+def test_a_receive_from_oneself_into_a_buffer_follows_the_peer_rule():
+    """No broadcasting of a (1,) message over a (3,) buffer, no casting float64 to float32."""
+    with VirtualCluster(2) as cluster:
+        for shape, dtype in (((3,), np.float64), ((1,), np.float32)):
+            with pytest.raises(UsageError, match=rf"recv buffer has shape \({shape[0]},\) and dtype {np.dtype(dtype)}, "
+                                                 r"but the message holds shape \(1,\) and dtype float64 \(recv from itself"):
+                cluster.run(_self_into_wrong_buffer, shape, dtype)
+        assert [float(v[0]) for v in cluster.run(_self_into_wrong_buffer, (1,), np.float64)] == [1.5, 1.5]
 
 
 def _any_source(dev):

@@ -19,7 +19,7 @@ Hierarchy::
     ├── CollectiveMismatch                     devices of a group called different collectives
     ├── P2PTimeout                             a send or recv did not complete in time
     ├── RunTimeout (also TimeoutError)         a whole ``cluster.run`` exceeded ``run_timeout``
-    ├── UnmatchedMessages                      messages sent and never received
+    ├── UnmatchedMessages                      messages sent and never received (or receives never matched)
     ├── NonFiniteError (also FloatingPointError)  NaN/Inf input with check_nan on
     ├── InjectedFault                          raised by ``cluster.inject(..., action="raise")``
     └── ClusterClosedError                     use of a cluster after close() or after a fatal failure
@@ -138,7 +138,8 @@ class RunTimeout(VirtualParError, TimeoutError):
 
 
 class UnmatchedMessages(VirtualParError):
-    """Messages were sent and never received: ``messages`` lists (src, dst, tag, description)."""
+    """At the end of a run, messages were sent and never received, or receives were posted and never
+    matched: ``messages`` lists (src, dst, tag, description); -1 stands for any source or tag."""
 
 
 class NonFiniteError(VirtualParError, FloatingPointError):

@@ -12,8 +12,9 @@ decides what a failure means.  A failed command ends one of two ways:
   and reaped, every pipe closed, every view of the shared arena dropped and the arena freed at once;
   later calls raise ``ClusterClosedError`` naming the reason.
 
-After a successful run the rings must be empty: a message sent and never received is reported as
-``UnmatchedMessages`` (and the cluster reset), never silently carried into the next run.
+After a successful run the rings must be empty: a message sent and never received (to a peer or to
+the device itself), or a receive posted and never matched, is reported as ``UnmatchedMessages``
+(and the cluster reset), never silently carried into the next run.
 
 A command may be *posted* (``post``): sent without waiting for its reply, which the device still
 sends, in order, on its pipe.  The next reply read from that device first takes the posted ones
@@ -33,7 +34,7 @@ import numpy as np
 
 from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages, VirtualParError
 from ..mesh import Mesh
-from ..transport.endpoint import Endpoint
+from ..transport.endpoint import UNFINISHED_RECEIVE, Endpoint
 from ..transport.shm import Layout, SharedArena, ring_control
 from .config import ClusterConfig
 from .supervisor import Supervisor, Verdict, unpack_error
@@ -170,8 +171,13 @@ class ClusterControl:
         found = sorted(set(found))
         self.reset()
         if found:
-            lines = "\n".join(f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found)
-            raise UnmatchedMessages(f"{len(found)} message(s) were sent and never received:\n{lines}", messages=found)
+            sent = [f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found if desc != UNFINISHED_RECEIVE]
+            posted = [f"  device {d} <- {'any device' if s < 0 else f'device {s}'}, {'any tag' if t < 0 else f'tag {t}'}: "
+                      f"{desc}" for s, d, t, desc in found if desc == UNFINISHED_RECEIVE]
+            head = [f"{len(sent)} message(s) were sent and never received"] if sent else []
+            head += [f"{len(posted)} receive(s) were posted and never completed"] if posted else []
+            raise UnmatchedMessages(f"{' and '.join(head)} by the end of the run:\n" + "\n".join(sent + posted),
+                                    messages=found)
 
     # -- the two ends of a failure ------------------------------------------------------------------
     def reset(self) -> None:

@@ -5,7 +5,8 @@ pickled and unpickled, so the receiver never aliases the sender's object) under 
 and a receive from oneself takes the oldest one.  ``irecv`` may be posted before the matching
 ``isend``; a receive from oneself that finds nothing queued when it must complete would wait
 forever, so it raises instead.  No bytes are counted and no modelled time is charged: no link is
-crossed.
+crossed.  A message still queued when a run ends is reported like any unreceived message
+(``pending``), and a reset drops it (``clear``): it never reaches a later run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..errors import UsageError
 
-__all__ = ["SelfRequest", "send_to_self", "recv_from_self"]
+__all__ = ["SelfRequest", "send_to_self", "recv_from_self", "pending", "clear"]
 
 
 def _copy(x: Any) -> Any:
@@ -30,6 +31,16 @@ def _copy(x: Any) -> Any:
 def _queue(dev: Any, tag: int) -> deque:
     queues = dev.__dict__.setdefault("_loopback", {})
     return queues.setdefault(tag, deque())
+
+
+def pending(dev: Any) -> list[tuple[int, int, int, str]]:
+    """Messages sent to itself and not received, as (src, dst, tag, description)."""
+    return [(dev.rank, dev.rank, tag, (f"array{x.shape} {x.dtype}" if isinstance(x, np.ndarray) else "pickled object")
+             + " sent to itself") for tag, q in dev.__dict__.get("_loopback", {}).items() for x in q]
+
+
+def clear(dev: Any) -> None:
+    dev.__dict__.pop("_loopback", None)
 
 
 def send_to_self(dev: Any, x: Any, tag: int) -> None:
@@ -46,7 +57,12 @@ def recv_from_self(dev: Any, tag: int, out: np.ndarray | None = None) -> Any:
         raise UsageError(f"{dev.name}: recv from itself (tag {tag}) at op #{dev.op_seq} has no message: no send to "
                          "itself with that tag is queued, so it would wait forever", rank=dev.rank, tag=tag)
     value = q.popleft()
-    if out is not None:
+    if out is not None:  # the same rule as a message from a peer: no broadcasting, no casting
+        if not isinstance(value, np.ndarray) or value.shape != out.shape or value.dtype != out.dtype:
+            dev._recorder.finish(slot, dev.clock, failed=True)
+            held = f"shape {value.shape} and dtype {value.dtype}" if isinstance(value, np.ndarray) else "a pickled object"
+            raise UsageError(f"{dev.name}: recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, but the "
+                             f"message holds {held} (recv from itself, tag {tag})", rank=dev.rank, tag=tag)
         np.copyto(out, value)
         value = out
     dev._recorder.finish(slot, dev.clock)

@@ -31,6 +31,7 @@ from ..errors import DeviceAborted, DeviceError, PayloadError, UsageError, Virtu
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
 from ..transport.shm import Layout, SharedArena
+from . import loopback
 from .binding import bind
 from .config import ClusterConfig
 from .recorder import FlightRecorder
@@ -161,7 +162,7 @@ class _Handlers:
             raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to the driver: it cannot be "
                                f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
         self.endpoint.drain()
-        return ("ok", result, self.endpoint.pending())
+        return ("ok", result, self._pending())
 
     def inject(self, at_op: int, action: str, params: dict) -> tuple:
         self.dev._faults[self.dev.op_seq + at_op] = (action, params)
@@ -179,12 +180,16 @@ class _Handlers:
         self.dev._to_host(self.dev.state[key])
         return ("ok", None)
 
+    def _pending(self) -> list[tuple[int, int, int, str]]:
+        return self.endpoint.pending() + loopback.pending(self.dev)
+
     def pending(self) -> tuple:
         self.endpoint.drain()
-        return ("ok", self.endpoint.pending())
+        return ("ok", self._pending())
 
     def reset(self) -> tuple:
         self.endpoint.reset()
+        loopback.clear(self.dev)
         self.dev._group_seq.clear()
         self.dev._faults.clear()
         return ("ok", None)

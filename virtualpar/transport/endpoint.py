@@ -59,7 +59,9 @@ from .wildcard import irecv_any
 from .waiting import spin_seconds, usable_cpus, wait
 from .waitboard import board_view
 
-__all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR"]
+__all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR", "UNFINISHED_RECEIVE"]
+
+UNFINISHED_RECEIVE = "a receive posted and never matched (an irecv not waited on): it would take a later run's message"
 
 SMALL = 1 << 14  # eager payloads up to this size are written unwrapped, right after their header
 RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None: those the ring cannot hold
@@ -260,8 +262,11 @@ class Endpoint(Receiving):
         self.progress()
 
     def pending(self) -> list[tuple[int, int, int, str]]:
-        """Messages not consumed by a receive, as (src, dst, tag, description); and unfinished sends."""
-        out = []
+        """Messages not consumed by a receive, as (src, dst, tag, description); unfinished sends; and
+        receives posted and not yet matched (src / tag -1: any), which would take a later message."""
+        out = [(src, self.me, tag, UNFINISHED_RECEIVE) for (src, tag), q in self._posted.items() for _ in q]
+        out += [(-1 if r.src is None else r.src, self.me, -1 if r.tag is None else r.tag, UNFINISHED_RECEIVE)
+                for r in self._posted_any]
         for (src, tag), q in self._unexpected.items():
             for req in q:
                 h = req.header
