@@ -31,12 +31,8 @@ def test_time_split_gradients_equal_the_whole_sequence_on_one_device(devices, mi
         after = [op.state_dict(cluster, r) for r in range(devices)]
     grads = [{k: before[k] - a[k] for k in before} for a in after]
     # the reference: the mean over the same microbatches of whole-sequence gradients
-    parts = [reference_step(example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2),
-                            tuple(a[i::1][slice(m * 4 // microbatches, (m + 1) * 4 // microbatches)] for a in inputs),
-                            tuple(a[slice(m * 4 // microbatches, (m + 1) * 4 // microbatches)] for a in labels))
-             for m in range(microbatches) for i in (0,)]
-    want_loss = np.mean([p[0] for p in parts])
-    want = nn.accumulate([p[1] for p in parts], "mean")
+    want_loss, want = reference_step(example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2), inputs, labels,
+                                     microbatches=microbatches)
     assert loss == pytest.approx(want_loss, rel=1e-10)
     for g in grads:  # every device's copy took the same step
         for k in want:
@@ -85,3 +81,21 @@ def test_a_sequence_that_does_not_split_is_refused():
     with VirtualCluster(Mesh({"time": 3})) as cluster:
         with pytest.raises(UsageError, match="10 steps does not split into 3 equal time segments"):
             cluster.execute(op, inputs, labels)
+
+
+def test_the_microbatched_reference_is_the_mean_over_the_parts():
+    """Unmasked, the mean of equal parts' mean losses is the whole batch's; masked, each part counts
+    the same whatever rows it keeps (gradient accumulation), which is what the run computes."""
+    inputs, (mask, y) = example.synthetic(batch=4, length=6)
+    model = lambda: example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2)  # noqa: E731
+    full = np.ones(4, bool)
+    whole_loss, whole = reference_step(model(), inputs, (full, y))
+    split_loss, split = reference_step(model(), inputs, (full, y), microbatches=2)
+    assert split_loss == pytest.approx(whole_loss, rel=1e-12)
+    for k in whole:
+        np.testing.assert_allclose(split[k], whole[k], rtol=1e-10, atol=1e-14)
+    kept = np.array([True, False, True, True])  # 1 row kept in the first part, 2 in the second
+    parts = [reference_step(model(), tuple(a[i:i + 2] for a in inputs), (kept[i:i + 2], y[i:i + 2])) for i in (0, 2)]
+    loss, _ = reference_step(model(), inputs, (kept, y), microbatches=2)
+    assert loss == pytest.approx((parts[0][0] + parts[1][0]) / 2, rel=1e-12)
+    assert loss != pytest.approx(reference_step(model(), inputs, (kept, y))[0], rel=1e-6)

@@ -17,7 +17,8 @@ The user subclasses ``SequencePipe`` and writes only what seed 000's user writes
     get_group() -> mesh axis name
 
 with ``virtualpar.nn`` layers and no backward code.  The loss is computed on the last time
-segment (it reads the labels at the last step, as the seed's does).
+segment (it reads the labels at the last step, as the seed's does).  With M microbatches the step's
+loss and gradients are the mean over the microbatches (see :func:`reference_step`).
 
 Makespan under unit costs (each segment's forward 1, backward b, free links), D devices, M
 microbatches, 1F1B: every device does M forwards and M backwards and the schedule is the
@@ -59,8 +60,20 @@ class SequencePipe(nn.Module):
         return tuple(np.broadcast_to(s, (batch, *np.shape(s))).copy() for s in states)
 
 
-def reference_step(model: SequencePipe, inputs: tuple, labels: tuple) -> tuple[float, dict[str, np.ndarray]]:
-    """The whole sequence on one device: ``(loss, grads)`` — what the time-split run must equal."""
+def reference_step(model: SequencePipe, inputs: tuple, labels: tuple,
+                   microbatches: int = 1) -> tuple[float, dict[str, np.ndarray]]:
+    """The whole sequence on one device: ``(loss, grads)`` — what the time-split run must equal.
+
+    With ``microbatches`` M, the batch is split into M equal parts along dim 0, as
+    ``TimelineParallel(microbatches=M)`` splits it, and the loss and gradients are the mean over
+    the parts — the gradient-accumulation convention of ``nn.reference_train``.  That equals the
+    whole batch's loss when each part's loss is a mean over the same number of rows; a masked loss
+    gives each part the same weight whatever rows its mask keeps, so there it differs."""
+    if microbatches != 1:
+        parts = [reference_step(model, xs, ys) for xs, ys in zip(
+            zip(*(nn.split_microbatches(a, microbatches) for a in inputs)),
+            zip(*(nn.split_microbatches(a, microbatches) for a in labels)))]
+        return float(np.mean([p[0] for p in parts])), nn.accumulate([p[1] for p in parts], "mean")
     batch = np.shape(inputs[0])[0]
 
     def loss(m: SequencePipe, *xs: Any) -> Any:
