@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
-from virtualpar.errors import DeviceError, UnmatchedMessages, UsageError
+from virtualpar.errors import DeviceError, PayloadError, UnmatchedMessages, UsageError
 
 TIMEOUT = 20.0  # a deadlock fails within this many seconds instead of hanging the suite
 MiB = 1 << 20
@@ -453,3 +453,25 @@ def _posted_before(dev):
 def test_the_earliest_posted_receive_takes_a_message():
     with VirtualCluster(2) as cluster:
         assert cluster.run(_posted_before)[0] == (1, 2)
+
+
+def _subclasses(dev):
+    masked = np.ma.masked_array([1.0, 2.0], mask=[False, True])
+    dev.send(masked, 1 - dev.rank)
+    from_peer = dev.recv(1 - dev.rank)
+    dev.send(masked, dev.rank)
+    from_self = dev.recv(dev.rank)
+    return [(type(v).__name__, v.mask.tolist(), v.data.tolist()) for v in (from_peer, from_self)]
+
+
+def _reduce_masked(dev):
+    return dev.all_reduce(np.ma.masked_array([1.0, 2.0], mask=[False, True]))
+
+
+def test_an_ndarray_subclass_keeps_its_own_state_or_is_refused():
+    """A masked array sent as raw bytes arrived as a plain array without its mask."""
+    with VirtualCluster(2) as cluster:
+        assert cluster.run(_subclasses) == [[("MaskedArray", [False, True], [1.0, 2.0])] * 2] * 2
+        with pytest.raises(PayloadError, match=r"all_reduce on group world=\(0,1\): needs a plain numpy array, got "
+                                               r"MaskedArray, an ndarray subclass whose own state"):
+            cluster.run(_reduce_masked)

@@ -26,6 +26,7 @@ import numpy as np
 from ..collectives import ALGORITHMS, FENCE_FIRST, default_algorithm
 from ..collectives.ops import check_op
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
+from ..transport.payload import plain_array
 from .config import TAG_FINGERPRINT, TAG_VERDICT
 from .fingerprint import _ROOT_ONLY_INPUT, _differences, _digest, _dtype_name, _fingerprint
 from .group_comm import GroupComm
@@ -112,7 +113,10 @@ class CollectiveSpec:
         raw = {k: params[k] for k in ("dim", "split_dim", "concat_dim") if k in params}
         reads_x = name != "barrier" and not (name in _ROOT_ONLY_INPUT and pos != params.get("root"))
         if reads_x:
-            if not isinstance(x, np.ndarray):
+            if not plain_array(x):
+                if isinstance(x, np.ndarray):
+                    raise PayloadError(f"{where}: needs a plain numpy array, got {type(x).__name__}, an ndarray subclass "
+                                       "whose own state (a mask, ...) would be lost; pass np.asarray(x) to reduce its data")
                 raise PayloadError(f"{where}: needs a numpy array, got {type(x).__name__}")
             if x.dtype.hasobject or x.dtype.names is not None:
                 raise PayloadError(f"{where}: cannot move arrays of dtype {x.dtype} as raw bytes; use send() for objects")

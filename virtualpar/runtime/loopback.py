@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..transport.payload import plain_array
 
 __all__ = ["SelfRequest", "send_to_self", "recv_from_self", "pending", "clear"]
 
 
 def _copy(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
+    if plain_array(x):  # a subclass (a masked array) is pickled, as a message to a peer would be
         return np.array(x, copy=True)
     return pickle.loads(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
 

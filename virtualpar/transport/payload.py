@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import PayloadError, UsageError
 from .channel import KIND_ARRAY, KIND_PICKLE, Header
 
-__all__ = ["encode", "byte_view", "header_dtype", "check_out"]
+__all__ = ["encode", "plain_array", "byte_view", "header_dtype", "check_out"]
 
 _RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its str if arrays of it travel raw, else None
 _DTYPES: dict[str, np.dtype] = {}  # dtype str from a header -> dtype
@@ -52,10 +52,18 @@ def byte_view(arr: np.ndarray) -> memoryview:
         return memoryview(arr.reshape(-1).view(np.uint8))
 
 
+def plain_array(obj: Any) -> bool:
+    """Is ``obj`` an array whose bytes, shape and dtype are all of it: an ``ndarray`` or a
+    ``memmap``, not a subclass with state of its own (a ``MaskedArray``'s mask, a ``matrix``'s
+    2-d rules) that raw bytes would silently drop."""
+    return type(obj) is np.ndarray or isinstance(obj, np.memmap)
+
+
 def encode(obj: Any) -> tuple[int, np.ndarray, memoryview, str, tuple[int, ...]]:
     """(kind, C-contiguous payload array, its bytes, dtype str, shape) for any picklable object;
-    arrays go raw.  The array keeps the bytes alive and gives a rendezvous offer its address."""
-    if isinstance(obj, np.ndarray) and (dtype := _raw_dtype(obj.dtype)) is not None:
+    plain arrays go raw, other ndarray subclasses are pickled (their own state travels too).  The
+    array keeps the bytes alive and gives a rendezvous offer its address."""
+    if plain_array(obj) and (dtype := _raw_dtype(obj.dtype)) is not None:
         arr = obj if obj.flags.c_contiguous else np.asarray(obj, order="C")  # 0-d stays 0-d
         return KIND_ARRAY, arr, byte_view(arr), dtype, arr.shape
     try:
