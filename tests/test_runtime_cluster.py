@@ -87,6 +87,11 @@ def test_args_and_kwargs_are_passed(cluster):
         assert (rank, a, scale) == (r, "x", 3)
         np.testing.assert_array_equal(b, np.arange(2))
     assert cluster.run(with_kwargs, 5)[7] == (7, 5, 0, 1)
+    assert cluster.run(named_like_run, fn="f", op="o")[0] == ("f", "o")  # run's own argument names pass through
+
+
+def named_like_run(dev, fn, op):
+    return fn, op
 
 
 # -- host <-> device channels -----------------------------------------------------------------------

@@ -122,6 +122,8 @@ def test_weights_placed_on_a_closed_cluster_are_not_taken_for_placed_on_the_next
             with pytest.raises(UsageError, match="expected 2 host inputs, got 1"):
                 cluster.execute(op, a)
             op.place(cluster, 1, b)
+            with pytest.raises(UsageError, match="expected 1 host inputs, got 2"):  # b again, though placed
+                cluster.execute(op, a, b)
             np.testing.assert_allclose(cluster.execute(op, a), a @ b, rtol=1e-12)
 
 

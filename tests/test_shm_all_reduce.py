@@ -244,6 +244,11 @@ def test_without_scratch_the_default_falls_back_to_messages():
         assert ran == [expected, expected]
     with pytest.raises(UsageError, match="scratch_bytes must be an int >= 0"):
         VirtualCluster(2, scratch_bytes=-1)
+    # sizes the first send would have refused (ring_bytes), or nothing would have (abort_grace)
+    for kwargs, message in (({"ring_bytes": 100}, "ring_bytes must be an int multiple of 8 and at least 4096"),
+                            ({"ring_bytes": 0}, "ring_bytes must be"), ({"abort_grace": -1}, "abort_grace must be")):
+        with pytest.raises(UsageError, match=message):
+            VirtualCluster(2, **kwargs)
 
 
 # -- scratch reuse across groups: refilled only after every reader is done --------------------------

@@ -89,6 +89,8 @@ class ShardedOperation:
                 raise UsageError(f"{self.name}: expected {n_in - len(placed)} host inputs, got {len(arrays)}") from None
             self._put(cluster, i, a)
             shapes.append(a.shape)
+        if len(arrays) != n_in - len(placed):  # more arrays than inputs: a mistake, never silently dropped
+            raise UsageError(f"{self.name}: expected {n_in - len(placed)} host inputs, got {len(arrays)}")
         cluster.run(_run, self.key, self.program, n_in, len(self.out_specs))
         outs = []
         for j, spec in enumerate(self.out_specs):

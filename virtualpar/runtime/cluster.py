@@ -32,7 +32,7 @@ from ..errors import PayloadError, UsageError
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link
-from .config import FAULT_ACTIONS, ClusterConfig
+from .config import FAULT_ACTIONS, ClusterConfig, check_sizes
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
@@ -115,6 +115,7 @@ class VirtualCluster:
         check_not_bootstrapping(start_method)
         if not timeout > 0:
             raise UsageError(f"timeout must be positive seconds, got {timeout!r}")
+        check_sizes(ring_bytes, scratch_bytes, abort_grace)
         if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))
                                         or not run_timeout > 0):
             raise UsageError(f"run_timeout must be positive seconds or None (no limit), got {run_timeout!r}")
@@ -133,8 +134,6 @@ class VirtualCluster:
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
                                     check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
                                     shuffle=shuffle, bind=bool(bind))
-        if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
-            raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
         self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
         self.mesh.prepare_groups()  # inherited by every device
         self._arena = SharedArena.create(self.layout.total_bytes)
@@ -175,7 +174,7 @@ class VirtualCluster:
             self._ctl.close()
 
     # -- running code -----------------------------------------------------------------------------
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``fn(device, *args, **kwargs)`` on every device (SPMD); results in rank order.
 
         ``fn`` may be any function: a lambda, a closure, one defined in ``__main__`` or a notebook
@@ -189,7 +188,7 @@ class VirtualCluster:
         payload = _dumps(name, fn, args, kwargs)
         return ctl.broadcast(("run", payload), name, self.run_timeout)
 
-    def execute(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def execute(self, op: Any, /, *args: Any, **kwargs: Any) -> Any:
         """Run an executable on this cluster and return what it returns to the host.
 
         ``op`` is anything with ``execute_on(cluster, *args, **kwargs)``: a ``ShardedOperation``

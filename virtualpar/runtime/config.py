@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ClusterConfig", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
+from ..errors import UsageError
+
+__all__ = ["ClusterConfig", "check_sizes", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
 
 # User tags are >= 0; the runtime's own traffic uses negative tags so it can never be confused
 # with (or steal) a user's message.
@@ -40,3 +43,15 @@ class ClusterConfig:
     eager_limit: int | None = None  # strict mode: sends larger than this wait for their receive
     shuffle: int | None = None  # shuffled mode: the seed of every device's pauses
     bind: bool = True  # devices bound to their own share of the cores
+
+
+def check_sizes(ring_bytes: Any, scratch_bytes: Any, abort_grace: Any) -> None:
+    """Refuse at construction what would otherwise fail in the first send, or not at all."""
+    if ring_bytes is not None and (isinstance(ring_bytes, bool) or not isinstance(ring_bytes, int)
+                                   or ring_bytes % 8 or ring_bytes < 4096):
+        raise UsageError(f"ring_bytes must be an int multiple of 8 and at least 4096, or None (sized for the "
+                         f"cluster), got {ring_bytes!r}")
+    if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
+        raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
+    if isinstance(abort_grace, bool) or not isinstance(abort_grace, (int, float)) or not abort_grace >= 0:
+        raise UsageError(f"abort_grace must be seconds >= 0, got {abort_grace!r}")
