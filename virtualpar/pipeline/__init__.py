@@ -21,6 +21,6 @@ from .validate import ScheduleError, format_grid, validate
 
 __all__ = [
     "Action", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
-    "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation", "PipelineDeadlock",
-    "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
+    "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation",
+    "PipelineDeadlock", "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
 ]
