@@ -1,5 +1,5 @@
 """Shared fixtures.  ``no_leaks`` fails a test that leaves a process, fd, thread or /dev/shm entry
-behind (see tests/_leaks.py for what counts)."""
+behind (see virtualpar/testing/leaks.py for what counts)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from ._leaks import Snapshot, wait_for_no_leaks
+from virtualpar.testing.leaks import Snapshot, leaks
 
 
 @pytest.fixture
@@ -16,6 +16,6 @@ def no_leaks():
     gc.collect()
     before = Snapshot.take()
     yield before
-    problems = wait_for_no_leaks(before)
+    problems = leaks(before, settle=3.0)
     if problems:
         pytest.fail("resources leaked by this test:\n  " + "\n  ".join(problems), pytrace=False)

@@ -27,9 +27,9 @@ from virtualpar.errors import (ClusterClosedError, CollectiveMismatch, Collectiv
                                DeviceDied, DeviceError, InjectedFault, MeshError, NonFiniteError, P2PTimeout,
                                PayloadError, RemoteTraceback, ShardingError, UnmatchedMessages, UsageError,
                                VirtualParError)
+from virtualpar.testing.leaks import Snapshot, leaks, own_segments, process_alive, segments
 
 from ._timing import raises_within
-from ._leaks import Snapshot, own_shm_entries, process_alive, shm_entries, wait_for_no_leaks
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 
@@ -322,7 +322,7 @@ def test_device_killed_from_outside_while_peers_wait():
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_device_killed_while_idle(start_method):
     with cluster(3, start_method=start_method) as c:
-        assert c._arena.name not in shm_entries()  # unlinked as soon as every device mapped it
+        assert c._arena.name not in segments()  # unlinked as soon as every device mapped it
         os.kill(c.pids[1], signal.SIGKILL)
         assert wait_gone([c.pids[1]], 2.0) == []
         with raises_within(DeviceDied) as info:
@@ -664,7 +664,7 @@ def test_close_frees_memory_and_fds_without_waiting_for_gc():
     c = cluster(4)
     c.run(two_allreduces)
     c.close()
-    assert wait_for_no_leaks(before, settle=0.0) == []  # while `c` is still referenced
+    assert leaks(before, settle=0.0) == []  # while `c` is still referenced
     maps = open("/proc/self/maps").read()
     assert c._arena.name not in maps
 
@@ -713,7 +713,7 @@ def test_eight_devices_on_two_cores():
 
 def _counts():
     s = Snapshot.take()
-    return len(s.children), len(s.fds), s.threads, len(own_shm_entries())
+    return len(s.children), len(s.fds), len(s.threads), len(own_segments())
 
 
 def _cycle(i):
@@ -801,7 +801,7 @@ def test_ctrl_c_in_the_driver_reaps_devices_and_reraises(start_method):
     assert proc.returncode == -signal.SIGINT, err
     assert err.rstrip().endswith("KeyboardInterrupt"), err
     assert wait_gone(pids, 1.0) == []
-    assert shm not in shm_entries()
+    assert shm not in segments()
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
@@ -815,7 +815,7 @@ def test_driver_sigkilled_devices_exit_by_themselves(start_method):
             proc.kill()
             proc.communicate()
     assert wait_gone(pids, 3.0) == []
-    assert not [e for e in shm_entries() if e.startswith(f"virtualpar-{proc.pid}-")]
+    assert not [e for e in segments() if e.startswith(f"virtualpar-{proc.pid}-")]
 
 
 # -- the error types --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from virtualpar import VirtualCluster
 from virtualpar.errors import ClusterClosedError, DeviceError, RunTimeout, UsageError, VirtualParError
 
 from ._timing import raises_within
-from ._leaks import process_alive
+from virtualpar.testing.leaks import process_alive
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 

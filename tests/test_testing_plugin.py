@@ -113,25 +113,46 @@ def test_every_device_that_failed_on_its_own_is_reported_with_its_traceback(test
 
 
 LEAKING = """
+import os, threading
+
 KEEP = []
 
 def test_leaks_a_cluster():
     KEEP.append(VirtualCluster(2))
 
+def test_leaks_a_forkserver_cluster():  # its devices are the forkserver's children, not ours
+    KEEP.append(VirtualCluster(2, start_method="forkserver"))
+
+def test_leaks_a_thread_beside_a_cluster():
+    with VirtualCluster(2):
+        stop = threading.Event()
+        KEEP.append(stop)
+        threading.Thread(target=stop.wait, name="left-behind", daemon=True).start()
+
 def test_clean():
     with VirtualCluster(2) as c:
         assert c.size == 2
+
+def test_no_cluster_is_not_checked():  # another project's test: an fd and a thread left are its own business
+    KEEP.append(open(os.devnull))
+    stop = threading.Event()
+    KEEP.append(stop)
+    threading.Thread(target=stop.wait, daemon=True).start()
 """
 
 
 def test_a_leaking_test_fails_at_teardown(tester):
     _file(tester, LEAKING)
     result = _run(tester)
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=5, errors=3)
     out = result.stdout.str()
     assert "ERROR at teardown of test_leaks_a_cluster" in out
     assert "test_example.py::test_leaks_a_cluster leaked" in out and "/dev/shm/virtualpar-" in out
     assert "still running" in out
+    forkserver = out[out.index("test_leaks_a_forkserver_cluster leaked"):out.index("ERROR at teardown of test_leaks_a_thread")]
+    assert forkserver.count("forkserver") >= 2 and forkserver.count("still running") == 2, out  # both devices
+    assert "test_leaks_a_thread_beside_a_cluster leaked" in out and "thread 'left-behind' still running" in out
+    assert "ERROR at teardown of test_clean" not in out and "ERROR at teardown of test_no_cluster" not in out
 
 
 DEADLOCKING = """

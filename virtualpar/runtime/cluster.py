@@ -56,6 +56,15 @@ def _default_ring_bytes(n: int) -> int:
     return 4 << 20 if n <= 4 else 2 << 20 if n <= 8 else 1 << 20
 
 
+_created = 0  # clusters this process has begun to start
+
+
+def clusters_created() -> int:
+    """How many clusters this process has begun to start (failed start-ups included): the pytest
+    plugin checks for leaks the tests during which this moved."""
+    return _created
+
+
 def as_mesh(mesh: Mesh | int | Mapping[str, int] | tuple) -> Mesh:
     return mesh if isinstance(mesh, Mesh) else Mesh(mesh)
 
@@ -136,6 +145,8 @@ class VirtualCluster:
                                     shuffle=shuffle, bind=bool(bind))
         self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
         self.mesh.prepare_groups()  # inherited by every device
+        global _created
+        _created += 1
         self._arena = SharedArena.create(self.layout.total_bytes)
         try:
             from ..sim.clock import DeviceClock

@@ -1,9 +1,17 @@
-"""What a test may not leave behind: child processes, /dev/shm segments of this process, fds.
+"""What a test may not leave behind: processes, threads, file descriptors, /dev/shm segments.
 
-Read from /proc (Linux), scoped to this process, so that pytest-xdist workers never see each
-other's resources: children are this pid's (multiprocessing's resource_tracker and forkserver
-helpers excepted), segments are those named ``virtualpar-<this pid>-``, fds are this process's.
-Multiprocessing's own helpers and their fds live as long as the process and are not leaks.
+Read from /proc (Linux; psutil is not a dependency), scoped to this process so that pytest-xdist
+workers never see each other's resources:
+
+* a child process of this pid, zombie or not (a zombie was never reaped), or of its forkserver
+  (the devices of a ``start_method="forkserver"`` cluster are the forkserver's children);
+  multiprocessing's long-lived helpers themselves (resource_tracker, forkserver) are not leaks;
+* a thread that was not running before;
+* an open file descriptor that was not open before, except the helpers' pipes;
+* a ``virtualpar-<pid>-…`` segment in /dev/shm that was not there before, unless ``<pid>`` is
+  another live process that is not our child (a concurrent test run owns it).  A segment of ours,
+  of a child of ours, or of a process that has died counts: a killed driver cannot unlink.
+
 Resources take a moment to go (a killed child is reaped, a cycle is collected), so :func:`leaks`
 polls for up to ``settle`` seconds, collecting garbage, before it reports anything.
 """
@@ -12,31 +20,51 @@ from __future__ import annotations
 
 import gc
 import os
+import re
+import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Snapshot", "leaks"]
+__all__ = ["Snapshot", "leaks", "children", "process_alive", "segments", "own_segments"]
 
 _HELPERS = ("resource_tracker", "forkserver")
+_SEGMENT = re.compile(r"virtualpar-(\d+)-")
 
 
-def _children(pid: int) -> dict[int, str]:
-    """Live (non-zombie are still counted: a zombie was never reaped) children of ``pid``, minus helpers."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                text = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2:].split()
-        if int(fields[1]) == pid and not any(h in cmd for h in _HELPERS):
-            out[int(entry)] = cmd.strip() or f"pid {entry}"
-    return out
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) of ``pid``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and parens
+    return fields[0], int(fields[1])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a zombie has stopped running for good)."""
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def children(pid: int | None = None) -> dict[int, str]:
+    """Child processes of ``pid`` (default: this process) and of its forkserver, minus
+    multiprocessing's helpers: pid -> "state command"."""
+    pid = os.getpid() if pid is None else pid
+    table = {int(e): st for e in os.listdir("/proc") if e.isdigit() and (st := _stat(int(e))) is not None}
+    helpers = {p for p, (_, parent) in table.items() if parent == pid and any(h in _cmdline(p) for h in _HELPERS)}
+    parents = {pid} | {p for p in helpers if "forkserver" in _cmdline(p)}
+    return {p: f"{state} {_cmdline(p)[:80] or f'pid {p}'}" for p, (state, parent) in table.items()
+            if parent in parents and p not in helpers}
 
 
 def _fds() -> dict[int, str]:
@@ -50,25 +78,38 @@ def _fds() -> dict[int, str]:
 
 
 def _helper_fds() -> set[int]:
-    """Fds multiprocessing's helpers (resource tracker, forkserver) keep for the life of the process:
-    the first test that starts them must not be blamed for them."""
-    fds: set[int] = set()
+    """Fds multiprocessing's helpers keep for the life of the process: the first test that starts
+    them must not be blamed for them."""
     try:
         from multiprocessing import forkserver, resource_tracker
     except ImportError:  # pragma: no cover - always there on Linux
-        return fds
-    for fd in (getattr(resource_tracker._resource_tracker, "_fd", None),
-               getattr(forkserver._forkserver, "_forkserver_alive_fd", None)):
-        if isinstance(fd, int):
-            fds.add(fd)
-    return fds
+        return set()
+    fds = (getattr(resource_tracker._resource_tracker, "_fd", None),
+           getattr(forkserver._forkserver, "_forkserver_alive_fd", None))
+    return {fd for fd in fds if isinstance(fd, int)}
 
 
-def _segments(pid: int) -> set[str]:
+def segments() -> set[str]:
+    """Every virtualpar segment in /dev/shm (each is named ``virtualpar-<creator pid>-…``)."""
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(f"virtualpar-{pid}-")}
+        return {e for e in os.listdir("/dev/shm") if e.startswith("virtualpar-")}
     except OSError:
         return set()
+
+
+def _foreign(entry: str) -> bool:
+    """Is ``entry`` a segment of another live process that is not our child (a concurrent run)?"""
+    m = _SEGMENT.match(entry)
+    if not m:
+        return False
+    owner = int(m.group(1))
+    st = None if owner == os.getpid() else _stat(owner)
+    return st is not None and st[0] != "Z" and st[1] != os.getpid()
+
+
+def own_segments() -> set[str]:
+    """The virtualpar segments in /dev/shm that are not another live process's."""
+    return {e for e in segments() if not _foreign(e)}
 
 
 @dataclass(frozen=True)
@@ -77,16 +118,18 @@ class Snapshot:
 
     children: dict[int, str]
     fds: dict[int, str]
+    threads: dict[int, str]  # ident -> name
     segments: frozenset[str]
 
     @classmethod
     def take(cls) -> "Snapshot":
-        pid = os.getpid()
-        return cls(_children(pid), _fds(), frozenset(_segments(pid)))
+        threads = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+        return cls(children(), _fds(), threads, frozenset(own_segments()))
 
     def new_since(self, before: "Snapshot") -> list[str]:
         """Human-readable lines, one per resource here that ``before`` did not have."""
         out = [f"process {p} ({cmd}) still running" for p, cmd in self.children.items() if p not in before.children]
+        out += [f"thread {name!r} still running" for ident, name in self.threads.items() if ident not in before.threads]
         out += [f"shared memory /dev/shm/{n} not unlinked" for n in sorted(self.segments - before.segments)]
         helpers = _helper_fds()
         out += [f"file descriptor {fd} -> {target} left open" for fd, target in sorted(self.fds.items())

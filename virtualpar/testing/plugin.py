@@ -6,10 +6,13 @@
 * ``@pytest.mark.spmd(mesh, **options)``: the test body runs on every device, ``def test_x(dev):``
   (other fixture values are passed to every device, so they must pickle).  A failure names the
   device (rank, mesh coordinates) with its remote traceback.
-* After every test: no child process, /dev/shm segment or file descriptor may be left (a leak
-  fails the test at teardown); ``--vp-no-leak-check`` turns this off.  A test that uses a module-
-  or session-scoped fixture is compared with the state after its set-up (those fixtures' own
-  resources outlive it by design), others with the state before it.
+* After every test that started a cluster (itself, or through a fixture or ``spmd``): no child
+  process, thread, /dev/shm segment or file descriptor may be left (a leak fails the test at
+  teardown; see :mod:`.leaks` for what counts); ``--vp-no-leak-check`` turns this off.  Tests that
+  start no cluster are not checked: the plugin loads wherever virtualpar is installed, and another
+  project's tests are not its business.  A test that uses a module- or session-scoped fixture is
+  compared with the state after its set-up (those fixtures' own resources outlive it by design),
+  others with the state before it.
 * A failed test that used a cluster gets a ``virtualpar`` report section: the failing device, the
   text timeline of the failed run and every device's flight-recorder tail; with
   ``--vp-keep-traces DIR`` the section and the run's trace (Chrome JSON) are also written there.
@@ -29,7 +32,7 @@ from typing import Any
 import pytest
 
 from ..errors import UsageError
-from ..runtime.cluster import VirtualCluster
+from ..runtime.cluster import VirtualCluster, clusters_created
 from .leaks import Snapshot, leaks
 from .report import failure_report
 
@@ -39,6 +42,7 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MESH = 2
 _CLUSTERS = pytest.StashKey[list]()
 _BEFORE = pytest.StashKey[Snapshot]()
+_CREATED = pytest.StashKey[int]()  # clusters_created() when the test's set-up began
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -48,7 +52,8 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--vp-keep-traces", default=None, metavar="DIR",
                     help="write the report and the trace (Chrome JSON) of every failed virtualpar test into DIR")
     group.addoption("--vp-no-leak-check", action="store_true", default=False,
-                    help="do not fail tests that leave processes, shared memory or file descriptors behind")
+                    help="do not fail tests that start a cluster and leave processes, threads, shared memory or "
+                         "file descriptors behind")
 
 
 def pytest_configure(config: Any) -> None:
@@ -112,6 +117,7 @@ def pytest_runtest_setup(item: Any) -> Any:
     check = not item.config.getoption("vp_no_leak_check")
     if check:
         item.stash[_BEFORE] = Snapshot.take()
+        item.stash[_CREATED] = clusters_created()
     result = yield
     if check and _has_wider_fixtures(item):
         item.stash[_BEFORE] = Snapshot.take()  # module/session fixtures set up now outlive this test
@@ -147,7 +153,7 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
             c.close()  # SPMD clusters, and fixtures' if teardown failed before closing them
         item.stash[_CLUSTERS] = []
     before = item.stash.get(_BEFORE, None)
-    if before is not None:
+    if before is not None and clusters_created() != item.stash[_CREATED]:
         found = leaks(before)
         if found:
             pytest.fail(f"{item.nodeid} leaked:\n  " + "\n  ".join(found), pytrace=False)
