@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from virtualpar.cli import main
 from virtualpar.collectives import ALGORITHMS
 from virtualpar.tour import TOUR_CASES, run_tour
@@ -97,3 +99,21 @@ def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     sixteen = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "16"],
                              capture_output=True, text=True, timeout=120)
     assert sixteen.returncode == 0 and sixteen.stdout.count(": 16.0") == 16, sixteen.stderr  # two 8-GPU nodes
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["pipeline", "--steps", "0"], "--steps"),  # was: "has not run on this cluster, so it holds none of its weights"
+    (["pipeline", "--batch", "0"], "--batch"),  # was: "(nothing ran)" and "matches single-process training: yes"
+    (["pipeline", "--microbatches", "-1"], "--microbatches"),
+    (["schedule", "1f1b", "--stages", "0"], "--stages"),  # was: "ranks must be a positive int", an option nobody typed
+    (["schedule", "1f1b", "--virtual", "0"], "--virtual"),
+    (["strategy", "ddp", "--workers", "0"], "--workers"),
+    (["strategy", "ddp", "--max-activations", "x"], "--max-activations"),
+    (["run", "script.py:f", "-n", "0"], "-n"),  # given after the target, parsed again
+])
+def test_a_count_below_one_is_refused_naming_its_option(argv, option, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: must be an int >= 1, got" in err, err

@@ -209,5 +209,6 @@ def test_pipeline_command_says_how_many_devices_the_mlp_allows(capsys):
     assert main(["pipeline", "--schedule", "zbv", "--stages", "4"]) == 1
     assert ("zbv on 4 devices with 2 model chunk(s) each needs 8 stages, but the MLP has 7 layers to cut; "
             "use at most 3 devices") in capsys.readouterr().err
-    assert main(["pipeline", "--virtual", "0"]) == 1
-    assert "virtual must be a positive int, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["pipeline", "--virtual", "0"])
+    assert info.value.code == 2 and "argument --virtual: must be an int >= 1, got 0" in capsys.readouterr().err

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["parse_mesh", "parse_costs"]
+__all__ = ["parse_mesh", "parse_costs", "positive_int"]
+
+
+def positive_int(text: str) -> int:
+    """A count given on the command line: an int >= 1 (argparse names the option when it is not:
+    ``argument --steps: must be an int >= 1, got 0``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
 
 
 def parse_mesh(text: str):

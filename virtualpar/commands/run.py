@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 
-from ._args import parse_mesh
+from ._args import parse_mesh, positive_int
 
 __all__ = ["register"]
 
@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.script_args:  # options given after the target (REMAINDER keeps them for --mpi scripts)
         late = argparse.ArgumentParser(prog="virtualpar run")
         late.add_argument("--mesh", type=parse_mesh, default=args.mesh)
-        late.add_argument("-n", type=int, default=args.n)
+        late.add_argument("-n", type=positive_int, default=args.n)
         late.add_argument("--hardware", default=args.hardware)
         late.add_argument("--stats", action="store_true", default=args.stats)
         late.add_argument("--trace", default=args.trace)
@@ -177,7 +177,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run FUNC(dev) from a script on every device, or (--mpi) an mpi4py script")
     p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
     p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2")
-    p.add_argument("-n", type=int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
+    p.add_argument("-n", type=positive_int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
     p.add_argument("--hardware", default=None,
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")

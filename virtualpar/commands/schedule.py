@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from ._args import parse_costs
+from ._args import parse_costs, positive_int
 
 __all__ = ["register"]
 
@@ -37,9 +37,9 @@ def _schedule(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("schedule", help="simulate a pipeline schedule: grid, makespan, bubble, peak activations")
     p.add_argument("name", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zb_h1 or zbv")
-    p.add_argument("--stages", type=int, default=4, help="pipeline ranks (default 4)")
-    p.add_argument("--microbatches", type=int, default=8, help="microbatches per step (default 8)")
-    p.add_argument("--virtual", type=int, default=None, help="model chunks per rank (stages = ranks x virtual)")
+    p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks (default 4)")
+    p.add_argument("--microbatches", type=positive_int, default=8, help="microbatches per step (default 8)")
+    p.add_argument("--virtual", type=positive_int, default=None, help="model chunks per rank (stages = ranks x virtual)")
     p.add_argument("--costs", type=parse_costs, default=None, help="per-action costs, e.g. F=1,B=2,W=0")
     p.add_argument("--json", action="store_true", help="fields makespan, bubble, peak_activations, grid")
     p.set_defaults(func=_schedule)
