@@ -117,3 +117,17 @@ def test_a_count_below_one_is_refused_naming_its_option(argv, option, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}: must be an int >= 1, got" in err, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["run", "s.py:f", "--mesh", "dp=2,dp=2"], "argument --mesh: mesh axis 'dp' is given twice"),  # was dp=2, silently
+    (["run", "s.py:f", "--mesh", "dp=0"], "argument --mesh: mesh axis 'dp' has size 0"),  # was "invalid parse_mesh value"
+    (["tour", "--trace", "/nonexistent/t.json"], "argument --trace: cannot write '/nonexistent/t.json': the folder /nonexistent does not exist"),
+    (["run", "s.py:f", "--trace", "/nonexistent/t.json"], "argument --trace: cannot write"),  # was a traceback after the run
+    (["policies", "--explore", "-1"], "argument --explore: must be an int >= 1, got -1"),  # printed nothing, exit 0
+])
+def test_a_bad_option_is_refused_before_any_work(argv, said, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert said in capsys.readouterr().err

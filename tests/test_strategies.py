@@ -8,9 +8,9 @@ import json
 import pytest
 
 from virtualpar import UsageError
-from virtualpar.strategies import (STRATEGIES, ComputeAndWeightWorkers, Cuckoo, DistributedDataParallel,
+from virtualpar.strategies import (STRATEGIES, ComputeAndWeightWorkers, Cuckoo, Direction, DistributedDataParallel,
                                    FullyShardedDataParallel, FullyShardedLoopedPipeline, GPipe, LoopedPipeline,
-                                   OldestBatchFirst, OldestStageFirst, simulate, to_html, to_text)
+                                   OldestBatchFirst, OldestStageFirst, Work, simulate, to_html, to_text)
 
 
 def test_ddp_numbers_from_the_issue():
@@ -104,3 +104,23 @@ def test_strategy_command(capsys):
     assert main(["strategy", "ddp", "--workers", "8", "--stages", "4", "--batches", "8"]) == 0
     assert "latency 12" in capsys.readouterr().out
     assert main(["strategy", "nope"]) == 2
+
+
+def test_looped_groups_must_tile_the_workers():
+    """group_size 3 of 4 workers sent batch 1 to worker (3·1 mod 4) + 1 = 4, which does not exist;
+    it failed in the simulator as a mapping to worker 4.  The default (W // 2) did the same at W = 5."""
+    from virtualpar.strategies.work import default_group_size
+
+    for make in (LoopedPipeline, FullyShardedLoopedPipeline):
+        with pytest.raises(UsageError, match=r"group_size=3 must divide the 4 workers into equal groups; choose one of \[1, 2, 4\]"):
+            make(3, 4)
+        with pytest.raises(UsageError, match="group_size=0"):
+            make(0, 4)
+    assert [default_group_size(w) for w in (1, 2, 4, 5, 6, 8, 9)] == [1, 1, 2, 1, 3, 4, 3]
+    for name in ("looped", "fs_looped"):
+        for W in (3, 5, 6, 7):
+            strategy = STRATEGIES[name](W, W, 2 * W)
+            for stage in range(W):  # every item lands on a worker that exists
+                for batch in range(2 * W):
+                    assert 0 <= strategy(Work(stage, batch, Direction.FORWARD)).compute < W
+            simulate(W, W, 2 * W, strategy)

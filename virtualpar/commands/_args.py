@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["parse_mesh", "parse_costs", "positive_int"]
+__all__ = ["parse_mesh", "parse_costs", "positive_int", "output_file"]
 
 
 def positive_int(text: str) -> int:
@@ -20,16 +20,38 @@ def positive_int(text: str) -> int:
 
 
 def parse_mesh(text: str):
-    """``dp=2,tp=2`` -> ``Mesh({"dp": 2, "tp": 2})``; argparse reports a malformed value."""
+    """``dp=2,tp=2`` -> ``Mesh({"dp": 2, "tp": 2})``; argparse reports a malformed value, an axis
+    named twice or a size the mesh refuses, with the reason."""
+    from ..errors import MeshError
     from ..mesh import Mesh
 
-    shape = {}
+    shape: dict[str, int] = {}
     for part in text.split(","):
         name, _, size = part.partition("=")
-        if not name.strip() or not size.strip().isdigit():
-            raise argparse.ArgumentTypeError(f"mesh must look like dp=2,tp=2; got {text!r}")
-        shape[name.strip()] = int(size)
-    return Mesh(shape)
+        name = name.strip()
+        try:
+            value = int(size)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"mesh must look like dp=2,tp=2; got {text!r}") from None
+        if name in shape:
+            raise argparse.ArgumentTypeError(f"mesh axis {name!r} is given twice in {text!r}")
+        shape[name] = value
+    try:
+        return Mesh(shape)
+    except MeshError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def output_file(path: str) -> str:
+    """A file the command will write: its folder must exist, checked before any work is done."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"cannot write {path!r}: it is a folder")
+    return path
 
 
 def parse_costs(text: str) -> dict[str, float]:

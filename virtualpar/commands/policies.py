@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ._args import parse_mesh
+from ._args import parse_mesh, positive_int
 
 __all__ = ["register", "format_rows"]
 
@@ -75,7 +75,7 @@ def register(sub) -> None:
     p.add_argument("--hardware", default="h100-node", help="modelled hardware preset (laptop, h100-node, h100-cluster)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--json", action="store_true", help="the same rows as JSON, with the field names of PolicyRow")
-    p.add_argument("--explore", type=int, nargs="?", const=0, default=None, metavar="N",
+    p.add_argument("--explore", type=positive_int, nargs="?", const=0, default=None, metavar="N",
                    help="instead of the named policies: every assignment of mesh axes (the explorer), fastest "
                         "modelled first, each run and checked; N: only the first N")
     p.set_defaults(func=_run)

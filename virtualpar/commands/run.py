@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 
-from ._args import parse_mesh, positive_int
+from ._args import output_file, parse_mesh, positive_int
 
 __all__ = ["register"]
 
@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("-n", type=positive_int, default=args.n)
         late.add_argument("--hardware", default=args.hardware)
         late.add_argument("--stats", action="store_true", default=args.stats)
-        late.add_argument("--trace", default=args.trace)
+        late.add_argument("--trace", type=output_file, default=args.trace)
         late.parse_args(args.script_args, namespace=args)
     if any(v in os.environ for v in _MPI_ENV):
         return _run_under_mpiexec(args)
@@ -182,7 +182,7 @@ def register(sub) -> None:
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
-    p.add_argument("--trace", metavar="FILE.json", default=None, help="write every device's events as a Chrome trace")
+    p.add_argument("--trace", metavar="FILE.json", type=output_file, default=None, help="write every device's events as a Chrome trace")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     p.set_defaults(func=_run)

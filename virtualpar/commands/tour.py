@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._args import parse_mesh
+from ._args import output_file, parse_mesh
 
 __all__ = ["register"]
 
@@ -21,5 +21,5 @@ def register(sub) -> None:
     tour = sub.add_parser("tour", help="run every collective on a 2x2 mesh, check it against numpy, write a trace")
     tour.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (default)")
     tour.add_argument("--hardware", default="h100-node", help="modelled hardware preset (laptop, h100-node, h100-cluster)")
-    tour.add_argument("--trace", default="virtualpar-trace.json", help="where to write the Chrome trace")
+    tour.add_argument("--trace", type=output_file, default="virtualpar-trace.json", help="where to write the Chrome trace")
     tour.set_defaults(func=_tour)

@@ -14,9 +14,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Callable, NamedTuple
 
+from ..errors import UsageError
+
 __all__ = ["Direction", "Work", "ComputeAndWeightWorkers", "Strategy", "DistributedDataParallel",
            "FullyShardedDataParallel", "GPipe", "LoopedPipeline", "FullyShardedLoopedPipeline", "Cuckoo",
-           "STRATEGIES"]
+           "STRATEGIES", "default_group_size"]
 
 
 class Direction(Enum):
@@ -62,8 +64,26 @@ def _looped(group_size: int, num_workers: int, x: int, y: int) -> int:
     return (group_size * y) % num_workers + x % group_size
 
 
+def _check_group(name: str, group_size: int, num_workers: int) -> None:
+    """The groups tile the workers only if ``group_size`` divides W (group g·b mod W would run past
+    worker W−1 otherwise)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or num_workers % group_size:
+        divisors = [d for d in range(1, num_workers + 1) if num_workers % d == 0]
+        raise UsageError(f"{name}: group_size={group_size!r} must divide the {num_workers} workers "
+                         f"into equal groups; choose one of {divisors}")
+
+
+def default_group_size(num_workers: int) -> int:
+    """The looped strategies' default: the largest divisor of W that is at most W/2 (two or more
+    groups), or 1."""
+    return max([d for d in range(1, num_workers // 2 + 1) if num_workers % d == 0], default=1)
+
+
 def LoopedPipeline(group_size: int, num_workers: int) -> Strategy:
-    """Batch b runs on the group of workers starting at group_size·b mod W; stage s on member s mod group_size."""
+    """Batch b runs on the group of workers starting at group_size·b mod W; stage s on member s mod
+    group_size (``group_size`` must divide W)."""
+    _check_group("LoopedPipeline", group_size, num_workers)
+
     def looped(w: Work) -> ComputeAndWeightWorkers:
         worker = _looped(group_size, num_workers, w.stage, w.batch)
         return ComputeAndWeightWorkers(worker, worker)
@@ -72,6 +92,8 @@ def LoopedPipeline(group_size: int, num_workers: int) -> Strategy:
 
 def FullyShardedLoopedPipeline(group_size: int, num_workers: int) -> Strategy:
     """Looped compute; stage s's weights stored on the worker the looped map gives (stage, stage)."""
+    _check_group("FullyShardedLoopedPipeline", group_size, num_workers)
+
     def fs_looped(w: Work) -> ComputeAndWeightWorkers:
         return ComputeAndWeightWorkers(_looped(group_size, num_workers, w.stage, w.batch),
                                        _looped(group_size, num_workers, w.stage, w.stage))
@@ -100,7 +122,7 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "ddp": lambda W, S, B, g=None: DistributedDataParallel if B <= W else _modulo(DistributedDataParallel, W),
     "fsdp": lambda W, S, B, g=None: FullyShardedDataParallel(W) if B <= W else _modulo(FullyShardedDataParallel(W), W),
     "gpipe": lambda W, S, B, g=None: GPipe,
-    "looped": lambda W, S, B, g=None: LoopedPipeline(g or max(1, W // 2), W),
-    "fs_looped": lambda W, S, B, g=None: FullyShardedLoopedPipeline(g or max(1, W // 2), W),
+    "looped": lambda W, S, B, g=None: LoopedPipeline(default_group_size(W) if g is None else g, W),
+    "fs_looped": lambda W, S, B, g=None: FullyShardedLoopedPipeline(default_group_size(W) if g is None else g, W),
     "cuckoo": lambda W, S, B, g=None: Cuckoo(W, S, B),
 }
