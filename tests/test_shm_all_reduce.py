@@ -331,3 +331,23 @@ def test_a_fence_refuses_a_payload_larger_than_its_slot():
         assert cluster.run(_oversized_fence_payload) == [8192, 8192]
     with pytest.raises(UsageError, match="at most 16 bytes"):
         ThreadWorld(2, fence_payload_bytes=16).run(lambda c: c.fence_exchange(np.zeros(3)))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.bool_])
+def test_small_integers_wrap_around_as_numpy_does_in_every_algorithm_and_size(dtype):
+    """A sum or product that overflows a small integer type wraps around, as numpy's own arithmetic
+    (and MPI's, torch's) does.  A single element took a path that accumulated in int64 and then
+    raised OverflowError storing 400 into an int8 — only at one element, only without algorithm=."""
+    def reduce_all(dev, size):
+        x = np.full(size, 100 if dtype is not np.bool_ else dev.rank % 2, dtype)
+        return {(algo, op): dev.all_reduce(x, algorithm=algo, op=op)
+                for algo in (None, "shm", "ring", "tree", "direct") for op in ("sum", "prod")}
+
+    with VirtualCluster(4, timeout=30) as cluster:
+        for size in (1, 2, 5000):
+            xs = [np.full(size, 100 if dtype is not np.bool_ else r % 2, dtype) for r in range(4)]
+            for got in cluster.run(reduce_all, size):
+                for (algo, op), value in got.items():
+                    want = rank_order_reduction(xs, op)
+                    assert value.dtype == np.dtype(dtype), (algo, op, size)
+                    np.testing.assert_array_equal(value, want, err_msg=f"{algo} {op} size {size}")
