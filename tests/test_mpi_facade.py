@@ -30,7 +30,7 @@ def _mpiexec() -> str | None:
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py"])
+@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -42,13 +42,24 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
                           capture_output=True, text=True, timeout=120, env=env)
     assert real.returncode == 0, real.stderr
     assert _lines(emu.stdout) == _lines(real.stdout)
-    assert (f"total {n * (n + 1) // 2}" if prog.startswith("p2p") else "gathered pi 3.14159") in emu.stdout
+    expect = {"p2p_and_collectives.py": f"total {n * (n + 1) // 2}", "tutorial.py": "gathered pi 3.14159",
+              "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}"}
+    assert expect[prog] in emu.stdout
 
 
 def test_a_deadlocked_program_is_named_not_hung():
     emu = _emulate("deadlock.py", 2)
     assert emu.returncode == 1
     assert "Deadlock" in emu.stderr and "device 0 waits recv from 1" in emu.stderr
+    # what the ranks printed before they blocked is shown, as mpiexec shows it (it was dropped)
+    assert _lines(emu.stdout) == ["rank 0 waits for 1", "rank 1 waits for 0"]
+
+
+def test_abort_ends_the_job_with_its_error_code_and_the_output_so_far():
+    emu = _emulate("aborts.py", 3)
+    assert emu.returncode == 5, emu.stderr
+    assert _lines(emu.stdout) == ["rank 0 started", "rank 1 started", "rank 2 started"]
+    assert "rank 0 gives up" in emu.stderr and "MPIAbort: rank 0 called MPI_Abort(comm, 5)" in emu.stderr
 
 
 def test_exit_codes_stderr_argv_and_calls_outside_the_subset():
@@ -59,3 +70,4 @@ def test_exit_codes_stderr_argv_and_calls_outside_the_subset():
     bad = _emulate("exits.py", 2, "--unsupported")
     assert bad.returncode == 1
     assert "MPI.Comm.Ialltoallw is outside the subset virtualpar emulates" in bad.stderr
+    assert "OutsideSubset" in bad.stderr  # a NotImplementedError and an AttributeError (hasattr is False)

@@ -81,6 +81,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
     """An unmodified mpi4py script on ``-n`` emulated devices; output as mpiexec gives it (each
     rank's stdout and stderr, rank by rank), exit code the largest of the ranks'."""
     from .. import Mesh, VirtualCluster, VirtualParError
+    from ..mpi.facade import MPIAbort
     from ..mpi.script import run_script
 
     path = args.target
@@ -92,7 +93,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
             outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
     except VirtualParError as exc:
         print(f"virtualpar run --mpi: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return exc.errorcode if isinstance(exc, MPIAbort) else 1
     for out, err, _ in outputs:
         sys.stdout.write(out)
         sys.stderr.write(err)

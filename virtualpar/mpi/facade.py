@@ -6,7 +6,10 @@ own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``);
 built here from point-to-point messages in a fixed order (the root gathers in rank order, reduces
 left to right, and sends the result back), so every rank gets the same bits.  A communicator's
 messages carry its own tag range, so collectives and other communicators never mix with user
-messages.  Anything outside the subset raises ``NotImplementedError`` naming the call.
+messages.  Anything outside the subset raises ``NotImplementedError`` naming the call (an
+``OutsideSubset``, which is also an ``AttributeError``: ``hasattr(comm, "Iallreduce")`` is False,
+as for any name an object lacks).  ``Comm.Abort(errorcode)`` ends the whole job with that exit code,
+as ``mpiexec`` does.
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, Datatype, Op,
                            Request, Status, _buf, _COLL, _SPAN, _layout, _place)
 
-__all__ = ["module_for", "Comm", "Cartcomm"]
+__all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
+
+
+class OutsideSubset(AttributeError, NotImplementedError):
+    """A name of mpi4py the facade does not emulate: the error says so when the name is used, and,
+    being an ``AttributeError`` too, ``hasattr`` and ``getattr(obj, name, default)`` see it missing."""
+
+
+class MPIAbort(VirtualParError):
+    """``comm.Abort(errorcode)`` was called on a rank (details ``rank``, ``errorcode``): the other
+    ranks are stopped and the job exits with ``errorcode``, as under ``mpiexec``."""
+
 
 class Comm:
     """A communicator: ``ranks`` (device ranks, in this communicator's order) and a tag range."""
@@ -211,10 +226,15 @@ class Comm:
     def Create_cart(self, dims: list[int], periods: Any = None, reorder: bool = False) -> "Cartcomm":
         return Cartcomm(self._dev, self._ranks, (self._ctx * 7 + 3) % 4000 + 1, list(dims), periods)
 
+    def Abort(self, errorcode: int = 0) -> None:
+        """End the whole job with exit code ``errorcode`` (the other ranks are stopped wherever they are)."""
+        raise MPIAbort(f"rank {self.rank} called MPI_Abort(comm, {int(errorcode)})", rank=self._dev.rank,
+                       errorcode=int(errorcode))
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        raise NotImplementedError(f"MPI.Comm.{name} is outside the subset virtualpar emulates; run this program "
+        raise OutsideSubset(f"MPI.Comm.{name} is outside the subset virtualpar emulates; run this program "
                                   "under real MPI (mpiexec) for it")
 
 
@@ -258,11 +278,18 @@ def module_for(dev: Any) -> types.ModuleType:
     names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm, Request=Request,
                  Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN, IN_PLACE=IN_PLACE,
                  ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
-                 LONG=LONG, Wtime=lambda: time.perf_counter() - t0, Get_processor_name=lambda: f"virtualpar-{dev.rank}")
+                 LONG=LONG, Wtime=lambda: time.perf_counter() - t0, Get_processor_name=lambda: f"virtualpar-{dev.rank}",
+                 COMM_SELF=Comm(dev, (dev.rank,), 0))  # context 0: no other communicator's (they are >= 1)
+    finalized = [False]  # mpi4py initialises at import and finalises at exit; a script may also call Finalize
+
+    def finalize() -> None:
+        finalized[0] = True
+
+    names.update(Is_initialized=lambda: True, Is_finalized=lambda: finalized[0], Finalize=finalize)
     mod.__dict__.update(names)
 
     def missing(name: str) -> Any:
-        raise NotImplementedError(f"MPI.{name} is outside the subset virtualpar emulates; run this program under "
+        raise OutsideSubset(f"MPI.{name} is outside the subset virtualpar emulates; run this program under "
                                   "real MPI (mpiexec) for it")
 
     mod.__getattr__ = missing  # type: ignore[attr-defined]

@@ -13,7 +13,9 @@ __all__ = ["run_script"]
 def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
     """Run the mpi4py script ``path`` on this device with ``mpi4py.MPI`` resolving to the facade;
     returns (its stdout, its stderr, its exit code).  virtualpar's own errors (a deadlock, a
-    mismatch) are raised, so the run reports them by name."""
+    mismatch, ``comm.Abort``) are raised, so the run reports them by name; what the script had
+    printed until then is written out first, on this process's own streams, as ``mpiexec`` would
+    have shown it (the progress lines a user printed to find where the program stops)."""
     import contextlib
     import io
     import runpy
@@ -30,16 +32,23 @@ def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
     argv0, sys.argv = sys.argv, [path, *argv]
     out, err, code = io.StringIO(), io.StringIO(), 0
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                runpy.run_path(path, run_name="__main__")
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except VirtualParError:
-                raise
-            except BaseException:
-                traceback.print_exc()
-                code = 1
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    runpy.run_path(path, run_name="__main__")
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                except VirtualParError:
+                    raise
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+        except VirtualParError:
+            sys.stdout.write(out.getvalue())
+            sys.stderr.write(err.getvalue())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            raise
     finally:
         sys.argv = argv0
         for k, v in saved.items():
