@@ -73,6 +73,51 @@ def test_adam_and_a_data_parallel_axis_match_the_reference():
     _close(state, ref_state)
 
 
+def test_a_batch_the_data_parallel_replicas_cannot_share_equally_is_refused():
+    """9 rows on dp=2 gave the replicas 5 and 4 rows and averaged their gradients as equals (not the
+    batch's mean gradient); 1 row left a replica empty and halved the loss.  Refused, as an uneven
+    microbatch split is."""
+    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[2]), "1f1b", microbatches=1, axis="pp", dp_axis="dp")
+    with VirtualCluster(Mesh({"dp": 2, "pp": 2})) as cluster:
+        for rows in (9, 1):
+            with pytest.raises(UsageError, match=f"a batch of {rows} rows does not split into 2 equal data-parallel "
+                                                 "replicas \\(mesh axis 'dp'\\)"):
+                cluster.execute(op, *_data(rows, 16))
+        x, y = _data(8, 16)
+        ref_losses, _ = nn.reference_train(deep_mlp(4), [(x, y)], nn.mse_loss, nn.SGD(0.1), 1, 2)
+        assert cluster.execute(op, x, y) == pytest.approx(ref_losses[0], rel=1e-12)
+
+
+def test_a_refused_step_leaves_the_operation_usable_on_a_cluster_that_fits():
+    """The first call's schedule, built for the wrong number of ranks, was kept: the right cluster
+    was then refused with "on 3 pipeline ranks runs 2 stages"."""
+    x, y = _data(4, 16, seed=2)
+    ref_losses, ref_state = nn.reference_train(deep_mlp(3), [(x, y)], nn.mse_loss, nn.SGD(0.1), 1, 2)
+    op = PipelinedOperation(Pipeline(deep_mlp(3), cuts=[1, 2]), "1f1b", microbatches=2)
+    with VirtualCluster(2) as small:
+        with pytest.raises(UsageError, match="on 2 pipeline ranks runs 2 stages, but the pipeline has 3"):
+            small.execute(op, x, y)
+    with VirtualCluster(3) as fits:
+        assert fits.execute(op, x, y) == pytest.approx(ref_losses[0], rel=1e-12)
+        _close(op.state_dict(fits), ref_state)
+
+
+def test_every_stage_is_charged_its_flops_on_the_modelled_clock():
+    """Four identical layers, one per stage: every stage's F and B take the same modelled time,
+    2·rows·16·16 FLOPs forward (and twice that backward) on the device's peak.  The stages between
+    the first and the last hold neither the batch nor the targets, and were charged nothing."""
+    hw = Hardware.uniform(latency=0.0, bandwidth=float("inf"),
+                          device=DeviceSpec("flop", {"float32": 1.0, "float64": 1.0}, float("inf"), float("inf")))
+    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[1, 2, 3]), "1f1b", microbatches=4)
+    with VirtualCluster(4, hardware=hw) as cluster:
+        cluster.execute(op, *_data(32, 16))
+    flops = op.pipeline.stages[1].flops(1) * 8  # 8 rows per microbatch
+    assert flops >= 2 * 8 * 16 * 16
+    for rank, records in op.last_records.items():
+        took = {t: m1 - m0 for t, _, _, m0, m1 in records}
+        assert took[f"{rank}F0"] == pytest.approx(flops) and took[f"{rank}B0"] == pytest.approx(2 * flops), rank
+
+
 def test_one_operation_trains_a_copy_of_its_own_on_each_cluster_it_runs_on():
     x, y = _data(8, 16, seed=5)
     ref_losses, ref_state = nn.reference_train(deep_mlp(4), [(x, y)], nn.mse_loss, nn.SGD(0.05), 2, 2)

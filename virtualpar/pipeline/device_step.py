@@ -30,7 +30,7 @@ class PipelineError(UsageError):
 
 
 class _Step:
-    def __init__(self, dev: Any, st: dict, x: Any, y: Any) -> None:
+    def __init__(self, dev: Any, st: dict, x: Any, y: Any, rows: int | None = None) -> None:
         spec = st["spec"]
         self.dev, self.st, self.spec = dev, st, spec
         self.group = dev.group(spec.axis)
@@ -41,7 +41,8 @@ class _Step:
         self.ys = _split(y, M)
         first = x if x is not None else y
         first = first[0] if isinstance(first, tuple) else first
-        self.rows = (np.shape(first)[0] if first is not None else spec.rows) // M
+        # rows per microbatch, for the modelled FLOPs: a middle stage holds neither x nor y
+        self.rows = (np.shape(first)[0] if first is not None else (rows or 0)) // M
         self.inbox: dict[tuple[str, int, int], Any] = {}
         self.outbox: dict[tuple[str, int, int], Any] = {}
         self.stash: dict[tuple[int, int], Any] = {}
@@ -226,13 +227,16 @@ def _sum_copies(c: _Step, stage: int, ranks: tuple[int, ...], grads: dict) -> di
     return total
 
 
-def run_step(dev: Any, key: str) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
+def run_step(dev: Any, key: str, rows: int | None = None
+             ) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
     """One training step of the pipelined operation stored under ``dev.state[key]``; returns
     (the mean microbatch loss on a last-stage device, else None; this device's pipeline rank;
-    (action, wall start, wall end, modelled start, modelled end) per action run)."""
+    (action, wall start, wall end, modelled start, modelled end) per action run).  ``rows``: the
+    rows of this replica's batch, which a stage's modelled FLOPs scale with (the devices holding
+    the batch or the targets know it; the stages between them learn it here)."""
     st = dev.state[key]
     spec = st["spec"]
-    c = _Step(dev, st, dev.state.pop(key + "/x", None), dev.state.pop(key + "/y", None))
+    c = _Step(dev, st, dev.state.pop(key + "/x", None), dev.state.pop(key + "/y", None), rows)
     prank = c.me
     for a in spec.lowered[prank]:
         handler = HANDLERS.get(a.kind)

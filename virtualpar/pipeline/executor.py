@@ -55,7 +55,6 @@ class StepSpec:
     axis: Any
     dp_axis: Any
     costs: Mapping[str, float] | None
-    rows: int = 0
     # another stage program (timeline parallelism): fn(step, stage, microbatch, received) -> (vjp, out, loss)
     stage_forward: Callable[..., Any] | None = None
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
@@ -79,48 +78,59 @@ class PipelinedOperation:
             self.schedule_name = "custom"
             self.schedule, self.placement = schedule
         self.key = f"pipeline/{next(_IDS)}"
-        self._clusters: weakref.WeakSet = weakref.WeakSet()  # the clusters holding this op's weights
+        # the clusters holding this op's weights, each with the step planned for its ranks
+        self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
 
     # -- planning -----------------------------------------------------------------------------------
     def _plan(self, ranks: int) -> StepSpec:
-        if self.schedule is None:
+        """The step for ``ranks`` pipeline ranks: a named schedule is built for them (so one operation
+        runs on clusters of several sizes); nothing is kept unless every check passed."""
+        if self.schedule_name != "custom":
             virtual = self._schedule_args[0]
             if virtual is None and len(self.pipeline) % ranks == 0 and len(self.pipeline) > ranks:
                 virtual = len(self.pipeline) // ranks
-            self.schedule, self.placement = build(self.schedule_name, ranks, self.microbatches, virtual)
-        if self.placement.stages != len(self.pipeline):
-            raise UsageError(f"schedule {self.schedule_name!r} on {ranks} pipeline ranks runs {self.placement.stages} "
+            schedule, placement = build(self.schedule_name, ranks, self.microbatches, virtual)
+        else:
+            schedule, placement = self.schedule, self.placement
+        if placement.stages != len(self.pipeline):
+            raise UsageError(f"schedule {self.schedule_name!r} on {ranks} pipeline ranks runs {placement.stages} "
                              f"stages, but the pipeline has {len(self.pipeline)}; cut the model into "
-                             f"{self.placement.stages} stages or change the ranks / virtual chunks")
-        if self.placement.ranks != ranks:
-            raise UsageError(f"the schedule is for {self.placement.ranks} pipeline ranks; the mesh axis "
+                             f"{placement.stages} stages or change the ranks / virtual chunks")
+        if placement.ranks != ranks:
+            raise UsageError(f"the schedule is for {placement.ranks} pipeline ranks; the mesh axis "
                              f"{self.axis!r} has {ranks}")
-        validate(self.schedule, self.placement, self.microbatches)
-        kinds = {a.kind for acts in self.schedule.values() for a in acts if a is not None}
+        validate(schedule, placement, self.microbatches)
+        kinds = {a.kind for acts in schedule.values() for a in acts if a is not None}
         check_costs(self.costs, f"PipelinedOperation({self.schedule_name!r})", needed=kinds)
-        simulate(self.schedule, self.placement, self.microbatches)  # refuses a schedule that cannot finish
-        return StepSpec(lower(self.schedule, self.placement), self.placement, self.microbatches, self.loss,
+        simulate(schedule, placement, self.microbatches)  # refuses a schedule that cannot finish
+        self.schedule, self.placement = schedule, placement
+        return StepSpec(lower(schedule, placement), placement, self.microbatches, self.loss,
                         self.axis, self.dp_axis, self.costs)
 
     # -- running ------------------------------------------------------------------------------------
     def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
         mesh = cluster.mesh
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
-        if cluster not in self._clusters:
+        spec = self._clusters.get(cluster)
+        if spec is None:
             spec = self._plan(ranks)
             payload = {"spec": spec, "modules": {s.index: s.module for s in self.pipeline.stages},
                        "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
             cluster.run(_place, self.key, payload)
-            self._clusters.add(cluster)
-        p, M = self.placement, self.microbatches
+            self._clusters[cluster] = spec
+        p, M = spec.placement, self.microbatches
         first = {p.rank_of(0, m) for m in range(M)}
         last = {p.rank_of(p.stages - 1, m) for m in range(M)}
         replicas = sorted({tuple(mesh.group_of(r, mesh.axes(self.dp_axis))) for r in range(mesh.size)}) \
             if self.dp_axis is not None else None
         dp = len(replicas[0]) if replicas else 1
-        xs, ys = np.array_split(np.asarray(x), dp), np.array_split(np.asarray(y), dp)
+        x, y = np.asarray(x), np.asarray(y)
+        if dp > 1 and len(x) % dp:  # unequal replicas' gradients, averaged, are not the batch's mean gradient
+            raise UsageError(f"a batch of {len(x)} rows does not split into {dp} equal data-parallel replicas "
+                             f"(mesh axis {self.dp_axis!r}); use a multiple of {dp} rows")
+        xs, ys = np.array_split(x, dp), np.array_split(y, dp)
         for r in range(mesh.size):
             pos = mesh.group_of(r, mesh.axes(self.axis)).index(r)
             part = mesh.group_of(r, mesh.axes(self.dp_axis)).index(r) if self.dp_axis is not None else 0
@@ -128,13 +138,17 @@ class PipelinedOperation:
                 cluster.put(r, self.key + "/x", xs[part], block=False)
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
-        replies = cluster.run(run_step, self.key)
+        replies = cluster.run(run_step, self.key, len(xs[0]))
         self.last_records = {}
         self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
         for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
             self.last_records.setdefault(prank, records)
-        losses = [loss for loss, _, _ in replies if loss is not None]
-        return float(np.mean(losses))
+        # the mean over every microbatch: a device's mean weighs as many microbatches as it ended
+        # (a strategy may give its workers unequal numbers; data-parallel replicas have equal ones)
+        last = Action(p.stages - 1, "F", 0)
+        ended = [(loss, sum(1 for t, *_ in records if Action.from_str(t)._replace(microbatch=0) == last))
+                 for loss, _, records in replies if loss is not None]
+        return float(sum(loss * n for loss, n in ended) / sum(n for _, n in ended))
 
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
