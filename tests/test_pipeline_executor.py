@@ -88,6 +88,25 @@ def test_a_batch_the_data_parallel_replicas_cannot_share_equally_is_refused():
         assert cluster.execute(op, x, y) == pytest.approx(ref_losses[0], rel=1e-12)
 
 
+@pytest.mark.parametrize("axes, suggested", [({"dp_axis": "dp"}, "axis='pp'"), ({"axis": "pp", "dp_axis": "pp"}, "axis='dp'")])
+def test_pipeline_and_data_parallel_axes_must_not_overlap(axes, suggested):
+    """dp_axis without axis made every device a pipeline rank ("on 4 pipeline ranks ... cut the model
+    into 4 stages"); the same axis for both ran into a CollectiveMismatch or a Deadlock."""
+    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[2]), "1f1b", microbatches=1, **axes)
+    with VirtualCluster(Mesh({"dp": 2, "pp": 2})) as cluster:
+        with pytest.raises(UsageError, match=f"share .*{suggested}"):
+            cluster.execute(op, *_data(4, 16))
+
+
+def test_timeline_refuses_a_clock_it_does_not_know():
+    op = PipelinedOperation(Pipeline(deep_mlp(2), cuts=[1]), "1f1b", microbatches=2)
+    with VirtualCluster(2) as cluster:
+        cluster.execute(op, *_data(4, 16))
+    assert "0F0" in op.timeline(clock="wall")
+    with pytest.raises(UsageError, match="unknown clock 'Model'; choose one of 'model', 'wall'"):
+        op.timeline(clock="Model")  # was the wall clock, silently
+
+
 def test_a_refused_step_leaves_the_operation_usable_on_a_cluster_that_fits():
     """The first call's schedule, built for the wrong number of ranks, was kept: the right cluster
     was then refused with "on 3 pipeline ranks runs 2 stages"."""

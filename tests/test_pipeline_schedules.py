@@ -139,6 +139,10 @@ def test_partition_at_cut_points_and_balanced():
     assert list(pipe.stages[1].parameters()) == ["2.weight", "2.bias", "3.weight", "3.bias"]
     with pytest.raises(UsageError, match=r"no cut point '9'.*valid cut points are the layers \['1', '2', '3', '4', '5'\]"):
         Pipeline(model, cuts=["9"])
+    # numpy's integers are indices too (np.int64(2) was "no cut point", beside a list naming 2 as valid)
+    assert [len(s.module) for s in Pipeline(model, cuts=np.array([2, 4])).stages] == [2, 2, 2]
+    with pytest.raises(UsageError, match="no cut point True"):
+        Pipeline(model, cuts=[True])
     sizes = [4, 64, 8, 8, 8, 64, 8]
     heavy = nn.Sequential(*[nn.Linear(a, b, seed=i) for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))])
     balanced = Pipeline.balanced(heavy, 3, by="params")

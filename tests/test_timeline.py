@@ -49,6 +49,8 @@ def test_the_seed_example_learns():
     for s in range(3):
         for m in range(2):
             assert f"{s}F{m}" in text and f"{s}B{m}" in text
+    with pytest.raises(UsageError, match="unknown clock 'modelled'"):
+        op.timeline(clock="modelled")  # was the wall clock, silently
 
 
 def test_one_operation_runs_on_a_second_cluster_from_the_model_weights():

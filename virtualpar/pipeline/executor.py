@@ -112,6 +112,7 @@ class PipelinedOperation:
     # -- running ------------------------------------------------------------------------------------
     def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
         mesh = cluster.mesh
+        check_axes(mesh, self.axis, self.dp_axis)
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
         spec = self._clusters.get(cluster)
         if spec is None:
@@ -167,6 +168,7 @@ class PipelinedOperation:
     def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
         """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
         the shortest compute action on ``clock`` ("model" or "wall")."""
+        check_clock(clock, ("model", "wall"))
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(self.last_records.items())}
         return format_timeline(rows, compute_only)
@@ -213,6 +215,25 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
         grid = {p: line for p, line in grid.items()}
         return "(columns in order of start)\n" + format_grid(_compress(grid))
     return format_grid(grid)
+
+
+def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:
+    """The pipeline's mesh axes and the data-parallel ones must be disjoint (``axis=None`` means
+    every axis, so a ``dp_axis`` needs the pipeline's axes named)."""
+    if dp_axis is None:
+        return
+    pipe, dp = mesh.axes(axis), mesh.axes(dp_axis)
+    shared = [a for a in pipe if a in dp]
+    if shared:
+        rest = [a for a in mesh.axes(None) if a not in dp]
+        raise UsageError(f"the pipeline's mesh axes {pipe} and the data-parallel axes {dp} share {shared}: a device "
+                         f"cannot be both a pipeline rank and a replica along one axis; give the pipeline the other "
+                         f"axes, e.g. axis={rest[0] if len(rest) == 1 else tuple(rest)!r}")
+
+
+def check_clock(clock: str, known: tuple[str, ...]) -> None:
+    if clock not in known:
+        raise UsageError(f"unknown clock {clock!r}; choose one of {', '.join(map(repr, known))}")
 
 
 def check_ran(op: Any, cluster: Any) -> None:

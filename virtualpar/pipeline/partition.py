@@ -8,6 +8,8 @@ part (exact, by dynamic programming over the layer weights).
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -54,7 +56,9 @@ class Pipeline:
         points = []
         for c in cuts:
             i = names.index(c) if isinstance(c, str) and c in names else c
-            if isinstance(i, str) or isinstance(i, bool) or not isinstance(i, int) or not 0 < i < n:
+            if isinstance(i, numbers.Integral) and not isinstance(i, bool):  # numpy's integers too
+                i = int(i)
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 < i < n:
                 raise UsageError(f"no cut point {c!r} in this model; valid cut points are the layers {names[1:]} "
                                  f"(a cut at c starts a new stage at layer c)")
             points.append(i)

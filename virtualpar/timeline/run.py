@@ -21,7 +21,7 @@ from .. import nn
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
 from ..pipeline.device_step import run_step
-from ..pipeline.executor import StepSpec, check_ran, format_timeline
+from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
 from ..pipeline.actions import Action
 from .sequence_pipe import SequencePipe
@@ -129,6 +129,7 @@ class TimelineParallel:
     def timeline(self, clock: str = "auto") -> str:
         """The last step as it ran, one row per time segment's device.  ``clock="auto"`` uses the
         modelled clock when the step declared compute costs (``costs=``), else the wall clock."""
+        check_clock(clock, ("auto", "model", "wall"))
         recs = sorted(self.last_records.items())
         if clock == "auto":
             clock = "model" if any(m1 > m0 for _, rs in recs for t, _, _, m0, m1 in rs
