@@ -95,6 +95,25 @@ def test_rendering_comes_from_the_run():
         int(i.end - i.start) for i in run.items if i.work.batch == 1)
 
 
+@pytest.mark.parametrize("forward, backward, unit", [(1, 1.5, 0.5), (2, 4, 2), (1 / 3, 0.1234, None)])
+def test_rendering_shows_every_item_whatever_the_costs(forward, backward, unit):
+    """Cells were as long as the shortest item and times were rounded to them: with F = 1, B = 1.5
+    an item starting at 3.5 was overwritten by the next one and never shown.  Now every cell is a
+    unit dividing every time (each item gets exactly duration / unit cells), or, without one, a
+    column per distinct time."""
+    run = simulate(2, 2, 3, GPipe, forward_cost=forward, backward_cost=backward)
+    text = to_text(run)
+    rows = [line.split("|")[1].split() for line in text.splitlines()[1:]]
+    for i in run.items:
+        cells = rows[i.workers.compute].count(f"{i.work}:{i.work.batch}")
+        if unit is None:
+            assert cells >= 1, i
+        else:
+            assert cells == round((i.end - i.start) / unit), i
+    head = text.splitlines()[0].split("|")[1].split()
+    assert float(head[0]) == 0 and (unit is None or float(head[1]) == unit)
+
+
 def test_strategy_command(capsys):
     from virtualpar.cli import main
 

@@ -7,7 +7,10 @@ HTML it sets the colour.
 
 from __future__ import annotations
 
+import bisect
 import html
+import math
+from fractions import Fraction
 
 from .simulate import StrategyRun
 
@@ -17,20 +20,39 @@ _PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#
             "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
 
 
-def _grid(run: StrategyRun) -> list[list[tuple[str, int] | None]]:
-    unit = min((i.end - i.start for i in run.items), default=1.0) or 1.0
-    cells = int(round(run.latency / unit))
-    grid: list[list[tuple[str, int] | None]] = [[None] * cells for _ in range(run.num_workers)]
+def _columns(run: StrategyRun) -> list[float]:
+    """The start time of each column: cells of equal time, the largest unit that divides every
+    start and end (so no item shares a cell with another), or — when the times have no such unit
+    of reasonable size (costs like 1/3 or 0.1234) — one column per distinct start or end."""
+    bounds = sorted({0.0, *(t for i in run.items for t in (i.start, i.end))})
+    exact = [Fraction(t).limit_denominator(64) for t in bounds]
+    if all(abs(float(f) - t) <= 1e-9 * max(1.0, abs(t)) for f, t in zip(exact, bounds)):
+        scale = math.lcm(*(f.denominator for f in exact))
+        steps = math.gcd(*(int(f * scale) for f in exact))
+        if steps:
+            unit = steps / scale
+            cells = int(round(bounds[-1] / unit))
+            if cells <= max(64, 8 * len(run.items)):
+                return [k * unit for k in range(cells)]
+    return bounds[:-1]
+
+
+def _grid(run: StrategyRun) -> tuple[list[float], list[list[tuple[str, int] | None]]]:
+    columns = _columns(run)
+    grid: list[list[tuple[str, int] | None]] = [[None] * len(columns) for _ in range(run.num_workers)]
     for i in run.items:
-        for c in range(int(round(i.start / unit)), int(round(i.end / unit))):
+        eps = 1e-9 * max(1.0, i.end)
+        for c in range(bisect.bisect_left(columns, i.start - eps), bisect.bisect_left(columns, i.end - eps)):
             grid[i.workers.compute][c] = (str(i.work), i.work.batch)
-    return grid
+    return columns, grid
 
 
 def to_text(run: StrategyRun) -> str:
-    grid = _grid(run)
-    width = max(5, len(f"f{run.num_stages - 1}:{run.num_batches - 1}") + 1)
-    head = "worker | " + "".join(f"{t:<{width}}" for t in range(len(grid[0]) if grid else 0))
+    """Worker × time: a column per time unit (headed by its start time), ``.`` where a worker idles."""
+    columns, grid = _grid(run)
+    times = [f"{t:g}" for t in columns]
+    width = max(5, len(f"f{run.num_stages - 1}:{run.num_batches - 1}") + 1, *(len(t) + 1 for t in times))
+    head = "worker | " + "".join(f"{t:<{width}}" for t in times)
     rows = [head]
     for w, row in enumerate(grid):
         rows.append(f"{w:>6} | " + "".join(f"{(f'{c[0]}:{c[1]}' if c else '.'):<{width}}" for c in row))
@@ -39,7 +61,7 @@ def to_text(run: StrategyRun) -> str:
 
 def to_html(run: StrategyRun) -> str:
     """A table for notebooks: one row per worker, one column per time unit, colour = batch."""
-    grid = _grid(run)
+    _, grid = _grid(run)
     out = ['<table style="border-collapse:collapse;font-family:monospace;font-size:11px">']
     for w, row in enumerate(grid):
         out.append(f"<tr><th style='padding:2px 6px'>worker {w}</th>")
