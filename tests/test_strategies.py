@@ -78,6 +78,26 @@ def test_a_cap_makes_1f1b_emerge_from_the_gpipe_mapping():
     assert simulate(4, 4, 8, Cuckoo(4, 4, 8)).latency > 0
 
 
+@pytest.mark.parametrize("B", [1, 2, 3, 6])
+@pytest.mark.parametrize("policy", [OldestBatchFirst, OldestStageFirst])
+def test_a_looped_strategy_runs_at_the_cap_one_batch_needs(B, policy):
+    """Looped on 4 workers in groups of 2, 6 stages: a batch holds 3 activations at once on each
+    worker of its group (stages 0, 2, 4).  A cap of 3 is enough (start a batch on a group once the
+    previous one there has finished its backward), but the greedy took the slots one forward at a
+    time and at B = 3 two batches each held some and waited for the rest: "max_activations=3 is
+    too small"."""
+    run = simulate(4, 6, B, LoopedPipeline(2, 4), policy=policy, max_activations=3)
+    assert len(run.items) == 2 * 6 * B and run.peak_activations <= 3
+    per_worker = {}
+    for i in run.items:  # every forward before its own backward, every batch's chain in order
+        per_worker.setdefault(i.workers.compute, []).append((i.start, i.end))
+    for spans in per_worker.values():  # a worker runs one item at a time
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+    with pytest.raises(UsageError, match="batch 0 runs 3 forwards on worker 0.*max_activations=2 is too small"):
+        simulate(4, 6, B, LoopedPipeline(2, 4), policy=policy, max_activations=2)
+
+
 def test_a_user_strategy_and_bad_mappings():
     run = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(w.batch, 0))
     assert run.weight_transmissions == 4  # batch 1's four items fetch from worker 0

@@ -7,7 +7,11 @@ on another worker) and when its compute worker is free (plus ``weight_cost`` whe
 on another worker).  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest batch, then furthest
 along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest batch).  With
 ``max_activations`` a worker holding that many stashed activations starts no forward until a
-backward frees one — which is how 1F1B emerges from the GPipe mapping.
+backward frees one — which is how 1F1B emerges from the GPipe mapping.  A batch that runs k > 1
+forwards on one worker (looped strategies: stages 0, 2, 4 on one worker) reserves all k slots
+there at its first forward on it: taking them one at a time, two batches could each hold some of
+that worker's slots and wait for the rest forever (with the cap at exactly k, as one batch needs).
+A batch needing more slots on one worker than the cap is refused with the worker and the count.
 
 Statistics (f, b the forward and backward costs; W workers; B batches; S stages; T the latency):
 
@@ -115,6 +119,9 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
     free = [0.0] * num_workers
     held: list[list[float]] = [[] for _ in range(num_workers)]  # release times (inf until the B is placed)
     stash: dict[tuple[int, int], tuple[int, int]] = {}  # (stage, batch) -> (worker, index in held)
+    reserved: dict[tuple[int, int], list[int]] = {}  # (batch, worker) -> its slots in held, not used yet
+    need = [_forwards_per_worker(seqs[b], strategy, num_workers) for b in range(num_batches)] \
+        if max_activations is not None else []
     items: list[ScheduledWork] = []
     busy = [0.0] * num_workers
     act_tx = w_tx = g_tx = 0
@@ -130,8 +137,13 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
             start = max(free[cw.compute], done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0))
             if cw.weight != cw.compute:
                 start += weight_cost
-            if w.direction is Direction.FORWARD and max_activations is not None:
-                slot = _slot_free_at(held[cw.compute], max_activations)
+            if w.direction is Direction.FORWARD and max_activations is not None and (b, cw.compute) not in reserved:
+                k = need[b][cw.compute]  # the batch's first forward on this worker reserves all it needs there
+                if k > max_activations:
+                    raise UsageError(f"simulate: batch {b} runs {k} forwards on worker {cw.compute}, whose "
+                                     f"activations are held at once; max_activations={max_activations} is too "
+                                     f"small for this strategy (at least {k})")
+                slot = _slot_free_at(held[cw.compute], max_activations, k)
                 if slot is None:
                     continue
                 start = max(start, slot)
@@ -139,8 +151,9 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
             if best is None or key < best[0]:
                 best = (key, b, w, cw, start)
         if best is None:
-            raise UsageError(f"simulate: every next work item waits for activation room (max_activations="
-                             f"{max_activations} is too small for this strategy)")
+            raise UsageError(f"simulate: every next work item waits for activation room that only another "
+                             f"waiting item would free (max_activations={max_activations}): a cycle of waits "
+                             "this strategy's mapping creates at this limit")
         _, b, w, cw, start = best
         cost = forward_cost if w.direction is Direction.FORWARD else backward_cost
         end = start + cost
@@ -152,8 +165,15 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
             w_tx += 1
             g_tx += w.direction is Direction.BACKWARD
         if w.direction is Direction.FORWARD:
-            stash[(w.stage, b)] = (cw.compute, len(held[cw.compute]))
-            held[cw.compute].append(float("inf"))
+            if max_activations is None:
+                stash[(w.stage, b)] = (cw.compute, len(held[cw.compute]))
+                held[cw.compute].append(float("inf"))
+            else:
+                if (b, cw.compute) not in reserved:
+                    k = need[b][cw.compute]
+                    reserved[(b, cw.compute)] = list(range(len(held[cw.compute]), len(held[cw.compute]) + k))
+                    held[cw.compute] += [float("inf")] * k
+                stash[(w.stage, b)] = (cw.compute, reserved[(b, cw.compute)].pop())
         else:
             worker, idx = stash.pop((w.stage, b))
             held[worker][idx] = end
@@ -165,14 +185,25 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
                        peak, mean, busy)
 
 
-def _slot_free_at(releases: list[float], cap: int) -> float | None:
-    """Earliest time at which fewer than ``cap`` of these activations are still held (None: never
-    known yet, because ``cap`` of them wait for a backward not yet placed)."""
-    alive = sorted((r for r in releases), reverse=True)
-    if len(alive) < cap:
+def _slot_free_at(releases: list[float], cap: int, k: int = 1) -> float | None:
+    """Earliest time at which at most ``cap − k`` of these activations are still held, so ``k``
+    more fit (None: not known yet, because too many wait for a backward not yet placed)."""
+    alive = sorted(releases, reverse=True)
+    if len(alive) <= cap - k:
         return 0.0
-    t = alive[cap - 1]
+    t = alive[cap - k]
     return None if t == float("inf") else t
+
+
+def _forwards_per_worker(seq: list[Work], strategy: Strategy, workers: int) -> list[int]:
+    """How many forwards of one batch's items run on each worker."""
+    count = [0] * workers
+    for w in seq:
+        if w.direction is Direction.FORWARD:
+            cw = strategy(w)
+            _check_workers(cw, w, workers)
+            count[cw.compute] += 1
+    return count
 
 
 def _check_workers(cw: ComputeAndWeightWorkers, w: Work, n: int) -> None:
