@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -109,6 +110,20 @@ def test_errors_name_the_layer_and_the_shapes():
         m.load_state_dict(dict(m.state_dict(), extra=np.zeros(1)))
     with pytest.raises(nn.ShapeError, match=r"GRU\(3, 4.*h0 of shape \(1, 2, 4\)"):
         nn.GRU(3, 4)(np.ones((2, 5, 3), np.float32), np.zeros((1, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda: nn.Linear(-1, 3), "Linear: in_features must be an int >= 0, got -1"),  # numpy's "negative dimensions"
+    (lambda: nn.Linear(4, 2.5), "Linear: out_features must be an int >= 0, got 2.5"),  # silently became 2
+    (lambda: nn.Embedding(0, 3), "Embedding: num_embeddings must be an int >= 1"),
+    (lambda: nn.LayerNorm(True), "LayerNorm: normalized_shape must be an int >= 1, got True"),
+    (lambda: nn.GRU(3, 0), "GRU: hidden_size must be an int >= 1, got 0"),
+    (lambda: nn.RNN(3, 4, num_layers=1.5), "RNN: num_layers must be an int >= 1, got 1.5"),
+])
+def test_layer_sizes_are_checked_where_the_layer_is_made(make, said):
+    with pytest.raises(UsageError, match=re.escape(said)):
+        make()
+    assert nn.Linear(np.int64(4), 0).weight.shape == (4, 0)  # numpy integers and empty layers are sizes
 
 
 class Doubler(nn.Module):

@@ -14,7 +14,7 @@ import numpy as np
 from autograd.extend import defvjp, primitive
 
 from ..errors import UsageError
-from .init import check_dtype, uniform
+from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
 
 __all__ = ["Linear", "Embedding", "Sequential", "affine"]
@@ -50,7 +50,8 @@ class Linear(Module):
                  dtype: Any = np.float32) -> None:
         dt = check_dtype("Linear", dtype)
         rng = np.random.default_rng(seed)
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = check_size("Linear", "in_features", in_features)
+        self.out_features = check_size("Linear", "out_features", out_features)
         self.weight = uniform(rng, (self.in_features, self.out_features), self.in_features, dt)
         if bias:
             self.bias = uniform(rng, (self.out_features,), self.in_features, dt)
@@ -74,7 +75,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, seed: int = 0, dtype: Any = np.float32) -> None:
         dt = check_dtype("Embedding", dtype)
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.num_embeddings = check_size("Embedding", "num_embeddings", num_embeddings, least=1)
+        self.embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim)
         self.weight = np.random.default_rng(seed).standard_normal((self.num_embeddings, self.embedding_dim)).astype(dt)
 
     def forward(self, ids: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 import autograd.numpy as anp
 import numpy as np
 
-from .init import check_dtype
+from .init import check_dtype, check_size
 from .module import Module, check_input
 
 __all__ = ["LayerNorm"]
@@ -19,7 +19,8 @@ __all__ = ["LayerNorm"]
 class LayerNorm(Module):
     def __init__(self, normalized_shape: int, eps: float = 1e-5, dtype: Any = np.float32) -> None:
         dt = check_dtype("LayerNorm", dtype)
-        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.normalized_shape = check_size("LayerNorm", "normalized_shape", normalized_shape, least=1)
+        self.eps = float(eps)
         self.weight = np.ones(self.normalized_shape, dt)
         self.bias = np.zeros(self.normalized_shape, dt)
 

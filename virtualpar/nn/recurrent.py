@@ -23,7 +23,7 @@ import autograd.numpy as anp
 import numpy as np
 
 from ..errors import UsageError
-from .init import check_dtype, uniform
+from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
 
 __all__ = ["RNN", "GRU"]
@@ -51,7 +51,10 @@ class _Recurrent(Module):
         dt = check_dtype(type(self).__name__, dtype)
         if num_layers < 1:
             raise UsageError(f"{type(self).__name__}: num_layers must be >= 1, got {num_layers}")
-        self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
+        name = type(self).__name__
+        self.input_size = check_size(name, "input_size", input_size, least=1)
+        self.hidden_size = check_size(name, "hidden_size", hidden_size, least=1)
+        self.num_layers = check_size(name, "num_layers", num_layers, least=1)
         rng = np.random.default_rng(seed)
         self.layers = _Layers()
         for k in range(num_layers):
