@@ -54,3 +54,31 @@ def test_an_error_before_any_op_does_not_name_the_previous_runs_op():
         text = str(info.value)
         assert "raised ValueError in user code: bad input (before any op of this run)" in text
         assert "tag=4" not in text
+
+
+def _numpy_error_in_user_code(dev):
+    import numpy as np
+    return np.array_split(np.ones(3), 0)  # numpy raises; the caller is the user's function
+
+
+def test_an_error_is_blamed_on_the_code_whose_frame_raised_it(monkeypatch):
+    """A numpy error raised inside a collective (the one-fence all_reduce of one int8 element, once)
+    was reported as "raised OverflowError in user code" though the user's function only called
+    all_reduce: the innermost frame outside numpy and the standard library decides."""
+    import virtualpar.collectives.shm as shm
+    from virtualpar.runtime.worker import raised_in
+
+    with pytest.raises(ZeroDivisionError) as info:
+        shm.split_bounds(5, 0)
+    assert raised_in(info.value).startswith("virtualpar code (virtualpar/collectives/shm.py:")
+
+    split = shm.split_bounds
+    monkeypatch.setattr(shm, "split_bounds", lambda m, n: split(m, 0))  # a bug inside the shm all_reduce (fork: inherited)
+    import numpy as np
+    with VirtualCluster(2, timeout=30.0) as c:
+        with pytest.raises(DeviceError, match=r"raised ZeroDivisionError in virtualpar code \(virtualpar/collectives/shm.py:\d+\)"):
+            c.run(lambda dev: dev.all_reduce(np.ones(100000), algorithm="shm"))
+        with pytest.raises(DeviceError, match="raised ValueError in user code: number sections"):
+            c.run(_numpy_error_in_user_code)
+        with pytest.raises(DeviceError, match="raised KeyError in user code"):
+            c.run(lambda dev: exec("raise KeyError(3)"))  # code from a string is the user's

@@ -222,7 +222,7 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
             err = exc.replace(f"{prefix}{exc.message} ({last})", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq)
     else:
         err = DeviceError(
-            f"{dev.name} raised {type(exc).__name__} in user code: {exc} ({last})",
+            f"{dev.name} raised {type(exc).__name__} in {raised_in(exc)}: {exc} ({last})",
             rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__,
             remote_traceback=tb,
         )
@@ -232,6 +232,29 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
         err = DeviceError(f"{dev.name} raised {type(exc).__name__}: {exc} ({last})", rank=dev.rank,
                           index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__, remote_traceback=tb)
     return (err, tb, time.monotonic(), _caused_by_abort(exc))
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../virtualpar
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (np, os) if getattr(m, "__file__", None))
+
+
+def raised_in(exc: BaseException) -> str:
+    """Whose code raised ``exc``: "user code", or "virtualpar code (path:line)" when the innermost
+    frame outside numpy and the standard library is virtualpar's own (a numpy error raised inside a
+    collective is then not blamed on the user's function)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if frame.filename.startswith("<"):  # code typed in a shell or exec'd is the user's; "<frozen ...>" is not
+            if frame.filename.startswith("<frozen"):
+                continue
+            return "user code"
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_LIBRARIES):
+            continue
+        if path.startswith(_PACKAGE + os.sep):
+            return f"virtualpar code ({os.path.relpath(path, os.path.dirname(_PACKAGE))}:{frame.lineno})"
+        return "user code"
+    return "user code"
 
 
 def _caused_by_abort(exc: BaseException | None) -> bool:
