@@ -235,7 +235,12 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../virtualpar
-_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (np, os) if getattr(m, "__file__", None))
+_NUMPY, _STDLIB = (os.path.dirname(os.path.abspath(m.__file__)) for m in (np, os))
+
+
+def _library(path: str) -> bool:
+    """numpy or the standard library (other installed packages may be the user's own)."""
+    return path.startswith(_NUMPY) or (path.startswith(_STDLIB) and "-packages" not in path[len(_STDLIB):])
 
 
 def raised_in(exc: BaseException) -> str:
@@ -249,11 +254,10 @@ def raised_in(exc: BaseException) -> str:
                 continue
             return "user code"
         path = os.path.abspath(frame.filename)
-        if path.startswith(_LIBRARIES):
-            continue
         if path.startswith(_PACKAGE + os.sep):
             return f"virtualpar code ({os.path.relpath(path, os.path.dirname(_PACKAGE))}:{frame.lineno})"
-        return "user code"
+        if not _library(path):
+            return "user code"
     return "user code"
 
 
