@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -134,3 +135,20 @@ def any_source_order(dev):
         dev.recv(ANY_SOURCE, 3, status=st)
         order.append(st.source)
     return tuple(order)
+
+
+def recv_any_tag_first(dev: Any, any_source: bool) -> None:
+    """Both devices receive first, with any tag (mpi4py's default for ``comm.recv(source=...)``)."""
+    from virtualpar import ANY_SOURCE, ANY_TAG
+    dev.recv(ANY_SOURCE if any_source else 1 - dev.rank, tag=ANY_TAG)
+    dev.send(np.zeros(3), 1 - dev.rank, tag=0)
+
+
+def slow_sender_any_tag(dev: Any, seconds: float) -> float:
+    """Device 1 waits with any tag while device 0 computes, then sends with tag 7: not a deadlock."""
+    from virtualpar import ANY_TAG
+    if dev.rank == 0:
+        time.sleep(seconds)
+        dev.send(np.full(1, 3.0), 1, tag=7)
+        return 0.0
+    return float(dev.recv(0, tag=ANY_TAG)[0])

@@ -51,6 +51,18 @@ def test_pipeline_criss_cross():
         assert err.cycle == [1, 2]
 
 
+@pytest.mark.parametrize("any_source, waits", [(False, "device 0 waits recv from 1 (tag any) ← device 1 waits recv from 0 (tag any)"),
+                                                (True, "device 0 waits recv from any source (tag any) ← device 1 waits recv from any source (tag any)")])
+def test_receives_with_any_tag_are_named_not_timed_out(any_source, waits):
+    """A receive with any tag published no wait ('OTHER'), so this classic waited the whole op
+    timeout — and it is what an mpi4py program's comm.recv(source=p) does."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        err, took = _deadlock(c, fns.recv_any_tag_first, any_source)
+        assert took < WELL_BELOW
+        assert waits in str(err)
+        assert c.run(fns.slow_sender_any_tag, 0.5) == [0.0, 3.0]  # a late sender of any tag is not one
+
+
 def test_waiting_for_a_device_that_returned():
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         err, took = _deadlock(c, fns.wait_for_returned)

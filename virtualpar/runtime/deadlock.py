@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import Deadlock
 from ..mesh import Mesh
 from ..transport.shm import FENCE_PLANES, Layout, SharedArena, ring_control
-from ..transport.waitboard import ACK, ANY, FENCE, GEN, KIND, KIND_NAMES, MASK, PEER, POKE, RECV, SEND, TAG, board_view
+from ..transport.waitboard import ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, PEER, POKE, RECV, SEND, TAG, board_view
 from .fence_kinds import kind_axes
 from .recorder import FlightRecorder
 
@@ -101,7 +101,7 @@ class DeadlockWatch:
             elif snap[d][KIND] in (RECV, ANY):
                 for p in blocked:  # a posted receive and its matching send always complete
                     e = snap[p]
-                    if e[KIND] == SEND and e[PEER] == d and e[TAG] == snap[d][TAG] and (
+                    if e[KIND] == SEND and e[PEER] == d and snap[d][TAG] in (e[TAG], ANY_TAG) and (
                             snap[d][KIND] == ANY or snap[d][PEER] == p):
                         live.update((d, p))
         changed = True
@@ -164,11 +164,12 @@ class DeadlockWatch:
     # -- the message ------------------------------------------------------------------------------
     def _wait_text(self, d: int, entry: tuple[int, ...]) -> str:
         kind = entry[KIND]
+        tag = "any" if entry[TAG] == ANY_TAG and kind != SEND else entry[TAG]
         if kind in (RECV, SEND):
-            return f"{KIND_NAMES[kind]} {entry[PEER]} (tag {entry[TAG]})"
+            return f"{KIND_NAMES[kind]} {entry[PEER]} (tag {tag})"
         if kind == FENCE:
             return f"fence with {self._deps(d, entry)}"
-        return f"recv from any source (tag {entry[TAG]})"
+        return f"recv from any source (tag {tag})"
 
     def _op_text(self, d: int) -> str:
         rec = self._recorders[d].last() if self._recorders else None

@@ -6,7 +6,8 @@ phase), so a wait that ends while polling writes nothing::
 
     KIND | PEER | TAG | MASK | GEN | POKE | ACK
 
-* ``KIND``: what the wait is for (``NONE`` once it returned): a receive from ``PEER`` with ``TAG``,
+* ``KIND``: what the wait is for (``NONE`` once it returned): a receive from ``PEER`` with ``TAG``
+  (``ANY_TAG``, -1, for any tag; ``KIND`` ``ANY`` for any source),
   a send to ``PEER`` with ``TAG`` (that the receiver has not taken yet; ``MASK`` holds the token of
   its rendezvous offer, 0 for an eager send waiting for room), fence number ``TAG`` of its group of
   kind ``PEER`` (transport/arrivals.py), whose members are in ``MASK`` (bit ``r`` for device ``r``;
@@ -27,11 +28,12 @@ import numpy as np
 from .shm import Layout, SharedArena
 
 __all__ = ["board_view", "describe_wait", "NONE", "RECV", "SEND", "FENCE", "ANY", "OTHER",
-           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "KIND_NAMES", "FenceWait", "rank_mask"]
+           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "ANY_TAG", "KIND_NAMES", "FenceWait", "rank_mask"]
 
 NONE, RECV, SEND, FENCE, ANY, OTHER = 0, 1, 2, 3, 4, 5
 KIND_NAMES = {RECV: "recv from", SEND: "send to", FENCE: "fence with", ANY: "recv from any", OTHER: "wait"}
 KIND, PEER, TAG, MASK, GEN, POKE, ACK = range(7)
+ANY_TAG = -1  # the TAG word of a receive that takes any tag
 
 
 def board_view(arena: SharedArena, layout: Layout, rank: int) -> memoryview:
@@ -73,11 +75,11 @@ def describe_wait(board: memoryview, what: object) -> None:
         board[TAG] = what.count
         board[KIND] = FENCE
         return
-    tag = getattr(what, "tag", None)
-    if tag is None:
+    if not hasattr(what, "tag"):
         board[KIND] = OTHER
         return
-    board[TAG] = tag
+    tag = what.tag
+    board[TAG] = ANY_TAG if tag is None else tag  # None: a receive with any tag
     dst = getattr(what, "dst", None)
     if dst is not None:
         board[MASK] = getattr(what, "token", 0)  # a rendezvous offer's token (0: eager, waiting for room)
