@@ -50,9 +50,39 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
 def test_a_deadlocked_program_is_named_not_hung():
     emu = _emulate("deadlock.py", 2)
     assert emu.returncode == 1
-    assert "Deadlock" in emu.stderr and "device 0 waits recv from 1" in emu.stderr
+    # the script's own tags, not the device tags of its communicator's span (tag 1048576)
+    assert "Deadlock" in emu.stderr and "device 0 waits recv from 1 (tag 0)" in emu.stderr
     # what the ranks printed before they blocked is shown, as mpiexec shows it (it was dropped)
     assert _lines(emu.stdout) == ["rank 0 waits for 1", "rank 1 waits for 0"]
+
+
+def test_a_receive_with_mpi4pys_default_tag_deadlocks_by_name_not_timeout():
+    emu = _emulate("recv_any_tag.py", 2)  # took the whole 60 s op timeout
+    assert emu.returncode == 1
+    assert "device 0 waits recv from 1 (tag any) ← device 1 waits recv from 0 (tag any)" in emu.stderr
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_traceback():
+    """It printed its traceback into its own output, returned, and the job was reported as a
+    Deadlock ("device 1 has returned from the run") without the traceback or the output."""
+    emu = _emulate("raises.py", 3)
+    assert emu.returncode == 1
+    assert _lines(emu.stdout) == ["rank 0 started", "rank 1 started", "rank 2 started"]
+    assert 'raises.py", line 7, in <module>' in emu.stderr and "ValueError: boom on 1" in emu.stderr
+    assert "MPIAbort: rank 1 raised ValueError: boom on 1" in emu.stderr
+    assert "Deadlock" not in emu.stderr and "runpy" not in emu.stderr  # the script's frames only
+
+
+def test_stats_and_trace_apply_to_mpi_scripts_and_a_mesh_is_refused(tmp_path):
+    trace = tmp_path / "t.json"
+    prog = os.path.join(HERE, "lifecycle.py")
+    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", "--stats", "--trace",
+                           str(trace), prog], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "device-to-device" in done.stdout and trace.exists()  # both were silently ignored
+    mesh = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "--mesh", "dp=2,tp=2", prog],
+                          capture_output=True, text=True, timeout=120)
+    assert mesh.returncode == 2 and "--mesh does not apply" in mesh.stderr
 
 
 def test_abort_ends_the_job_with_its_error_code_and_the_output_so_far():

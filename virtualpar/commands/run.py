@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import traceback
 
@@ -88,16 +89,37 @@ def _run_mpi(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"virtualpar run --mpi: no such file {path!r}", file=sys.stderr)
         return 2
+    if args.mesh is not None:
+        print("virtualpar run --mpi: --mesh does not apply: an mpi4py program sees COMM_WORLD and splits it "
+              "itself; give the number of ranks with -n", file=sys.stderr)
+        return 2
+    mesh = Mesh({"world": args.n})
     try:
-        with VirtualCluster(Mesh({"world": args.n}), hardware=_hardware(args, args.n)) as cluster:
+        with VirtualCluster(mesh, hardware=_hardware(args, args.n)) as cluster:
             outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
+            for out, err, _ in outputs:
+                sys.stdout.write(out)
+                sys.stderr.write(err)
+            sys.stdout.flush()
+            _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace else None, args)
     except VirtualParError as exc:
-        print(f"virtualpar run --mpi: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"virtualpar run --mpi: {type(exc).__name__}: {_mpi_tags(str(exc))}", file=sys.stderr)
         return exc.errorcode if isinstance(exc, MPIAbort) else 1
-    for out, err, _ in outputs:
-        sys.stdout.write(out)
-        sys.stderr.write(err)
     return max(code for _, _, code in outputs)
+
+
+def _mpi_tags(text: str) -> str:
+    """The device tags in a message, as the script's MPI tags: each communicator uses its own span
+    of device tags (:mod:`virtualpar.mpi.facade_types`), and the last tag of a span is the facade's
+    collectives."""
+    from ..mpi.facade_types import _COLL, _SPAN
+
+    def mpi(m: re.Match) -> str:
+        tag = int(m.group(2))
+        if tag < _SPAN:
+            return m.group(0)
+        return f"{m.group(1)}{tag % _SPAN}" if tag % _SPAN != _COLL else f"{m.group(1)}(a collective)"
+    return re.sub(r"(tag[ =])(\d+)", mpi, text)
 
 
 def _run_under_mpiexec(args: argparse.Namespace) -> int:
@@ -177,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("run", help="run FUNC(dev) from a script on every device, or (--mpi) an mpi4py script")
     p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
-    p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2")
+    p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (not with --mpi: use -n)")
     p.add_argument("-n", type=positive_int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
     p.add_argument("--hardware", default=None,
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "

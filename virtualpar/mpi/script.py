@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from .facade import module_for
+from .facade import MPIAbort, module_for
 
 __all__ = ["run_script"]
 
@@ -13,7 +13,8 @@ __all__ = ["run_script"]
 def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
     """Run the mpi4py script ``path`` on this device with ``mpi4py.MPI`` resolving to the facade;
     returns (its stdout, its stderr, its exit code).  virtualpar's own errors (a deadlock, a
-    mismatch, ``comm.Abort``) are raised, so the run reports them by name; what the script had
+    mismatch, ``comm.Abort``, an exception the script did not catch: the others are stopped, as
+    mpiexec stops them) are raised, so the run reports them by name; what the script had
     printed until then is written out first, on this process's own streams, as ``mpiexec`` would
     have shown it (the progress lines a user printed to find where the program stops)."""
     import contextlib
@@ -40,9 +41,14 @@ def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
                     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
                 except VirtualParError:
                     raise
-                except BaseException:
-                    traceback.print_exc()
-                    code = 1
+                except BaseException as exc:  # the others must not wait for this rank (python -m mpi4py aborts too)
+                    tb = exc.__traceback__
+                    while tb is not None and tb.tb_frame.f_code.co_filename != path:
+                        tb = tb.tb_next  # from the script's own frames, as ``python script.py`` shows them
+                    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+                    raise MPIAbort(f"rank {dev.rank} raised {type(exc).__name__}: {exc} (its traceback is above); "
+                                   "the other ranks are stopped rather than left waiting for it",
+                                   rank=dev.rank, errorcode=1) from None
         except VirtualParError:
             sys.stdout.write(out.getvalue())
             sys.stderr.write(err.getvalue())
