@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from virtualpar import Mesh, UsageError
 from virtualpar.cli import main
 from virtualpar.collectives import ALGORITHMS
 from virtualpar.tour import TOUR_CASES, run_tour
@@ -33,6 +34,19 @@ def test_tour_checks_every_collective_and_writes_a_trace(tmp_path):
     assert ring_tp.nbytes == 4 * 2 * (2 - 1) * 96 // 2
     direct_all = next(r for r in rows if (r.op, r.group, r.algorithm) == ("all_reduce", "all", "direct"))
     assert direct_all.nbytes == 4 * (4 - 1) * 96
+
+
+def test_the_tour_runs_on_any_mesh_of_two_devices_or_more(tmp_path, monkeypatch):
+    """--mesh x=4 failed on 'unknown mesh axis tp'; dp=2,tp=1 on 'root=1 is out of range'."""
+    import virtualpar.tour as tour
+    monkeypatch.setattr(tour, "TOUR_SECTIONS", ())  # the pipeline sections do not use the mesh
+    out = io.StringIO()
+    rows = run_tour(out, trace_path=str(tmp_path / "t.json"), mesh=Mesh({"a": 2, "b": 1, "c": 3}))
+    assert {r.group for r in rows} == {"c", "a", "all"}  # every axis of more than one device, then all
+    assert len(rows) == 3 * sum(len(ALGORITHMS[op]) for op in TOUR_CASES)
+    assert all(r.correct for r in rows), [r for r in rows if not r.correct]
+    with pytest.raises(UsageError, match="at least 2 devices"):
+        run_tour(out, trace_path=str(tmp_path / "t.json"), mesh=Mesh({"dp": 1, "tp": 1}))
 
 
 def test_cli_entry_point_and_module_run(tmp_path):

@@ -1,7 +1,7 @@
 """``virtualpar tour``: every collective on a small mesh, checked against numpy, with a trace.
 
-The tour starts a 2x2 ``(dp, tp)`` mesh, runs each collective over each kind of group (one mesh
-axis, the other, all devices) on real arrays, checks every device's result against the
+The tour starts a 2x2 ``(dp, tp)`` mesh (or the mesh it is given), runs each collective over each
+kind of group (each mesh axis of more than one device, then all devices) on real arrays, checks every device's result against the
 single-process numpy oracle, and tabulates what moved and what it would cost on the modelled
 hardware.  It then writes the run's trace (Chrome JSON for Perfetto) and prints a text timeline.
 """
@@ -16,6 +16,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from .collectives import ALGORITHMS, reference
+from .errors import UsageError
 from .mesh import Mesh
 from .runtime import VirtualCluster
 from .trace.summary import format_bytes
@@ -113,7 +114,11 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
              mesh: Mesh | None = None) -> list[TourRow]:
     """Run the tour, print its table to ``out``, write the trace; returns the rows."""
     mesh = mesh or Mesh({"dp": 2, "tp": 2})
-    groups = [("tp", "tp"), ("dp", "dp"), (None, "all")]
+    if mesh.size < 2:
+        raise UsageError(f"the tour needs a mesh of at least 2 devices (its collectives have a root at position 1); "
+                         f"got {mesh}")
+    # one group per mesh axis with more than one device, innermost first, then every device
+    groups = [(a, a) for a in reversed(mesh.axis_names) if mesh.axis_size(a) > 1] + [(None, "all")]
     rows: list[TourRow] = []
     with VirtualCluster(mesh, hardware=hardware) as cluster:
         out.write(f"virtualpar tour: {mesh.size} device processes on mesh {mesh}, modelled hardware: {hardware}\n\n")

@@ -19,7 +19,7 @@ def _tour(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     tour = sub.add_parser("tour", help="run every collective on a 2x2 mesh, check it against numpy, write a trace")
-    tour.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (default)")
+    tour.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (default); each axis of more than one device is a group of the tour")
     tour.add_argument("--hardware", default="h100-node", help="modelled hardware preset (laptop, h100-node, h100-cluster)")
     tour.add_argument("--trace", type=output_file, default="virtualpar-trace.json", help="where to write the Chrome trace")
     tour.set_defaults(func=_tour)
