@@ -4,6 +4,8 @@ the edge cases that hang real libraries work or fail with a message."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -105,6 +107,24 @@ def test_timeline_refuses_a_clock_it_does_not_know():
     assert "0F0" in op.timeline(clock="wall")
     with pytest.raises(UsageError, match="unknown clock 'Model'; choose one of 'model', 'wall'"):
         op.timeline(clock="Model")  # was the wall clock, silently
+
+
+def test_the_timeline_shows_actions_that_took_no_time():
+    """A W of cost 0 starts when the next action does: the grid by order of start put both in one
+    column and showed 46 of zb_h1's 48 actions."""
+    from virtualpar.pipeline import Action
+    from virtualpar.pipeline.executor import format_timeline
+    rows = {0: [(Action(0, "F", 0), (0.0, 1.0)), (Action(0, "I", 0), (1.0, 2.0)), (Action(0, "W", 0), (2.0, 2.0)),
+                (Action(0, "F", 1), (2.0, 3.0))],
+            1: [(Action(1, "F", 0), (1.0, 2.5)), (Action(1, "I", 0), (2.5, 3.0)), (Action(1, "W", 0), (3.0, 3.0))]}
+    text = format_timeline(rows)
+    assert sorted(re.findall(r"\d+[FIW]\d+", text)) == sorted(str(a) for acts in rows.values() for a, _ in acts)
+    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[1, 2, 3]), "zb_h1", microbatches=4,
+                            costs={"F": 1, "B": 2, "I": 1, "W": 0})
+    with VirtualCluster(4, hardware=UNIT_HW) as cluster:
+        cluster.execute(op, *_data(8, 16))
+    shown = re.findall(r"\d+[FBIW]\d+", op.timeline())
+    assert len(shown) == len(set(shown)) == 4 * 4 * 3  # F, I and W of 4 microbatches on 4 stages
 
 
 def test_a_refused_step_leaves_the_operation_usable_on_a_cluster_that_fits():

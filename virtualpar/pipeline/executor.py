@@ -205,14 +205,20 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
         shown += len({a for a in line if a is not None})
     wanted = sum(1 for acts in rows.values() for a, _ in acts if a.is_compute or not compute_only)
     if shown < wanted:  # some action would be hidden: lay them out by order of start instead
-        starts = sorted({s for acts in rows.values() for a, (s, _) in acts if a.is_compute or not compute_only})
-        column = {s: i for i, s in enumerate(starts)}
-        grid = {p: [None] * len(starts) for p in rows}
+        # a column per (start, k): the k-th action of a rank to start at that time (one that took
+        # no time, a W of cost 0, starts with the next), so no two actions of a rank share a column
+        keyed: dict[int, list[tuple[tuple[float, int], Action]]] = {}
         for p, acts in rows.items():
+            seen: dict[float, int] = {}
             for a, (s, _) in acts:
                 if a.is_compute or not compute_only:
-                    grid[p][column[s]] = a
-        grid = {p: line for p, line in grid.items()}
+                    keyed.setdefault(p, []).append(((s, seen.get(s, 0)), a))
+                    seen[s] = seen.get(s, 0) + 1
+        column = {k: i for i, k in enumerate(sorted({k for line in keyed.values() for k, _ in line}))}
+        grid = {p: [None] * len(column) for p in rows}
+        for p, line in keyed.items():
+            for k, a in line:
+                grid[p][column[k]] = a
         return "(columns in order of start)\n" + format_grid(_compress(grid))
     return format_grid(grid)
 
