@@ -10,7 +10,7 @@ from ._args import parse_mesh, positive_int
 
 __all__ = ["register", "format_rows"]
 
-_HEAD = ("policy", "ok", "collectives", "dev<->dev B", "host->dev B", "dev->host B", "FLOPs/dev",
+_HEAD = ("policy", "ok", "collectives", "dev<->dev B", "host->devs B", "devs->host B", "FLOPs/dev",
          "peak B/dev", "wall s", "model s", "closed-form s")
 
 
@@ -27,10 +27,11 @@ def _shape(text: str) -> tuple[int, ...]:
 def format_rows(rows) -> str:
     """The rows as an aligned text table (one line per policy, then the layouts and any errors)."""
     cells = [_HEAD] + [
-        (r.policy, ("yes" if r.correct else "NO") + ("" if r.matches_closed_form or r.error else "*"),
+        (r.policy, ("yes" if r.correct else "NO") + ("" if r.matches_closed_form else "*"),
          " ".join(r.collectives) or "-", f"{r.bytes_device_to_device:,}", f"{r.bytes_host_to_device:,}",
          f"{r.bytes_device_to_host:,}", f"{r.flops_per_device:.3g}", f"{r.peak_bytes_per_device:,}",
          f"{r.wall_s:.4f}", f"{r.modelled_s:.3g}", f"{r.modelled_closed_form_s:.3g}")
+        if not r.error else (r.policy, "n/a", *["-"] * (len(_HEAD) - 2))  # cannot apply here: the reason follows
         for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(_HEAD))]
     lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(_HEAD))) for c in cells]
@@ -62,7 +63,8 @@ def _policies(args: argparse.Namespace) -> int:
         what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
         which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
         print(f"# {what} = {args.shape}, {args.dtype}, mesh {args.mesh}, hardware {args.hardware}; {which}; "
-              "one execute each, weights resident; bytes per device")
+              "one execute each, weights resident; per device: the most any device sent, computed or "
+              "held; host columns: all devices together; n/a: the policy cannot apply (why: below)")
         print(format_rows(rows))
     return 0 if all(r.correct for r in rows if not r.error) else 1
 
