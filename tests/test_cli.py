@@ -93,6 +93,21 @@ def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own
     assert "importlib" not in shown and "commands/run.py" not in shown  # the script's frames, not ours
 
 
+def test_run_argument_mistakes_name_what_is_wrong_with_the_full_usage(tmp_path, capsys):
+    step = tmp_path / "step.py"
+    step.write_text("def step(dev):\n    return 1\n")
+    for argv, said in ((["run"], "the following arguments are required: target\n"),  # not "target, script_args"
+                       (["run", str(step), "--mpi", "-n", "4"], "--mpi goes before FILE.py"),  # was "unrecognized"
+                       (["run", f"{step}:step", "-n", "0"], "argument -n: must be an int >= 1, got 0")):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and said in err, (argv, err)
+        assert "[--mpi]" in err and "[--trace FILE.json]" in err, err  # the whole usage, not the late options'
+
+
 def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"

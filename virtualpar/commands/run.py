@@ -176,8 +176,12 @@ def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> Non
 def _run(args: argparse.Namespace) -> int:
     if args.mpi:
         return _run_mpi(args)
+    if "--mpi" in args.script_args:
+        print(f"usage: {args.usage}\nvirtualpar run: error: --mpi goes before FILE.py: what follows an mpi4py "
+              "script is the script's own arguments", file=sys.stderr)
+        return 2
     if args.script_args:  # options given after the target (REMAINDER keeps them for --mpi scripts)
-        late = argparse.ArgumentParser(prog="virtualpar run")
+        late = argparse.ArgumentParser(prog="virtualpar run", usage=args.usage)
         late.add_argument("--mesh", type=parse_mesh, default=args.mesh)
         late.add_argument("-n", type=positive_int, default=args.n)
         late.add_argument("--hardware", default=args.hardware)
@@ -207,5 +211,6 @@ def register(sub) -> None:
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
     p.add_argument("--trace", metavar="FILE.json", type=output_file, default=None, help="write every device's events as a Chrome trace")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
-    p.set_defaults(func=_run)
+    rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
+    rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
+    p.set_defaults(func=_run, usage=p.format_usage().partition("usage: ")[2].strip())
