@@ -143,6 +143,10 @@ def test_strategy_command(capsys):
     assert main(["strategy", "ddp", "--workers", "8", "--stages", "4", "--batches", "8"]) == 0
     assert "latency 12" in capsys.readouterr().out
     assert main(["strategy", "nope"]) == 2
+    for name in ("gpipe", "cuckoo"):  # said "mapped f3 ... to ComputeAndWeightWorkers(compute=3, ...)"
+        assert main(["strategy", name, "--workers", "3", "--stages", "4"]) == 1
+        assert f"{name} puts stage s on worker s, so it needs at least as many workers as stages; got 3 workers for 4 " \
+               "stages" in capsys.readouterr().err
 
 
 def test_looped_groups_must_tile_the_workers():

@@ -110,6 +110,14 @@ def Cuckoo(num_workers: int, num_stages: int, num_batches: int) -> Strategy:
     return cuckoo
 
 
+def _stage_per_worker(name: str, num_workers: int, num_stages: int, strategy: Strategy) -> Strategy:
+    """A strategy that puts stage s on worker s needs a worker per stage."""
+    if num_workers < num_stages:
+        raise UsageError(f"{name} puts stage s on worker s, so it needs at least as many workers as stages; "
+                         f"got {num_workers} workers for {num_stages} stages")
+    return strategy
+
+
 def _modulo(strategy: Strategy, num_workers: int) -> Strategy:
     """More batches than workers: batch b runs where batch b mod W would (workers take turns)."""
     def wrapped(w: Work) -> ComputeAndWeightWorkers:
@@ -121,8 +129,8 @@ def _modulo(strategy: Strategy, num_workers: int) -> Strategy:
 STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "ddp": lambda W, S, B, g=None: DistributedDataParallel if B <= W else _modulo(DistributedDataParallel, W),
     "fsdp": lambda W, S, B, g=None: FullyShardedDataParallel(W) if B <= W else _modulo(FullyShardedDataParallel(W), W),
-    "gpipe": lambda W, S, B, g=None: GPipe,
+    "gpipe": lambda W, S, B, g=None: _stage_per_worker("gpipe", W, S, GPipe),
     "looped": lambda W, S, B, g=None: LoopedPipeline(default_group_size(W) if g is None else g, W),
     "fs_looped": lambda W, S, B, g=None: FullyShardedLoopedPipeline(default_group_size(W) if g is None else g, W),
-    "cuckoo": lambda W, S, B, g=None: Cuckoo(W, S, B),
+    "cuckoo": lambda W, S, B, g=None: _stage_per_worker("cuckoo", W, S, Cuckoo(W, S, B)),
 }
