@@ -235,7 +235,7 @@ class Comm:
         if name.startswith("_"):
             raise AttributeError(name)
         raise OutsideSubset(f"MPI.Comm.{name} is outside the subset virtualpar emulates; run this program "
-                                  "under real MPI (mpiexec) for it")
+                            "under real MPI (mpiexec) for it")
 
 
 class Cartcomm(Comm):
@@ -290,7 +290,7 @@ def module_for(dev: Any) -> types.ModuleType:
 
     def missing(name: str) -> Any:
         raise OutsideSubset(f"MPI.{name} is outside the subset virtualpar emulates; run this program under "
-                                  "real MPI (mpiexec) for it")
+                            "real MPI (mpiexec) for it")
 
     mod.__getattr__ = missing  # type: ignore[attr-defined]
     return mod
