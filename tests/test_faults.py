@@ -623,6 +623,29 @@ def test_bad_fault_injection_arguments():
             c.inject(0, at_op=0, action="raise")
         with pytest.raises(UsageError, match="rank must be"):
             c.inject(2, at_op=1, action="raise")
+        with pytest.raises(UsageError, match=r"'delay' takes \['seconds'\], not \['secs'\]"):
+            c.inject(1, at_op=1, action="delay", secs=1)  # was the default 1 s, silently
+
+
+def _two_barriers(dev):
+    dev.barrier()
+    dev.barrier()
+    return dev.rank
+
+
+def test_a_fault_its_run_never_reaches_fails_that_run_not_a_later_one():
+    """A fault at op 3 of a run of 2 ops stayed armed, and fired in whatever the device ran next —
+    with a module-scoped cluster, in another test."""
+    with cluster(2) as c:
+        c.inject(0, at_op=3, action="raise")
+        with pytest.raises(UsageError, match="a fault injected at op 3 of this run did not fire: the run ended "
+                                             r"after 2 op\(s\)"):
+            c.run(_two_barriers)
+        assert c.run(_two_barriers) == [0, 1]  # nothing left armed
+        c.inject(1, at_op=2, action="raise")
+        assert c.run(rank_of) == [0, 1]  # a run without ops (an operation's set-up) leaves it for the next
+        with pytest.raises(InjectedFault, match="at op #"):
+            c.run(_two_barriers)
 
 
 # -- host <-> device channel ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
-from virtualpar.errors import DeviceError, PayloadError, UnmatchedMessages, UsageError
+from virtualpar.errors import DeviceError, P2PTimeout, PayloadError, UnmatchedMessages, UsageError
 
 TIMEOUT = 20.0  # a deadlock fails within this many seconds instead of hanging the suite
 MiB = 1 << 20
@@ -475,3 +475,38 @@ def test_an_ndarray_subclass_keeps_its_own_state_or_is_refused():
         with pytest.raises(PayloadError, match=r"all_reduce on group world=\(0,1\): needs a plain numpy array, got "
                                                r"MaskedArray, an ndarray subclass whose own state"):
             cluster.run(_reduce_masked)
+
+
+def _numpy_ranks(dev):
+    peer, me = np.int64(1 - dev.rank), np.int32(dev.rank)  # as np.arange / np.roll give them
+    req = dev.irecv(peer, tag=np.int64(2))
+    dev.isend(np.array([dev.rank]), peer, tag=np.int64(2)).wait()
+    dev.send(np.array([10 + dev.rank]), me, tag=np.int64(1))
+    mine = int(dev.recv(me, tag=np.int64(1))[0])
+    if dev.rank == 0:
+        dev.send(np.array([5.0]), peer, tag=np.uint8(3))
+    else:
+        assert dev.recv(peer, tag=np.int16(3))[0] == 5.0
+    return int(req.wait()[0]), mine, int(dev.sendrecv(np.array([dev.rank]), peer, peer)[0])
+
+
+def test_numpy_integers_are_ranks_and_tags(pair):
+    """They passed the argument check, then failed as "route destination must be a device 0..1 ...;
+    got np.int64(1)", or (from oneself) as "a receive from this device itself needs a tag"."""
+    assert pair.run(_numpy_ranks) == [(1, 10, 1), (0, 11, 0)]
+
+
+def _wait_shorter(dev):
+    if dev.rank == 1:
+        time.sleep(1.0)
+        return None
+    dev.irecv(1).wait(timeout=0.3)
+
+
+def test_a_wait_names_its_own_timeout():
+    """wait(timeout=0.3) gave up after 0.3 s but said "did not complete within 20 s" (the cluster's)."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        t0 = time.monotonic()
+        with pytest.raises(P2PTimeout, match=r"recv from device 1 \(tag 0\) did not complete within 0.3 s"):
+            c.run(_wait_shorter)
+        assert time.monotonic() - t0 < TIMEOUT / 2

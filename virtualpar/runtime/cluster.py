@@ -32,7 +32,7 @@ from ..errors import PayloadError, UsageError
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link
-from .config import FAULT_ACTIONS, ClusterConfig, check_sizes
+from .config import ClusterConfig, check_fault, check_sizes
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
@@ -220,12 +220,14 @@ class VirtualCluster:
 
         ``action``: "raise" (InjectedFault), "kill" (SIGKILL itself), "exit" (``code=``), "hang"
         (sleep forever, ignoring aborts) or "delay" (``seconds=``, then go on).  An op is any
-        send, recv or collective.  Deterministic: no sleeps are needed in tests.
+        send, recv or collective.  Deterministic: no sleeps are needed in tests.  The ops are
+        counted in the next run that performs any (an operation's set-up runs perform none); if
+        that run ends before the fault's op, it fails with a ``UsageError`` saying so, rather than
+        leaving the fault for some later, unrelated run.
         """
         ctl = self._open()
         self._check_rank(rank)
-        if action not in FAULT_ACTIONS:
-            raise UsageError(f"unknown fault action {action!r}; choose one of {FAULT_ACTIONS}")
+        check_fault(action, params)
         if isinstance(at_op, bool) or not isinstance(at_op, int) or at_op < 1:
             raise UsageError(f"at_op must be a positive int (the k-th op, 1-based), got {at_op!r}")
         ctl.command(rank, ("inject", at_op, action, params))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["ClusterConfig", "check_sizes", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
+__all__ = ["ClusterConfig", "check_sizes", "check_fault", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
 
 # User tags are >= 0; the runtime's own traffic uses negative tags so it can never be confused
 # with (or steal) a user's message.
@@ -17,6 +17,18 @@ TAG_COLLECTIVE = -3  # the data of collective algorithms
 TAG_HOST = -4  # arrays placed on / fetched from devices by the driver
 
 FAULT_ACTIONS = ("raise", "kill", "hang", "exit", "delay")
+_FAULT_PARAMS = {"exit": {"code"}, "delay": {"seconds"}}
+
+
+def check_fault(action: str, params: dict) -> None:
+    """A fault ``cluster.inject`` can carry out: a known action, with only the parameters it takes
+    (a misspelt ``secs=`` was silently the default delay)."""
+    if action not in FAULT_ACTIONS:
+        raise UsageError(f"unknown fault action {action!r}; choose one of {FAULT_ACTIONS}")
+    known = _FAULT_PARAMS.get(action, set())
+    if set(params) - known:
+        raise UsageError(f"fault action {action!r} takes {sorted(known) or 'no parameters'}, not "
+                         f"{sorted(set(params) - known)}")
 
 
 @dataclass(frozen=True)

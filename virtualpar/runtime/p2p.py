@@ -33,11 +33,18 @@ from .requests import Request
 __all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
 
 
+def _plain(v: Any) -> Any:
+    """A numpy integer as a plain int (ranks and tags from ``np.arange``, ``np.roll``...); anything
+    else unchanged, for the argument checks to judge."""
+    return int(v) if type(v) is not int and isinstance(v, np.integer) else v
+
+
 class PointToPoint:
     """Point-to-point messages between the devices of a cluster (see the module doc)."""
 
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
+        dst, tag = _plain(dst), _plain(tag)
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
                 send_to_self(self, x, tag)
@@ -52,6 +59,7 @@ class PointToPoint:
         """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given);
         ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message (the request's
         ``status`` then says who sent it, with which tag)."""
+        src, tag = _plain(src), _plain(tag)
         if src == self.rank and type(src) is int and type(tag) is int and tag >= 0:
             if out is not None:
                 self._check_out(out)
@@ -69,6 +77,7 @@ class PointToPoint:
         overlaps with the receiver's work instead of delaying the message (a small send is
         complete once posted, so no reader can see it pending in between).
         """
+        dst, tag = _plain(dst), _plain(tag)
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
             if self._check_p2p(dst, tag, "dst"):
                 return send_to_self(self, x, tag)
@@ -94,6 +103,7 @@ class PointToPoint:
         The same op as ``irecv(src, tag, out).wait()``, without the handle.  ``src=ANY_SOURCE`` /
         ``tag=ANY_TAG`` take the earliest message that matches; pass a :class:`Status` to learn
         its source, tag and size."""
+        src, tag = _plain(src), _plain(tag)
         if src == self.rank and type(src) is int and type(tag) is int and tag >= 0:
             if out is not None:
                 self._check_out(out)

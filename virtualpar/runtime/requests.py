@@ -91,7 +91,9 @@ class Request:
         if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
             value = dev._await(inner, self._slot, 0.0, None)
         else:
-            left = self._deadline - time.monotonic() if timeout is None else timeout
+            if timeout is not None:  # the wait's own budget, which its timeout error then names
+                self._budget = dev._timeout(timeout)
+            left = self._deadline - time.monotonic() if timeout is None else self._budget
             value = dev._await(inner, self._slot, max(left, 0.0), self._on_timeout or self._timeout_error)
         self._done = True
         self._value = value

@@ -156,6 +156,11 @@ class _Handlers:
             dev._recorder.finish(slot, dev.clock, failed=True)
             raise
         dev._recorder.finish(slot, dev.clock)
+        if dev._faults and dev.op_seq > dev._run_ops_from:  # a fault this run's ops never reached
+            due = min(dev._faults) - dev._run_ops_from
+            dev._faults.clear()
+            raise UsageError(f"{dev.name}: a fault injected at op {due} of this run did not fire: the run ended after "
+                             f"{dev.op_seq - dev._run_ops_from} op(s)", rank=dev.rank, index=str(dev.index))
         try:  # fail here, with a clear message, rather than in cmd.send
             pickle.dumps(result)
         except Exception as exc:
