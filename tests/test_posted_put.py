@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
-from virtualpar.errors import DeviceDied, PayloadError
+from virtualpar.errors import DeviceDied, PayloadError, UsageError
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 
@@ -58,6 +58,23 @@ def test_a_failed_posted_put_fails_the_next_call_with_its_own_error_and_the_clus
             c.get(0, "bad")
         c.put(0, "ok", 1.5, block=False)
         assert c.get(0, "ok") == 1.5
+
+
+def test_a_failed_posted_put_is_still_raised_when_another_device_fails_first(caplog):
+    """A get from device 1 failed first; the reset after it read device 0's posted reply and dropped
+    its error, so the put was lost without a word (the next run found no 'cfg' anywhere)."""
+    with VirtualCluster(2, timeout=5) as c:
+        c.put(0, "cfg", _Unloadable(), block=False)
+        with pytest.raises(UsageError, match="has no state\\['missing'\\]"):
+            c.get(1, "missing")
+        with pytest.raises(PayloadError, match="the posted put 'cfg' failed: device 0.*cannot be rebuilt"):
+            c.run(_read, "cfg")
+        assert c.run(_read, "cfg") == [None, None]
+        c.put(1, "cfg", _Unloadable(), block=False)
+        with pytest.raises(UsageError):
+            c.get(0, "missing")
+    # ... and one that nothing reads afterwards is logged at close
+    assert "the posted put 'cfg' failed: device 1" in caplog.text
 
 
 def test_a_device_that_dies_after_a_posted_put_is_named_at_the_next_call():

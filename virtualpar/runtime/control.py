@@ -68,6 +68,7 @@ class ClusterControl:
         self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
         self._arrivals = arena.view(layout.arrivals_offset, layout.arrivals_bytes // 8, np.uint64)
         self.posted: dict[int, list[str]] = {}  # rank -> what each posted command was, oldest first
+        self.held: dict[int, BaseException] = {}  # a posted command's error a reset read first, not yet raised
 
     def check_open(self) -> None:
         if self.closed:
@@ -97,7 +98,7 @@ class ClusterControl:
     def settle(self, rank: int) -> BaseException | None:
         """Read device ``rank``'s replies to its posted commands; the first one's error, if any
         failed (a death is fatal and raised at once)."""
-        first = None
+        first = self.held.pop(rank, None)
         for what in self.posted.pop(rank, ()):
             reply = self._reply(rank, what)
             if reply[0] == "err" and first is None:
@@ -136,7 +137,7 @@ class ClusterControl:
         try:
             for r in range(self.size):
                 self.send(r, msg, what)
-            for r in sorted(self.posted):
+            for r in sorted(set(self.posted) | set(self.held)):
                 failed = self.settle(r)
                 earlier = earlier or failed
             got = self.sup.collect(what, deadline)
@@ -190,8 +191,10 @@ class ClusterControl:
         for r in range(self.size):
             self.send(r, ("reset",))
         for r in range(self.size):
-            self.settle(r)  # already reported, or reported by the failure that led here
-            self.finish(r, what="the 'reset' command")
+            failed = self.settle(r)  # another device's posted command: its error is still to be raised
+            if failed is not None:
+                self.held[r] = failed
+            self.finish(r, self._reply(r, "the 'reset' command"), "the 'reset' command")
 
     def fatal_shutdown(self, reason: str) -> None:
         """Shut down for good after a failure; later calls raise ClusterClosedError with ``reason``."""
@@ -205,7 +208,7 @@ class ClusterControl:
         """Ask every device to leave its loop, give them ``_CLOSE_WAIT`` s, then shut down.  Idempotent."""
         if self.closed:
             return
-        for r in sorted(self.posted):  # nothing will read these replies any more: say if one failed
+        for r in sorted(set(self.posted) | set(self.held)):  # nothing will read these any more: say if one failed
             try:
                 failed = self.settle(r)
             except DeviceDied:
@@ -229,6 +232,7 @@ class ClusterControl:
         """Kill and reap every process, close the pipes, drop every view of the arena and free it now."""
         self.closed = True
         self.posted.clear()
+        self.held.clear()
         self.sup.kill_all()
         self.sup.release()
         self.host = None
