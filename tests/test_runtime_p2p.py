@@ -400,7 +400,7 @@ def test_a_receive_from_oneself_into_a_buffer_follows_the_peer_rule():
     with VirtualCluster(2) as cluster:
         for shape, dtype in (((3,), np.float64), ((1,), np.float32)):
             with pytest.raises(UsageError, match=rf"recv buffer has shape \({shape[0]},\) and dtype {np.dtype(dtype)}, "
-                                                 r"but the message holds shape \(1,\) and dtype float64 \(recv from itself"):
+                                                 r"but the message holds shape \(1,\) and dtype float64 \(last op #\d: recv from \d tag=0\)"):
                 cluster.run(_self_into_wrong_buffer, shape, dtype)
         assert [float(v[0]) for v in cluster.run(_self_into_wrong_buffer, (1,), np.float64)] == [1.5, 1.5]
 
@@ -510,3 +510,33 @@ def test_a_wait_names_its_own_timeout():
         with pytest.raises(P2PTimeout, match=r"recv from device 1 \(tag 0\) did not complete within 0.3 s"):
             c.run(_wait_shorter)
         assert time.monotonic() - t0 < TIMEOUT / 2
+
+
+def _self_in_posting_order(dev):
+    from virtualpar import ANY_SOURCE, ANY_TAG, Status
+
+    r1, r2 = dev.irecv(dev.rank, tag=1), dev.irecv(dev.rank, tag=1)
+    dev.send(np.array([1]), dev.rank, tag=1)
+    dev.send(np.array([2]), dev.rank, tag=1)
+    second, first = int(r2.wait()[0]), int(r1.wait()[0])  # waited in the other order
+    dev.send(np.arange(3), dev.rank, tag=4)
+    st = Status()
+    anyone = dev.recv(ANY_SOURCE, 4, status=st).tolist()  # ANY_SOURCE includes this device
+    dev.send("hello", dev.rank, tag=9)
+    st2 = Status()
+    anytag = dev.recv(dev.rank, ANY_TAG, status=st2)
+    return first, second, anyone, (st.source, st.tag, st.nbytes), anytag, (st2.source, st2.tag)
+
+
+def test_messages_to_oneself_match_as_messages_from_a_peer():
+    """Receives from oneself took their message when waited on, not when posted (two irecvs waited
+    in reverse order got (2, 1)); ANY_SOURCE never took a message a device sent itself (a Deadlock
+    while it sat queued); ANY_TAG from oneself was refused; and Status stayed empty."""
+    with VirtualCluster(2) as cluster:
+        for r, got in enumerate(cluster.run(_self_in_posting_order)):
+            assert got == (1, 2, [0, 1, 2], (r, 4, 24), "hello", (r, 9))
+        with pytest.raises(UsageError, match=r"recv from itself \(tag 5\) at op #\d+ has no message"):
+            cluster.run(lambda dev: dev.recv(dev.rank, 5))  # only this device could send it: no hang
+        with pytest.raises(UsageError, match=r"recv from itself \(tag 6\) at op #\d+ has no message"):
+            cluster.run(lambda dev: dev.irecv(dev.rank, 6).wait())
+        assert cluster.run(lambda dev: dev.rank) == [0, 1]  # the withdrawn receives took nothing with them

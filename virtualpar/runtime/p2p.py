@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import P2PTimeout, UsageError
 from ..transport.channel import FLAG_CONTROL
-from .loopback import SelfRequest, recv_from_self, send_to_self
+from .loopback import SelfSend, send_to_self, would_wait_forever
 from .status import ANY_SOURCE, ANY_TAG, Status
 from .recorder import format_records
 from .requests import Request
@@ -48,7 +48,7 @@ class PointToPoint:
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
                 send_to_self(self, x, tag)
-                return SelfRequest(self, "send", tag)
+                return SelfSend(tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         slot = self._begin_op(*self._texts.send(x, dst, tag))
         deadline = time.monotonic() + budget
@@ -60,10 +60,6 @@ class PointToPoint:
         ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message (the request's
         ``status`` then says who sent it, with which tag)."""
         src, tag = _plain(src), _plain(tag)
-        if src == self.rank and type(src) is int and type(tag) is int and tag >= 0:
-            if out is not None:
-                self._check_out(out)
-            return SelfRequest(self, "recv", tag, out)  # takes its message when waited on
         budget, slot = self._begin_recv(src, tag, out, timeout)
         deadline = time.monotonic() + budget
         inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
@@ -104,16 +100,15 @@ class PointToPoint:
         ``tag=ANY_TAG`` take the earliest message that matches; pass a :class:`Status` to learn
         its source, tag and size."""
         src, tag = _plain(src), _plain(tag)
-        if src == self.rank and type(src) is int and type(tag) is int and tag >= 0:
-            if out is not None:
-                self._check_out(out)
-            return recv_from_self(self, tag, out)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
         if src < 0 or tag < 0:  # ANY_SOURCE / ANY_TAG (_begin_recv let nothing else through)
             inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
         else:
             inner = self._endpoint.irecv(src, tag, out)
+        if src == self.rank and not inner.done:  # only this device could send it, and it waits here
+            self._recorder.finish(slot, self._clock.now, failed=True)
+            raise would_wait_forever(self, inner, tag)
         value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget))
         self._received(inner.src, inner, slot, wall0, model0)
         if status is not None:
@@ -135,9 +130,8 @@ class PointToPoint:
         if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
             any_src = type(src) is int and src == ANY_SOURCE
             any_tag = type(tag) is int and tag == ANY_TAG
-            if not any_src and self._check_p2p(src, 0 if any_tag else tag, "src"):
-                raise UsageError(f"{self.name}: a receive from this device itself needs a tag (ANY_TAG takes "
-                                 "messages from other devices only)")
+            if not any_src:
+                self._check_p2p(src, 0 if any_tag else tag, "src")  # from this device itself is allowed
             if any_src and not any_tag:
                 self._check_p2p(0 if self.rank else self.size - 1, tag, "src")  # the tag's own check
         if out is not None:

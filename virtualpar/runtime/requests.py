@@ -90,6 +90,11 @@ class Request:
         inner = self._inner
         if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
             value = dev._await(inner, self._slot, 0.0, None)
+        elif self._peer == dev.rank and self._kind == "recv":  # only this device could send it, and it waits here
+            from .loopback import would_wait_forever
+            if self._slot is not None:
+                dev._recorder.finish(self._slot, dev._clock.now, failed=True)
+            raise would_wait_forever(dev, inner, self._tag)
         else:
             if timeout is not None:  # the wait's own budget, which its timeout error then names
                 self._budget = dev._timeout(timeout)

@@ -31,7 +31,6 @@ from ..errors import DeviceAborted, DeviceError, PayloadError, UsageError, Virtu
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
 from ..transport.shm import Layout, SharedArena
-from . import loopback
 from .binding import bind
 from .config import ClusterConfig
 from .recorder import FlightRecorder
@@ -186,7 +185,7 @@ class _Handlers:
         return ("ok", None)
 
     def _pending(self) -> list[tuple[int, int, int, str]]:
-        return self.endpoint.pending() + loopback.pending(self.dev)
+        return self.endpoint.pending()
 
     def pending(self) -> tuple:
         self.endpoint.drain()
@@ -194,7 +193,6 @@ class _Handlers:
 
     def reset(self) -> tuple:
         self.endpoint.reset()
-        loopback.clear(self.dev)
         self.dev._group_seq.clear()
         self.dev._faults.clear()
         return ("ok", None)

@@ -271,7 +271,7 @@ class Endpoint(Receiving):
             for req in q:
                 h = req.header
                 desc = "pickled object" if h and h.kind & 0xFF == KIND_PICKLE else f"array{h.shape} {np.dtype(h.dtype)}" if h else "?"
-                state = "" if req.done else " (partly received)"
+                state = " sent to itself" if src == self.me else "" if req.done else " (partly received)"
                 out.append((src, self.me, tag, desc + state))
         for dst, q in self._sendq.items():
             for req in q:

@@ -11,6 +11,12 @@ receives, finish them.
   asks for room (:mod:`.want_room`);
 * a rendezvous offer is taken out of the sender's memory (:mod:`.rendezvous`).
 
+A message the endpoint sends itself never touches a ring: ``deliver_to_self`` matches it exactly as
+a frame from a peer (to the earliest-posted receive that takes it, a specific one or a wildcard
+one, else it waits as an unexpected message in arrival order), so MPI's ordering and ANY_SOURCE /
+ANY_TAG hold for it too.  Its header is a control header: it crosses no link, so it costs no
+modelled time.
+
 An array lands in the receive's ``out=`` when shape, dtype and layout fit (its byte view is taken
 when the receive is posted, off the message's path); otherwise in a fresh or pooled array, and a bad
 ``out=`` is reported at ``wait()`` after the bytes are drained, so the ring keeps flowing.
@@ -26,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import PayloadError, UsageError
-from .channel import FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
-from .payload import byte_view, check_out, header_dtype
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .payload import byte_view, check_out, header_dtype, plain_array
 from .rendezvous import take_offer
 from .requests import RecvRequest
 from .want_room import FENCED, fence
@@ -160,3 +166,24 @@ class Receiving:
                 self._pool.give_back(req.target)
         req.buf = req.target = None
         req.done = True
+
+    def deliver_to_self(self, tag: int, value: Any) -> None:
+        """A message to this endpoint itself (``value`` already a private copy), matched as a frame
+        from a peer would be (see the module doc)."""
+        array = plain_array(value)
+        kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
+        header = Header(kind, tag, value.nbytes if array else 0, 0.0, 0, value.dtype.str if array else "",
+                        tuple(value.shape) if array else (), 0)
+        key = (self.me, tag)
+        posted = self._posted.get(key)
+        wild = match_any(self, self.me, tag, posted[0] if posted else None) if self._posted_any else None
+        if wild is not None:
+            req = wild
+        elif posted:
+            req = posted.popleft()
+        else:
+            req = RecvRequest(self, self.me, tag)
+            self._order += 1
+            req.order = self._order
+            self._unexpected[key].append(req)
+        req.header, req.value, req.done = header, value, True
