@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 
@@ -184,6 +185,8 @@ def test_keep_traces_writes_the_report_and_trace(tester):
     kept = sorted(os.listdir(tester.path / "kept"))
     assert kept == ["test_example.py_test_one_device_wrong.0.json", "test_example.py_test_one_device_wrong.txt"]
     assert "failed on device 3" in (tester.path / "kept" / kept[1]).read_text()
+    doc = json.loads((tester.path / "kept" / kept[0]).read_text())  # Chrome's trace format, for Perfetto
+    assert "traceEvents" in doc and any(e.get("ph") == "X" for e in doc["traceEvents"])
 
 
 def test_x_and_k(tester):

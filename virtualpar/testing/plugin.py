@@ -168,7 +168,7 @@ def _keep(directory: str, nodeid: str, text: str, clusters: list) -> None:
     for k, c in enumerate(clusters):
         if not c.closed:
             try:
-                c.trace().save_json(f"{stem}.{k}.json")
+                c.trace().write_chrome(f"{stem}.{k}.json")  # what Perfetto opens (save_json is virtualpar's own)
             except Exception as exc:  # never hide the test's failure
                 with open(stem + ".txt", "a") as f:
                     f.write(f"(trace of cluster {k} not saved: {exc})\n")
