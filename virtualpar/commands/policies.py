@@ -58,7 +58,7 @@ def _policies(args: argparse.Namespace) -> int:
         else:
             rows = policy_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype))
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=1))
+        print(json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False))
     else:
         what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
         which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"

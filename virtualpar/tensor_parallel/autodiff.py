@@ -52,6 +52,7 @@ import numpy as np
 from autograd.extend import defvjp, primitive
 
 from ..collectives.selection import SHM_MIN_BYTES
+from ..errors import ShardingError
 
 __all__ = [
     "f", "g", "all_gather", "all_gather_invariant", "reduce_scatter", "all_to_all",
@@ -78,13 +79,28 @@ def _log(dev: Any, kind: str, *arrays: np.ndarray) -> None:
 
 
 def local_slice(x: np.ndarray, dev: Any, dim: int, group: Any) -> np.ndarray:
-    """This device's piece of ``x`` split evenly along ``dim`` over ``group`` (position = group rank)."""
+    """This device's piece of ``x`` split along ``dim`` over ``group`` (position = group rank), as
+    ``numpy.array_split`` and the runtime's scatter / reduce_scatter split it: the first
+    ``x.shape[dim] mod n`` pieces one longer (``x.shape[dim] // n`` dropped the remainder)."""
     n = len(dev.group(group))
-    size = x.shape[dim] // n
     r = dev.group_rank(group)
+    q, rem = divmod(x.shape[dim], n)
+    start = r * q + min(r, rem)
     index = [slice(None)] * x.ndim
-    index[dim] = slice(r * size, (r + 1) * size)
+    index[dim] = slice(start, start + q + (r < rem))
     return x[tuple(index)]
+
+
+def _own_piece(dy: np.ndarray, x: np.ndarray, dev: Any, dim: int, group: Any) -> np.ndarray:
+    """all_gather_invariant's backward: this member's rows of the gathered cotangent.  Where they
+    lie is known for pieces laid out as ``numpy.array_split``'s (equal ones included); other
+    uneven pieces are refused, not answered with another member's rows."""
+    piece = local_slice(dy, dev, dim, group)
+    if piece.shape[dim] != x.shape[dim]:
+        raise ShardingError(f"{dev.name}: all_gather_invariant of pieces of uneven size along dim {dim} (this "
+                            f"member's: {x.shape[dim]} of {dy.shape[dim]}): its backward needs them laid out as "
+                            "numpy.array_split lays them out (the first ones one longer)")
+    return np.ascontiguousarray(piece)
 
 
 # -- Megatron's conjugate pair --------------------------------------------------------------------
@@ -130,7 +146,7 @@ def all_to_all(x: np.ndarray, dev: Any, split_dim: int, concat_dim: int, group: 
 
 
 defvjp(all_gather, lambda ans, x, dev, dim, group: lambda dy: dev.reduce_scatter(dy, dim=dim, op="sum", group=group))
-defvjp(all_gather_invariant, lambda ans, x, dev, dim, group: lambda dy: np.ascontiguousarray(local_slice(dy, dev, dim, group)))
+defvjp(all_gather_invariant, lambda ans, x, dev, dim, group: lambda dy: _own_piece(dy, x, dev, dim, group))
 defvjp(reduce_scatter, lambda ans, x, dev, dim, group: lambda dy: dev.all_gather(dy, dim=dim, group=group))
 defvjp(all_to_all, lambda ans, x, dev, s, c, group: lambda dy: dev.all_to_all(dy, split_dim=c, concat_dim=s, group=group))
 

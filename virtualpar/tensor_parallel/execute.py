@@ -95,11 +95,12 @@ class TensorParallelOp:
             raise ShardingError(f"place_weights: expected {len(self.weights)} weights (inputs {self.weights}), got {len(weights)}")
         check_layer("place_weights", self.layer, self.shapes, self.out_shape, cluster.mesh)
         layouts = self.layer.input_layouts()
-        total = 0
-        for i, w in zip(self.weights, weights):
-            w = np.asarray(w)
+        weights = tuple(np.asarray(w) for w in weights)
+        for i, w in zip(self.weights, weights):  # every weight checked before any is sent: all or none
             if w.shape != self.shapes[i]:
                 raise ShardingError(f"place_weights: input {i} has shape {w.shape}, expected {self.shapes[i]}")
+        total = 0
+        for i, w in zip(self.weights, weights):
             for rank in range(cluster.size):
                 p = piece(w, layouts[i], cluster.mesh, rank)
                 cluster.put(rank, self._key(i), p, block=False)

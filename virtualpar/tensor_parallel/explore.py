@@ -172,8 +172,9 @@ def explore(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "floa
     ``replicate_output``: compare them all producing a replicated C (else C keeps its derived layout)."""
     import numpy as np
 
-    from .table import modelled_estimate
+    from .table import estimate_hardware, modelled_estimate
 
+    hardware = estimate_hardware(hardware)
     itemsize = np.dtype(dtype).itemsize
     out = []
     for a, b in assignments(mesh):
@@ -194,6 +195,9 @@ def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float
         from ..errors import ShardingError
 
         raise ShardingError(f"choose: unknown policy {policy!r}; expected 'auto'")
+    from .table import estimate_hardware
+
+    hardware = estimate_hardware(hardware)
     for c in explore(m, k, n, mesh, hardware, dtype, replicate_output):
         if c.fits:
             return c

@@ -38,7 +38,10 @@ class FFNCandidate:
 
 
 def _ordered_subsets(axes: tuple[str, ...]) -> list[tuple[str, ...]]:
-    return [p for k in range(1, len(axes) + 1) for c in itertools.combinations(axes, k) for p in itertools.permutations(c)]
+    """Every non-empty set of mesh axes, once, in mesh order: a layout shards over a set of axes in
+    mesh order whatever order they are named in (t=(y, x) is the program t=(x, y) — the
+    permutations listed each program twice)."""
+    return [c for k in range(1, len(axes) + 1) for c in itertools.combinations(axes, k)]
 
 
 def _policies(mesh: Any) -> list[FeedForwardShardingPolicy]:
@@ -79,8 +82,9 @@ def ffn_peak_bytes(policy: FeedForwardShardingPolicy, b: int, s: int, m: int, h:
 
 def explore_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: Any = "float32") -> list[FFNCandidate]:
     """Every policy × role assignment that fits the shape, fastest modelled forward first."""
-    from .table import modelled_estimate
+    from .table import estimate_hardware, modelled_estimate
 
+    hardware = estimate_hardware(hardware)
     itemsize = np.dtype(dtype).itemsize
     out = []
     for policy in _policies(mesh):
@@ -100,6 +104,9 @@ def choose_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: 
     """``policy="auto"``: the fastest candidate on ``hardware`` that fits its memory."""
     if policy != "auto":
         raise ShardingError(f"choose_ffn: unknown policy {policy!r}; expected 'auto'")
+    from .table import estimate_hardware
+
+    hardware = estimate_hardware(hardware)
     for c in explore_ffn(b, s, m, h, mesh, hardware, dtype):
         if c.fits:
             return c

@@ -31,12 +31,19 @@ def format_layout(layout: Layout) -> str:
 
 
 def parse_layout(text: str) -> Layout:
-    """Exact inverse of :func:`format_layout`."""
+    """Exact inverse of :func:`format_layout`; also takes ``[R,S(x)]`` and ``[S(x, y), R]``."""
     body = text.strip()
     if not (body.startswith("[") and body.endswith("]")):
         raise ShardingError(f"cannot parse layout {text!r}: expected e.g. '[S(x), R]'", text=text)
+    parts, depth, start, inner = [], 0, 0, body[1:-1]
+    for i, ch in enumerate(inner):  # split on the commas between dims, not those inside S(...)
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    parts.append(inner[start:])
     out = []
-    for part in (p.strip() for p in body[1:-1].split(", ") if p.strip()):
+    for part in (p.strip() for p in parts if p.strip()):
         if part == "R":
             out.append(())
         elif part.startswith("S(") and part.endswith(")") and part[2:-1]:
@@ -121,15 +128,16 @@ def device_piece(dev: Any, x: np.ndarray, layout: Layout) -> np.ndarray:
 
 
 def unshard(pieces: Sequence[np.ndarray], layout: Layout, shape: Sequence[int], mesh: Any) -> np.ndarray:
-    """The full array from every device's piece (rank order).  Replicas must agree bit for bit;
-    a disagreement is a ``ShardingError`` naming the two ranks (it means a program is wrong)."""
+    """The full array from every device's piece (rank order).  Replicas must agree (NaN where the
+    other has NaN: a diverging model is not a wrong program); a disagreement is a
+    ``ShardingError`` naming the two ranks (it means a program is wrong)."""
     out = np.empty(tuple(shape), dtype=pieces[0].dtype)
     owner: dict[tuple, int] = {}
     for rank, p in enumerate(pieces):
         block = _block(layout, shape, mesh, rank)
         key = tuple((b.start, b.stop) for b in block)
         if key in owner:
-            if not np.array_equal(out[block], p):
+            if not np.array_equal(out[block], p, equal_nan=p.dtype.kind in "fc"):
                 raise ShardingError(f"replicas of block {key} differ between ranks {owner[key]} and {rank} "
                                     f"for layout {format_layout(layout)}", ranks=(owner[key], rank))
             continue

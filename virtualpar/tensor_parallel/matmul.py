@@ -137,6 +137,9 @@ class MatMulShardingPolicy:
 
         a = parse_layout(a) if isinstance(a, str) else a
         b = parse_layout(b) if isinstance(b, str) else b
+        if len(a) != 2 or len(b) != 2:
+            raise ShardingError(f"a MatMul takes 2-d layouts for A (m, k) and B (k, n); got A{format_layout(a)} "
+                                f"B{format_layout(b)}", a=format_layout(a), b=format_layout(b))
         found = infer_matmul_policy(a, b)
         if name is None or name == found.name or (name == "row" and found.name == "matched_inner"):
             return found if name is None else cls(name, found.roles)

@@ -12,6 +12,7 @@ collective and compute events, wall time on this machine, modelled time from the
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .. import nn
 
+from ..errors import UsageError
 from .layout import Layout, check_layer, piece, unshard
 
 __all__ = ["Phase", "place", "run_forward", "run_backward"]
@@ -62,7 +64,11 @@ def _forward_on_device(dev: Any, layer: Any, keys: tuple[str, ...]) -> np.ndarra
 
 
 def _backward_on_device(dev: Any) -> tuple[np.ndarray, ...]:
-    rec = dev.state.pop(_VJP)
+    rec = dev.state.pop(_VJP, None)
+    if rec is None:  # a KeyError 'tp.vjp' said nothing of what to do
+        dev.state.pop(_DY, None)
+        raise UsageError(f"{dev.name}: run_backward has no forward to go back through: call run_forward first "
+                         "(each forward is gone back through once)", rank=dev.rank)
     grads = rec.backward_input(dev.state.pop(_DY))
     return grads if isinstance(grads, tuple) else (grads,)
 
@@ -103,12 +109,30 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
     if not placed:
         place(cluster, inputs, layer.input_layouts(), keys)
     pieces, phase = _measure(cluster, _forward_on_device, layer, keys)
+    _LAST_FORWARD[cluster] = _program(layer)
     return unshard(pieces, layer.output_layout(), out_shape, cluster.mesh), pieces, phase
 
 
+# the program of the forward each cluster's devices hold (each device keeps one, for one backward)
+_LAST_FORWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _program(layer: Any) -> str:
+    return f"{type(layer).__name__} {getattr(layer, 'policy', layer)}"
+
+
 def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
-    """Backward of the last forward: (full input gradients, their pieces per input, the phase)."""
+    """Backward of the last forward: (full input gradients, their pieces per input, the phase).
+    ``layer`` must be the one that forward ran (the devices hold its saved values, nothing else's)."""
+    last = _LAST_FORWARD.get(cluster)
+    if last is None:
+        raise UsageError("run_backward has no forward to go back through on this cluster: call run_forward first "
+                         "(each forward is gone back through once)")
+    if last != _program(layer):
+        raise UsageError(f"run_backward({_program(layer)}) after a forward of {last}: the devices hold that "
+                         "forward's saved values; run the forward of this layer first")
     check_layer("run_backward", layer, in_shapes, np.shape(dy), cluster.mesh)
+    del _LAST_FORWARD[cluster]  # the devices drop it below, whatever happens
     place(cluster, [dy], [layer.output_layout()], [_DY])
     per_device, phase = _measure(cluster, _backward_on_device)
     grads, pieces = [], []

@@ -23,7 +23,7 @@ from .ffn import FFN_POLICIES, FeedForward, FeedForwardShardingPolicy
 from .layout import format_layout
 from .matmul import MATMUL_POLICIES, MatMul, MatMulShardingPolicy
 
-__all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "build_op", "reference", "TOLERANCE"]
+__all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "estimate_hardware", "build_op", "reference", "TOLERANCE"]
 
 #: max |error| / max |reference| allowed per dtype ("correct?" in the table)
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -48,14 +48,32 @@ class PolicyRow:
     error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-safe fields: a policy that cannot apply (``error``) has ``correct`` and
+        ``rel_error`` null — not false and NaN, which is no JSON at all."""
         d = asdict(self)
         d["collectives"] = list(self.collectives)
+        if self.error:
+            d["correct"] = d["rel_error"] = None
         return d
+
+
+def estimate_hardware(hardware: Any) -> Any:
+    """The :class:`~virtualpar.sim.Hardware` the estimates model: ``hardware`` itself, a preset by
+    name, or for ``None`` (a cluster started without ``hardware=``, whose default links are
+    NVLink-class between H100-class devices) the ``"h100-node"`` preset's figures."""
+    from ..errors import UsageError
+    from ..sim.hardware import get_hardware
+
+    try:
+        return get_hardware("h100-node" if hardware is None else hardware)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def modelled_estimate(phase: PhaseCost, mesh: Any, hardware: Any, dtype: Any) -> float:
     """Σ over collectives of steps·α + bytes sent/β (ring: 2(n−1) steps for all_reduce, n−1 else)
     plus FLOPs / peak: compute-bound kernels, no overlap of communication and compute."""
+    hardware = estimate_hardware(hardware)
     a, b = hardware.intra_latency, hardware.intra_bandwidth
     total = phase.flops / hardware.device.peak(dtype)
     for c in phase.collectives:
