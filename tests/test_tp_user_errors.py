@@ -127,3 +127,21 @@ def test_layouts_and_calls_that_are_wrong_say_so(cluster):
         np.testing.assert_allclose(db, a.T @ dc, rtol=1e-12)
         with pytest.raises(UsageError, match="call run_forward first"):  # each forward is gone back through once
             run_backward(fresh, inner, dc, [(4, 4), (4, 4)])
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda m3, m2: MatMulShardingPolicy.named("outer", m3, m="y"),
+     r"policy 'outer' with k=y\+z, m=y shards A \[S\(y\), S\(y,z\)\]: mesh axis 'y' used twice"),
+    (lambda m3, m2: FeedForwardShardingPolicy.named("sequence_parallel", m2, t="q"),
+     r"role t=\('q',\) names unknown mesh axes \['q'\]; the mesh has axes \('x', 'y'\)"),
+    (lambda m3, m2: FeedForwardShardingPolicy.named("gspmd", m2, x="y"), "shards x .*: mesh axis 'y' used twice"),
+    (lambda m3, m2: MatMulShardingPolicy.named("unmatched_inner", m2, ka=("x", "y"), kb=("y", "x")),
+     "both sharded over"),  # one sharding in mesh order: matched_inner's, not a different one
+])
+def test_named_policies_are_checked_when_made(make, said):
+    """These were accepted, and refused (or, for unmatched_inner, run as a needlessly gathering
+    program) only when they first ran."""
+    with pytest.raises(ShardingError, match=said):
+        make(Mesh({"x": 2, "y": 2, "z": 2}), MESH)
+    assert str(MatMulShardingPolicy.named("matched_inner", MESH, k=("y", "x"))) == \
+        str(MatMulShardingPolicy.named("matched_inner", MESH, k=("x", "y")))

@@ -80,6 +80,31 @@ def check_layout(name: str, layout: Layout, shape: Sequence[int], mesh: Any) -> 
                                 f"(size {n}): {shape[dim]} is not divisible by {n}", tensor=name, dim=dim, axes=axes)
 
 
+def check_roles(policy: str, roles: dict[str, tuple[str, ...]], mesh: Any, build: Any,
+                labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """A named policy's roles, checked when it is made rather than when it first runs: every axis
+    a mesh axis, none twice in a role, and no tensor sharded over one axis twice (``outer`` with
+    m="y" and the default k on a 3-axis mesh gave A[S(y), S(y,z)]).  Each role's axes come back
+    in mesh order — the order a layout shards in, so (y, x) and (x, y) are one program."""
+    names = tuple(mesh.axis_names)
+    out = {}
+    for role, axes in roles.items():
+        bad = [a for a in axes if a not in names]
+        if bad or len(set(axes)) != len(axes):
+            what = f"unknown mesh axes {bad}" if bad else "an axis twice"
+            raise ShardingError(f"policy {policy!r}: role {role}={axes} names {what}; the mesh has axes {names}",
+                                policy=policy)
+        out[role] = tuple(a for a in names if a in axes)
+    for label, lay in zip(labels, build(out)):
+        used = [a for dim in lay for a in dim]
+        twice = [a for a in names if used.count(a) > 1]
+        if twice:
+            given = ", ".join(f"{k}={'+'.join(v)}" for k, v in sorted(out.items()))
+            raise ShardingError(f"policy {policy!r} with {given} shards {label} {format_layout(lay)}: mesh axis "
+                                f"{twice[0]!r} used twice; give its roles disjoint axes", policy=policy)
+    return out
+
+
 def check_layer(what: str, layer: Any, in_shapes: Sequence[Sequence[int]], out_shape: Sequence[int] | None,
                 mesh: Any) -> None:
     """Refuse to run ``layer`` (``input_layouts()``, ``output_layout()``) on shapes its layouts do

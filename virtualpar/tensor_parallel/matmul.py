@@ -45,7 +45,7 @@ from typing import Any, Callable
 from ..errors import ShardingError
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
-from .layout import Layout, axes_size, check_layout, format_layout
+from .layout import Layout, axes_size, check_layout, check_roles, format_layout
 
 __all__ = ["MatMulShardingPolicy", "MATMUL_POLICIES", "infer_matmul_policy"]
 
@@ -124,6 +124,7 @@ class MatMulShardingPolicy:
         for role in needed:
             if not full.get(role):
                 raise ShardingError(f"policy {name!r}: role {role!r} needs at least one mesh axis, got {full.get(role)!r}")
+        full = check_roles(name, full, mesh, MATMUL_POLICIES[name][2], ("A", "B", "C"))
         if name == "unmatched_inner" and full["ka"] == full["kb"]:
             raise ShardingError(f"unmatched_inner: A's k and B's k are both sharded over {full['ka']}; "
                                 "expected different axes (same axes: use matched_inner)", policy=name)
