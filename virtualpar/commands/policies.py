@@ -63,7 +63,7 @@ def _policies(args: argparse.Namespace) -> int:
         what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
         which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
         print(f"# {what} = {args.shape}, {args.dtype}, mesh {args.mesh}, hardware {args.hardware}; {which}; "
-              "one execute each, weights resident; per device: the most any device sent, computed or "
+              "each measured on its second execute, weights resident; per device: the most any device sent, computed or "
               "held; host columns: all devices together; n/a: the policy cannot apply (why: below)")
         print(format_rows(rows))
     return 0 if all(r.correct for r in rows if not r.error) else 1
