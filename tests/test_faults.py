@@ -650,6 +650,16 @@ def test_a_fault_its_run_never_reaches_fails_that_run_not_a_later_one():
 
 # -- host <-> device channel ------------------------------------------------------------------------
 
+def test_host_channel_keys_are_names():
+    """put(0, ["x"], 1) failed on the device as "unhashable type" in virtualpar code."""
+    with cluster(2) as c:
+        for call in (lambda: c.put(0, ["x"], 1), lambda: c.put(0, 5, 1, block=False), lambda: c.get(1, ("k",))):
+            with pytest.raises(UsageError, match=r"cluster\.(put|get): key must be a str \(a name in dev\.state\)"):
+                call()
+        c.put(0, "x", 1)
+        assert c.get(0, "x") == 1
+
+
 def test_put_get_survive_errors():
     with cluster(2) as c:
         with raises_within(UsageError) as info:  # the caller's mistake, named as such

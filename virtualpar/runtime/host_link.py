@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import P2PTimeout, VirtualParError
+from ..errors import P2PTimeout, UsageError, VirtualParError
 from .config import TAG_HOST
 from .control import ClusterControl
 from .supervisor import unpack_error
@@ -37,6 +37,7 @@ def put(ctl: ClusterControl, rank: int, key: str, x: Any, block: bool = True) ->
     """Place ``x`` in ``device.state[key]`` of device ``rank``.  ``block=False``: if the host's half
     is done at once (``x`` fits in the host's ring), post the command and return; its reply is read
     with the next reply from ``rank`` (``ClusterControl.post``)."""
+    _check_key("put", key)
     req = ctl.host.isend(x, rank, TAG_HOST)  # an unpicklable x fails here, before the device is involved
     if not block and req.done:
         ctl.post(rank, ("put", key), f"put {key!r}")
@@ -44,8 +45,15 @@ def put(ctl: ClusterControl, rank: int, key: str, x: Any, block: bool = True) ->
     _transfer(ctl, rank, ("put", key), lambda: req.done, "put")
 
 
+def _check_key(what: str, key: Any) -> None:
+    """``dev.state`` is keyed by name: a list failed on the device as 'unhashable type'."""
+    if not isinstance(key, str):
+        raise UsageError(f"cluster.{what}: key must be a str (a name in dev.state), got {key!r}")
+
+
 def get(ctl: ClusterControl, rank: int, key: str) -> Any:
     """``device.state[key]`` of device ``rank``."""
+    _check_key("get", key)
     req = ctl.host.irecv(rank, TAG_HOST)
     _transfer(ctl, rank, ("get", key), lambda: req.done, "get")
     return req.wait(0.0)

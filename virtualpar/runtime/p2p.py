@@ -57,7 +57,8 @@ class PointToPoint:
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
         """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given);
-        ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message (the request's
+        ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message this device has
+        taken in from its channels (not necessarily the earliest sent, as MPI allows; the request's
         ``status`` then says who sent it, with which tag)."""
         src, tag = _plain(src), _plain(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
@@ -97,7 +98,8 @@ class PointToPoint:
         """Receive the next message from device ``src`` with ``tag``; FIFO per (src, tag).
 
         The same op as ``irecv(src, tag, out).wait()``, without the handle.  ``src=ANY_SOURCE`` /
-        ``tag=ANY_TAG`` take the earliest message that matches; pass a :class:`Status` to learn
+        ``tag=ANY_TAG`` take the earliest message that matches of those taken in from the channels
+        (MPI does not order sources either); pass a :class:`Status` to learn
         its source, tag and size."""
         src, tag = _plain(src), _plain(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
