@@ -200,3 +200,17 @@ def test_xdist_workers_do_not_cross_talk(tester):
     _file(tester, PASSING.replace("def test_", "def test_b_"), "test_b")
     result = _run(tester, "-n", "2", "--vp-timeout", "7.5")
     result.assert_outcomes(passed=10)
+
+
+def test_a_cluster_marker_on_a_test_without_the_fixture_is_an_error(tester):
+    """It was ignored: the test ran with no cluster, whatever the marker asked for."""
+    _file(tester, """
+import pytest
+
+@pytest.mark.cluster(mesh=4)
+def test_forgot_the_argument():
+    pass
+""")
+    result = _run(tester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.cluster configures the `cluster` fixture, which this test does not take*"])

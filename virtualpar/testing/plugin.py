@@ -114,6 +114,9 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> bool | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: Any) -> Any:
+    if item.get_closest_marker("cluster") is not None and "cluster" not in getattr(item, "fixturenames", ()):
+        raise UsageError(f"{item.nodeid}: @pytest.mark.cluster configures the `cluster` fixture, which this test "
+                         "does not take (add a `cluster` argument), so no cluster would start")
     check = not item.config.getoption("vp_no_leak_check")
     if check:
         item.stash[_BEFORE] = Snapshot.take()
