@@ -220,6 +220,25 @@ def test_exit_reaps_every_process_and_closes_the_cluster():
         c.run(_device_fns.ring_pass)
 
 
+def test_a_cluster_dropped_without_close_is_closed_with_a_warning():
+    """Its devices lived on until the driver exited (a notebook re-running a cell piled them up)."""
+    import gc
+    import warnings
+
+    from virtualpar.testing.leaks import process_alive
+
+    c = VirtualCluster(2, timeout=TIMEOUT)
+    pids = list(c.pids)
+    assert c.run(_device_fns.ring_pass) == [10, 0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del c
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) and "was never closed; closing it now" in str(w.message)
+               for w in caught)
+    assert not any(process_alive(p) for p in pids)
+
+
 def _blas_threads(dev):
     from threadpoolctl import threadpool_info
 

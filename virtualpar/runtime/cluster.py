@@ -22,8 +22,8 @@ This module is the public API; the mechanism lives in one module per concept:
 
 from __future__ import annotations
 
-import logging
 import time
+import weakref
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -43,7 +43,6 @@ from .worker import device_main
 
 __all__ = ["VirtualCluster", "START_METHODS"]
 
-log = logging.getLogger(__name__)
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
@@ -159,6 +158,7 @@ class VirtualCluster:
             self._arena.close()  # start_devices already reaped whatever it started
             raise
         self._ctl = ClusterControl(self.mesh, self.config, self.layout, self._arena, sup, doorbells)
+        weakref.finalize(self, self._ctl.collected, f"VirtualCluster({self.mesh})")  # dropped unclosed: close it
         if detect_deadlocks:
             from .deadlock import DeadlockWatch
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -203,6 +204,15 @@ class ClusterControl:
         self.fatal = reason
         self.closed = True
         self.shutdown()
+
+    def collected(self, name: str) -> None:
+        """The cluster was garbage-collected, or the interpreter exits, while still open: its devices
+        would live on until the driver exits, so warn (a ``ResourceWarning``, as for an unclosed
+        file) and close it."""
+        if not self.closed:
+            warnings.warn(f"{name} was never closed; closing it now (use `with VirtualCluster(...)` or "
+                          "call close())", ResourceWarning, stacklevel=2)
+            self.close()
 
     def close(self) -> None:
         """Ask every device to leave its loop, give them ``_CLOSE_WAIT`` s, then shut down.  Idempotent."""
