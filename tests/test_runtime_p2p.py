@@ -540,3 +540,20 @@ def test_messages_to_oneself_match_as_messages_from_a_peer():
         with pytest.raises(UsageError, match=r"recv from itself \(tag 6\) at op #\d+ has no message"):
             cluster.run(lambda dev: dev.irecv(dev.rank, 6).wait())
         assert cluster.run(lambda dev: dev.rank) == [0, 1]  # the withdrawn receives took nothing with them
+
+
+def _isend_and_return(dev, n):
+    if dev.rank == 0:
+        dev.isend(np.ones(n), 1)  # never waited on
+        return None
+    return float(dev.recv(0)[0])
+
+
+def test_an_isend_never_waited_on_says_so():
+    """A large one cannot finish once its sender returned; the report said only 'bytes still being sent'."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        assert c.run(_isend_and_return, 10) == [None, 1.0]  # a small one is in the ring once posted
+        with pytest.raises(UnmatchedMessages, match=r"device 0 -> device 1, tag 0: 8388608 bytes still being sent: "
+                                                    "an isend not waited on"):
+            c.run(_isend_and_return, 1 << 20)
+        assert c.run(_isend_and_return, 10) == [None, 1.0]

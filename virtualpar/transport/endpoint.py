@@ -275,7 +275,8 @@ class Endpoint(Receiving):
                 out.append((src, self.me, tag, desc + state))
         for dst, q in self._sendq.items():
             for req in q:
-                out.append((self.me, dst, req.tag, f"{req.nbytes} bytes still being sent"))
+                out.append((self.me, dst, req.tag, f"{req.nbytes} bytes still being sent: an isend not waited on "
+                                                   "(its bytes move only while the sender waits or sends)"))
         return out
 
     def reset(self) -> None:
