@@ -82,3 +82,16 @@ def test_an_error_is_blamed_on_the_code_whose_frame_raised_it(monkeypatch):
             c.run(_numpy_error_in_user_code)
         with pytest.raises(DeviceError, match="raised KeyError in user code"):
             c.run(lambda dev: exec("raise KeyError(3)"))  # code from a string is the user's
+
+
+def test_a_failure_report_after_a_deadlock_says_why_its_timeline_is_empty():
+    """It printed "(no events)": nothing of the failed run completed, which looked like a lost trace."""
+    from virtualpar.errors import Deadlock
+    from virtualpar.testing.report import failure_report
+
+    with VirtualCluster(2, timeout=30.0) as c:
+        with pytest.raises(Deadlock) as info:
+            c.run(fns.recv_first)
+        text = failure_report([c], info.value)
+    assert "no op of the failed run completed, as in a deadlock" in text and "(no events)" not in text
+    assert "op #1 recv from 1 tag=0 [failed" in text  # where each device was

@@ -48,7 +48,10 @@ def failure_report(clusters: list[Any], err: BaseException | None, width: int = 
             parts.append(f"{name}: closed after the failure, no timeline")
         else:
             try:
-                parts.append(f"{name}, timeline of the failed run:\n{cluster.trace().to_text(width=width)}")
+                trace = cluster.trace()
+                text = trace.to_text(width=width) if len(trace) else \
+                    "(no op of the failed run completed, as in a deadlock: the flight recorder below shows where each device was)"
+                parts.append(f"{name}, timeline of the failed run:\n{text}")
             except Exception as exc:  # a report must never hide the test's own failure
                 log.info("no timeline for %s: %s", name, exc)
                 parts.append(f"{name}: no timeline ({type(exc).__name__}: {exc})")
