@@ -15,19 +15,26 @@ def mlp():
     return nn.Sequential(*[nn.Linear(8, 8, seed=i, dtype=np.float64) for i in range(4)])
 
 
+def _trains_like_one_process(strategy, W: int, B: int, x: np.ndarray, y: np.ndarray) -> StrategyOperation:
+    """Two steps of ``strategy`` on W devices against nn.reference_train on one process (B
+    microbatches): losses and weights equal; returns the operation."""
+    ref_losses, ref_state = nn.reference_train(mlp(), [(x, y)], nn.mse_loss, nn.SGD(0.1), 2, B)
+    op = StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), strategy, W, B, optimizer=nn.SGD(0.1))
+    with VirtualCluster(W) as cluster:
+        losses = [cluster.execute(op, x, y) for _ in range(2)]
+        state = op.state_dict(cluster)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
+    for k in ref_state:
+        np.testing.assert_allclose(state[k], ref_state[k], rtol=1e-9, atol=1e-14, err_msg=k)
+    return op
+
+
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "gpipe", "looped", "fs_looped"])
 def test_every_lowerable_strategy_trains_like_one_process_with_the_simulated_transfers(name):
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
     W = S = B = 4
-    ref_losses, ref_state = nn.reference_train(mlp(), [(x, y)], nn.mse_loss, nn.SGD(0.1), 2, B)
-    op = StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES[name](W, S, B, 2), W, B, optimizer=nn.SGD(0.1))
-    with VirtualCluster(W) as cluster:
-        losses = [cluster.execute(op, x, y) for _ in range(2)]
-        state = op.state_dict(cluster)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-9)
-    for k in ref_state:
-        np.testing.assert_allclose(state[k], ref_state[k], rtol=1e-9, atol=1e-14, err_msg=k)
+    op = _trains_like_one_process(STRATEGIES[name](W, S, B, 2), W, B, x, y)
     run = op.run
     assert count_transfers(op) == {"activation": run.activation_transmissions, "weight": run.weight_transmissions,
                                    "gradient": run.gradient_transmissions}
@@ -39,16 +46,8 @@ def test_the_loss_is_the_batch_mean_when_workers_end_unequal_numbers_of_batches(
     mean of the workers' means (0.89 where the batch's is 0.96), though the weights were right."""
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((2 * B, 8)), rng.standard_normal((2 * B, 8))
-    ref_losses, ref_state = nn.reference_train(mlp(), [(x, y)], nn.mse_loss, nn.SGD(0.1), 2, B)
     group = {"looped": 1, "fs_looped": 2}.get(name, 2)
-    op = StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES[name](W, 4, B, group), W, B,
-                           optimizer=nn.SGD(0.1))
-    with VirtualCluster(W) as cluster:
-        losses = [cluster.execute(op, x, y) for _ in range(2)]
-        state = op.state_dict(cluster)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
-    for k in ref_state:
-        np.testing.assert_allclose(state[k], ref_state[k], rtol=1e-9, atol=1e-14, err_msg=k)
+    _trains_like_one_process(STRATEGIES[name](W, 4, B, group), W, B, x, y)
 
 
 def test_the_lowered_schedule_is_the_simulated_one():
