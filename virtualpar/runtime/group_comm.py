@@ -46,9 +46,11 @@ class GroupComm:
 
     def isend(self, x: np.ndarray, peer: int) -> Request:
         dst = self._ranks[peer]
+        wall0 = time.monotonic() if self._dev._trace else 0.0  # the send starts before it is posted
         inner, flow = self._dev._post_send(x, dst, TAG_COLLECTIVE)
         self.moved += inner.nbytes
-        return Request(self._dev, inner, "send", dst, TAG_COLLECTIVE, self._deadline, self._on_timeout, None, flow)
+        return Request(self._dev, inner, "send", dst, TAG_COLLECTIVE, self._deadline, self._on_timeout, None, flow,
+                       wall0=wall0)
 
     def irecv(self, peer: int, out: np.ndarray | None = None) -> Request:
         src = self._ranks[peer]

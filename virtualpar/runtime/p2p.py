@@ -51,9 +51,10 @@ class PointToPoint:
                 return SelfSend(tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         slot = self._begin_op(*self._texts.send(x, dst, tag))
-        deadline = time.monotonic() + budget
-        inner, flow = self._post_send_or_fail(x, dst, tag, slot)
-        return Request(self, inner, "send", dst, tag, deadline, None, slot, flow, budget)
+        wall0 = time.monotonic()
+        deadline = wall0 + budget
+        inner, flow = self._post_send_or_fail(x, dst, tag, slot)  # posting a large message takes a while
+        return Request(self, inner, "send", dst, tag, deadline, None, slot, flow, budget, wall0)
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
         """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given);

@@ -44,14 +44,15 @@ class Request:
         slot: int | None = None,
         flow: tuple[int, int, int] | None = None,
         budget: float = 0.0,
+        wall0: float | None = None,
     ) -> None:
         self._dev = dev
         self._inner = inner
         self._kind = kind  # "send" or "recv"
         self._peer = peer
         self._tag = tag
-        if dev._trace:  # only trace events show when an op started
-            self._wall0 = time.monotonic()
+        if dev._trace:  # only trace events show when an op started (a send: before it was posted)
+            self._wall0 = time.monotonic() if wall0 is None else wall0
             self._model0 = dev._clock.now
         else:
             self._wall0 = self._model0 = 0.0
