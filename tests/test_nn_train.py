@@ -160,3 +160,46 @@ def test_float32_models_keep_float32_gradients(make):
     rec = nn.vjp(model, x)
     dx, dp = rec.backward(np.ones((5, 2), np.float32))
     assert dx.dtype == np.float32 and {g.dtype for g in dp.values()} == {np.dtype(np.float32)}
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        self.s, self.unused = np.array(2.0), np.array(3.0)
+
+    def forward(self, x):
+        return x * self.s
+
+
+def test_an_unused_scalar_parameter_gets_a_zero_gradient_not_nan():
+    """autograd's None became np.asarray(None, float64): NaN, which any optimizer step spread."""
+    _, grads = nn.value_and_grad(lambda m, a: nn.mse_loss(m(a), np.zeros(3)), _Scaled(), np.ones(3))
+    assert grads == {"s": 4.0, "unused": 0.0} and grads["unused"].dtype == np.float64
+
+
+def test_adam_counts_steps_per_parameter_as_torch_does():
+    """A parameter first stepped at the optimizer's 4th call got the 4th step's bias correction:
+    -0.058 where torch's first Adam step moves by lr (m̂/√v̂ = g/|g|)."""
+    opt = nn.Adam(0.1)
+    for _ in range(3):
+        opt.step({"a": np.zeros(1)}, {"a": np.ones(1)})
+    got = opt.step({"a": np.zeros(1), "new": np.zeros(1)}, {"a": np.ones(1), "new": np.full(1, 5.0)})
+    np.testing.assert_allclose(got["new"], [-0.1], rtol=1e-7)  # eps 1e-8 against |g| = 5
+    resumed = nn.Adam(0.1)
+    resumed.load_state_dict(opt.state_dict())
+    np.testing.assert_array_equal(resumed.step({"a": np.zeros(1)}, {"a": np.ones(1)})["a"],
+                                  opt.step({"a": np.zeros(1)}, {"a": np.ones(1)})["a"])
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda: nn.SGD(0.1).step({"b": np.zeros(4)}, {"b": np.ones((3, 4))}), r"gradient of 'b' has shape \(3, 4\)"),
+    (lambda: nn.Adam(0.1).step({"w": np.zeros((3, 4))}, {"w": np.ones(4)}), r"the parameter \(3, 4\)"),
+    (lambda: nn.accumulate([{"w": np.ones((2, 3))}, {"w": np.ones(3)}]), "microbatch 1's gradients"),
+    (lambda: nn.accumulate([{"w": np.ones(3)}, {"v": np.ones(3)}]), "do not match microbatch 0's"),  # was KeyError
+    (lambda: nn.SGD(0.1, momentum=-1), "momentum must be >= 0"),
+    (lambda: nn.AdamW(betas=(1.5, 0.9)), r"betas must lie in \[0, 1\)"),
+    (lambda: nn.Adam(eps=-1), "eps must be >= 0"),
+])
+def test_optimizers_refuse_what_torch_refuses(make, said):
+    """A (3, 4) gradient turned a (4,) parameter into a (3, 4) one: numpy broadcast it."""
+    with pytest.raises(UsageError, match=said):
+        make()

@@ -186,7 +186,8 @@ def _cotangent(dy: Any, output: Any) -> Any:
 
 
 def _dense(g: Any, like: Any) -> np.ndarray:
-    """autograd gives 0 (a float) for inputs the output does not depend on: make it an array."""
-    if np.ndim(g) == 0 and np.ndim(like) != 0:
+    """autograd gives 0 (a float) or None for inputs the output does not depend on: make it an
+    array of zeros (None as a 0-d float64 array was NaN: an unused scalar parameter's gradient)."""
+    if g is None or (np.ndim(g) == 0 and np.ndim(like) != 0):
         return np.zeros(np.shape(like), dtype=getattr(like, "dtype", np.float64))
     return np.asarray(g, dtype=getattr(like, "dtype", None))

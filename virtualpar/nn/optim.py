@@ -39,8 +39,16 @@ class Optimizer:
         missing = [k for k in params if k not in grads]
         if missing:
             raise UsageError(f"{type(self).__name__}.step: no gradient for {missing}")
+        out = {}
+        for k, p in params.items():
+            p = np.asarray(p)
+            g = np.asarray(grads[k], dtype=p.dtype)
+            if g.shape != p.shape:  # numpy would broadcast, and the parameter would change shape
+                raise UsageError(f"{type(self).__name__}.step: the gradient of {k!r} has shape {g.shape}, the "
+                                 f"parameter {p.shape}")
+            out[k] = (k, p, g)
         self.t += 1
-        return {k: self._update(k, np.asarray(p), np.asarray(grads[k], dtype=np.asarray(p).dtype)) for k, p in params.items()}
+        return {k: self._update(*args) for k, args in out.items()}
 
     def _update(self, name: str, p: np.ndarray, g: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -53,9 +61,16 @@ class Optimizer:
         self.state = {k: {s: np.array(v, copy=True) for s, v in st.items()} for k, st in d["state"].items()}
 
 
+def _at_least_zero(opt: str, **values: float) -> None:
+    for name, v in values.items():
+        if not v >= 0:
+            raise UsageError(f"{opt}: {name} must be >= 0, got {v!r}")
+
+
 class SGD(Optimizer):
     def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
         super().__init__(lr)
+        _at_least_zero("SGD", momentum=momentum, weight_decay=weight_decay)
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)
 
     def _update(self, name: str, p: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -76,6 +91,10 @@ class Adam(Optimizer):
                  weight_decay: float = 0.0) -> None:
         super().__init__(lr)
         self.beta1, self.beta2 = map(float, betas)
+        name = type(self).__name__
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise UsageError(f"{name}: betas must lie in [0, 1), got {tuple(betas)!r}")
+        _at_least_zero(name, eps=eps, weight_decay=weight_decay)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
 
     def _update(self, name: str, p: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -83,11 +102,15 @@ class Adam(Optimizer):
             p = p * (1.0 - self.lr * self.weight_decay)
         elif self.weight_decay:
             g = g + self.weight_decay * p
-        st = self.state.setdefault(name, {"m": np.zeros_like(p), "v": np.zeros_like(p)})
+        st = self.state.setdefault(name, {"m": np.zeros_like(p), "v": np.zeros_like(p), "step": np.array(0)})
+        # steps of this parameter, as torch counts them: one first stepped later (a layer unfrozen)
+        # gets its first step's bias correction, not the optimizer's count of calls (a state saved
+        # before steps were counted per parameter has the optimizer's)
+        t = st["step"] = np.array(int(st.get("step", self.t - 1)) + 1)
         st["m"] = self.beta1 * st["m"] + (1.0 - self.beta1) * g
         st["v"] = self.beta2 * st["v"] + (1.0 - self.beta2) * g * g
-        m_hat = st["m"] / (1.0 - self.beta1 ** self.t)
-        v_hat = st["v"] / (1.0 - self.beta2 ** self.t)
+        m_hat = st["m"] / (1.0 - self.beta1 ** int(t))
+        v_hat = st["v"] / (1.0 - self.beta2 ** int(t))
         return (p - self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(p.dtype)
 
 
@@ -116,7 +139,11 @@ def accumulate(grads: list[dict[str, np.ndarray]], mode: str = "mean") -> dict[s
     if not grads:
         raise UsageError("accumulate: no gradients to combine")
     out = {k: np.array(v, copy=True) for k, v in grads[0].items()}
-    for g in grads[1:]:
+    for i, g in enumerate(grads[1:], 1):
+        if set(g) != set(out) or any(np.shape(g[k]) != out[k].shape for k in out):  # numpy would broadcast
+            shapes = lambda d: {k: np.shape(v) for k, v in d.items()}  # noqa: E731
+            raise UsageError(f"accumulate: microbatch {i}'s gradients {shapes(g)} do not match microbatch 0's "
+                             f"{shapes(out)}")
         for k in out:
             out[k] += g[k]
     if mode == "mean":
