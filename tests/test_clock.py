@@ -356,3 +356,16 @@ def test_the_tree_row_taken_backwards_equals_the_forward_replay_of_every_unit_ve
             finite = np.isfinite(forward)
             assert np.array_equal(finite, np.isfinite(backward))
             np.testing.assert_allclose(backward[finite], forward[finite], rtol=1e-13, atol=0)
+
+
+def test_compute_refuses_what_is_not_an_amount_of_work():
+    """bytes=nan was refused as 'nbytes' (a name the caller never wrote); flops='1e9' was accepted."""
+    from virtualpar import VirtualCluster
+
+    with VirtualCluster(2) as c:
+        for kw, said in ((dict(bytes=float("nan")), "bytes must be a number >= 0, got nan"),
+                         (dict(flops="1e9"), "flops must be a number >= 0, got '1e9'"),
+                         (dict(flops=True), "flops must be a number >= 0, got True")):
+            with pytest.raises(UsageError, match=said):
+                c.run(lambda d, kw=kw: d.compute(**kw))
+        assert c.run(lambda d: d.compute(flops=np.float32(0), bytes=0)) == [0.0, 0.0]

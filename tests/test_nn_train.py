@@ -203,3 +203,10 @@ def test_optimizers_refuse_what_torch_refuses(make, said):
     """A (3, 4) gradient turned a (4,) parameter into a (3, 4) one: numpy broadcast it."""
     with pytest.raises(UsageError, match=said):
         make()
+
+
+def test_dtype_errors_say_what_fixes_them():
+    with pytest.raises(nn.ShapeError, match="got int64; cast the input to float32$"):  # not ".astype(int64)"
+        nn.Linear(4, 3)(np.ones((2, 4), int))
+    with pytest.raises(nn.ShapeError, match="expected h0 of dtype float32.*got float64"):  # float64 states came out
+        nn.GRU(3, 4)(np.ones((2, 5, 3), np.float32), np.zeros((1, 2, 4)))

@@ -156,5 +156,7 @@ def check_input(layer: Module, x: Any, last_dim: int | None, what: str = "input"
         raise ShapeError(f"{layer!r}: expected {what} of shape (..., {last_dim}), got shape {tuple(shape)}")
     own = layer.dtype
     if dtype is not None and own is not None and dtype != own and np.dtype(dtype) != own:
-        raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's parameters), got {np.dtype(dtype)}; "
-                         f"cast the input or call .astype({np.dtype(dtype)}) on the model")
+        got = np.dtype(dtype)
+        fix = f"cast the {what} or call .astype({got}) on the model" if got in (np.float32, np.float64) else \
+            f"cast the {what} to {own}"  # a model's parameters are float32 or float64, never int
+        raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's parameters), got {got}; {fix}")

@@ -68,6 +68,8 @@ class _Recurrent(Module):
         want = (self.num_layers, n, self.hidden_size)
         if h0 is not None and tuple(np.shape(h0)) != want:
             raise ShapeError(f"{self!r}: expected h0 of shape {want} (layers, N, hidden), got {tuple(np.shape(h0))}")
+        if h0 is not None:  # a float64 h0 made a float32 model's outputs and states float64
+            check_input(self, h0, self.hidden_size, what="h0")
         finals = []
         seq = [x[:, t, :] for t in range(length)]
         for k, cell in enumerate(self.layers):

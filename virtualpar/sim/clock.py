@@ -97,6 +97,9 @@ class DeviceClock:
     # -- compute --------------------------------------------------------------------------------------
     def compute(self, flops: float = 0.0, nbytes: float = 0.0, dtype: Any = "float32") -> tuple[float, float]:
         """Run a kernel of ``flops`` FLOPs touching ``nbytes`` bytes; returns its modelled ``(start, end)``."""
+        for what, v in (("flops", flops), ("bytes", nbytes)):  # the names dev.compute(...) takes
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0:
+                raise UsageError(f"compute on rank {self.rank}: {what} must be a number >= 0, got {v!r}", rank=self.rank)
         start = self.now
         self.now = start + self.device.compute_time(flops, nbytes, dtype)
         return start, self.now
