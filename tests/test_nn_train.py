@@ -210,3 +210,13 @@ def test_dtype_errors_say_what_fixes_them():
         nn.Linear(4, 3)(np.ones((2, 4), int))
     with pytest.raises(nn.ShapeError, match="expected h0 of dtype float32.*got float64"):  # float64 states came out
         nn.GRU(3, 4)(np.ones((2, 5, 3), np.float32), np.zeros((1, 2, 4)))
+
+
+def test_a_masked_rows_label_may_be_a_placeholder():
+    """torch-style -100 under the mask was refused as a label outside 0..C-1."""
+    logits = np.random.default_rng(0).standard_normal((4, 3))
+    mask = np.array([1, 1, 0, 1], bool)
+    want = float(np.mean([-(logits[i, c] - np.log(np.exp(logits[i]).sum())) for i, c in ((0, 0), (1, 2), (3, 1))]))
+    assert nn.cross_entropy(logits, np.array([0, 2, -100, 1]), mask=mask) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(UsageError, match=r"labels must lie in 0..2, got -100..2"):
+        nn.cross_entropy(logits, np.array([0, 2, -100, 1]))  # unmasked, it is read

@@ -49,6 +49,8 @@ defvjp(_mse, _mse_grad(1.0), _mse_grad(-1.0))
 
 
 def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
+    """Mean over the unmasked rows of −log softmax(logits)[label]; a masked row's label is never
+    read, so it may be any placeholder (torch's ignore_index −100)."""
     labels = np.asarray(labels)
     shape = np.shape(logits)
     if labels.dtype.kind not in "iu":
@@ -56,13 +58,14 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     if tuple(labels.shape) != tuple(shape[:-1]):
         raise UsageError(f"cross_entropy: logits of shape {shape} need labels of shape {shape[:-1]}, got {labels.shape}")
     classes = shape[-1]
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise UsageError(f"cross_entropy: labels must lie in 0..{classes - 1}, got {labels.min()}..{labels.max()}")
     flat = anp.reshape(logits, (-1, classes))
     rows = labels.reshape(-1)
     keep = np.ones(rows.shape, bool) if mask is None else np.asarray(mask, bool).reshape(-1)
     if keep.shape != rows.shape:
         raise UsageError(f"cross_entropy: mask must have the labels' shape {labels.shape}, got {np.shape(mask)}")
+    used = rows[keep]  # a masked row's label is never read: any placeholder will do (torch's -100)
+    if used.size and (used.min() < 0 or used.max() >= classes):
+        raise UsageError(f"cross_entropy: labels must lie in 0..{classes - 1}, got {used.min()}..{used.max()}")
     count = int(keep.sum())
     if count == 0:
         return anp.sum(flat) * 0.0
