@@ -150,3 +150,78 @@ def test_virtualpar_mpi_imports_without_touching_mpi4py():
     code = "import sys, virtualpar.mpi; print('mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+MISTAKES = '''
+import numpy as np
+
+def only_dp0(dev):  # valid: only the members of the dp=0 tp group call it
+    if dev.index.dp == 0:
+        return float(dev.all_reduce(np.ones(1) * (dev.rank + 1), group="tp")[0])
+    return None
+
+def mismatch(dev):
+    return dev.all_gather(np.ones(2)) if dev.rank == 0 else dev.all_reduce(np.ones(2))
+
+def skipped(dev):
+    if dev.rank != 0:
+        dev.all_reduce(np.ones(2))
+
+def never_sent(dev):
+    if dev.rank == 0:
+        dev.recv(1, tag=77)
+
+def both_send_large(dev):  # buffered on the emulator; under MPI a large send waits for its receive
+    dev.send(np.ones(1 << 20), dev.rank ^ 1)
+    return float(dev.recv(dev.rank ^ 1)[0])
+
+def unpicklable(dev):
+    import threading
+    return threading.Lock() if dev.rank == 1 else 1
+
+def polled(dev):
+    import time
+    if dev.rank == 0:
+        req, t0 = dev.irecv(1), time.monotonic()
+        while not req.test():
+            if time.monotonic() - t0 > 30:
+                return "test() never became True"
+        return float(req.wait()[0])
+    if dev.rank == 1:
+        dev.send(np.full(1, 3.0), 0)
+    return None
+'''
+
+
+@pytest.mark.parametrize("fn, said", [
+    ("mismatch", r"CollectiveMismatch: device \d .*called different collectives: device 0: all_gather"),
+    ("skipped", r"CollectiveTimeout: device [123] .*all_reduce\(float64\[2\], sum\) on group \(0, 1, 2, 3\) did "
+                r"not complete within 2 s"),
+    ("never_sent", r"P2PTimeout: device 0 .*recv from device 1 \(tag 77\) did not complete within 2 s"),
+    ("both_send_large", r"P2PTimeout: device [0-3] .*send to device [0-3] \(tag 0\) did not complete within 2 s"),
+    ("unpicklable", r"cannot pickle '_thread.lock' object"),
+])
+def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said):
+    """Each of these hung under mpiexec until killed (a job's timeout) — plain MPI waits forever —
+    or, for the mismatch, ended in MPICH's own abort or a wrong answer; the emulator names them."""
+    script = tmp_path / "mistakes.py"
+    script.write_text(MISTAKES)
+    before = set(os.listdir("/dev/shm"))
+    out = subprocess.run([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
+                          "--mesh", "dp=2,tp=2", "--timeout", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert re.search(said, out.stderr), out.stderr
+    assert "UnboundLocalError" not in out.stderr  # the aborting rank went on to report a result it had not
+    assert not sorted(set(os.listdir("/dev/shm")) - before)
+
+
+@pytest.mark.parametrize("fn, want", [("only_dp0", ["3.0", "3.0", "None", "None"]), ("polled", ["3.0", "None", "None", "None"])])
+def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, want):
+    """A collective that only its group's members call hung: the group's communicator was split
+    from the world's on first use, which needs every rank; irecv's test() never became True."""
+    script = tmp_path / "ok.py"
+    script.write_text(MISTAKES)
+    out = subprocess.run([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
+                          "--mesh", "dp=2,tp=2", "--timeout", "20"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [line.split(": ", 1)[1].split()[0] for line in _results(out.stdout)] == want

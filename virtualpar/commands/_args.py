@@ -19,6 +19,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """Seconds given on the command line: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
 def parse_mesh(text: str):
     """``dp=2,tp=2`` -> ``Mesh({"dp": 2, "tp": 2})``; argparse reports a malformed value, an axis
     named twice or a size the mesh refuses, with the reason."""

@@ -19,7 +19,7 @@ import re
 import sys
 import traceback
 
-from ._args import output_file, parse_mesh, positive_int
+from ._args import output_file, parse_mesh, positive_float, positive_int
 
 __all__ = ["register"]
 
@@ -95,7 +95,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
         return 2
     mesh = Mesh({"world": args.n})
     try:
-        with VirtualCluster(mesh, hardware=_hardware(args, args.n)) as cluster:
+        with VirtualCluster(mesh, hardware=_hardware(args, args.n), timeout=args.timeout) as cluster:
             outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
             for out, err, _ in outputs:
                 sys.stdout.write(out)
@@ -133,15 +133,15 @@ def _run_under_mpiexec(args: argparse.Namespace) -> int:
 
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": MPI.COMM_WORLD.Get_size()})
-    dev = MPIDevice(mesh, hardware=_hardware(args, mesh.size))
+    dev = MPIDevice(mesh, hardware=_hardware(args, mesh.size), timeout=args.timeout)
     try:
-        result = fn(dev)
+        got = collect(dev, fn(dev))  # an unpicklable result fails in collect: abort then too, or rank 0 waits
     except BaseException:  # the other ranks would wait for this one forever: abort the job, saying who
         print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
         _unlink_job_segments()
         MPI.COMM_WORLD.Abort(1)
-    got = collect(dev, result)
+        return 1  # (Abort may return before the launcher kills this rank: nothing more to do here)
     if got is not None:
         _print(mesh, got["results"], got["clocks"], got["stats"], got["trace"], args)
     return 0
@@ -187,6 +187,7 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--hardware", default=args.hardware)
         late.add_argument("--stats", action="store_true", default=args.stats)
         late.add_argument("--trace", type=output_file, default=args.trace)
+        late.add_argument("--timeout", type=positive_float, default=args.timeout)
         late.parse_args(args.script_args, namespace=args)
     if any(v in os.environ for v in _MPI_ENV):
         return _run_under_mpiexec(args)
@@ -194,7 +195,7 @@ def _run(args: argparse.Namespace) -> int:
 
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n})
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size)) as cluster:
+    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), timeout=args.timeout) as cluster:
         results = cluster.run(fn)
         _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
     return 0
@@ -210,6 +211,8 @@ def register(sub) -> None:
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
     p.add_argument("--trace", metavar="FILE.json", type=output_file, default=None, help="write every device's events as a Chrome trace")
+    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
+                   help="seconds any one op may wait (default 60), emulated or under mpiexec: then a named error")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"

@@ -25,6 +25,7 @@ With ``algorithm=`` the messages themselves carry the modelled time, exactly as 
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Any
 
 import numpy as np
@@ -32,10 +33,30 @@ import numpy as np
 from ..collectives.ops import REDUCE_OPS, check_op
 from ..collectives.registry import ALGORITHMS
 from ..collectives.shm import RING_MIN_BYTES, split_bounds
-from ..errors import UsageError
+from ..errors import CollectiveMismatch, CollectiveTimeout, UsageError
 from .comm import MPIComm
+from .waiting import wait_for
 
 __all__ = ["MPICollectives"]
+
+_PIECES = {"all_gather": 1, "gather": 2, "all_to_all": 1}  # the position of the dim whose size may differ
+
+
+def _describe(name: str, ours: tuple, algorithm: str | None) -> str:
+    """The call as its members must agree on it: the input's dtype and shape (but a dim along
+    which pieces may differ, and the root's payload only), and every parameter."""
+    parts = []
+    for i, a in enumerate(ours):
+        if i == 0 and name in ("broadcast", "scatter"):
+            continue  # only the root's counts
+        if isinstance(a, np.ndarray):
+            shape = list(a.shape)
+            dim = ours[_PIECES[name]] if name in _PIECES else None
+            if dim is not None and -len(shape) <= dim < len(shape):
+                shape[dim] = "*"
+            a = f"{a.dtype}{shape}"
+        parts.append(str(a))
+    return f"{name}({', '.join(parts)}{'' if algorithm is None else f', algorithm={algorithm}'})"
 
 _STEPS = {"all_gather": "ring", "reduce_scatter": "ring", "broadcast": "tree", "reduce": "tree",
           "gather": "direct", "scatter": "direct", "all_to_all": "direct"}
@@ -57,16 +78,41 @@ class MPICollectives:
         finally:
             comm.flush()
 
+    def _enter(self, name: str, group: Any, ranks: tuple[int, ...], ours: tuple, algorithm: str | None,
+               timeout: float | None) -> list[float]:
+        """Every member's entry clock, exchanged with a 32-bit digest of its call (a non-blocking
+        allgather, waited on with a deadline): members calling different collectives raise
+        ``CollectiveMismatch`` naming each call, and one that never comes ``CollectiveTimeout`` —
+        under plain MPI both wait forever."""
+        if len(ranks) == 1:
+            return [self._clock.now]
+        call = _describe(name, ours, algorithm)
+        mine = np.array([self._clock.now, 0.0])
+        mine[1:].view(np.int64)[0] = zlib.crc32(call.encode())
+        got = np.empty((len(ranks), 2))
+        req = self._comm(group).Iallgather(mine, got)
+        budget, deadline = self._deadline(timeout)
+        wait_for(req.Test, deadline, lambda: CollectiveTimeout(
+            f"{self.name}: {call} on group {ranks} did not complete within {budget:g} s: a member of the group has "
+            "not entered it (under MPI the others cannot be read; on the emulator the error names them)",
+            rank=self.rank, op=name))
+        digests = got[:, 1].copy().view(np.int64)
+        if (digests != digests[0]).any():
+            calls = self._comm(group).allgather(call)  # every member got here: this cannot hang
+            raise CollectiveMismatch(f"{self.name}: the devices of group {ranks} called different collectives: "
+                                     + "; ".join(f"device {r}: {c}" for r, c in zip(ranks, calls)), rank=self.rank)
+        return got[:, 0].tolist()
+
     def _collective(self, name: str, group: Any, algorithm: str | None, native: Any, ours: tuple,
-                    nbytes: Any, itemsize: int = 1) -> Any:
+                    nbytes: Any, itemsize: int = 1, timeout: float | None = None) -> Any:
         """Run one collective (``native()`` or our ``algorithm`` on ``ours``), time it on both clocks
         and record it; ``nbytes(result)`` gives the per-member size the modelled charge uses."""
         ranks = self.group(group)
         wall0, model0 = self.wall, self._clock.now
+        entry = self._enter(name, group, ranks, ours, algorithm, timeout)
         if algorithm is not None:
             result = self._ours(name, algorithm, group, *ours)
         else:
-            entry = self._comm(group).allgather(self._clock.now) if len(ranks) > 1 else [self._clock.now]
             result = native()
             self._charge(name, ranks, entry, nbytes(result), itemsize)
         self._record("collective", name, wall0, model0, nbytes(result), group=ranks)
@@ -107,15 +153,17 @@ class MPICollectives:
             return out / len(self.group(group)) if op == "avg" else out
 
         return self._collective("all_reduce", group, algorithm, native, (x, op), lambda _: x.nbytes,
-                                x.itemsize)
+                                x.itemsize, timeout=timeout)
 
     def all_gather(self, x: np.ndarray, dim: int = 0, group: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> np.ndarray:
         native = lambda: np.concatenate(self._comm(group).allgather(np.asarray(x)), axis=dim)  # noqa: E731
-        return self._collective("all_gather", group, algorithm, native, (x, dim), lambda _: np.asarray(x).nbytes)
+        return self._collective("all_gather", group, algorithm, native, (x, dim), lambda _: np.asarray(x).nbytes,
+                                timeout=timeout)
 
     def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Any = None,
                        algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+        check_op(op, np.asarray(x).dtype)  # an unknown op was a KeyError; avg on integers a float result
         def native() -> np.ndarray:
             x_ = np.ascontiguousarray(x)
             full = np.empty_like(x_)
@@ -124,25 +172,28 @@ class MPICollectives:
             return np.array_split(full, len(self.group(group)), axis=dim)[self.group_rank(group)]
 
         return self._collective("reduce_scatter", group, algorithm, native, (x, dim, op),
-                                lambda _: np.asarray(x).nbytes)
+                                lambda _: np.asarray(x).nbytes, timeout=timeout)
 
     def broadcast(self, x: Any, root: int = 0, group: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> np.ndarray:
         native = lambda: self._comm(group).bcast(x, root=root)  # noqa: E731
-        return self._collective("broadcast", group, algorithm, native, (x, root), lambda out: np.asarray(out).nbytes)
+        return self._collective("broadcast", group, algorithm, native, (x, root), lambda out: np.asarray(out).nbytes,
+                                timeout=timeout)
 
     def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Any = None, algorithm: str | None = None,
                timeout: float | None = None) -> np.ndarray | None:
+        check_op(op, np.asarray(x).dtype)
         def native() -> np.ndarray | None:
             parts = self._comm(group).gather(np.asarray(x), root=root)
             if parts is None:
                 return None
             acc = np.array(parts[0], copy=True)
-            for p in parts[1:]:  # left to right in group order, as the emulator's tree leaves the bits
+            for p in parts[1:]:  # left to right in group order (the emulator's tree may differ in the last bit)
                 REDUCE_OPS["sum" if op == "avg" else op].ufunc(acc, p, out=acc)
             return acc / len(parts) if op == "avg" else acc
 
-        return self._collective("reduce", group, algorithm, native, (x, root, op), lambda _: np.asarray(x).nbytes)
+        return self._collective("reduce", group, algorithm, native, (x, root, op), lambda _: np.asarray(x).nbytes,
+                                timeout=timeout)
 
     def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Any = None, algorithm: str | None = None,
                timeout: float | None = None) -> np.ndarray | None:
@@ -150,7 +201,8 @@ class MPICollectives:
             parts = self._comm(group).gather(np.asarray(x), root=root)
             return None if parts is None else np.concatenate(parts, axis=dim)
 
-        return self._collective("gather", group, algorithm, native, (x, root, dim), lambda _: np.asarray(x).nbytes)
+        return self._collective("gather", group, algorithm, native, (x, root, dim), lambda _: np.asarray(x).nbytes,
+                                timeout=timeout)
 
     def scatter(self, x: Any, root: int = 0, dim: int = 0, group: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> np.ndarray:
@@ -161,7 +213,7 @@ class MPICollectives:
             return self._comm(group).scatter(np.array_split(np.asarray(x), n, axis=dim) if mine else None, root=root)
 
         return self._collective("scatter", group, algorithm, native, (x if mine else None, root, dim),
-                                lambda out: out.nbytes * n)
+                                lambda out: out.nbytes * n, timeout=timeout)
 
     def all_to_all(self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, group: Any = None,
                    algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
@@ -172,9 +224,10 @@ class MPICollectives:
             return np.concatenate(got, axis=concat_dim)
 
         return self._collective("all_to_all", group, algorithm, native, (x, split_dim, concat_dim),
-                                lambda _: np.asarray(x).nbytes)
+                                lambda _: np.asarray(x).nbytes, timeout=timeout)
 
     def barrier(self, group: Any = None, algorithm: str | None = None, timeout: float | None = None) -> None:
-        self._collective("barrier", group, algorithm, lambda: self._comm(group).Barrier(), (), lambda _: 0)
+        self._collective("barrier", group, algorithm, lambda: self._comm(group).Barrier(), (), lambda _: 0,
+                         timeout=timeout)
         return None
 

@@ -1,8 +1,11 @@
 """``MPIDevice``: the device protocol over mpi4py, so a ``step(dev)`` written for the emulator runs
 unchanged under ``mpiexec -n N python -m virtualpar run script.py:step --mesh dp=2,tp=4``.
 
-* Mesh axes map to sub-communicators: ``Split`` by the coordinates off the axes, once per group
-  (a second, private ``Dup`` carries virtualpar's own algorithms when ``algorithm=`` names one).
+* Mesh axes map to sub-communicators: ``Split`` by the coordinates off the axes, for every set of
+  axes when the device is made (a second, private ``Dup`` carries virtualpar's own algorithms when
+  ``algorithm=`` names one).
+* Every wait has the op timeout (:mod:`virtualpar.mpi.waiting`), and every collective checks that
+  its members make the same call: under MPI these mistakes would wait forever.
 * Arrays move with buffer calls: a small pickled header (shape, dtype, the departure stamp on the
   modelled clock), then ``Send``/``Isend`` of the array itself; other objects are pickled.
   A blocking send to oneself is posted non-blocking and completed by the matching receive, so a
@@ -19,6 +22,8 @@ Requires mpi4py; importing this module without it raises ImportError with the in
 
 from __future__ import annotations
 
+import itertools
+import pickle
 import time
 from typing import Any
 
@@ -29,10 +34,12 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
     raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
 
+from ..errors import P2PTimeout, UsageError
 from ..runtime.status import ANY_SOURCE, ANY_TAG
 from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
+from .waiting import DEFAULT_TIMEOUT, wait_for
 
 __all__ = ["MPIDevice", "collect"]
 
@@ -40,13 +47,15 @@ _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg":
 
 
 class _SendRequest:
-    def __init__(self, dev: "MPIDevice", reqs: list[Any], dst: int, nbytes: int, stamp: float, t0: tuple) -> None:
+    def __init__(self, dev: "MPIDevice", reqs: list[Any], dst: int, nbytes: int, stamp: float, t0: tuple,
+                 tag: int = 0) -> None:
         self._dev, self._reqs, self._dst, self._nbytes, self._stamp, self._t0 = dev, reqs, dst, nbytes, stamp, t0
-        self._done = False
+        self._tag, self._done = tag, False
 
     def wait(self, timeout: float | None = None) -> None:
         if not self._done:
-            MPI.Request.Waitall([r for r in self._reqs if not isinstance(r, np.ndarray)])
+            budget, deadline = self._dev._deadline(timeout)
+            wait_for(self.test, deadline, lambda: self._dev._p2p_timeout("send to", self._dst, self._tag, budget))
             self._dev._clock.on_send_done(self._dst, self._nbytes, self._stamp)
             self._dev._record("send", "send", *self._t0, self._nbytes, peer=self._dst)
             self._done = True
@@ -56,25 +65,33 @@ class _SendRequest:
 
 
 class _RecvRequest:
-    def __init__(self, fn: Any) -> None:
-        self._fn, self._done, self._value = fn, False, None
+    """An ``irecv`` under MPI: matched when waited on or tested (``test()`` probes for the message),
+    so against receives posted later it is not matched in posting order, as on the emulator."""
+
+    def __init__(self, fn: Any, probe: Any) -> None:
+        self._fn, self._probe, self._done, self._value = fn, probe, False, None
 
     def wait(self, timeout: float | None = None) -> Any:
         if not self._done:
-            self._value, self._done = self._fn(), True
+            self._value, self._done = self._fn(timeout), True
         return self._value
 
     def test(self) -> bool:
+        if not self._done and self._probe():  # (it never became true: a while-not-test loop spun forever)
+            self.wait()
         return self._done
 
 
 class MPIDevice(MPICollectives):
     """One MPI process as a device of ``mesh`` (whose size must be the world's)."""
 
-    def __init__(self, mesh: Any, comm: Any = None, hardware: Any = None) -> None:
+    def __init__(self, mesh: Any, comm: Any = None, hardware: Any = None, timeout: float = DEFAULT_TIMEOUT) -> None:
         from ..runtime.hardware_choice import resolve_hardware
         from ..sim.clock import DeviceClock
 
+        if not timeout > 0:
+            raise UsageError(f"timeout must be positive seconds, got {timeout!r}")
+        self.timeout = float(timeout)
         self.comm = comm or MPI.COMM_WORLD
         mesh.check_devices(self.comm.Get_size())
         self.mesh, self.rank, self.size = mesh, self.comm.Get_rank(), self.comm.Get_size()
@@ -83,7 +100,16 @@ class MPIDevice(MPICollectives):
         _, topology, spec = resolve_hardware(hardware, mesh)
         self._clock = DeviceClock(self.rank, topology, spec)
         self._t0 = time.monotonic()
+        # every group's communicators, made now by every rank in one order: made on first use, a
+        # Split needed every rank of the world (a collective of one group's members hung), and
+        # ranks using different groups first matched each other's Splits (wrong members, silently)
         self._comms: dict[tuple[tuple[str, ...], bool], Any] = {}
+        names = tuple(mesh.axis_names)
+        for k in range(1, len(names) + 1):
+            for axes in itertools.combinations(names, k):
+                ranks = mesh.group_of(self.rank, axes)
+                sub = self._comms[(axes, False)] = self.comm.Split(color=min(ranks), key=ranks.index(self.rank))
+                self._comms[(axes, True)] = sub.Dup()  # virtualpar's own algorithms' messages
         self._to_self: list[_SendRequest] = []
         self.events: list[Event] = []
         self.sent_bytes = np.zeros(self.size, np.int64)  # per destination, algorithm messages included
@@ -108,16 +134,18 @@ class MPIDevice(MPICollectives):
         return self.group(group).index(self.rank)
 
     def _comm(self, group: Any, private: bool = False) -> Any:
-        axes = self.mesh.axes(group)
-        sub = self._comms.get((axes, private))
-        if sub is None:
-            if private:
-                sub = self._comm(group).Dup()
-            else:
-                ranks = self.mesh.group_of(self.rank, axes)
-                sub = self.comm.Split(color=min(ranks), key=ranks.index(self.rank))
-            self._comms[(axes, private)] = sub
-        return sub
+        return self._comms[(self.mesh.axes(group), private)]
+
+    def _deadline(self, timeout: float | None) -> tuple[float, float]:
+        budget = self.timeout if timeout is None else float(timeout)
+        if not budget > 0:
+            raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}", rank=self.rank)
+        return budget, time.monotonic() + budget
+
+    def _p2p_timeout(self, what: str, peer: int, tag: int, budget: float) -> P2PTimeout:
+        who = "any source" if peer == ANY_SOURCE else f"device {peer}"
+        return P2PTimeout(f"{self.name}: {what} {who} (tag {'any' if tag == ANY_TAG else tag}) did not complete "
+                          f"within {budget:g} s", rank=self.rank, peer=peer, tag=tag)
 
     def _mpi_op(self, op: str) -> Any:
         return _OPS[op]
@@ -134,7 +162,7 @@ class MPIDevice(MPICollectives):
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
         t0 = (self.wall, self._clock.now)
-        nbytes = x.nbytes if isinstance(x, np.ndarray) else 0
+        nbytes = x.nbytes if isinstance(x, np.ndarray) else 0  # the modelled clock's bytes, the emulator's
         stamp = self._clock.on_send(dst, nbytes)
         if isinstance(x, np.ndarray):
             x = np.ascontiguousarray(x)
@@ -142,25 +170,31 @@ class MPIDevice(MPICollectives):
                     self.comm.Isend(x, dest=dst, tag=tag), x]  # the array stays referenced until done
         else:
             reqs = [self.comm.isend(("object", x, stamp), dest=dst, tag=tag)]
-        self._count(dst, nbytes)
-        return _SendRequest(self, reqs, dst, nbytes, stamp, t0)
+        if dst != self.rank:  # as on the emulator: a message to oneself crosses no link, an object counts
+            self._count(dst, nbytes if isinstance(x, np.ndarray) else len(pickle.dumps(x, protocol=5)))  # its pickle
+        return _SendRequest(self, reqs, dst, nbytes, stamp, t0, tag)
 
     def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        """Under MPI a large send waits for its receive (the emulator buffers it; its
+        ``VirtualCluster(eager_limit=0)`` does the same): past the timeout, ``P2PTimeout``."""
         req = self.isend(x, dst, tag)
         if dst == self.rank:  # MPI would block a large send to oneself until the receive: defer
             self._to_self.append(req)
         else:
-            req.wait()
+            req.wait(timeout)
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Any = None) -> Any:
         wall0, model0 = self.wall, self._clock.now
+        budget, deadline = self._deadline(timeout)
         st = MPI.Status()
-        head = self.comm.recv(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src,
-                              tag=MPI.ANY_TAG if tag == ANY_TAG else tag, status=st)
+        which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
+        wait_for(lambda: self.comm.Iprobe(status=st, **which), deadline,
+                 lambda: self._p2p_timeout("recv from", src, tag, budget))
+        head = self.comm.recv(source=st.Get_source(), tag=st.Get_tag())  # the message probed
         source = st.Get_source()
         if head[0] == "object":
-            value, nbytes, stamp = head[1], 0, head[2]
+            value, nbytes, stamp = head[1], 0, head[2]  # (the emulator's receive charges no pickle bytes either)
         else:
             fits = out is not None and out.shape == tuple(head[1]) and out.dtype == np.dtype(head[2])
             value = out if fits else np.empty(head[1], np.dtype(head[2]))
@@ -180,7 +214,9 @@ class MPIDevice(MPICollectives):
         return value
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
-        return _RecvRequest(lambda: self.recv(src, tag, out))
+        which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
+        return _RecvRequest(lambda t: self.recv(src, tag, out, timeout if t is None else t),
+                            lambda: self.comm.Iprobe(**which))
 
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
                  timeout: float | None = None) -> Any:
