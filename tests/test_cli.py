@@ -108,6 +108,17 @@ def test_run_argument_mistakes_name_what_is_wrong_with_the_full_usage(tmp_path, 
         assert "[--mpi]" in err and "[--trace FILE.json]" in err, err  # the whole usage, not the late options'
 
 
+def test_run_takes_the_op_timeout(tmp_path, capsys):
+    step = tmp_path / "step.py"
+    step.write_text("def step(dev):\n    return dev.config.timeout\n")
+    assert main(["run", f"{step}:step", "--timeout", "7"]) == 0
+    assert "device 0 (world=0): 7.0" in capsys.readouterr().out
+    for bad in ("0", "-1", "nan", "soon"):
+        with pytest.raises(SystemExit):
+            main(["run", f"{step}:step", "--timeout", bad])
+        assert "argument --timeout: must be a number of seconds > 0" in capsys.readouterr().err
+
+
 def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"

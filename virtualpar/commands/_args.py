@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["parse_mesh", "parse_costs", "positive_int", "output_file"]
+__all__ = ["parse_mesh", "parse_costs", "positive_int", "positive_float", "output_file"]
 
 
 def positive_int(text: str) -> int:
