@@ -30,6 +30,7 @@ import numpy as np
 
 from virtualpar import VirtualCluster
 from virtualpar.collectives import ALGORITHMS, default_algorithm
+from virtualpar.commands._args import positive_int, positive_ints
 
 ALGOS = tuple(ALGORITHMS["all_reduce"])
 
@@ -73,13 +74,13 @@ def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--devices", default="2,4,8,16,32,64")
-    ap.add_argument("--sizes", default="1024,8192,65536,524288,4194304")
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--devices", type=positive_ints, default="2,4,8,16,32,64")
+    ap.add_argument("--sizes", type=positive_ints, default="1024,8192,65536,524288,4194304")
+    ap.add_argument("--iters", type=positive_int, default=5)
+    ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = sweep([int(d) for d in args.devices.split(",")], [int(s) for s in args.sizes.split(",")], args.iters, args.rounds)
+    rows = sweep(args.devices, args.sizes, args.iters, args.rounds)
     if args.json:
         print(json.dumps(rows))
         return

@@ -42,6 +42,7 @@ import _references as refs  # noqa: E402
 from _report import evaluate_targets, print_report  # noqa: E402
 
 from virtualpar import VirtualCluster  # noqa: E402
+from virtualpar.commands._args import positive_float, positive_int  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB ... 64 MiB
@@ -283,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 sizes, 1 iteration, no references")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object instead of tables")
     ap.add_argument("--hardware", default="h100-node", help="preset for the modelled-time column")
-    ap.add_argument("--budget", type=float, default=0.15, help="seconds per repeat of one measurement")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-size", type=int, default=64 * MiB)
+    ap.add_argument("--budget", type=positive_float, default=0.15, help="seconds per repeat of one measurement")
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--max-size", type=positive_int, default=64 * MiB)
     ap.add_argument("--references", action=argparse.BooleanOptionalAction, default=None,
                     help="measure mpi4py / gloo too (default: on, off with --quick)")
     ap.add_argument("--no-mpi", dest="references", action="store_false", help="same as --no-references")

@@ -38,6 +38,7 @@ sys.path.insert(0, HERE)
 from _references import _mpiexec, module_version  # noqa: E402
 
 from virtualpar import VirtualCluster  # noqa: E402
+from virtualpar.commands._args import positive_int, positive_ints  # noqa: E402
 
 KIB = 1024
 OPS = ("barrier", "all_reduce_8KiB", "all_reduce_512KiB", "all_gather_512KiB", "broadcast_512KiB")
@@ -167,11 +168,11 @@ def targets(rows: list[dict], refs: dict[int, dict], round_trip_128: float | Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="8,16,32,64,128,256", help="device counts, comma-separated")
-    ap.add_argument("--mpi-max", type=int, default=64, help="largest device count to run MPICH at")
+    ap.add_argument("--sizes", type=positive_ints, default="8,16,32,64,128,256", help="device counts, comma-separated")
+    ap.add_argument("--mpi-max", type=positive_int, default=64, help="largest device count to run MPICH at")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     rows, refs = [], {}
     for n in sizes:
         rows.append(measure(n))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["parse_mesh", "parse_costs", "positive_int", "positive_float", "output_file"]
+__all__ = ["parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file"]
 
 
 def positive_int(text: str) -> int:
@@ -17,6 +17,11 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
     return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of counts, e.g. ``8,16,32``."""
+    return [positive_int(part.strip()) for part in text.split(",")]
 
 
 def positive_float(text: str) -> float:
