@@ -82,6 +82,14 @@ def test_event_clocks_and_errors():
         Event(0, "comput", "x", 0, 1, 0, 1)
 
 
+def test_a_trace_pickles_with_its_device_names():
+    """Its names were a MappingProxyType: 'cannot pickle mappingproxy' (multiprocessing, caching)."""
+    t = Trace([Event(rank=1, kind="compute", name="c", wall_start=0.0, wall_end=1.0, model_start=0.0, model_end=1.0)],
+              device_names={1: "device 1 (dp=0, tp=1)"})
+    back = pickle.loads(pickle.dumps(t))
+    assert back.events == t.events and back.device_names == {1: "device 1 (dp=0, tp=1)"} and back.ranks == (1,)
+
+
 def test_event_pickles_hashes_and_round_trips_dict():
     e = ev(2, "send", "send", 0, 1, nbytes=8, peer=5, seq=17, group=(2, 5), shape=(2, 3), dtype="float32",
            flow="2>5#17", args=(("tag", 4), ("note", (1, 2))))

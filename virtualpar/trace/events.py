@@ -70,6 +70,9 @@ class Trace:
         self._names = MappingProxyType({int(r): str(n) for r, n in (device_names or {}).items()})
         self._ranks = tuple(sorted({e.rank for e in evs} | set(self._names)))
 
+    def __reduce__(self):  # a read-only view of the names does not pickle: rebuild from plain data
+        return (Trace, (self._events, dict(self._names)))
+
     # -- the data -------------------------------------------------------------------------------
     @property
     def events(self) -> tuple[Event, ...]:
