@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 from _references import _mpiexec, module_version  # noqa: E402
 
 from virtualpar import VirtualCluster  # noqa: E402
-from virtualpar.commands._args import positive_int, positive_ints  # noqa: E402
+from virtualpar.commands._args import positive_ints  # noqa: E402
 
 KIB = 1024
 OPS = ("barrier", "all_reduce_8KiB", "all_reduce_512KiB", "all_gather_512KiB", "broadcast_512KiB")
@@ -166,10 +166,20 @@ def targets(rows: list[dict], refs: dict[int, dict], round_trip_128: float | Non
     return out
 
 
+def _at_least_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=positive_ints, default="8,16,32,64,128,256", help="device counts, comma-separated")
-    ap.add_argument("--mpi-max", type=positive_int, default=64, help="largest device count to run MPICH at")
+    ap.add_argument("--mpi-max", type=_at_least_zero, default=64, help="largest device count to run MPICH at (0: none)")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = ap.parse_args()
     sizes = args.sizes
