@@ -44,8 +44,8 @@ class PointToPoint:
 
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
-        dst, tag = _plain(dst), _plain(tag)
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
+            dst, tag = _plain(dst), _plain(tag)
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
                 send_to_self(self, x, tag)
                 return SelfSend(tag)
@@ -61,7 +61,8 @@ class PointToPoint:
         ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message this device has
         taken in from its channels (not necessarily the earliest sent, as MPI allows; the request's
         ``status`` then says who sent it, with which tag)."""
-        src, tag = _plain(src), _plain(tag)
+        if type(src) is not int or type(tag) is not int:
+            src, tag = _plain(src), _plain(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         deadline = time.monotonic() + budget
         inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
@@ -75,8 +76,8 @@ class PointToPoint:
         overlaps with the receiver's work instead of delaying the message (a small send is
         complete once posted, so no reader can see it pending in between).
         """
-        dst, tag = _plain(dst), _plain(tag)
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
+            dst, tag = _plain(dst), _plain(tag)
             if self._check_p2p(dst, tag, "dst"):
                 return send_to_self(self, x, tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
@@ -102,7 +103,8 @@ class PointToPoint:
         ``tag=ANY_TAG`` take the earliest message that matches of those taken in from the channels
         (MPI does not order sources either); pass a :class:`Status` to learn
         its source, tag and size."""
-        src, tag = _plain(src), _plain(tag)
+        if type(src) is not int or type(tag) is not int:
+            src, tag = _plain(src), _plain(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
         if src < 0 or tag < 0:  # ANY_SOURCE / ANY_TAG (_begin_recv let nothing else through)
