@@ -5,7 +5,11 @@ Nodes are ``ShardedOperation``s (node attribute ``op``); an edge ``u -> v`` with
 from the host in the order of ``graph.graph["inputs"]`` (a list of (node, port)).  When an output's
 spec differs from the consumer's input spec, the edge is redistributed on the devices by
 :func:`~virtualpar.sharding.plan_redistribution` — the fewest collectives — never through the host.
-The sink nodes' outputs come back to the host.
+The sink nodes' outputs come back to the host, in the order the nodes were added to the graph.
+
+Every input port of every node is fed exactly once — by one edge or by one host input — and every
+node has one output: a graph that breaks this is refused before anything runs, naming the node and
+port (an unfed port once took whatever an earlier, failed run had left on the devices).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import ShardingError, UsageError
 from ..sharding import plan_redistribution, shard, unshard
 
 __all__ = ["GraphOperation", "as_executable"]
@@ -28,16 +32,26 @@ class GraphOperation:
 
     def execute_on(self, cluster: Any, *arrays: np.ndarray) -> Any:
         g = self.graph
+        if isinstance(g, nx.MultiGraph):
+            raise UsageError("a graph of operations is a networkx.DiGraph (one edge per pair of nodes, its port an "
+                             "attribute), not a MultiDiGraph")
         if not nx.is_directed_acyclic_graph(g):
             raise UsageError("a graph of operations must be acyclic")
         order = list(nx.topological_sort(g))
-        inputs = g.graph.get("inputs", [])
+        inputs = [tuple(i) for i in g.graph.get("inputs", [])] if isinstance(g.graph.get("inputs", []), list) else None
+        if inputs is None or any(len(i) != 2 for i in inputs):
+            raise UsageError(f"graph.graph['inputs'] must be a list of (node, port) pairs, got {g.graph['inputs']!r}")
+        _check_wiring(g, inputs)
         if len(inputs) != len(arrays):
             raise UsageError(f"the graph takes {len(inputs)} host inputs ({inputs}), got {len(arrays)}")
         shapes: dict[tuple[Any, int], tuple[int, ...]] = {}
         for (node, port), a in zip(inputs, arrays):
             spec = g.nodes[node]["op"].in_specs[port]
-            for r, piece in enumerate(shard(np.asarray(a), spec, cluster.mesh)):
+            try:
+                pieces = shard(np.asarray(a), spec, cluster.mesh)
+            except ShardingError as exc:
+                raise ShardingError(f"graph input {(node, port)}: {exc}") from None
+            for r, piece in enumerate(pieces):
                 cluster.put(r, f"graph/{node}/in{port}", piece, block=False)
             shapes[(node, port)] = np.shape(a)
         plans = {}
@@ -46,7 +60,7 @@ class GraphOperation:
             src = g.nodes[u]["op"].out_specs[0]
             dst = g.nodes[v]["op"].in_specs[port]
             plans[(u, v)] = (port, src, dst)
-        sinks = [n for n in order if g.out_degree(n) == 0]
+        sinks = [n for n in g.nodes if g.out_degree(n) == 0]  # in the order the nodes were added
         cluster.run(_run_graph, order, {n: g.nodes[n]["op"].program for n in order},
                     {n: len(g.nodes[n]["op"].in_specs) for n in order}, plans, sinks)
         outs = []
@@ -56,10 +70,42 @@ class GraphOperation:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _check_wiring(g: nx.DiGraph, inputs: list[tuple[Any, int]]) -> None:
+    """Every node an operation with one output; every input port fed exactly once (see the module doc)."""
+    fed: dict[tuple[Any, int], str] = {}
+
+    def feed(node: Any, port: Any, by: str) -> None:
+        if node not in g:
+            raise UsageError(f"{by} feeds node {node!r}, which is not in the graph")
+        n_in = len(g.nodes[node]["op"].in_specs)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < n_in:
+            raise UsageError(f"{by} feeds port {port!r} of node {node!r}, which has ports 0..{n_in - 1}")
+        if (node, port) in fed:
+            raise UsageError(f"port {port} of node {node!r} is fed twice: by {fed[(node, port)]} and by {by}")
+        fed[(node, port)] = by
+
+    for n, data in g.nodes(data=True):
+        op = data.get("op")
+        if op is None or not all(hasattr(op, a) for a in ("program", "in_specs", "out_specs")):
+            raise UsageError(f"node {n!r} needs an 'op' attribute that is a ShardedOperation, got {op!r}")
+        if len(op.out_specs) != 1:
+            raise UsageError(f"node {n!r} has {len(op.out_specs)} outputs; a node of a graph has one")
+    for node, port in inputs:
+        feed(node, port, f"host input {(node, port)}")
+    for u, v, data in g.edges(data=True):
+        feed(v, data.get("port", 0), f"the edge {u!r} -> {v!r}")
+    for n, data in g.nodes(data=True):
+        for port in range(len(data["op"].in_specs)):
+            if (n, port) not in fed:
+                raise UsageError(f"port {port} of node {n!r} is fed by nothing: give it an edge (port={port}) or "
+                                 f"list {(n, port)} in graph.graph['inputs'] (op.place() does not apply in graphs)")
+
+
 def _run_graph(dev: Any, order: list, programs: dict, n_inputs: dict, plans: dict, sinks: list) -> None:
     outputs: dict[Any, np.ndarray] = {}
     for node in order:
-        args = [dev.state.pop(f"graph/{node}/in{i}", None) for i in range(n_inputs[node])]
+        fed = {port for (u, v), (port, _, _) in plans.items() if v == node}
+        args = [None if i in fed else dev.state.pop(f"graph/{node}/in{i}") for i in range(n_inputs[node])]
         for (u, v), (port, src, dst) in plans.items():
             if v == node:
                 x = outputs[u]

@@ -13,7 +13,9 @@ pieces (device → host) to unshard them.  ``op.place(cluster, i, array)`` place
 
 from __future__ import annotations
 
+import copy
 import itertools
+import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -42,9 +44,11 @@ class Operation:
         return out
 
 
-#: C = A @ B: 2mnk FLOPs; reads A and B, writes C.
-MATMUL = Operation("matmul", lambda a, b: a @ b, lambda a, b: 2.0 * a[0] * a[1] * b[1],
-                   lambda a, b: float(a[0] * a[1] + b[0] * b[1] + a[0] * b[1]))
+#: C = A @ B for A (..., m, k), B (k, n): 2mnk FLOPs per batch entry (all of them counted); reads A
+#: and B, writes C.
+MATMUL = Operation("matmul", lambda a, b: a @ b,
+                   lambda a, b: 2.0 * math.prod(a[:-1]) * a[-1] * b[-1],
+                   lambda a, b: float(math.prod(a) + math.prod(b) + math.prod(a[:-1]) * b[-1]))
 
 
 @dataclass
@@ -55,9 +59,20 @@ class ShardedOperation:
     in_specs: Sequence[TensorSharding]
     out_specs: Sequence[TensorSharding]
     name: str = "sharded_op"
-    key: str = field(default_factory=lambda: f"op/{next(_IDS)}")
+    # where its inputs live on the devices, and which are placed there: every copy gets its own
+    # (not init fields, so dataclasses.replace makes new ones; copy and deepcopy below too) — a copy
+    # sharing them overwrote the original's placed weights
+    key: str = field(default_factory=lambda: f"op/{next(_IDS)}", init=False)
     # cluster -> {input index: shape} of the inputs placed there (weakly: a closed cluster's id can recur)
-    _placed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False, compare=False)
+    _placed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False,
+                                               compare=False, init=False)
+
+    def __copy__(self) -> "ShardedOperation":
+        return ShardedOperation(self.program, self.in_specs, self.out_specs, self.name)
+
+    def __deepcopy__(self, memo: dict) -> "ShardedOperation":
+        return ShardedOperation(self.program, copy.deepcopy(list(self.in_specs), memo),
+                                copy.deepcopy(list(self.out_specs), memo), self.name)
 
     def place(self, cluster: Any, index: int, array: np.ndarray) -> None:
         """Put input ``index`` on the devices now and keep it there (weights)."""

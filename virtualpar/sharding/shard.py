@@ -15,12 +15,12 @@ __all__ = ["shard", "unshard"]
 
 def shard(x: np.ndarray, spec: TensorSharding, mesh: Any, uneven: str = "error") -> list[np.ndarray]:
     """Each device's piece of ``x`` (rank order).  A partial spec (``P(op)``) puts the whole value
-    on the first device of each reduction group and the op's identity elsewhere, so reducing the
-    pieces over the group gives ``x`` back."""
+    on the first device of each reduction group and the op's identity elsewhere (for ``avg``, the
+    value on every device), so reducing the pieces over the group gives ``x`` back."""
     x = np.asarray(x)
     spec.check(x.shape, mesh, uneven)
     pieces = [np.ascontiguousarray(x[spec.block(x.shape, mesh, r)]) for r in range(mesh.size)]
-    if spec.partial:
+    if spec.partial and spec.partial != "avg":
         axes = mesh.axes(spec.partial_axes(mesh)) if spec.partial_axes(mesh) else ()
         identity = _identity(spec.partial, x.dtype)
         for r in range(mesh.size):
@@ -40,6 +40,7 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
     if spec.partial:
         ufunc = REDUCE_OPS[spec.partial].ufunc
         filled = np.zeros(shape, bool)
+        folded = np.zeros(shape, np.int64)  # values reduced per element (avg divides their sum by it)
         used, pending = set(spec.used_axes()), set(spec.partial_axes(mesh))
         copies = mesh.axes([a for a in mesh.axis_names if a not in used and a not in pending])
         for r in range(mesh.size):
@@ -51,6 +52,9 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
             else:
                 out[block] = pieces[r]
                 filled[block] = True
+            folded[block] += 1
+        if spec.partial == "avg":  # as the devices' all_reduce(op="avg") would (the sum was never divided)
+            out = (out / folded).astype(out.dtype) if out.dtype.kind in "fc" else out / folded
         return out
     for r in range(mesh.size):
         out[spec.block(shape, mesh, r)] = pieces[r]
@@ -63,9 +67,15 @@ def _along(spec: TensorSharding, mesh: Any, d: int) -> tuple[int, ...]:
 
 
 def _identity(op: str, dtype: np.dtype) -> Any:
-    if op in ("sum", "avg"):
+    """The value that leaves ``op`` unchanged: for max and min of floats ±inf (the largest finite
+    float turned -inf, a masked logit, into -1.8e308), of booleans False/True."""
+    if op == "sum":
         return 0
     if op == "prod":
         return 1
-    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+    if dtype.kind in "fc":
+        return -np.inf if op == "max" else np.inf
+    if dtype.kind == "b":
+        return op == "min"
+    info = np.iinfo(dtype)
     return info.min if op == "max" else info.max

@@ -43,11 +43,19 @@ class DimSharding:
         return cls(tuple(m.group(2).split(",")) if m.group(2) else ())
 
 
+_PARTIAL_OPS = frozenset({"sum", "prod", "max", "min", "avg"})  # the reduce ops a collective runs
+
+
 @dataclass(frozen=True)
 class TensorSharding:
     dims: tuple[DimSharding, ...]
     partial: str | None = None  # a pending reduction op ("sum", "max", ...)
     partial_over: tuple[str, ...] = ()  # the axes it runs over; () = every axis no dim uses
+
+    def __post_init__(self) -> None:
+        if self.partial is not None and self.partial not in _PARTIAL_OPS:
+            raise ShardingError(f"unknown pending reduction P({self.partial}); expected one of {sorted(_PARTIAL_OPS)}",
+                                partial=self.partial)
 
     def __str__(self) -> str:
         over = ":" + ",".join(self.partial_over) if self.partial_over else ""
