@@ -47,6 +47,8 @@ def test_the_tour_runs_on_any_mesh_of_two_devices_or_more(tmp_path, monkeypatch)
     assert all(r.correct for r in rows), [r for r in rows if not r.correct]
     with pytest.raises(UsageError, match="at least 2 devices"):
         run_tour(out, trace_path=str(tmp_path / "t.json"), mesh=Mesh({"dp": 1, "tp": 1}))
+    rows = run_tour(out, trace_path=str(tmp_path / "t.json"), mesh=Mesh({"x": 3}))
+    assert {r.group for r in rows} == {"all"}  # x spans every device: the same group, toured once
 
 
 def test_cli_entry_point_and_module_run(tmp_path):

@@ -369,3 +369,4 @@ def test_compute_refuses_what_is_not_an_amount_of_work():
             with pytest.raises(UsageError, match=said):
                 c.run(lambda d, kw=kw: d.compute(**kw))
         assert c.run(lambda d: d.compute(flops=np.float32(0), bytes=0)) == [0.0, 0.0]
+        assert c.run(lambda d: d.compute(flops=np.array(0.0))) == [0.0, 0.0]  # a 0-d array is a number

@@ -179,6 +179,15 @@ def unpicklable(dev):
     import threading
     return threading.Lock() if dev.rank == 1 else 1
 
+def odd_inputs(dev):  # a group of one, numpy ranks and scalars: as on the emulator
+    one = float(dev.all_reduce(np.ones(2), group=())[0])
+    peer = np.int64(dev.rank ^ 1)
+    req = dev.irecv(peer, tag=np.int32(3))
+    dev.send(np.full(1, float(dev.rank)), peer, tag=np.int64(3))
+    got = float(req.wait()[0])
+    total = dev.reduce(np.float64(dev.rank + 1), root=0)  # values differ: not a mismatch
+    return one, got, None if total is None else float(total)
+
 def polled(dev):
     import time
     if dev.rank == 0:
@@ -215,7 +224,8 @@ def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said
     assert not sorted(set(os.listdir("/dev/shm")) - before)
 
 
-@pytest.mark.parametrize("fn, want", [("only_dp0", ["3.0", "3.0", "None", "None"]), ("polled", ["3.0", "None", "None", "None"])])
+@pytest.mark.parametrize("fn, want", [("only_dp0", ["3.0", "3.0", "None", "None"]), ("polled", ["3.0", "None", "None", "None"]),
+                                      ("odd_inputs", ["(1.0,", "(1.0,", "(1.0,", "(1.0,"])])
 def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, want):
     """A collective that only its group's members call hung: the group's communicator was split
     from the world's on first use, which needs every rank; irecv's test() never became True."""

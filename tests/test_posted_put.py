@@ -101,3 +101,15 @@ def test_a_failed_posted_put_that_nothing_reads_is_logged_at_close(caplog):
         c.close()
     assert "the posted put 'bad' failed" in caplog.text and "cannot be rebuilt" in caplog.text
     assert c.closed
+
+
+def test_every_device_s_failed_posted_put_is_raised_not_only_the_first():
+    """Two devices' posted puts failed: the next run raised device 0's and dropped device 1's."""
+    with VirtualCluster(2, timeout=5) as c:
+        c.put(0, "bad", _Unloadable(), block=False)
+        c.put(1, "bad", _Unloadable(), block=False)
+        with pytest.raises(PayloadError, match="the posted put 'bad' failed: device 0"):
+            c.run(_read, "bad")
+        with pytest.raises(PayloadError, match="the posted put 'bad' failed: device 1"):
+            c.run(_read, "bad")
+        assert c.run(_read, "bad") == [None, None]

@@ -234,8 +234,25 @@ def test_a_cluster_dropped_without_close_is_closed_with_a_warning():
         warnings.simplefilter("always")
         del c
         gc.collect()
-    assert any(issubclass(w.category, ResourceWarning) and "was never closed; closing it now" in str(w.message)
+    assert any(issubclass(w.category, ResourceWarning) and "was never closed; it was closed when collected" in str(w.message)
                for w in caught)
+    assert not any(process_alive(p) for p in pids)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the raised warning itself
+def test_a_dropped_cluster_is_closed_even_when_warnings_are_errors():
+    """The finalizer warned first: under -W error the warning raised and nothing closed the devices."""
+    import gc
+    import warnings
+
+    from virtualpar.testing.leaks import process_alive
+
+    c = VirtualCluster(2, timeout=TIMEOUT)
+    pids = list(c.pids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del c
+        gc.collect()
     assert not any(process_alive(p) for p in pids)
 
 

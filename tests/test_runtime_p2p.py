@@ -557,3 +557,26 @@ def test_an_isend_never_waited_on_says_so():
                                                     "an isend not waited on"):
             c.run(_isend_and_return, 1 << 20)
         assert c.run(_isend_and_return, 10) == [None, 1.0]
+
+
+def _poll_and_status(dev):
+    from virtualpar import Status
+
+    req = dev.irecv(1 - dev.rank, tag=9)
+    try:
+        req.wait(timeout=0)  # a poll: nothing was sent
+    except P2PTimeout:
+        polled = "timed out"
+    dev.send({"k": list(range(5))}, dev.rank, tag=4)
+    st = Status()
+    dev.recv(dev.rank, tag=4, status=st)
+    dev.send(np.zeros(1), 1 - dev.rank, tag=9)
+    req.wait()
+    return polled, st.nbytes > 0
+
+
+def test_wait_with_timeout_zero_polls_and_a_pickled_self_message_has_its_size():
+    """wait(timeout=0) became a UsageError (a poll had raised P2PTimeout); a pickled object sent to
+    oneself reported nbytes 0 where a peer's reports its pickle's size."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        assert c.run(_poll_and_status) == [("timed out", True), ("timed out", True)]

@@ -118,7 +118,8 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
         raise UsageError(f"the tour needs a mesh of at least 2 devices (its collectives have a root at position 1); "
                          f"got {mesh}")
     # one group per mesh axis with more than one device, innermost first, then every device
-    groups = [(a, a) for a in reversed(mesh.axis_names) if mesh.axis_size(a) > 1] + [(None, "all")]
+    # (an axis spanning every device is the group "all" itself: shown once)
+    groups = [(a, a) for a in reversed(mesh.axis_names) if 1 < mesh.axis_size(a) < mesh.size] + [(None, "all")]
     rows: list[TourRow] = []
     with VirtualCluster(mesh, hardware=hardware) as cluster:
         out.write(f"virtualpar tour: {mesh.size} device processes on mesh {mesh}, modelled hardware: {hardware}\n\n")

@@ -39,6 +39,7 @@ from .waiting import wait_for
 
 __all__ = ["MPICollectives"]
 
+_CALLS: dict[tuple, tuple[str, int]] = {}  # a call's key -> (its description, its digest)
 _PIECES = {"all_gather": 1, "gather": 2, "all_to_all": 1}  # the position of the dim whose size may differ
 
 
@@ -49,6 +50,8 @@ def _describe(name: str, ours: tuple, algorithm: str | None) -> str:
     for i, a in enumerate(ours):
         if i == 0 and name in ("broadcast", "scatter"):
             continue  # only the root's counts
+        if i == 0 and not isinstance(a, np.ndarray):
+            a = np.asarray(a)  # the data by its dtype and shape, never its value (ranks hold different ones)
         if isinstance(a, np.ndarray):
             shape = list(a.shape)
             dim = ours[_PIECES[name]] if name in _PIECES else None
@@ -86,9 +89,20 @@ class MPICollectives:
         under plain MPI both wait forever."""
         if len(ranks) == 1:
             return [self._clock.now]
-        call = _describe(name, ours, algorithm)
+        x = ours[0] if ours else None
+        key = (name, algorithm, *(ours[1:]), *((x.dtype, x.shape) if isinstance(x, np.ndarray) else (type(x),)))
+        try:
+            call, digest = _CALLS[key]
+        except (KeyError, TypeError):  # a repeated call costs a dict lookup, not a description and a crc
+            call = _describe(name, ours, algorithm)
+            digest = zlib.crc32(call.encode())
+            if len(_CALLS) < 4096:
+                try:
+                    _CALLS[key] = (call, digest)
+                except TypeError:  # an unhashable parameter: describe it each time
+                    pass
         mine = np.array([self._clock.now, 0.0])
-        mine[1:].view(np.int64)[0] = zlib.crc32(call.encode())
+        mine[1:].view(np.int64)[0] = digest
         got = np.empty((len(ranks), 2))
         req = self._comm(group).Iallgather(mine, got)
         budget, deadline = self._deadline(timeout)

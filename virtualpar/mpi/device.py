@@ -46,6 +46,11 @@ __all__ = ["MPIDevice", "collect"]
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
 
 
+def _plain(v: Any) -> Any:
+    """Ranks and tags from numpy (``np.arange``, ``np.roll``) as plain ints, as on the emulator."""
+    return int(v) if isinstance(v, np.integer) else v
+
+
 class _SendRequest:
     def __init__(self, dev: "MPIDevice", reqs: list[Any], dst: int, nbytes: int, stamp: float, t0: tuple,
                  tag: int = 0) -> None:
@@ -103,7 +108,7 @@ class MPIDevice(MPICollectives):
         # every group's communicators, made now by every rank in one order: made on first use, a
         # Split needed every rank of the world (a collective of one group's members hung), and
         # ranks using different groups first matched each other's Splits (wrong members, silently)
-        self._comms: dict[tuple[tuple[str, ...], bool], Any] = {}
+        self._comms: dict[tuple[tuple[str, ...], bool], Any] = {((), False): MPI.COMM_SELF, ((), True): MPI.COMM_SELF.Dup()}
         names = tuple(mesh.axis_names)
         for k in range(1, len(names) + 1):
             for axes in itertools.combinations(names, k):
@@ -161,6 +166,7 @@ class MPIDevice(MPICollectives):
 
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
+        dst, tag = _plain(dst), _plain(tag)
         t0 = (self.wall, self._clock.now)
         nbytes = x.nbytes if isinstance(x, np.ndarray) else 0  # the modelled clock's bytes, the emulator's
         stamp = self._clock.on_send(dst, nbytes)
@@ -185,6 +191,7 @@ class MPIDevice(MPICollectives):
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Any = None) -> Any:
+        src, tag = _plain(src), _plain(tag)
         wall0, model0 = self.wall, self._clock.now
         budget, deadline = self._deadline(timeout)
         st = MPI.Status()
@@ -214,6 +221,7 @@ class MPIDevice(MPICollectives):
         return value
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
+        src, tag = _plain(src), _plain(tag)
         which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
         return _RecvRequest(lambda t: self.recv(src, tag, out, timeout if t is None else t),
                             lambda: self.comm.Iprobe(**which))
@@ -221,8 +229,8 @@ class MPIDevice(MPICollectives):
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
                  timeout: float | None = None) -> Any:
         req = self.isend(x, dst, sendtag)
-        value = self.recv(src, sendtag if recvtag is None else recvtag)
-        req.wait()
+        value = self.recv(src, sendtag if recvtag is None else recvtag, timeout=timeout)
+        req.wait(timeout)
         return value
 
     # -- compute and clocks -------------------------------------------------------------------------

@@ -6,7 +6,8 @@ own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``);
 built here from point-to-point messages in a fixed order (the root gathers in rank order, reduces
 left to right, and sends the result back), so every rank gets the same bits.  A communicator's
 messages carry its own tag range, so collectives and other communicators never mix with user
-messages.  Anything outside the subset raises ``NotImplementedError`` naming the call (an
+messages that name a tag (a receive with ``ANY_TAG`` can still take one of theirs: the devices'
+wildcard spans every tag).  Anything outside the subset raises ``NotImplementedError`` naming the call (an
 ``OutsideSubset``, which is also an ``AttributeError``: ``hasattr(comm, "Iallreduce")`` is False,
 as for any name an object lacks).  ``Comm.Abort(errorcode)`` ends the whole job with that exit code,
 as ``mpiexec`` does.

@@ -140,7 +140,10 @@ class ClusterControl:
                 self.send(r, msg, what)
             for r in sorted(set(self.posted) | set(self.held)):
                 failed = self.settle(r)
-                earlier = earlier or failed
+                if earlier is None:
+                    earlier = failed
+                elif failed is not None:  # raised by the next call that hears from r, or logged at close
+                    self.held[r] = failed
             got = self.sup.collect(what, deadline)
             verdict = self.sup.judge(got, what, run_timeout)
         except KeyboardInterrupt:
@@ -210,9 +213,11 @@ class ClusterControl:
         would live on until the driver exits, so warn (a ``ResourceWarning``, as for an unclosed
         file) and close it."""
         if not self.closed:
-            warnings.warn(f"{name} was never closed; closing it now (use `with VirtualCluster(...)` or "
-                          "call close())", ResourceWarning, stacklevel=2)
-            self.close()
+            try:
+                self.close()
+            finally:  # (warned after: under -W error the warning raises, and the devices must be gone by then)
+                warnings.warn(f"{name} was never closed; it was closed when collected (use `with "
+                              "VirtualCluster(...)` or call close())", ResourceWarning, stacklevel=1)
 
     def close(self) -> None:
         """Ask every device to leave its loop, give them ``_CLOSE_WAIT`` s, then shut down.  Idempotent."""

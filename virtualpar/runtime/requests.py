@@ -97,8 +97,8 @@ class Request:
                 dev._recorder.finish(self._slot, dev._clock.now, failed=True)
             raise would_wait_forever(dev, inner, self._tag)
         else:
-            if timeout is not None:  # the wait's own budget, which its timeout error then names
-                self._budget = dev._timeout(timeout)
+            if timeout is not None:  # the wait's own budget, which its timeout error then names (0: poll once)
+                self._budget = 0.0 if timeout == 0 else dev._timeout(timeout)
             left = self._deadline - time.monotonic() if timeout is None else self._budget
             value = dev._await(inner, self._slot, max(left, 0.0), self._on_timeout or self._timeout_error)
         self._done = True

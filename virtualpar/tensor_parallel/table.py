@@ -10,6 +10,7 @@ here, modelled time from the devices' clocks, and the closed-form estimate besid
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,6 +55,8 @@ class PolicyRow:
         d["collectives"] = list(self.collectives)
         if self.error:
             d["correct"] = d["rel_error"] = None
+        elif not math.isfinite(self.rel_error):  # a NaN or inf result: JSON has no NaN
+            d["rel_error"] = None
         return d
 
 

@@ -172,8 +172,8 @@ class Receiving:
         from a peer would be (see the module doc)."""
         array = plain_array(value)
         kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
-        header = Header(kind, tag, value.nbytes if array else 0, 0.0, 0, value.dtype.str if array else "",
-                        tuple(value.shape) if array else (), 0)
+        size = value.nbytes if array else len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))  # as a peer's
+        header = Header(kind, tag, size, 0.0, 0, value.dtype.str if array else "", tuple(value.shape) if array else (), 0)
         key = (self.me, tag)
         posted = self._posted.get(key)
         wild = match_any(self, self.me, tag, posted[0] if posted else None) if self._posted_any else None
