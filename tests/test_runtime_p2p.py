@@ -563,10 +563,12 @@ def _poll_and_status(dev):
     from virtualpar import Status
 
     req = dev.irecv(1 - dev.rank, tag=9)
+    polled = "completed"
     try:
-        req.wait(timeout=0)  # a poll: nothing was sent
+        req.wait(timeout=0)  # a poll: nothing was sent yet (the peer sends only after the barrier)
     except P2PTimeout:
         polled = "timed out"
+    dev.barrier()
     dev.send({"k": list(range(5))}, dev.rank, tag=4)
     st = Status()
     dev.recv(dev.rank, tag=4, status=st)
