@@ -71,7 +71,7 @@ class _SendRequest:
 
 class _RecvRequest:
     """An ``irecv`` under MPI: matched when waited on or tested (``test()`` probes for the message),
-    so against receives posted later it is not matched in posting order, as on the emulator."""
+    so against receives posted after it, posting order does not hold (on the emulator it does)."""
 
     def __init__(self, fn: Any, probe: Any) -> None:
         self._fn, self._probe, self._done, self._value = fn, probe, False, None
