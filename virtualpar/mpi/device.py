@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
     raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
 
 from ..errors import P2PTimeout, UsageError
-from ..runtime.status import ANY_SOURCE, ANY_TAG
+from ..runtime.status import ANY_SOURCE, ANY_TAG, plain_int
 from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
@@ -44,11 +44,6 @@ from .waiting import DEFAULT_TIMEOUT, wait_for
 __all__ = ["MPIDevice", "collect"]
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
-
-
-def _plain(v: Any) -> Any:
-    """Ranks and tags from numpy (``np.arange``, ``np.roll``) as plain ints, as on the emulator."""
-    return int(v) if isinstance(v, np.integer) else v
 
 
 class _SendRequest:
@@ -166,7 +161,7 @@ class MPIDevice(MPICollectives):
 
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
-        dst, tag = _plain(dst), _plain(tag)
+        dst, tag = plain_int(dst), plain_int(tag)
         t0 = (self.wall, self._clock.now)
         nbytes = x.nbytes if isinstance(x, np.ndarray) else 0  # the modelled clock's bytes, the emulator's
         stamp = self._clock.on_send(dst, nbytes)
@@ -191,7 +186,7 @@ class MPIDevice(MPICollectives):
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Any = None) -> Any:
-        src, tag = _plain(src), _plain(tag)
+        src, tag = plain_int(src), plain_int(tag)
         wall0, model0 = self.wall, self._clock.now
         budget, deadline = self._deadline(timeout)
         st = MPI.Status()
@@ -221,7 +216,7 @@ class MPIDevice(MPICollectives):
         return value
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
-        src, tag = _plain(src), _plain(tag)
+        src, tag = plain_int(src), plain_int(tag)
         which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
         return _RecvRequest(lambda t: self.recv(src, tag, out, timeout if t is None else t),
                             lambda: self.comm.Iprobe(**which))

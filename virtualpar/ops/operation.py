@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -23,6 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import ShardingError, UsageError
+from ..kernels import matmul_cost
 from ..sharding import TensorSharding, shard, unshard
 
 __all__ = ["Operation", "ShardedOperation", "MATMUL"]
@@ -46,9 +46,8 @@ class Operation:
 
 #: C = A @ B for A (..., m, k), B (k, n): 2mnk FLOPs per batch entry (all of them counted); reads A
 #: and B, writes C.
-MATMUL = Operation("matmul", lambda a, b: a @ b,
-                   lambda a, b: 2.0 * math.prod(a[:-1]) * a[-1] * b[-1],
-                   lambda a, b: float(math.prod(a) + math.prod(b) + math.prod(a[:-1]) * b[-1]))
+MATMUL = Operation("matmul", lambda a, b: a @ b, lambda a, b: matmul_cost(a, b, 1)[0],
+                   lambda a, b: matmul_cost(a, b, 1)[1])  # the figures dev.matmul charges (elements here)
 
 
 @dataclass

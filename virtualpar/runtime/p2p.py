@@ -26,17 +26,11 @@ import numpy as np
 from ..errors import P2PTimeout, UsageError
 from ..transport.channel import FLAG_CONTROL
 from .loopback import SelfSend, send_to_self, would_wait_forever
-from .status import ANY_SOURCE, ANY_TAG, Status
+from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
 from .recorder import format_records
 from .requests import Request
 
 __all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
-
-
-def _plain(v: Any) -> Any:
-    """A numpy integer as a plain int (ranks and tags from ``np.arange``, ``np.roll``...); anything
-    else unchanged, for the argument checks to judge."""
-    return int(v) if type(v) is not int and isinstance(v, np.integer) else v
 
 
 class PointToPoint:
@@ -45,7 +39,7 @@ class PointToPoint:
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
-            dst, tag = _plain(dst), _plain(tag)
+            dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
                 send_to_self(self, x, tag)
                 return SelfSend(tag)
@@ -62,7 +56,7 @@ class PointToPoint:
         taken in from its channels (not necessarily the earliest sent, as MPI allows; the request's
         ``status`` then says who sent it, with which tag)."""
         if type(src) is not int or type(tag) is not int:
-            src, tag = _plain(src), _plain(tag)
+            src, tag = plain_int(src), plain_int(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         deadline = time.monotonic() + budget
         inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
@@ -77,7 +71,7 @@ class PointToPoint:
         complete once posted, so no reader can see it pending in between).
         """
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
-            dst, tag = _plain(dst), _plain(tag)
+            dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):
                 return send_to_self(self, x, tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
@@ -104,7 +98,7 @@ class PointToPoint:
         (MPI does not order sources either); pass a :class:`Status` to learn
         its source, tag and size."""
         if type(src) is not int or type(tag) is not int:
-            src, tag = _plain(src), _plain(tag)
+            src, tag = plain_int(src), plain_int(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
         if src < 0 or tag < 0:  # ANY_SOURCE / ANY_TAG (_begin_recv let nothing else through)

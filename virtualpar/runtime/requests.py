@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .loopback import would_wait_forever
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..transport.requests import RecvRequest, SendRequest
     from .device import VirtualDevice
@@ -92,7 +94,6 @@ class Request:
         if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
             value = dev._await(inner, self._slot, 0.0, None)
         elif self._peer == dev.rank and self._kind == "recv":  # only this device could send it, and it waits here
-            from .loopback import would_wait_forever
             if self._slot is not None:
                 dev._recorder.finish(self._slot, dev._clock.now, failed=True)
             raise would_wait_forever(dev, inner, self._tag)

@@ -6,10 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ANY_SOURCE", "ANY_TAG", "Status"]
+import numpy as np
+
+__all__ = ["ANY_SOURCE", "ANY_TAG", "Status", "plain_int"]
 
 ANY_SOURCE = -1  # recv(src=ANY_SOURCE): from whichever device's matching message came first
 ANY_TAG = -1  # recv(tag=ANY_TAG): any user tag (the runtime's own messages are never taken)
+
+
+def plain_int(v: Any) -> Any:
+    """A rank or tag from numpy (``np.arange``, ``np.roll``) as a plain int, as mpi4py takes them;
+    anything else unchanged, for the argument checks to judge."""
+    return int(v) if type(v) is not int and isinstance(v, np.integer) else v
 
 
 @dataclass

@@ -52,6 +52,7 @@ import numpy as np
 from autograd.extend import defvjp, primitive
 
 from ..collectives.selection import SHM_MIN_BYTES
+from ..collectives.shm import split_bounds
 from ..errors import ShardingError
 
 __all__ = [
@@ -82,12 +83,10 @@ def local_slice(x: np.ndarray, dev: Any, dim: int, group: Any) -> np.ndarray:
     """This device's piece of ``x`` split along ``dim`` over ``group`` (position = group rank), as
     ``numpy.array_split`` and the runtime's scatter / reduce_scatter split it: the first
     ``x.shape[dim] mod n`` pieces one longer (``x.shape[dim] // n`` dropped the remainder)."""
-    n = len(dev.group(group))
+    bounds = split_bounds(x.shape[dim], len(dev.group(group)))
     r = dev.group_rank(group)
-    q, rem = divmod(x.shape[dim], n)
-    start = r * q + min(r, rem)
     index = [slice(None)] * x.ndim
-    index[dim] = slice(start, start + q + (r < rem))
+    index[dim] = slice(bounds[r], bounds[r + 1])
     return x[tuple(index)]
 
 
