@@ -35,14 +35,20 @@ defvjp(relu, lambda y, x: lambda g: np.multiply(g, y > 0, dtype=np.result_type(g
 
 def gelu(x: Any, approximate: str = "none") -> Any:
     if approximate == "tanh":
-        return 0.5 * x * (1.0 + anp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
     if approximate == "none":
         return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
     raise UsageError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+@primitive
 def tanh(x: Any) -> Any:
-    return anp.tanh(x)
+    """``tanh(x)`` with backward ``dy·(1 − y²)``, as torch computes it (autograd's ``dy / cosh(x)²``
+    overflows, with a RuntimeWarning, once |x| passes ~44 in float32)."""
+    return np.tanh(x)
+
+
+defvjp(tanh, lambda y, x: lambda g: g * (1 - y * y))
 
 
 class ReLU(Module):
@@ -65,4 +71,4 @@ class GELU(Module):
 
 class Tanh(Module):
     def forward(self, x: Any) -> Any:
-        return anp.tanh(x)
+        return tanh(x)

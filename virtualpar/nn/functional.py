@@ -58,7 +58,7 @@ def _trace(fun: Callable[..., Any], values: list[Any], constant: int = 0) -> tup
     with trace_stack.new_trace() as t:
         boxed = [new_box(v, t, r) if r is not None else v for v, r in zip(values, roots)]
         out = fun(*boxed)
-        packed = ag_tuple(out) if isinstance(out, (tuple, list)) else out
+        packed = _packed(out)
         end = packed._node if isbox(packed) and packed._trace == t else None
     output = _unbox(out)
     wanted = {r: i for i, r in enumerate(roots) if r is not None}
@@ -83,24 +83,58 @@ def _trace(fun: Callable[..., Any], values: list[Any], constant: int = 0) -> tup
 def _unbox(x: Any) -> Any:
     if isinstance(x, (tuple, list)):
         return type(x)(_unbox(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _unbox(v) for k, v in x.items()}
     return getvalue(x)
+
+
+def _packed(out: Any) -> Any:
+    """The traced output as one node: a tuple, a list or a dict (its values in key order) of
+    arrays goes through autograd's tuple; nested containers are refused (their gradients were
+    silently zero)."""
+    parts = list(out.values()) if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else None
+    if parts is None:
+        return out
+    if any(isinstance(v, (tuple, list, dict)) for v in parts):
+        raise UsageError(f"vjp: the output is a {type(out).__name__} holding a container; return arrays, or a "
+                         f"tuple, list or dict of arrays")
+    return ag_tuple(parts)
+
+
+def _tied(module: Any, params: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """Parameters under several names: ``(distinct names, index into them per name)``.  Names are
+    one parameter when they reach the same attribute of the same module (a module used twice, as
+    tied embeddings are); each distinct one is traced once, so its gradient is whole.  Two
+    attributes that merely hold the same array are two parameters (a step sets each on its own)."""
+    slot = {d: (id(o), leaf) for d, o, leaf, _ in module._slots()} if isinstance(module, Module) else {}
+    first: dict[Any, int] = {}
+    distinct: list[str] = []
+    rep: list[int] = []
+    for name in params:
+        index = first.setdefault(slot.get(name, name), len(distinct))
+        if index == len(distinct):
+            distinct.append(name)
+        rep.append(index)
+    return distinct, rep
 
 
 def value_and_grad(fn: Callable[..., Any], model: Module, *args: Any) -> tuple[float, dict[str, np.ndarray]]:
     """``(loss, grads)`` where ``loss = fn(model, *args)`` is a scalar and ``grads[name]`` is
-    d loss / d parameter ``name`` (keys as in ``model.state_dict()``)."""
+    d loss / d parameter ``name`` (keys as in ``model.state_dict()``; a tied parameter's whole
+    gradient under each of its names)."""
     params = model.parameters()
     names = list(params)
+    distinct, rep = _tied(model, params)
 
     def loss_of(*values: Any) -> Any:
-        with model._bound(dict(zip(names, values))):
+        with model._bound({k: values[r] for k, r in zip(names, rep)}):
             return fn(model, *args)
 
-    loss, back = _trace(loss_of, [params[k] for k in names])
+    loss, back = _trace(loss_of, [params[k] for k in distinct])
     if np.ndim(loss) != 0:
         raise UsageError(f"value_and_grad: fn must return a scalar loss, got an array of shape {np.shape(loss)}")
     grads = back(np.ones_like(loss))
-    return float(loss), {k: _dense(g, params[k]) for k, g in zip(names, grads)}
+    return float(loss), {k: _dense(grads[r], params[k], copy=k != distinct[r]) for k, r in zip(names, rep)}
 
 
 class VJP:
@@ -115,10 +149,11 @@ class VJP:
     """
 
     def __init__(self, back: Callable[[Any], Any], output: Any, params: dict[str, np.ndarray], n_inputs: int,
-                 inputs: tuple, input_grads: bool = True) -> None:
+                 inputs: tuple, input_grads: bool = True, tied: tuple[list[str], list[int]] | None = None) -> None:
         self.output = output
         self._back = back
         self._params = params
+        self._tied = tied if tied is not None else (list(params), list(range(len(params))))
         self._n = n_inputs
         self._inputs = inputs
         self._input_grads = input_grads
@@ -126,8 +161,9 @@ class VJP:
 
     def backward(self, dy: Any) -> tuple[Any, dict[str, np.ndarray]]:
         grads = self._back(_cotangent(dy, self.output))
-        k = len(self._params)
-        dparams = {name: _dense(g, v) for (name, v), g in zip(self._params.items(), grads[:k])}
+        distinct, rep = self._tied
+        k = len(distinct)
+        dparams = {name: _dense(grads[r], v, copy=name != distinct[r]) for (name, v), r in zip(self._params.items(), rep)}
         if not self._input_grads:
             return (None if self._n == 1 else (None,) * self._n), dparams
         dinputs = tuple(_dense(g, x) for g, x in zip(grads[k:], self._inputs))
@@ -160,23 +196,32 @@ def vjp(module: Module | Callable[..., Any], *inputs: Any, params: dict[str, Any
         raise UsageError("vjp of a plain function needs params=")
     else:
         own = dict(params)
-    names, k = list(own), len(own)
+    names = list(own)
+    distinct, rep = _tied(module, own)
+    k = len(distinct)
 
     def run(*values: Any) -> Any:
-        bound = dict(zip(names, values[:k]))
+        bound = {n: values[r] for n, r in zip(names, rep)}
         if isinstance(module, Module):
             with module._bound(bound):
                 return module(*values[k:])
         return module(bound, *values[k:])
 
-    output, back = _trace(run, [own[n] for n in names] + list(inputs), constant=0 if input_grads else len(inputs))
-    return VJP(back, output, own, len(inputs), inputs, input_grads)
+    output, back = _trace(run, [own[n] for n in distinct] + list(inputs), constant=0 if input_grads else len(inputs))
+    return VJP(back, output, own, len(inputs), inputs, input_grads, (distinct, rep))
 
 
 def _cotangent(dy: Any, output: Any) -> Any:
-    if isinstance(output, tuple):
-        if not isinstance(dy, tuple) or len(dy) != len(output):
-            raise UsageError(f"backward: the output is a tuple of {len(output)}; dy must be a tuple of as many")
+    """``dy`` shaped as the output, for the traced node: a tuple for a tuple or list, for a dict
+    its values in the output's key order."""
+    if isinstance(output, dict):
+        if not isinstance(dy, dict) or set(dy) != set(output):
+            raise UsageError(f"backward: the output is a dict with keys {list(output)}; dy must be a dict with the same keys")
+        return tuple(_cotangent(dy[k], o) for k, o in output.items())
+    if isinstance(output, (tuple, list)):
+        if not isinstance(dy, (tuple, list)) or len(dy) != len(output):
+            raise UsageError(f"backward: the output is a {type(output).__name__} of {len(output)}; dy must be a tuple "
+                             f"or list of as many")
         return tuple(_cotangent(d, o) for d, o in zip(dy, output))
     if dy is None:
         return np.zeros_like(output)
@@ -185,9 +230,11 @@ def _cotangent(dy: Any, output: Any) -> Any:
     return np.asarray(dy, dtype=np.asarray(output).dtype)
 
 
-def _dense(g: Any, like: Any) -> np.ndarray:
+def _dense(g: Any, like: Any, copy: bool = False) -> np.ndarray:
     """autograd gives 0 (a float) or None for inputs the output does not depend on: make it an
-    array of zeros (None as a 0-d float64 array was NaN: an unused scalar parameter's gradient)."""
+    array of zeros (None as a 0-d float64 array was NaN: an unused scalar parameter's gradient).
+    ``copy``: a tied parameter's second name gets its own array."""
     if g is None or (np.ndim(g) == 0 and np.ndim(like) != 0):
         return np.zeros(np.shape(like), dtype=getattr(like, "dtype", np.float64))
-    return np.asarray(g, dtype=getattr(like, "dtype", None))
+    return np.array(g, dtype=getattr(like, "dtype", None), copy=True) if copy else \
+        np.asarray(g, dtype=getattr(like, "dtype", None))

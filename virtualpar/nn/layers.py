@@ -113,6 +113,9 @@ class Sequential(Module):
         return layers[index]
 
     def forward(self, x: Any) -> Any:
-        for layer in self:
-            x = layer(x)
+        for name, layer in self.named_children():
+            try:
+                x = layer(x)
+            except ShapeError as exc:  # say which layer: two may print alike
+                raise ShapeError(f"layer {name} of Sequential: {exc}") from None
         return x

@@ -53,6 +53,8 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     read, so it may be any placeholder (torch's ignore_index −100)."""
     labels = np.asarray(labels)
     shape = np.shape(logits)
+    if len(shape) == 0:
+        raise UsageError("cross_entropy: logits must have a class dimension, got a scalar")
     if labels.dtype.kind not in "iu":
         raise UsageError(f"cross_entropy: labels must be integers, got dtype {labels.dtype}")
     if tuple(labels.shape) != tuple(shape[:-1]):
@@ -60,9 +62,14 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     classes = shape[-1]
     flat = anp.reshape(logits, (-1, classes))
     rows = labels.reshape(-1)
-    keep = np.ones(rows.shape, bool) if mask is None else np.asarray(mask, bool).reshape(-1)
-    if keep.shape != rows.shape:
-        raise UsageError(f"cross_entropy: mask must have the labels' shape {labels.shape}, got {np.shape(mask)}")
+    if mask is None:
+        keep = np.ones(rows.shape, bool)
+    else:
+        keep = np.asarray(mask)
+        if keep.dtype != np.bool_ or keep.shape != labels.shape:  # 0.2 is not a yes; (3, 2) is not (2, 3)
+            raise UsageError(f"cross_entropy: mask must be a bool array of the labels' shape {labels.shape}, got "
+                             f"{keep.dtype} of shape {keep.shape}")
+        keep = keep.reshape(-1)
     used = rows[keep]  # a masked row's label is never read: any placeholder will do (torch's -100)
     if used.size and (used.min() < 0 or used.max() >= classes):
         raise UsageError(f"cross_entropy: labels must lie in 0..{classes - 1}, got {used.min()}..{used.max()}")

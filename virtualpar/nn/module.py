@@ -1,9 +1,12 @@
 """``Module``: a tree of modules holding named numpy parameters.
 
-A module's parameters are its attributes that hold numpy arrays; its children are its attributes
-that hold modules.  Both are found by name in the order they were set, so ``state_dict()`` keys are
-dotted paths such as ``"0.weight"`` (``Sequential``) or ``"gru.layers.1.w_ih"``.  A subclass writes
-only ``forward``; :func:`virtualpar.nn.functional_call` runs it with other parameter values bound in
+A module's parameters are its attributes that hold numpy arrays, except those whose name starts
+with ``_`` (constants such as a mask: torch's non-persistent buffers); its children are its
+attributes that hold modules, whatever their name.  Both are found by name in the order they were
+set, so ``state_dict()`` keys are dotted paths such as ``"0.weight"`` (``Sequential``) or
+``"gru.layers.1.w_ih"``.  A module reachable under several names (tied weights) holds one
+parameter under each: ``state_dict()`` lists every name, gradients give each name the whole
+gradient, and ``num_parameters()`` counts it once.  A subclass writes only ``forward``; :func:`virtualpar.nn.functional_call` runs it with other parameter values bound in
 place (autograd boxes, when differentiating), which is how every layer gets its backward for free.
 """
 
@@ -25,12 +28,25 @@ class ShapeError(UsageError, ValueError):
     """A layer got an input of the wrong shape or dtype (the message names the layer and both)."""
 
 
+class _ParameterDtype:
+    """``module.dtype``: its first parameter's dtype (None without parameters).  A non-data
+    descriptor, so a subclass may still set ``self.dtype`` itself, as the built-in layers' argument
+    suggests."""
+
+    def __get__(self, module: Any, owner: type) -> Any:
+        if module is None:
+            return self
+        for _, value in module.named_parameters():
+            return np.dtype(value.dtype)  # arrays and autograd's boxes both carry one
+        return None
+
+
 class Module:
     """Base class: subclass, set parameters (numpy arrays) and submodules as attributes, write ``forward``."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         order = self.__dict__.setdefault("_order", [])
-        if isinstance(value, (np.ndarray, Module)) and name not in order and not name.startswith("_"):
+        if name not in order and (isinstance(value, Module) or isinstance(value, np.ndarray) and name[:1] != "_"):
             order.append(name)
         object.__setattr__(self, name, value)
 
@@ -64,7 +80,8 @@ class Module:
         return dict(self.named_parameters())
 
     def num_parameters(self) -> int:
-        return sum(int(np.size(v)) for _, v in self.named_parameters())
+        """Number of scalars in the parameters, a tied parameter (a module used twice) counted once."""
+        return sum(int(np.size(v)) for v in {(id(o), leaf): v for _, o, leaf, v in self._slots()}.values())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set every parameter from ``state``; names and shapes must match exactly.
@@ -84,8 +101,15 @@ class Module:
             if wrong:
                 parts.append("wrong shapes " + "; ".join(wrong))
             raise UsageError(f"{type(self).__name__}.load_state_dict: " + ", ".join(parts))
-        for name, value in state.items():
-            self._set(name, np.array(value, dtype=own[name].dtype, copy=True))
+        new = {}
+        for name, value in state.items():  # every value converted before any is set: all or nothing
+            try:
+                new[name] = np.array(value, dtype=own[name].dtype, copy=True)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"{type(self).__name__}.load_state_dict: {name!r} cannot be made a "
+                                 f"{own[name].dtype} array: {exc}") from None
+        for name, value in new.items():
+            self._set(name, value)
 
     def astype(self, dtype: Any) -> "Module":
         """Cast every parameter to ``dtype`` (float32 or float64) in place; returns self."""
@@ -96,11 +120,7 @@ class Module:
             self._set(name, value.astype(dtype))
         return self
 
-    @property
-    def dtype(self) -> np.dtype | None:
-        for _, value in self.named_parameters():
-            return np.dtype(value.dtype)  # arrays and autograd's boxes both carry one
-        return None
+    dtype = _ParameterDtype()
 
     def _set(self, dotted: str, value: Any) -> None:
         owner, _, leaf = dotted.rpartition(".")
@@ -148,10 +168,15 @@ class Module:
 
 def check_input(layer: Module, x: Any, last_dim: int | None, what: str = "input") -> None:
     """Raise ``ShapeError`` unless ``x`` is a float array (of the layer's dtype) ending in ``last_dim``."""
+    if isinstance(x, (tuple, dict)):
+        what_it_is = f"a tuple of {len(x)}" if isinstance(x, tuple) else "a dict"
+        hint = " (a recurrent layer returns (outputs, h_n): pass on its [0])" if isinstance(x, tuple) else ""
+        raise ShapeError(f"{layer!r}: expected an array as {what}, got {what_it_is}{hint}")
     shape = getattr(x, "shape", None)  # arrays and autograd's boxes: np.shape would go through asarray
-    if shape is None:
-        shape = np.shape(x)
     dtype = getattr(x, "dtype", None)
+    if shape is None:  # a list or a scalar: checked as the array numpy makes of it
+        as_array = np.asarray(x)
+        shape, dtype = as_array.shape, as_array.dtype
     if last_dim is not None and (len(shape) == 0 or shape[-1] != last_dim):
         raise ShapeError(f"{layer!r}: expected {what} of shape (..., {last_dim}), got shape {tuple(shape)}")
     own = layer.dtype

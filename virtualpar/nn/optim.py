@@ -17,6 +17,7 @@ Each keeps its state per parameter name and has ``state_dict`` / ``load_state_di
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,8 @@ __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate"]
 
 class Optimizer:
     def __init__(self, lr: float) -> None:
-        if not lr > 0:
-            raise UsageError(f"{type(self).__name__}: lr must be positive, got {lr!r}")
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr >= 0:
+            raise UsageError(f"{type(self).__name__}: lr must be a number >= 0, got {lr!r}")
         self.lr = float(lr)
         self.t = 0
         self.state: dict[str, dict[str, np.ndarray]] = {}
@@ -46,6 +47,10 @@ class Optimizer:
             if g.shape != p.shape:  # numpy would broadcast, and the parameter would change shape
                 raise UsageError(f"{type(self).__name__}.step: the gradient of {k!r} has shape {g.shape}, the "
                                  f"parameter {p.shape}")
+            kept = {s: v.shape for s, v in self.state.get(k, {}).items() if np.ndim(v)}  # momentum, m, v
+            if any(shape != p.shape for shape in kept.values()):  # broadcast just the same: a resized model
+                raise UsageError(f"{type(self).__name__}.step: the state kept for {k!r} has shapes {kept}, the "
+                                 f"parameter {p.shape}; a resized parameter needs a fresh optimizer")
             out[k] = (k, p, g)
         self.t += 1
         return {k: self._update(*args) for k, args in out.items()}
@@ -124,9 +129,11 @@ class AdamW(Adam):
 
 def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict[str, np.ndarray], float]:
     """Scale every gradient by ``min(1, max_norm / (‖g‖₂ + 1e-6))`` with ‖g‖₂ over all of them
-    (torch.nn.utils.clip_grad_norm_); returns ``(clipped, total_norm)``."""
+    (torch.nn.utils.clip_grad_norm_); returns ``(clipped, total_norm)``.  A NaN or infinite norm
+    makes every gradient NaN, as torch's does: a step taken with it shows, rather than skipping
+    the clip."""
     total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
-    scale = min(1.0, max_norm / (total + 1e-6))
+    scale = min(1.0, max_norm / (total + 1e-6)) if math.isfinite(total) else math.nan
     return {k: (g * scale).astype(g.dtype) for k, g in grads.items()}, total
 
 

@@ -23,6 +23,7 @@ import autograd.numpy as anp
 import numpy as np
 
 from ..errors import UsageError
+from .activations import tanh
 from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
 
@@ -30,7 +31,7 @@ __all__ = ["RNN", "GRU"]
 
 
 def _sigmoid(x: Any) -> Any:
-    return 0.5 * (anp.tanh(0.5 * x) + 1.0)  # = 1/(1+e^−x), without overflow for large |x|
+    return 0.5 * (tanh(0.5 * x) + 1.0)  # = 1/(1+e^−x), without overflow for large |x|
 
 
 class _Cell(Module):
@@ -49,8 +50,6 @@ class _Recurrent(Module):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, seed: int = 0,
                  dtype: Any = np.float32) -> None:
         dt = check_dtype(type(self).__name__, dtype)
-        if num_layers < 1:
-            raise UsageError(f"{type(self).__name__}: num_layers must be >= 1, got {num_layers}")
         name = type(self).__name__
         self.input_size = check_size(name, "input_size", input_size, least=1)
         self.hidden_size = check_size(name, "hidden_size", hidden_size, least=1)
@@ -103,7 +102,7 @@ class RNN(_Recurrent):
     GATES = 1
 
     def _step(self, cell: _Cell, xt: Any, h: Any) -> Any:
-        return anp.tanh(anp.dot(xt, cell.w_ih) + cell.b_ih + anp.dot(h, cell.w_hh) + cell.b_hh)
+        return tanh(anp.dot(xt, cell.w_ih) + cell.b_ih + anp.dot(h, cell.w_hh) + cell.b_hh)
 
 
 class GRU(_Recurrent):
@@ -117,5 +116,5 @@ class GRU(_Recurrent):
         gh = anp.dot(h, cell.w_hh) + cell.b_hh
         r = _sigmoid(gi[:, :hid] + gh[:, :hid])
         z = _sigmoid(gi[:, hid:2 * hid] + gh[:, hid:2 * hid])
-        new = anp.tanh(gi[:, 2 * hid:] + r * gh[:, 2 * hid:])
+        new = tanh(gi[:, 2 * hid:] + r * gh[:, 2 * hid:])
         return (1.0 - z) * new + z * h
