@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from virtualpar import UsageError
@@ -101,8 +102,36 @@ def test_a_looped_strategy_runs_at_the_cap_one_batch_needs(B, policy):
 def test_a_user_strategy_and_bad_mappings():
     run = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(w.batch, 0))
     assert run.weight_transmissions == 4  # batch 1's four items fetch from worker 0
-    with pytest.raises(UsageError, match=r"mapped f0 \(stage 0, batch 0\) to .*workers 0..1"):
+    with pytest.raises(UsageError, match=r"mapped f0 \(stage 0, batch 0\) to workers \(5, 0\); there are 2 workers"):
         simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(5, 0))
+    # a plain pair and numpy ints are a mapping (the pair failed as 'tuple' has no attribute 'compute',
+    # numpy ints as out of 0..1); anything else is refused by what it is
+    plain = simulate(2, 2, 2, lambda w: (w.batch, 0))
+    numpy_ints = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(np.int64(w.batch), np.int64(0)))
+    assert [i.workers for i in plain.items] == [i.workers for i in numpy_ints.items] == [i.workers for i in run.items]
+    with pytest.raises(UsageError, match=r"to 'w0'; expected ComputeAndWeightWorkers"):
+        simulate(2, 2, 2, lambda w: "w0")
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    ({"forward_cost": -1}, "forward_cost must be a finite number >= 0, got -1"),
+    ({"weight_cost": -1}, "weight_cost must be"), ({"activation_cost": -5}, "activation_cost must be"),
+    ({"backward_cost": float("nan")}, "backward_cost must be"), ({"forward_cost": float("inf")}, "forward_cost must"),
+    ({"forward_cost": "1"}, "forward_cost must be"), ({"max_activations": 2.5}, "max_activations must be a positive int"),
+    ({"max_activations": True}, "max_activations must be a positive int, got True"),
+])
+def test_bad_costs_and_caps_are_refused(kwargs, what):
+    with pytest.raises(UsageError, match=what):
+        simulate(4, 4, 4, GPipe, **kwargs)
+
+
+def test_a_weight_fetch_starts_once_the_worker_is_free_and_the_input_is_there():
+    """start = max(free, pred + activation_cost) + weight_cost, as the module doc says: batch 1's
+    f0 on worker 1 fetches worker 0's weights from t = 0 and starts at 1, and its f1 (weights on
+    worker 0 too) waits for f0 to end at 2 before its own fetch."""
+    run = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(w.batch, 0), weight_cost=1.0)
+    starts = {(i.work.stage, i.work.batch, i.work.direction.value): i.start for i in run.items}
+    assert starts[(0, 1, "f")] == 1.0 and starts[(1, 1, "f")] == 3.0 and starts[(0, 0, "f")] == 0.0
 
 
 def test_rendering_comes_from_the_run():
@@ -143,6 +172,8 @@ def test_strategy_command(capsys):
     assert main(["strategy", "ddp", "--workers", "8", "--stages", "4", "--batches", "8"]) == 0
     assert "latency 12" in capsys.readouterr().out
     assert main(["strategy", "nope"]) == 2
+    assert main(["strategy", "ddp", "--workers", "4", "--group-size", "3"]) == 2  # was ignored
+    assert "--group-size applies to looped and fs_looped; ddp has no batch groups" in capsys.readouterr().err
     for name in ("gpipe", "cuckoo"):  # said "mapped f3 ... to ComputeAndWeightWorkers(compute=3, ...)"
         assert main(["strategy", name, "--workers", "3", "--stages", "4"]) == 1
         assert f"{name} puts stage s on worker s, so it needs at least as many workers as stages; got 3 workers for 4 " \

@@ -64,3 +64,12 @@ def test_cuckoo_is_simulated_but_not_lowered():
     run = simulate(4, 4, 8, Cuckoo(4, 4, 8))
     with pytest.raises(UsageError, match="runs its forward on worker .* and its backward on worker"):
         lower_strategy(run)
+
+
+def test_a_cluster_of_another_size_is_named_as_the_cluster():
+    """Without axis= the message said 'the mesh axis None has 4'."""
+    op = StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES["gpipe"](4, 4, 4), 4, 4)
+    rng = np.random.default_rng(1)
+    with VirtualCluster(2) as cluster, pytest.raises(
+            UsageError, match=r"for 4 pipeline ranks; the cluster has 2 devices \(pass axis= to run along one mesh axis\)"):
+        cluster.execute(op, rng.standard_normal((8, 8)), rng.standard_normal((8, 8)))

@@ -83,6 +83,12 @@ def test_a_sequence_that_does_not_split_is_refused():
     with VirtualCluster(Mesh({"time": 3})) as cluster:
         with pytest.raises(UsageError, match="10 steps does not split into 3 equal time segments"):
             cluster.execute(op, inputs, labels)
+        with pytest.raises(UsageError, match="inputs must be a tuple of arrays"):  # a bare array split on the wrong axis
+            cluster.execute(op, inputs[0], labels)
+        good_inputs, good_labels = example.synthetic(batch=4, length=12)
+        cluster.execute(op, good_inputs, good_labels)
+        with pytest.raises(UsageError, match=r"rank must be an int in 0..2, got 7"):  # was an IndexError
+            op.state_dict(cluster, 7)
 
 
 def test_the_microbatched_reference_is_the_mean_over_the_parts():

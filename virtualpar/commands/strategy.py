@@ -18,6 +18,10 @@ def _strategy(args: argparse.Namespace) -> int:
     if args.name not in STRATEGIES:
         print(f"virtualpar strategy: unknown strategy {args.name!r}; choose one of {', '.join(STRATEGIES)}", file=sys.stderr)
         return 2
+    if args.group_size is not None and args.name not in ("looped", "fs_looped"):
+        print(f"virtualpar strategy: --group-size applies to looped and fs_looped; {args.name} has no batch groups",
+              file=sys.stderr)
+        return 2
     fn = STRATEGIES[args.name](args.workers, args.stages, args.batches, args.group_size)
     policy = OldestStageFirst if args.policy == "oldest-stage" else OldestBatchFirst
     run = simulate(args.workers, args.stages, args.batches, fn, policy, max_activations=args.max_activations)

@@ -99,8 +99,9 @@ class PipelinedOperation:
                              f"stages, but the pipeline has {len(self.pipeline)}; cut the model into "
                              f"{placement.stages} stages or change the ranks / virtual chunks")
         if placement.ranks != ranks:
-            raise UsageError(f"the schedule is for {placement.ranks} pipeline ranks; the mesh axis "
-                             f"{self.axis!r} has {ranks}")
+            where = f"the mesh axis {self.axis!r} has {ranks}" if self.axis is not None else \
+                f"the cluster has {ranks} devices (pass axis= to run along one mesh axis)"
+            raise UsageError(f"the schedule is for {placement.ranks} pipeline ranks; {where}")
         validate(schedule, placement, self.microbatches)
         kinds = {a.kind for acts in schedule.values() for a in acts if a is not None}
         check_costs(self.costs, f"PipelinedOperation({self.schedule_name!r})", needed=kinds)

@@ -2,9 +2,10 @@
 
 Each batch runs forward through stages 0…S−1, then backward from S−1 to 0.  At every decision the
 scheduler looks at the next work item of every unfinished batch and starts the one that can start
-earliest — the later of when its predecessor ends (plus ``activation_cost`` if the predecessor ran
-on another worker) and when its compute worker is free (plus ``weight_cost`` when its weights live
-on another worker).  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest batch, then furthest
+earliest: at the later of when its predecessor ends (plus ``activation_cost`` if the predecessor
+ran on another worker) and when its compute worker is free, plus ``weight_cost`` when its weights
+live on another worker — the fetch starts once the worker is free and the input is there (no
+prefetch), so ``start = max(free, pred + ac) + wc``.  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest batch, then furthest
 along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest batch).  With
 ``max_activations`` a worker holding that many stashed activations starts no forward until a
 backward frees one — which is how 1F1B emerges from the GPipe mapping.  A batch that runs k > 1
@@ -37,7 +38,10 @@ always.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Any
 
 from ..errors import UsageError
 from .work import ComputeAndWeightWorkers, Direction, Strategy, Work
@@ -109,9 +113,14 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
              forward_cost: float = 1.0, backward_cost: float = 2.0, activation_cost: float = 0.0,
              weight_cost: float = 0.0, max_activations: int | None = None) -> StrategyRun:
     """Schedule every batch's 2S work items greedily (see the module doc)."""
-    for name, v in (("num_workers", num_workers), ("num_stages", num_stages), ("num_batches", num_batches)):
+    for name, v in (("num_workers", num_workers), ("num_stages", num_stages), ("num_batches", num_batches),
+                    ("max_activations", 1 if max_activations is None else max_activations)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"simulate: {name} must be a positive int, got {v!r}")
+    for name, v in (("forward_cost", forward_cost), ("backward_cost", backward_cost),
+                    ("activation_cost", activation_cost), ("weight_cost", weight_cost)):
+        if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
+            raise UsageError(f"simulate: {name} must be a finite number >= 0, got {v!r}")
     seqs = [_sequence(num_stages, b) for b in range(num_batches)]
     pos = [0] * num_batches
     done_at = [0.0] * num_batches
@@ -132,8 +141,7 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
             if pos[b] == len(seqs[b]):
                 continue
             w = seqs[b][pos[b]]
-            cw = strategy(w)
-            _check_workers(cw, w, num_workers)
+            cw = _workers(strategy(w), w, num_workers)
             start = max(free[cw.compute], done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0))
             if cw.weight != cw.compute:
                 start += weight_cost
@@ -200,16 +208,21 @@ def _forwards_per_worker(seq: list[Work], strategy: Strategy, workers: int) -> l
     count = [0] * workers
     for w in seq:
         if w.direction is Direction.FORWARD:
-            cw = strategy(w)
-            _check_workers(cw, w, workers)
-            count[cw.compute] += 1
+            count[_workers(strategy(w), w, workers).compute] += 1
     return count
 
 
-def _check_workers(cw: ComputeAndWeightWorkers, w: Work, n: int) -> None:
-    if not (isinstance(cw, tuple) and len(cw) == 2 and all(isinstance(x, int) and 0 <= x < n for x in cw)):
-        raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to {cw!r}; expected "
-                         f"ComputeAndWeightWorkers(compute, weight) with workers 0..{n - 1}")
+def _workers(cw: Any, w: Work, n: int) -> ComputeAndWeightWorkers:
+    """The strategy's answer as ``ComputeAndWeightWorkers`` of two ints in 0..n−1 (a plain pair and
+    numpy ints are taken as such); anything else is refused, naming the work item."""
+    if isinstance(cw, tuple) and len(cw) == 2 and all(isinstance(x, Integral) and not isinstance(x, bool) for x in cw):
+        if all(0 <= x < n for x in cw):
+            return cw if type(cw) is ComputeAndWeightWorkers and all(type(x) is int for x in cw) else \
+                ComputeAndWeightWorkers(int(cw[0]), int(cw[1]))
+        raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to workers {tuple(map(int, cw))}; "
+                         f"there are {n} workers, 0..{n - 1}")
+    raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to {cw!r}; expected "
+                     f"ComputeAndWeightWorkers(compute, weight), two ints in 0..{n - 1}")
 
 
 def _activation_stats(items: list[ScheduledWork], workers: int) -> tuple[int, float]:

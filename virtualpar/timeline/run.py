@@ -15,6 +15,8 @@ import copy
 import weakref
 from typing import Any
 
+from numbers import Integral
+
 import numpy as np
 
 from .. import nn
@@ -95,7 +97,14 @@ class TimelineParallel:
         mesh = cluster.mesh
         axes = mesh.axes(self.axis)
         D = len(mesh.group_of(0, axes))
+        for name, given in (("inputs", inputs), ("labels", labels)):
+            if not isinstance(given, (tuple, list)):
+                raise UsageError(f"TimelineParallel: {name} must be a tuple of arrays (each (N, T, ...) for inputs), "
+                                 f"got {type(given).__name__}")
         inputs, labels = tuple(inputs), tuple(labels)
+        if not inputs or np.ndim(inputs[0]) < 2:
+            raise UsageError(f"TimelineParallel: inputs[0] must be (N, T, ...), batch then time; got shape "
+                             f"{np.shape(inputs[0]) if inputs else 'no inputs'}")
         T = np.shape(inputs[0])[1]
         if T % D:
             raise UsageError(f"a sequence of {T} steps does not split into {D} equal time segments "
@@ -124,6 +133,8 @@ class TimelineParallel:
     def state_dict(self, cluster: Any, rank: int = 0) -> dict[str, np.ndarray]:
         """The trained weights (every device of the axis holds the same copy)."""
         check_ran(self, cluster)
+        if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < cluster.size:
+            raise UsageError(f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}")
         return cluster.run(_weights, self.key)[rank]
 
     def timeline(self, clock: str = "auto") -> str:

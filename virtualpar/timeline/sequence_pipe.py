@@ -17,7 +17,9 @@ The user subclasses ``SequencePipe`` and writes only what seed 000's user writes
     get_group() -> mesh axis name
 
 with ``virtualpar.nn`` layers and no backward code.  The loss is computed on the last time
-segment (it reads the labels at the last step, as the seed's does).  With M microbatches the step's
+segment (it reads the labels at the last step, as the seed's does): ``loss_fn`` gets that
+segment's outputs only, so a loss that reads earlier steps differs from :func:`reference_step`,
+which gives it the whole sequence.  With M microbatches the step's
 loss and gradients are the mean over the microbatches (see :func:`reference_step`).
 
 Makespan under unit costs (each segment's forward 1, backward b, free links), D devices, M
@@ -62,7 +64,8 @@ class SequencePipe(nn.Module):
 
 def reference_step(model: SequencePipe, inputs: tuple, labels: tuple,
                    microbatches: int = 1) -> tuple[float, dict[str, np.ndarray]]:
-    """The whole sequence on one device: ``(loss, grads)`` — what the time-split run must equal.
+    """The whole sequence on one device: ``(loss, grads)`` — what the time-split run must equal
+    when ``loss_fn`` reads only the last time segment (``loss_fn`` gets every step's outputs here).
 
     With ``microbatches`` M, the batch is split into M equal parts along dim 0, as
     ``TimelineParallel(microbatches=M)`` splits it, and the loss and gradients are the mean over
