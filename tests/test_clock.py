@@ -239,7 +239,7 @@ def test_binomial_broadcast_async_costs_the_tree_depth(n):
     assert max(x.now for x in c) == pytest.approx(analytic.tree_broadcast(n, M, A, B, concurrent=True), rel=REL)
 
 
-def direct_all_reduce(c: list[DeviceClock], nbytes: float, blocking: bool) -> None:
+def two_shot_all_reduce(c: list[DeviceClock], nbytes: float, blocking: bool) -> None:
     """Reduce-scatter then all-gather, device i exchanging M/n with i+s / i-s for s = 1..n-1.
 
     Asynchronous: each device posts its n-1 sends of a phase, then completes its n-1 receives.
@@ -264,10 +264,10 @@ def direct_all_reduce(c: list[DeviceClock], nbytes: float, blocking: bool) -> No
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("blocking", [True, False])
-def test_direct_all_reduce_matches_closed_form(n, blocking):
+def test_two_shot_all_reduce_matches_closed_form(n, blocking):
     c = clocks(Topology.fully_connected(n, latency=A, bandwidth=B))
-    direct_all_reduce(c, M, blocking)
-    expected = analytic.direct_all_reduce(n, M, A, B, concurrent=not blocking)
+    two_shot_all_reduce(c, M, blocking)
+    expected = analytic.two_shot_all_reduce(n, M, A, B, concurrent=not blocking)
     for clock in c:
         assert clock.now == pytest.approx(expected, rel=REL)
 
@@ -363,9 +363,12 @@ def test_compute_refuses_what_is_not_an_amount_of_work():
     from virtualpar import VirtualCluster
 
     with VirtualCluster(2) as c:
-        for kw, said in ((dict(bytes=float("nan")), "bytes must be a number >= 0, got nan"),
-                         (dict(flops="1e9"), "flops must be a number >= 0, got '1e9'"),
-                         (dict(flops=True), "flops must be a number >= 0, got True")):
+        for kw, said in ((dict(bytes=float("nan")), "bytes must be a finite number >= 0, got nan"),
+                         (dict(flops="1e9"), "flops must be a finite number >= 0, got '1e9'"),
+                         (dict(flops=True), "flops must be a finite number >= 0, got True"),
+                         # inf made every later clock inf, and the trace's JSON invalid
+                         (dict(flops=float("inf")), r"compute on rank \d: flops must be a finite number >= 0, got inf"),
+                         (dict(bytes=np.float64("inf")), "bytes must be a finite number >= 0, got")):
             with pytest.raises(UsageError, match=said):
                 c.run(lambda d, kw=kw: d.compute(**kw))
         assert c.run(lambda d: d.compute(flops=np.float32(0), bytes=0)) == [0.0, 0.0]

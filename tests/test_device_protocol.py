@@ -78,7 +78,7 @@ class FakeDevice:
     def all_reduce(self, x, op="sum", group=None, algorithm=None, timeout=None):
         return np.array(x, copy=True)
 
-    def compute(self, flops=0.0, bytes=0.0, dtype="float32", name="compute"):
+    def compute(self, flops=0.0, bytes=0.0, dtype="float32", name="compute", since=None):
         return 0.0
 
     def send(self, *a, **k):

@@ -226,7 +226,7 @@ A, B, M = 5e-6, 2e9, 3 * 2**20
 
 def test_analytic_n1_costs_nothing():
     for f in (analytic.ring_all_reduce, analytic.ring_all_gather, analytic.ring_reduce_scatter,
-              analytic.tree_broadcast, analytic.direct_all_reduce):
+              analytic.tree_broadcast, analytic.direct_all_reduce, analytic.two_shot_all_reduce):
         assert f(1, M, A, B) == 0.0
 
 
@@ -239,8 +239,11 @@ def test_analytic_small_cases_by_hand():
     # n=5 binomial broadcast: rounds 0->1; 0->2,1->3; 0->4 = 3 rounds; depth of rank 3 (0->1->3) = 2
     assert analytic.tree_broadcast(5, M, A, B) == pytest.approx(3 * (A + M / B), rel=REL)
     assert analytic.tree_broadcast(5, M, A, B, concurrent=True) == pytest.approx(2 * (A + M / B), rel=REL)
-    assert analytic.direct_all_reduce(4, M, A, B) == pytest.approx(6 * (A + M / 4 / B), rel=REL)
-    assert analytic.direct_all_reduce(4, M, A, B, concurrent=True) == pytest.approx(2 * (A + M / 4 / B), rel=REL)
+    assert analytic.two_shot_all_reduce(4, M, A, B) == pytest.approx(6 * (A + M / 4 / B), rel=REL)
+    assert analytic.two_shot_all_reduce(4, M, A, B, concurrent=True) == pytest.approx(2 * (A + M / 4 / B), rel=REL)
+    # one-shot: the whole M to each of the 3 peers
+    assert analytic.direct_all_reduce(4, M, A, B) == pytest.approx(3 * (A + M / B), rel=REL)
+    assert analytic.direct_all_reduce(4, M, A, B, concurrent=True) == pytest.approx(A + M / B, rel=REL)
 
 
 @pytest.mark.parametrize("n", range(1, 17))

@@ -78,6 +78,20 @@ def test_ring_all_reduce_costs_2_n_minus_1_steps(n):
         assert clock == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_direct_all_reduce_is_one_shot(n):
+    """algorithm="direct" sends all M bytes to each peer at once over dedicated links: α + M/β,
+    analytic.direct_all_reduce's concurrent form (it described a two-shot scheme before)."""
+    count = 1024 * n
+    nbytes = 8 * count
+    with VirtualCluster(n, hardware=UNIFORM) as cluster:
+        clocks = cluster.run(_all_reduce, count, "direct")
+        sent = cluster.stats().bytes.sum(axis=1)
+    for clock in clocks:
+        assert clock == pytest.approx(analytic.direct_all_reduce(n, nbytes, ALPHA, BETA, concurrent=True), rel=1e-12)
+    assert sent.tolist() == [(n - 1) * nbytes] * n
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_binomial_broadcast_costs_ceil_log2_n_hops(n):
     count = 4096

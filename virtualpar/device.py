@@ -79,7 +79,8 @@ class Device(Protocol):
     def barrier(self, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> None: ...
 
     # compute charges and the two clocks
-    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute") -> float: ...
+    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute",
+                since: float | None = None) -> float: ...  # since: the dev.wall the work began (run before the charge)
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
 

@@ -32,6 +32,7 @@ def matmul(device: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.ndim < 2 or b.ndim != 2:
         raise UsageError(f"matmul: expected (..., m, k) @ (k, n), got shapes {a.shape} and {b.shape}")
     flops, nbytes = matmul_cost(a.shape, b.shape, np.result_type(a, b).itemsize)
+    began = device.wall
     out = a @ b
-    device.compute(flops=flops, bytes=nbytes, dtype=out.dtype, name="matmul")
+    device.compute(flops=flops, bytes=nbytes, dtype=out.dtype, name="matmul", since=began)  # the slice covers a @ b
     return out

@@ -163,16 +163,17 @@ class MPIDevice(MPICollectives):
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
         dst, tag = plain_int(dst), plain_int(tag)
         t0 = (self.wall, self._clock.now)
-        nbytes = x.nbytes if isinstance(x, np.ndarray) else 0  # the modelled clock's bytes, the emulator's
+        # the bytes that travel, as on the emulator: an array's, or an object's pickle
+        nbytes = x.nbytes if isinstance(x, np.ndarray) else len(pickle.dumps(x, protocol=5))
         stamp = self._clock.on_send(dst, nbytes)
         if isinstance(x, np.ndarray):
             x = np.ascontiguousarray(x)
             reqs = [self.comm.isend(("array", x.shape, x.dtype.str, stamp), dest=dst, tag=tag),
                     self.comm.Isend(x, dest=dst, tag=tag), x]  # the array stays referenced until done
         else:
-            reqs = [self.comm.isend(("object", x, stamp), dest=dst, tag=tag)]
+            reqs = [self.comm.isend(("object", x, stamp, nbytes), dest=dst, tag=tag)]
         if dst != self.rank:  # as on the emulator: a message to oneself crosses no link, an object counts
-            self._count(dst, nbytes if isinstance(x, np.ndarray) else len(pickle.dumps(x, protocol=5)))  # its pickle
+            self._count(dst, nbytes)
         return _SendRequest(self, reqs, dst, nbytes, stamp, t0, tag)
 
     def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
@@ -196,7 +197,7 @@ class MPIDevice(MPICollectives):
         head = self.comm.recv(source=st.Get_source(), tag=st.Get_tag())  # the message probed
         source = st.Get_source()
         if head[0] == "object":
-            value, nbytes, stamp = head[1], 0, head[2]  # (the emulator's receive charges no pickle bytes either)
+            value, stamp, nbytes = head[1:]  # the pickle's bytes, as the emulator's receive charges them
         else:
             fits = out is not None and out.shape == tuple(head[1]) and out.dtype == np.dtype(head[2])
             value = out if fits else np.empty(head[1], np.dtype(head[2]))
@@ -229,8 +230,9 @@ class MPIDevice(MPICollectives):
         return value
 
     # -- compute and clocks -------------------------------------------------------------------------
-    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute") -> float:
-        wall0 = self.wall
+    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute",
+                since: float | None = None) -> float:
+        wall0 = self.wall if since is None else since
         start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
         self._record("compute", name, wall0, start)
         return end - start

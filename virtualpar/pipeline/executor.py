@@ -82,6 +82,7 @@ class PipelinedOperation:
         self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
+        self._last_on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's records
 
     # -- planning -----------------------------------------------------------------------------------
     def _plan(self, ranks: int) -> StepSpec:
@@ -145,6 +146,7 @@ class PipelinedOperation:
         self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
         for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
             self.last_records.setdefault(prank, records)
+        self._last_on[cluster] = self.last_records
         # the mean over every microbatch: a device's mean weighs as many microbatches as it ended
         # (a strategy may give its workers unequal numbers; data-parallel replicas have equal ones)
         last = Action(p.stages - 1, "F", 0)
@@ -168,10 +170,14 @@ class PipelinedOperation:
     # -- what ran -----------------------------------------------------------------------------------
     def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
         """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
-        the shortest compute action on ``clock`` ("model" or "wall")."""
+        the shortest compute action on ``clock`` ("model" or "wall"); the last step on ``cluster``
+        when one is given, else the last step on any."""
         check_clock(clock, ("model", "wall"))
+        if cluster is not None:
+            check_ran(self, cluster)
+        records = self.last_records if cluster is None else self._last_on.get(cluster, {})
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
-                for p, recs in sorted(self.last_records.items())}
+                for p, recs in sorted(records.items())}
         return format_timeline(rows, compute_only)
 
 

@@ -36,6 +36,7 @@ from .config import ClusterConfig, check_fault, check_sizes
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
+from .recorder import merged_trace
 from .startup import check_not_bootstrapping, start_devices
 from .shipping import dumps_call as _dumps, resident as _resident
 from .stats import TrafficStats
@@ -277,12 +278,9 @@ class VirtualCluster:
 
     def trace(self, clear: bool = False) -> Any:
         """Every device's events merged into one :class:`~virtualpar.trace.Trace`."""
-        from ..trace.events import Trace
-
         replies = self._open().broadcast(("trace", clear), "trace", check_unmatched=False)
-        events = [e for evs in replies for e in evs]
         names = {r: f"device {r} {self.mesh.index(r)}" for r in range(self.size)}
-        return Trace(events, device_names=names)
+        return merged_trace(replies, names, self.config.max_events)
 
     def clear_trace(self) -> None:
         self._open().broadcast(("clear_trace",), "clear_trace")

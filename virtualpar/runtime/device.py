@@ -74,7 +74,6 @@ class VirtualDevice(PointToPoint):
         self._specs: dict[tuple, Any] = {}  # validated collective calls (CollectiveSpec.build)
         self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
         self._events = EventLog(rank)
-        self._events_dropped = 0
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -108,13 +107,16 @@ class VirtualDevice(PointToPoint):
         return self.group(group).index(self.rank)
 
     # -- compute ----------------------------------------------------------------------------------
-    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute") -> float:
+    def compute(self, flops: float = 0.0, bytes: float = 0.0, dtype: Any = "float32", name: str = "compute",
+                since: float | None = None) -> float:
         """Charge a kernel to the modelled clock: max(flops / peak, bytes / memory bandwidth).
 
         Returns the modelled seconds charged.  virtualpar's own kernels call this as they run
-        (a matmul of (m, k) x (k, n) charges 2mnk flops).
+        (a matmul of (m, k) x (k, n) charges 2mnk flops).  ``since``: the ``dev.wall`` at which the
+        work began, when it ran before this charge (as ``dev.matmul``'s does): the trace's wall-clock
+        slice then covers the work itself.
         """
-        wall0 = time.monotonic()
+        wall0 = time.monotonic() if since is None else since + self.config.t0
         start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
         self._publish_clock()
         self._event("compute", name, wall0, start, end, args=(("flops", float(flops)), ("bytes", float(bytes))))
@@ -230,13 +232,13 @@ class VirtualDevice(PointToPoint):
         see ``EventLog``), unless the log is full."""
         events = self._events
         if len(events._raw) >= self.config.max_events:
-            self._events_dropped += 1
+            events.dropped += 1
             return
         t0 = self.config.t0
         events.add(kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, fields)
 
     def _message_event(self, kind: str, wall0: float, model0: float, model1: float, nbytes: int, peer: int,
-                       flow: tuple[int, int, int] | None) -> None:
+                       flow: tuple[int, int, int, int] | None) -> None:
         """``_event`` for a send or receive, without building a fields dict."""
         self._log(kind, kind, wall0, model0, model1, (nbytes, peer, flow))
 

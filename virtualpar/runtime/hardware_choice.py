@@ -19,11 +19,18 @@ def resolve_hardware(hardware: Any, mesh: Mesh) -> tuple[Hardware | None, Topolo
     - ``None``: the mesh's own topology (NVLink-class, fully connected, unless the mesh was given
       another) with H100-class devices;
     - a preset name (``"laptop"``, ``"h100-node"``, ``"h100-cluster"``) or a ``Hardware``: its
-      topology for ``mesh.size`` devices and its device spec (the mesh's topology is not used);
+      topology for ``mesh.size`` devices and its device spec;
     - a ``Topology``: those links, with ideal devices (compute costs nothing).
+
+    A mesh given its own ``topology=`` takes ``hardware=None`` only: with both, which links to
+    model would be a guess (a preset silently replaced the mesh's ring before).
     """
     if hardware is None:
         return None, mesh.topology, DEFAULT_DEVICE
+    if mesh._topology is not None:  # two answers to one question: which links to model
+        raise UsageError(f"the mesh was given its own topology ({mesh._topology.name}) and hardware={hardware!r} "
+                         "brings another; give one: hardware=None to model the mesh's links, or a mesh without "
+                         "topology=")
     if isinstance(hardware, Topology):
         if hardware.num_devices != mesh.size:
             raise UsageError(f"hardware topology has {hardware.num_devices} devices but the mesh {mesh} has {mesh.size}")

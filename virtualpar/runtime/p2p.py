@@ -80,14 +80,14 @@ class PointToPoint:
             return
         wall0 = time.monotonic() if self._trace else 0.0
         try:
-            inner = self._endpoint.isend(x, dst, tag, self._clock.on_send(dst, x.nbytes if isinstance(x, np.ndarray) else 0))
+            inner = self._endpoint.isend(x, dst, tag, on_send=self._clock.on_send)
         except BaseException:
             self._recorder.finish(self._begin_op(*self._texts.send(x, dst, tag)), self._clock.now, failed=True)
             raise
         slot = self._begin_op(*self._texts.send(x, dst, tag))
         if not inner.done:
             self._await(inner, slot, budget, lambda: self._p2p_error("send to", dst, tag, budget))
-        self._sent(dst, inner, slot, wall0, (self.rank, dst, inner.seq) if self._trace else None)
+        self._sent(dst, inner, slot, wall0, (self.rank, dst, inner.seq, self._endpoint.resets) if self._trace else None)
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Status | None = None) -> Any:
@@ -156,16 +156,15 @@ class PointToPoint:
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UsageError(f"{self.name}: recv(out=...) needs a writeable C-contiguous array")
 
-    def _post_send(self, x: Any, dst: int, tag: int) -> tuple[Any, tuple[int, int, int] | None]:
+    def _post_send(self, x: Any, dst: int, tag: int) -> tuple[Any, tuple[int, int, int, int] | None]:
         """Stamp and post one message; returns (transport request, trace flow id or None).  A flow
-        id is (src, dst, message number), formatted only when the trace is read."""
+        id is (src, dst, message number, resets), formatted only when the trace is read."""
         flow = None
         if self._trace:  # the flow id links the send and recv events of one message in a trace
-            flow = (self.rank, dst, self._endpoint.next_seq(dst))
-        stamp = self._clock.on_send(dst, x.nbytes if isinstance(x, np.ndarray) else 0)
-        return self._endpoint.isend(x, dst, tag, stamp), flow
+            flow = (self.rank, dst, self._endpoint.next_seq(dst), self._endpoint.resets)
+        return self._endpoint.isend(x, dst, tag, on_send=self._clock.on_send), flow
 
-    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int) -> tuple[Any, tuple[int, int, int] | None]:
+    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int) -> tuple[Any, tuple[int, int, int, int] | None]:
         """``_post_send`` for a user-level op: a send that cannot be posted is recorded as failed."""
         try:
             return self._post_send(x, dst, tag)
@@ -182,7 +181,7 @@ class PointToPoint:
                 self._recorder.finish(slot, self._clock.now, failed=True)
             raise
 
-    def _sent(self, dst: int, inner: Any, slot: int | None, wall0: float, flow: tuple[int, int, int] | None) -> None:
+    def _sent(self, dst: int, inner: Any, slot: int | None, wall0: float, flow: tuple[int, int, int, int] | None) -> None:
         """Clock, trace and record once a send completed (in program order).
 
         Hockney's model: a send costs its sender alpha + M/beta, charged when it is waited on, so
@@ -207,7 +206,7 @@ class PointToPoint:
             clock.on_recv(src, nbytes, header.stamp)
             self._clock_mv[0] = clock.now
             if self._trace:
-                self._message_event("recv", wall0, model0, clock.now, nbytes, src, (src, self.rank, header.seq))
+                self._message_event("recv", wall0, model0, clock.now, nbytes, src, (src, self.rank, header.seq, self._endpoint.resets))
         if slot is not None:
             self._recorder.finish(slot, clock.now)
 

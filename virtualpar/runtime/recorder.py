@@ -35,7 +35,7 @@ import numpy as np
 from ..trace.event import Event
 from ..transport.shm import RECORD_BYTES, RECORD_SLOTS, Layout, SharedArena
 
-__all__ = ["FlightRecorder", "OpRecord", "OpTexts", "EventLog", "describe_payload", "format_records"]
+__all__ = ["FlightRecorder", "OpRecord", "OpTexts", "EventLog", "describe_payload", "format_records", "merged_trace"]
 
 _REC = struct.Struct("<qddiidd208s")
 _HEAD = struct.Struct("<qddiidd")  # a record without its text
@@ -182,7 +182,7 @@ class EventLog:
     op it records, so :meth:`add` keeps ``(kind, name, wall_start, wall_end, model_start, model_end,
     seq, fields)`` and iterating builds the events (``list(log)`` is what ``cluster.trace()`` reads).
     A send or receive (on every message's path) keeps its fields as a plain ``(nbytes, peer, flow)``
-    tuple, its flow id as ``(src, dst, number)``, and a collective as ``(nbytes, (group, shape,
+    tuple, its flow id as ``(src, dst, number, resets)``, and a collective as ``(nbytes, (group, shape,
     dtype, algorithm), group_seq)`` (the middle part prepared once with its cached call): both
     become the event's fields when read.
     """
@@ -190,6 +190,7 @@ class EventLog:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self._raw: list[tuple[str, str, float, float, float, float, int, dict[str, Any]]] = []
+        self.dropped = 0  # events not kept because the log was full (the device's max_events)
 
     def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
             seq: int, fields: dict[str, Any] | tuple) -> None:
@@ -208,9 +209,32 @@ class EventLog:
                               "args": (("algorithm", algorithm), ("group_seq", group_seq))}
                 else:  # (nbytes, peer, flow)
                     nbytes, peer, flow = fields
-                    fields = {"nbytes": nbytes, "peer": peer, "flow": None if flow is None else f"{flow[0]}>{flow[1]}#{flow[2]}"}
+                    fields = {"nbytes": nbytes, "peer": peer, "flow": None if flow is None else _flow_id(*flow)}
             yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms, model_end=me,
                         seq=seq, **fields)
 
     def clear(self) -> None:
         self._raw.clear()
+        self.dropped = 0
+
+
+def merged_trace(replies: list[tuple[list[Event], int]], names: dict[int, str], cap: int) -> Any:
+    """Every device's ``(events, dropped)`` as one :class:`~virtualpar.trace.Trace`; a device whose
+    log filled up is reported (RuntimeWarning), never silently cut short."""
+    import warnings
+
+    from ..trace.events import Trace
+
+    full = {r: dropped for r, (_, dropped) in enumerate(replies) if dropped}
+    if full:
+        where = ", ".join(f"device {r} dropped {n}" for r, n in full.items())
+        warnings.warn(f"trace: {where} event(s) past the {cap} a device keeps; the trace holds only the first "
+                      f"{cap} of each: read it with cluster.trace(clear=True) between phases to keep them all",
+                      RuntimeWarning, stacklevel=3)
+    return Trace([e for evs, _ in replies for e in evs], device_names=names)
+
+
+def _flow_id(src: int, dst: int, seq: int, resets: int) -> str:
+    """``"2>5#17"``: message 17 from device 2 to 5; after a reset message numbers restart, so a
+    cluster reset r times writes ``"2>5#17@r"`` and the ids stay unique over its life."""
+    return f"{src}>{dst}#{seq}@{resets}" if resets else f"{src}>{dst}#{seq}"

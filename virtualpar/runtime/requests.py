@@ -44,7 +44,7 @@ class Request:
         deadline: float,
         on_timeout: Callable[[], Exception] | None,
         slot: int | None = None,
-        flow: tuple[int, int, int] | None = None,
+        flow: tuple[int, int, int, int] | None = None,
         budget: float = 0.0,
         wall0: float | None = None,
     ) -> None:

@@ -198,10 +198,11 @@ class _Handlers:
         return ("ok", None)
 
     def trace(self, clear: bool) -> tuple:
-        events = list(self.dev._events)
+        log = self.dev._events
+        reply = ("ok", (list(log), log.dropped))
         if clear:
-            self.dev._events.clear()
-        return ("ok", events)
+            log.clear()
+        return reply
 
     def clear_trace(self) -> tuple:
         self.dev._events.clear()

@@ -32,6 +32,7 @@ __all__ = [
     "ring_reduce_scatter",
     "tree_broadcast",
     "direct_all_reduce",
+    "two_shot_all_reduce",
 ]
 
 
@@ -103,7 +104,23 @@ def tree_broadcast(n: int, M: float, a: float, b: float, *, concurrent: bool = F
 
 
 def direct_all_reduce(n: int, M: float, a: float, b: float, *, concurrent: bool = False) -> float:
-    """Direct (two-shot) all-reduce: reduce-scatter then all-gather, each peer addressed directly.
+    """Direct (one-shot) all-reduce, as ``algorithm="direct"`` runs it: every device sends its whole
+    ``M`` bytes to each of its ``n−1`` peers and reduces the ``n`` arrays itself — ``(n−1)M`` bytes
+    sent per device, ``n/2`` times the ring's, in one step.
+
+    * single-port, blocking: the ``n−1`` messages go one after another, ``(n−1)(α + M/β)``.
+    * ``concurrent=True``: all of them in flight at once on dedicated links, ``α + M/β`` (what the
+      modelled clock charges on a fully connected topology; with one shared injection port per
+      device the bytes would still serialize: ``α + (n−1)M/β``).
+    """
+    _check(n, M, a, b)
+    if n == 1:
+        return 0.0
+    return (1 if concurrent else n - 1) * (a + M / b)
+
+
+def two_shot_all_reduce(n: int, M: float, a: float, b: float, *, concurrent: bool = False) -> float:
+    """Two-shot all-reduce: reduce-scatter then all-gather, each peer addressed directly.
 
     Every device owns the ``M/n`` slice with its index.  Phase 1 (reduce-scatter): it sends slice
     ``j`` to device ``j`` for each of the ``n−1`` peers and sums the ``n−1`` slices it receives.

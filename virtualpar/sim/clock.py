@@ -99,23 +99,25 @@ class DeviceClock:
     # -- compute --------------------------------------------------------------------------------------
     def compute(self, flops: float = 0.0, nbytes: float = 0.0, dtype: Any = "float32") -> tuple[float, float]:
         """Run a kernel of ``flops`` FLOPs touching ``nbytes`` bytes; returns its modelled ``(start, end)``."""
-        if type(flops) not in (int, float) or type(nbytes) not in (int, float) or not (flops >= 0 and nbytes >= 0):
+        if type(flops) not in (int, float) or type(nbytes) not in (int, float) or not (
+                0 <= flops < math.inf and 0 <= nbytes < math.inf):
             flops, nbytes = (self._amount("flops", flops), self._amount("bytes", nbytes))  # (the slow path)
         start = self.now
         self.now = start + self.device.compute_time(flops, nbytes, dtype)
         return start, self.now
 
     def _amount(self, what: str, v: Any) -> float:
-        """``v`` as an amount of work: a real number >= 0 (numpy scalars and 0-d arrays too), named
-        as ``dev.compute`` names it."""
+        """``v`` as an amount of work: a finite real number >= 0 (numpy scalars and 0-d arrays too),
+        named as ``dev.compute`` names it (an infinite amount would make every later time inf)."""
         if not isinstance(v, (bool, np.bool_, str, bytes)) and np.ndim(v) == 0:
             try:
                 x = float(v)
             except (TypeError, ValueError):
                 x = -1.0
-            if x >= 0 and isinstance(v, (numbers.Real, np.ndarray)):
+            if 0 <= x < math.inf and isinstance(v, (numbers.Real, np.ndarray)):
                 return x
-        raise UsageError(f"compute on rank {self.rank}: {what} must be a number >= 0, got {v!r}", rank=self.rank)
+        raise UsageError(f"compute on rank {self.rank}: {what} must be a finite number >= 0, got {v!r}",
+                         rank=self.rank)
 
     def advance_to(self, t: float) -> float:
         """``now = max(now, t)`` (e.g. wait for an event stamped ``t``); returns the new ``now``."""

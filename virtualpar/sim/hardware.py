@@ -17,6 +17,7 @@ lower bounds in the same sense the α–β model's are.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -58,18 +59,18 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def _nonneg(where: str, name: str, value: float) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: {name} must be a number; got {value!r}") from None
-    if not x >= 0.0:  # also rejects NaN
-        raise ValueError(f"{where}: {name} must be >= 0; got {value!r}")
+def _nonneg(where: str, name: str, value: float, finite: bool = True) -> float:
+    """``value`` as a float >= 0 (finite unless ``finite=False``); True, "1" and NaN are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
+        raise ValueError(f"{where}: {name} must be a number; got {value!r}")
+    x = float(value)
+    if not x >= 0.0 or (finite and x == math.inf):  # also rejects NaN
+        raise ValueError(f"{where}: {name} must be {'a finite number ' if finite else ''}>= 0; got {value!r}")
     return x
 
 
 def _positive(where: str, name: str, value: float) -> float:
-    x = _nonneg(where, name, value)
+    x = _nonneg(where, name, value, finite=False)
     if x == 0.0:
         raise ValueError(f"{where}: {name} must be > 0 (inf allowed); got {value!r}")
     return x
@@ -92,6 +93,11 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         where = f"DeviceSpec {self.name!r}"
         items = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
+        try:
+            items = [(k, v) for k, v in items]
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: peak_flops must be a mapping {{dtype: FLOP/s}} or (dtype, FLOP/s) pairs; "
+                             f"got {self.peak_flops!r}") from None
         pairs = tuple(sorted((dtype_name(k), _positive(where, f"peak_flops[{k!r}]", v)) for k, v in items))
         if _FALLBACK_DTYPE not in dict(pairs):
             raise ValueError(f"{where}: peak_flops needs a {_FALLBACK_DTYPE!r} figure (the fallback for "
@@ -149,6 +155,8 @@ class Hardware:
 
     def __post_init__(self) -> None:
         where = f"Hardware {self.name!r}"
+        if not isinstance(self.device, DeviceSpec):
+            raise ValueError(f"{where}: device must be a DeviceSpec (e.g. virtualpar.sim.hardware.H100_SXM); got {self.device!r}")
         object.__setattr__(self, "intra_latency", _nonneg(where, "intra_latency", self.intra_latency))
         object.__setattr__(self, "intra_bandwidth", _positive(where, "intra_bandwidth", self.intra_bandwidth))
         dpn = self.devices_per_node

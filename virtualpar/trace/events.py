@@ -12,7 +12,7 @@ timeline, a PNG Gantt chart, a summary with the critical path).
 Event kinds (:data:`KINDS`)::
 
     compute      local work (matmul, add, ...)
-    send, recv   one point-to-point message; a matching pair shares a ``flow`` id ("2>5#17")
+    send, recv   one point-to-point message; a matching pair shares a ``flow`` id ("2>5#17"; "2>5#17@1" after a reset)
     collective   a whole collective call; the send/recv events of its algorithm lie inside it
     wait         time spent blocked on something that is not a message (optional)
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from numbers import Integral
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +126,7 @@ class Trace:
             bad = sorted(kinds - _KIND_SET)
             if bad:
                 raise UsageError(f"Trace.filter: unknown kind(s) {bad}; expected some of {KINDS}")
-        ranks = None if rank is None else ({rank} if isinstance(rank, int) else set(rank))
+        ranks = None if rank is None else ({int(rank)} if isinstance(rank, Integral) else {int(r) for r in rank})
         kept = [e for e in self._events
                 if (kinds is None or e.kind in kinds)
                 and (ranks is None or e.rank in ranks)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict, deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -96,6 +96,7 @@ class Endpoint(Receiving):
         self._order = 0  # numbers receives as posted and unexpected messages as they arrive
         self._unexpected: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
         self._seq = {p: 0 for p in peers}
+        self.resets = 0
         self._bell = doorbells[me]
         self._bells = doorbells
         self._abort = arena.word_at(layout.abort_offset)
@@ -124,12 +125,18 @@ class Endpoint(Receiving):
         self._board = board_view(arena, layout, me) if me < layout.devices else None  # see waitboard.py
 
     # -- posting ----------------------------------------------------------------------------------
-    def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False) -> SendRequest | SentRequest:
+    def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False,
+              on_send: Callable[[int, int], float] | None = None) -> SendRequest | SentRequest:
+        """Post ``obj`` to ``dst``.  ``stamp`` is the modelled departure the header carries, or
+        ``on_send(dst, nbytes)`` gives it once the payload's size is known (a pickled object's
+        bytes occupy the link as an array's do)."""
         if self.shuffle is not None and not control:
             self.shuffle.pause()
         kind, payload, view, dtype, shape = encode(obj)
         seq = self._seq[dst] = self._seq[dst] + 1
         nbytes = view.nbytes
+        if on_send is not None:
+            stamp = on_send(dst, nbytes)
         if control:
             kind |= FLAG_CONTROL
         limit = self.eager_limit
@@ -293,5 +300,6 @@ class Endpoint(Receiving):
         for ch in self._in.values():
             ch.sync_local(producer=False)
         self._seq = {p: 0 for p in self._seq}
+        self.resets += 1  # every device resets together: message numbers restart, the count tells them apart
         while self._bell.acquire(False):
             pass
