@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages, VirtualParError
 from ..mesh import Mesh
 from ..transport.endpoint import UNFINISHED_RECEIVE, Endpoint
+from ..transport.leftovers import merge_ends
 from ..transport.shm import Layout, SharedArena, ring_control
 from .config import ClusterConfig
 from .supervisor import Supervisor, Verdict, unpack_error
@@ -149,6 +150,11 @@ class ClusterControl:
         except KeyboardInterrupt:
             self.fatal_shutdown("interrupted by Ctrl-C")
             raise
+        except VirtualParError:
+            raise  # the runtime's own, each ended where it was raised
+        except BaseException as exc:  # (a signal handler's, say): the replies may be a round behind now
+            self.fatal_shutdown(f"{what}() was interrupted in the driver by {type(exc).__name__}: {exc}")
+            raise
         if verdict is not None and (verdict.fatal is not None or earlier is None):
             self.fail(verdict)
         if earlier is not None:  # a posted command failed: this one's errors follow from it
@@ -173,7 +179,7 @@ class ClusterControl:
         found = list(found)
         for r in range(self.size):
             found.extend(self.command(r, ("pending",)))
-        found = sorted(set(found))
+        found = merge_ends(sorted(set(found)))
         self.reset()
         if found:
             sent = [f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found if desc != UNFINISHED_RECEIVE]

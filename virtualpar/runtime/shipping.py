@@ -8,7 +8,33 @@ from typing import Any, Callable
 
 from ..errors import PayloadError
 
-__all__ = ["dumps_call", "resident"]
+__all__ = ["dumps_call", "resident", "dumps_by_value", "ByValue"]
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """``obj`` pickled, plain pickle first and cloudpickle when that fails: a class the run's
+    function brought by value (defined in a script's ``__main__`` or a notebook) is "not the same
+    object as __main__.Box" to plain pickle; cloudpickle sends it by value again, and its class
+    tracker makes the far end's class the one it already has.  ``pickle.loads`` reads either."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class ByValue:
+    """Bytes from :func:`dumps_by_value` that unpickle as the object itself: a device's reply
+    holding one is read by the driver's plain unpickler with no unwrapping."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple:
+        return (pickle.loads, (self.data,))
 
 
 def dumps_call(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:

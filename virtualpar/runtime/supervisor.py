@@ -33,45 +33,18 @@ import contextlib
 import multiprocessing.connection as mpc
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, DeviceDied, RunTimeout, VirtualParError, unpack_error
+from ..errors import CollectiveTimeout, DeviceDied, PayloadError, RunTimeout, VirtualParError, unpack_error
 from ..mesh import Mesh
 from .recorder import FlightRecorder, OpRecord, format_records
+from .round import Collected, Verdict
 
 __all__ = ["Supervisor", "Collected", "Verdict", "unpack_error"]
 
 _STACK_WAIT = 1.0  # seconds a sidecar gets to answer a stack request
-
-
-@dataclass
-class Collected:
-    """What one round of replies brought: results in rank order and everything that went wrong.
-
-    ``errors``: ``(rank, packaged error)`` in arrival order (see ``worker.package_error``).
-    ``stuck``: devices given up on, after the abort grace or the run deadline, with their ``stacks``.
-    ``timed_out``: the run deadline passed before any failure.
-    """
-
-    results: list[Any]
-    pending: list[tuple] = field(default_factory=list)
-    errors: list[tuple[int, tuple]] = field(default_factory=list)
-    deaths: list[DeviceDied] = field(default_factory=list)
-    stuck: list[int] = field(default_factory=list)
-    stacks: dict[int, str] = field(default_factory=dict)
-    timed_out: bool = False
-    deadlock: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The error to raise, and why the cluster must shut down (``fatal``) or None to reset and go on."""
-
-    error: BaseException
-    fatal: str | None
 
 
 class Supervisor:
@@ -109,11 +82,21 @@ class Supervisor:
                     return conn.recv()
                 except (EOFError, OSError):
                     pass  # the pipe broke: the process is gone, the sentinel says how
+                except Exception as exc:
+                    return self._unloadable(rank, what, exc)
             if proc.sentinel in ready or not proc.is_alive():
                 raise self.died(rank, during=what)
             if left <= 0:
                 raise VirtualParError(f"device {rank} {self.mesh.index(rank)} did not answer within "
                                       f"{max(budget, 0.0):g} s during {what}", rank=rank)
+
+    def _unloadable(self, r: int, what: str, exc: Exception) -> tuple:
+        """The error reply for a reply the pipe delivered whole but the driver cannot unpickle (a
+        class only the devices can import): the pipes stay in step, the device is named."""
+        err = PayloadError(f"device {r} {self.mesh.index(r)}: its reply to {what} cannot be unpickled in the "
+                           f"driver ({type(exc).__name__}: {exc}); return objects the driver can import, e.g. "
+                           "arrays and builtins", rank=r, index=str(self.mesh.index(r)))
+        return ("err", (err, "(the device's reply was read, but not loadable, in the driver)\n", time.monotonic(), False))
 
     def died(self, rank: int, during: str) -> DeviceDied:
         """A ``DeviceDied`` for device ``rank``: how it ended (exit code or signal) and its last ops."""
@@ -209,6 +192,8 @@ class Supervisor:
                 reply = self.cmd[r].recv()
             except (EOFError, OSError):
                 reply = None
+            except Exception as exc:  # read whole, but not loadable here: the device's error, named
+                reply = self._unloadable(r, what, exc)
         if reply is None:
             out.deaths.append(self.died(r, during=what))
             return True

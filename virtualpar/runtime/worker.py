@@ -30,10 +30,12 @@ from .. import blas_threads
 from ..errors import DeviceAborted, DeviceError, PayloadError, UsageError, VirtualParError
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
+from ..transport.leftovers import pending
 from ..transport.shm import Layout, SharedArena
 from .binding import bind
 from .config import ClusterConfig
 from .recorder import FlightRecorder
+from .shipping import ByValue, dumps_by_value
 
 __all__ = ["device_main", "WorkerArgs"]
 
@@ -163,8 +165,11 @@ class _Handlers:
         try:  # fail here, with a clear message, rather than in cmd.send
             pickle.dumps(result)
         except Exception as exc:
-            raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to the driver: it cannot be "
-                               f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
+            try:  # a class brought by value (a script's __main__, a notebook) goes by value again
+                result = ByValue(dumps_by_value(result))
+            except Exception:
+                raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to the driver: it cannot be "
+                                   f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
         self.endpoint.drain()
         return ("ok", result, self._pending())
 
@@ -185,7 +190,7 @@ class _Handlers:
         return ("ok", None)
 
     def _pending(self) -> list[tuple[int, int, int, str]]:
-        return self.endpoint.pending()
+        return pending(self.endpoint)
 
     def pending(self) -> tuple:
         self.endpoint.drain()

@@ -59,6 +59,15 @@ def plain_array(obj: Any) -> bool:
     return type(obj) is np.ndarray or isinstance(obj, np.memmap)
 
 
+def _dumps(obj: Any) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a class brought by value (a script's __main__): cloudpickle sends it again
+        from ..runtime.shipping import dumps_by_value
+
+        return dumps_by_value(obj)
+
+
 def encode(obj: Any) -> tuple[int, np.ndarray, memoryview, str, tuple[int, ...]]:
     """(kind, C-contiguous payload array, its bytes, dtype str, shape) for any picklable object;
     plain arrays go raw, other ndarray subclasses are pickled (their own state travels too).  The
@@ -67,7 +76,7 @@ def encode(obj: Any) -> tuple[int, np.ndarray, memoryview, str, tuple[int, ...]]
         arr = obj if obj.flags.c_contiguous else np.asarray(obj, order="C")  # 0-d stays 0-d
         return KIND_ARRAY, arr, byte_view(arr), dtype, arr.shape
     try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _dumps(obj)
     except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
         raise PayloadError(f"cannot send {type(obj).__name__} object: it cannot be pickled ({exc})") from None
     return KIND_PICKLE, np.frombuffer(data, np.uint8), memoryview(data), "|u1", ()

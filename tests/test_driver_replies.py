@@ -1,0 +1,73 @@
+"""What the driver does with replies it cannot take as they are: a class only the devices can
+import, a class a run brought by value, and a round interrupted in the driver."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import namedtuple
+
+import pytest
+
+from virtualpar import VirtualCluster
+from virtualpar.errors import ClusterClosedError, PayloadError
+
+
+def _device_only_class(dev, path):
+    if dev.rank == 0:
+        import sys
+
+        sys.path.insert(0, path)
+        import vp_device_only_module
+
+        return vp_device_only_module.Thing()
+    time.sleep(0.2)  # replies after rank 0's: before the fix, it was read one round late
+    return ("first", dev.rank)
+
+
+def test_a_reply_the_driver_cannot_load_is_that_devices_error_and_the_pipes_stay_in_step(tmp_path):
+    (tmp_path / "vp_device_only_module.py").write_text("class Thing:\n    pass\n")
+    with VirtualCluster(2) as cluster:
+        with pytest.raises(PayloadError, match=r"device 0 \(world=0\): its reply to .* cannot be unpickled in the "
+                                               r"driver \(ModuleNotFoundError"):
+            cluster.run(_device_only_class, str(tmp_path))
+        for i in range(2):  # every later run answers for itself, not for the one before
+            assert cluster.run(lambda dev, i=i: (i, dev.rank)) == [(i, 0), (i, 1)]
+
+
+def test_a_round_interrupted_in_the_driver_closes_the_cluster():
+    """A signal handler's exception (pytest-timeout, an alarm) left the replies a round behind:
+    the next run returned the previous run's results."""
+    def alarm(*_):
+        raise TimeoutError("alarm")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        with VirtualCluster(2) as cluster:
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            with pytest.raises(TimeoutError, match="alarm"):
+                cluster.run(lambda dev: time.sleep(0.5))
+            with pytest.raises(ClusterClosedError, match=r"interrupted in the driver by TimeoutError: alarm"):
+                cluster.run(lambda dev: dev.rank)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_class_brought_by_value_comes_back_and_travels_between_devices():
+    """A local class (as a script's __main__ class or a notebook's) goes to the devices by value;
+    plain pickle then found 'not the same object' and refused to send it back or across."""
+    Pt = namedtuple("Pt", "x y")
+
+    def exchange(dev):
+        other = 1 - dev.rank
+        req = dev.isend(Pt(dev.rank, 2), other)
+        got = dev.recv(other)
+        req.wait()
+        return got
+
+    with VirtualCluster(2) as cluster:
+        back = cluster.run(lambda dev: Pt(dev.rank, 1))
+        across = cluster.run(exchange)
+    assert back == [(0, 1), (1, 1)] and all(isinstance(p, Pt) for p in back)  # the driver's own class
+    assert across == [(1, 2), (0, 2)] and all(isinstance(p, Pt) for p in across)
