@@ -582,3 +582,72 @@ def test_wait_with_timeout_zero_polls_and_a_pickled_self_message_has_its_size():
     oneself reported nbytes 0 where a peer's reports its pickle's size."""
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         assert c.run(_poll_and_status) == [("timed out", True), ("timed out", True)]
+
+
+def _late_send_and_two_tries(dev):
+    if dev.rank == 0:
+        time.sleep(0.5)
+        dev.send(np.arange(3.0), 1)
+        return None
+    try:
+        dev.recv(0, timeout=0.1)
+    except P2PTimeout as exc:
+        said = str(exc)
+    return said, dev.recv(0, timeout=TIMEOUT).tolist()
+
+
+def _give_up_before_it_comes(dev):
+    if dev.rank == 0:
+        time.sleep(0.5)
+        dev.send(np.ones(2), 1)
+        return
+    try:
+        dev.recv(0, timeout=0.1)
+    except P2PTimeout:
+        pass
+
+
+def test_a_receive_that_timed_out_is_withdrawn():
+    """The dead receive stayed posted and took the late message: the retry then waited forever."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        _, (said, got) = c.run(_late_send_and_two_tries)
+        assert got == [0.0, 1.0, 2.0] and "The receive is withdrawn" in said
+        with pytest.raises(UnmatchedMessages, match="1 message"):  # given up on and never received: reported
+            c.run(_give_up_before_it_comes)
+
+
+def test_one_device_receiving_from_any_source_raises_at_once():
+    """Only the device itself could send: it waited out the whole timeout (60 s by default)."""
+    from virtualpar import ANY_SOURCE
+
+    with VirtualCluster(1, timeout=TIMEOUT) as c:
+        start = time.monotonic()
+        with pytest.raises(UsageError, match="would wait forever"):
+            c.run(lambda dev: dev.recv(ANY_SOURCE))
+        assert time.monotonic() - start < TIMEOUT / 2
+
+
+def _strict_send_to_self(dev, n):
+    dev.send(np.ones(n), dev.rank)
+    return dev.recv(dev.rank).size
+
+
+def test_strict_mode_refuses_a_blocking_send_to_itself_above_the_limit():
+    """MPI blocks there forever; the loopback buffered it, so strict mode missed the very case it is for."""
+    with VirtualCluster(2, eager_limit=64, timeout=TIMEOUT) as c:
+        assert c.run(_strict_send_to_self, 8) == [8, 8]  # 64 bytes: eager
+        with pytest.raises(UsageError, match=r"send to itself \(tag 0\) of 72 bytes .* above eager_limit=64"):
+            c.run(_strict_send_to_self, 9)
+        assert c.run(lambda dev: (dev.isend(np.ones(9), dev.rank), dev.recv(dev.rank).size)[1]) == [9, 9]
+
+
+def test_an_isend_whose_header_arrived_is_one_unmatched_message():
+    def offer(dev):
+        if dev.rank == 0:
+            dev.isend(np.ones(1 << 21), 1, tag=9)  # larger than the ring: offered, never taken
+
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        with pytest.raises(UnmatchedMessages) as info:
+            c.run(offer)
+    assert len(info.value.messages) == 1
+    assert "1 message(s)" in str(info.value) and "offered, never taken) from an isend not waited on" in str(info.value)

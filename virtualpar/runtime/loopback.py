@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..transport.leftovers import withdraw
 from ..transport.payload import plain_array
+from .shipping import dumps_by_value
 
 __all__ = ["SelfSend", "send_to_self", "would_wait_forever"]
 
@@ -27,22 +29,32 @@ __all__ = ["SelfSend", "send_to_self", "would_wait_forever"]
 def _copy(x: Any) -> Any:
     if plain_array(x):  # a subclass (a masked array) is pickled, as a message to a peer would be
         return np.array(x, copy=True)
-    return pickle.loads(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
+    return pickle.loads(dumps_by_value(x))  # a class the run brought by value, too
 
 
-def send_to_self(dev: Any, x: Any, tag: int) -> None:
+def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False) -> None:
+    """Queue a copy of ``x`` for this device's own receive.  In strict mode (``eager_limit``) a
+    blocking send above the limit waits for its receive, and only this device could post it after
+    the send returns: raised at once, as MPI would hang there."""
     slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag))
-    dev._endpoint.deliver_to_self(tag, _copy(x))
+    copy = _copy(x)
+    limit = dev._endpoint.eager_limit
+    if blocking and limit is not None:
+        nbytes = x.nbytes if plain_array(x) else len(dumps_by_value(x))
+        if nbytes > limit:
+            dev._recorder.finish(slot, dev.clock, failed=True)
+            raise UsageError(f"{dev.name}: send to itself (tag {tag}) of {nbytes} bytes at op #{dev.op_seq} is above "
+                             f"eager_limit={limit}: it waits for its receive, which only this device could post "
+                             "once the send returned, so it would wait forever (use isend, then recv)",
+                             rank=dev.rank, tag=tag)
+    dev._endpoint.deliver_to_self(tag, copy)
     dev._recorder.finish(slot, dev.clock)
 
 
 def would_wait_forever(dev: Any, inner: Any, tag: int) -> UsageError:
     """The error of a receive from this device itself that nothing queued can complete; the
     receive is withdrawn, so it cannot take a later message."""
-    ep = dev._endpoint
-    for queue in (ep._posted.get((dev.rank, tag), ()), ep._posted_any):
-        if inner in queue:
-            queue.remove(inner)
+    withdraw(dev._endpoint, inner)
     return UsageError(f"{dev.name}: recv from itself (tag {'any' if tag < 0 else tag}) at op #{dev.op_seq} has no "
                       "message: no send to itself with that tag is queued, so it would wait forever",
                       rank=dev.rank, tag=tag)

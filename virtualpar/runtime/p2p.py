@@ -25,10 +25,14 @@ import numpy as np
 
 from ..errors import P2PTimeout, UsageError
 from ..transport.channel import FLAG_CONTROL
+from ..transport.leftovers import withdraw
 from .loopback import SelfSend, send_to_self, would_wait_forever
 from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
 from .recorder import format_records
 from .requests import Request
+
+_SEND_STAYS = " The message stays posted: it is still delivered if its receive comes, so do not send it again."
+_RECV_WITHDRAWN = " The receive is withdrawn: a message arriving later is left for the next receive."
 
 __all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
 
@@ -73,7 +77,7 @@ class PointToPoint:
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):
-                return send_to_self(self, x, tag)
+                return send_to_self(self, x, tag, blocking=True)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         if self._faults:
             self.isend(x, dst, tag, budget).wait()  # a fault due at this op fires before anything is posted
@@ -86,7 +90,7 @@ class PointToPoint:
             raise
         slot = self._begin_op(*self._texts.send(x, dst, tag))
         if not inner.done:
-            self._await(inner, slot, budget, lambda: self._p2p_error("send to", dst, tag, budget))
+            self._await(inner, slot, budget, lambda: self._p2p_error("send to", dst, tag, budget, _SEND_STAYS))
         self._sent(dst, inner, slot, wall0, (self.rank, dst, inner.seq, self._endpoint.resets) if self._trace else None)
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
@@ -105,10 +109,14 @@ class PointToPoint:
             inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
         else:
             inner = self._endpoint.irecv(src, tag, out)
-        if src == self.rank and not inner.done:  # only this device could send it, and it waits here
+        if (src == self.rank or src == ANY_SOURCE and self.size == 1) and not inner.done:  # only this device could send it
             self._recorder.finish(slot, self._clock.now, failed=True)
             raise would_wait_forever(self, inner, tag)
-        value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget))
+        try:
+            value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget, _RECV_WITHDRAWN))
+        except P2PTimeout:
+            withdraw(self._endpoint, inner)  # nobody holds it now: it must not swallow a later message
+            raise
         self._received(inner.src, inner, slot, wall0, model0)
         if status is not None:
             status.fill(inner)
@@ -210,15 +218,16 @@ class PointToPoint:
         if slot is not None:
             self._recorder.finish(slot, clock.now)
 
-    def _p2p_error(self, what: str, peer: int, tag: int, budget: float) -> P2PTimeout:
-        """The error of a send/recv that did not complete within ``budget`` s, with both ends' flight records."""
+    def _p2p_error(self, what: str, peer: int, tag: int, budget: float, after: str = "") -> P2PTimeout:
+        """The error of a send/recv that did not complete within ``budget`` s, with both ends' flight
+        records; ``after`` says what became of the operation."""
         if peer < 0:  # a receive from ANY_SOURCE: no one peer to show
             return P2PTimeout(f"{self.name}: {what} any source (tag {'any' if tag < 0 else tag}) did not complete "
-                              f"within {budget:g} s (op #{self._op_seq})", rank=self.rank, index=str(self.index),
+                              f"within {budget:g} s (op #{self._op_seq}).{after}", rank=self.rank, index=str(self.index),
                               peer=peer, tag=tag, op_seq=self._op_seq)
         records = {r: self._recorders[r].records() for r in (self.rank, peer)}
         return P2PTimeout(
             f"{self.name}: {what} device {peer} (tag {tag}) did not complete within {budget:g} s "
-            f"(op #{self._op_seq}).\n  device {peer} {self.mesh.index(peer)} last ops:\n{format_records(records[peer], 4)}",
+            f"(op #{self._op_seq}).{after}\n  device {peer} {self.mesh.index(peer)} last ops:\n{format_records(records[peer], 4)}",
             rank=self.rank, index=str(self.index), peer=peer, tag=tag, op_seq=self._op_seq, flight_records=records,
         )

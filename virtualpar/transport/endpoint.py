@@ -46,7 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .arrivals import ArrivalCounters
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_PICKLE, VirtualChannel
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, VirtualChannel
 from .payload import encode
 from .receiving import CHUNK, Receiving
 from .rendezvous import take_offer
@@ -127,9 +127,7 @@ class Endpoint(Receiving):
     # -- posting ----------------------------------------------------------------------------------
     def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False,
               on_send: Callable[[int, int], float] | None = None) -> SendRequest | SentRequest:
-        """Post ``obj`` to ``dst``.  ``stamp`` is the modelled departure the header carries, or
-        ``on_send(dst, nbytes)`` gives it once the payload's size is known (a pickled object's
-        bytes occupy the link as an array's do)."""
+        """Post ``obj`` to ``dst``, stamped ``stamp`` or ``on_send(dst, nbytes)`` (modelled departure)."""
         if self.shuffle is not None and not control:
             self.shuffle.pause()
         kind, payload, view, dtype, shape = encode(obj)
@@ -267,24 +265,6 @@ class Endpoint(Receiving):
     def drain(self) -> None:
         """Pull every byte already published to this endpoint."""
         self.progress()
-
-    def pending(self) -> list[tuple[int, int, int, str]]:
-        """Messages not consumed by a receive, as (src, dst, tag, description); unfinished sends; and
-        receives posted and not yet matched (src / tag -1: any), which would take a later message."""
-        out = [(src, self.me, tag, UNFINISHED_RECEIVE) for (src, tag), q in self._posted.items() for _ in q]
-        out += [(-1 if r.src is None else r.src, self.me, -1 if r.tag is None else r.tag, UNFINISHED_RECEIVE)
-                for r in self._posted_any]
-        for (src, tag), q in self._unexpected.items():
-            for req in q:
-                h = req.header
-                desc = "pickled object" if h and h.kind & 0xFF == KIND_PICKLE else f"array{h.shape} {np.dtype(h.dtype)}" if h else "?"
-                state = " sent to itself" if src == self.me else "" if req.done else " (partly received)"
-                out.append((src, self.me, tag, desc + state))
-        for dst, q in self._sendq.items():
-            for req in q:
-                out.append((self.me, dst, req.tag, f"{req.nbytes} bytes still being sent: an isend not waited on "
-                                                   "(its bytes move only while the sender waits or sends)"))
-        return out
 
     def reset(self) -> None:
         """Forget all in-flight state (after the driver zeroed the rings)."""

@@ -1,0 +1,68 @@
+"""What a run leaves in an endpoint: messages nobody received, sends not finished, receives posted
+and never matched (:func:`pending`, reported as ``UnmatchedMessages``), and taking back a receive
+that gave up (:func:`withdraw`), so that it cannot swallow a later message."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .channel import FLAG_RENDEZVOUS, KIND_PICKLE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .endpoint import Endpoint
+
+__all__ = ["pending", "withdraw", "merge_ends", "IN_FLIGHT"]
+
+
+def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
+    """Messages not consumed by a receive, as (src, dst, tag, description); unfinished sends; and
+    receives posted and not yet matched (src / tag -1: any), which would take a later message.
+    A message both ends hold (its sender still sending, its receiver holding the header: offered
+    or partly received) is listed by both; :func:`merge_ends` makes it one entry."""
+    from .endpoint import UNFINISHED_RECEIVE
+
+    me = ep.me
+    out = [(src, me, tag, UNFINISHED_RECEIVE) for (src, tag), q in ep._posted.items() for _ in q]
+    out += [(-1 if r.src is None else r.src, me, -1 if r.tag is None else r.tag, UNFINISHED_RECEIVE)
+            for r in ep._posted_any]
+    for (src, tag), q in ep._unexpected.items():
+        for req in q:
+            h = req.header
+            desc = "pickled object" if h and h.kind & 0xFF == KIND_PICKLE else f"array{h.shape} {np.dtype(h.dtype)}" if h else "?"
+            state = (" sent to itself" if src == me else " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS
+                     else "" if req.done else " (partly received)")
+            out.append((src, me, tag, desc + state))
+    for dst, q in ep._sendq.items():
+        for req in q:
+            out.append((me, dst, req.tag, f"{req.nbytes} bytes {IN_FLIGHT}: an isend not waited on "
+                                          "(its bytes move only while the sender waits or sends)"))
+    return out
+
+
+IN_FLIGHT = "still being sent"
+_HALF = (" (offered, never taken)", " (partly received)")
+
+
+def merge_ends(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int, str]]:
+    """Every device's ``pending`` entries with each message once: a receiver's half-arrived
+    message absorbs its sender's "still being sent" entry for the same (src, dst, tag)."""
+    halves = {(s, d, t) for s, d, t, desc in found if desc.endswith(_HALF)}
+    merged = []
+    for s, d, t, desc in found:
+        if IN_FLIGHT in desc and (s, d, t) in halves:
+            halves.discard((s, d, t))  # one sender entry per half-arrived message
+            continue
+        merged.append((s, d, t, desc + " from an isend not waited on" if desc.endswith(_HALF) else desc))
+    return merged
+
+
+def withdraw(ep: "Endpoint", req: Any) -> bool:
+    """Take back a posted receive that no message has matched yet; False if one already has."""
+    key = (req.src, req.tag)
+    for queue in (ep._posted.get(key, ()), ep._posted_any):
+        if req in queue:
+            queue.remove(req)
+            return True
+    return False
