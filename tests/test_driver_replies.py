@@ -71,3 +71,16 @@ def test_a_class_brought_by_value_comes_back_and_travels_between_devices():
         across = cluster.run(exchange)
     assert back == [(0, 1), (1, 1)] and all(isinstance(p, Pt) for p in back)  # the driver's own class
     assert across == [(1, 2), (0, 2)] and all(isinstance(p, Pt) for p in across)
+
+
+def _rank_one_fails(dev):
+    if dev.rank == 1:
+        raise ValueError("no")
+    return dev.rank * 7
+
+
+def test_a_failed_run_carries_what_the_other_devices_returned():
+    with VirtualCluster(3) as cluster:
+        with pytest.raises(Exception, match="raised ValueError") as info:
+            cluster.run(_rank_one_fails)
+    assert info.value.returned == {0: 0, 2: 14}

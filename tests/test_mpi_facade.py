@@ -56,6 +56,17 @@ def test_a_deadlocked_program_is_named_not_hung():
     assert _lines(emu.stdout) == ["rank 0 waits for 1", "rank 1 waits for 0"]
 
 
+@pytest.mark.parametrize("prog, n, lines, error", [
+    ("finished_then_raises.py", 4, [f"rank {r} done" for r in range(4)], "MPIAbort: rank 1 raised ValueError"),
+    ("one_waits.py", 2, ["rank 0 started", "rank 1 started"], "Deadlock"),
+])
+def test_what_finished_ranks_printed_is_kept_when_another_fails(prog, n, lines, error):
+    """A rank that had returned printed nothing: its output came back only with a run that then failed."""
+    emu = _emulate(prog, n)
+    assert emu.returncode == 1 and error in emu.stderr
+    assert _lines(emu.stdout) == lines
+
+
 def test_a_receive_with_mpi4pys_default_tag_deadlocks_by_name_not_timeout():
     emu = _emulate("recv_any_tag.py", 2)  # took the whole 60 s op timeout
     assert emu.returncode == 1

@@ -103,6 +103,10 @@ def _run_mpi(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace else None, args)
     except VirtualParError as exc:
+        for out, err, _ in (v for _, v in sorted(getattr(exc, "returned", {}).items())):  # the ranks that finished
+            sys.stdout.write(out)
+            sys.stderr.write(err)
+        sys.stdout.flush()
         print(f"virtualpar run --mpi: {type(exc).__name__}: {_mpi_tags(str(exc))}", file=sys.stderr)
         return exc.errorcode if isinstance(exc, MPIAbort) else 1
     return max(code for _, _, code in outputs)

@@ -156,6 +156,8 @@ class ClusterControl:
             self.fatal_shutdown(f"{what}() was interrupted in the driver by {type(exc).__name__}: {exc}")
             raise
         if verdict is not None and (verdict.fatal is not None or earlier is None):
+            if isinstance(verdict.error, VirtualParError):  # what the others returned is not lost
+                verdict.error.returned = dict(got.returned)
             self.fail(verdict)
         if earlier is not None:  # a posted command failed: this one's errors follow from it
             self.reset()

@@ -15,12 +15,14 @@ __all__ = ["Collected", "Verdict"]
 class Collected:
     """What one round of replies brought: results in rank order and everything that went wrong.
 
+    ``returned``: rank -> result of every device that returned (a failed round's error carries it).
     ``errors``: ``(rank, packaged error)`` in arrival order (see ``worker.package_error``).
     ``stuck``: devices given up on, after the abort grace or the run deadline, with their ``stacks``.
     ``timed_out``: the run deadline passed before any failure.
     """
 
     results: list[Any]
+    returned: dict[int, Any] = field(default_factory=dict)  # the devices that returned, and what
     pending: list[tuple] = field(default_factory=list)
     errors: list[tuple[int, tuple]] = field(default_factory=list)
     deaths: list[DeviceDied] = field(default_factory=list)

@@ -198,7 +198,7 @@ class Supervisor:
             out.deaths.append(self.died(r, during=what))
             return True
         if reply[0] == "ok":
-            out.results[r] = reply[1]
+            out.results[r] = out.returned[r] = reply[1]
             if len(reply) > 2 and reply[2]:
                 out.pending.extend(reply[2])
             return False
