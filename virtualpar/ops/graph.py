@@ -20,7 +20,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from ..errors import ShardingError, UsageError
+from ..errors import ShardingError, UsageError, VirtualParError
 from ..sharding import plan_redistribution, shard, unshard
 
 __all__ = ["GraphOperation", "as_executable"]
@@ -54,11 +54,15 @@ class GraphOperation:
             for r, piece in enumerate(pieces):
                 cluster.put(r, f"graph/{node}/in{port}", piece, block=False)
             shapes[(node, port)] = np.shape(a)
+        _check_specs(g, cluster.mesh)
         plans = {}
         for u, v, data in g.edges(data=True):
             port = data.get("port", 0)
             src = g.nodes[u]["op"].out_specs[0]
             dst = g.nodes[v]["op"].in_specs[port]
+            if len(src.dims) != len(dst.dims):
+                raise UsageError(f"the edge {u!r} -> {v!r} (port {port}) carries {len(src.dims)}-d values ({src}) into "
+                                 f"a {len(dst.dims)}-d input spec ({dst})")
             plans[(u, v)] = (port, src, dst)
         sinks = [n for n in g.nodes if g.out_degree(n) == 0]  # in the order the nodes were added
         cluster.run(_run_graph, order, {n: g.nodes[n]["op"].program for n in order},
@@ -68,6 +72,19 @@ class GraphOperation:
             spec = g.nodes[n]["op"].out_specs[0]
             outs.append(unshard([cluster.get(r, f"graph/{n}/out") for r in range(cluster.mesh.size)], spec, cluster.mesh))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _check_specs(g: nx.DiGraph, mesh: Any) -> None:
+    """Every spec names axes of this mesh: refused on the host, naming the node, before anything runs."""
+    for n, data in g.nodes(data=True):
+        op = data["op"]
+        specs = [(f"input {i}", s) for i, s in enumerate(op.in_specs)] + [("output", op.out_specs[0])]
+        for which, spec in specs:
+            try:
+                mesh.axes(list(spec.used_axes()))
+                spec.partial_axes(mesh)
+            except VirtualParError as exc:
+                raise UsageError(f"node {n!r}, {which} spec {spec}: {exc.message}") from None
 
 
 def _check_wiring(g: nx.DiGraph, inputs: list[tuple[Any, int]]) -> None:
@@ -110,9 +127,18 @@ def _run_graph(dev: Any, order: list, programs: dict, n_inputs: dict, plans: dic
             if v == node:
                 x = outputs[u]
                 if src != dst:
-                    x = plan_redistribution(src, dst, _global_shape(dev, x, src), dev.mesh, x.dtype).run(dev, x)
+                    try:
+                        x = plan_redistribution(src, dst, _global_shape(dev, x, src), dev.mesh, x.dtype).run(dev, x)
+                    except VirtualParError as exc:  # say which edge
+                        raise exc.replace(f"on the edge {u!r} -> {node!r} (port {port}): {exc.message}") from None
                 args[port] = x
-        outputs[node] = programs[node](dev, *args)
+        try:
+            outputs[node] = programs[node](dev, *args)
+        except Exception as exc:
+            if isinstance(exc, VirtualParError):
+                raise exc.replace(f"in graph node {node!r}: {exc.message}") from None
+            exc.add_note(f"(in graph node {node!r})")
+            raise
     for n in sinks:
         dev.state[f"graph/{n}/out"] = outputs[n]
 

@@ -17,6 +17,7 @@ import copy
 import itertools
 import weakref
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -77,6 +78,10 @@ class ShardedOperation:
 
     def place(self, cluster: Any, index: int, array: np.ndarray) -> None:
         """Put input ``index`` on the devices now and keep it there (weights)."""
+        n = len(self.in_specs)
+        if isinstance(index, bool) or not isinstance(index, Integral) or not 0 <= index < n:
+            raise UsageError(f"{self.name}.place: index must be an input position 0..{n - 1}, got {index!r}")
+        index = int(index)
         array = np.asarray(array)
         self._put(cluster, index, array)
         self._placed.setdefault(cluster, {})[index] = array.shape
@@ -107,19 +112,24 @@ class ShardedOperation:
             shapes.append(a.shape)
         if len(arrays) != n_in - len(placed):  # more arrays than inputs: a mistake, never silently dropped
             raise UsageError(f"{self.name}: expected {n_in - len(placed)} host inputs, got {len(arrays)}")
-        cluster.run(_run, self.key, self.program, n_in, len(self.out_specs))
+        cluster.run(_run, self.key, self.name, self.program, n_in, len(self.out_specs))
         outs = []
         for j, spec in enumerate(self.out_specs):
             pieces = [cluster.get(r, f"{self.key}/out{j}") for r in range(cluster.mesh.size)]
-            outs.append(unshard(pieces, spec, cluster.mesh))
+            try:
+                outs.append(unshard(pieces, spec, cluster.mesh))
+            except ShardingError as exc:
+                raise exc.replace(f"{self.name}, output {j}: {exc}") from None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _run(dev: Any, key: str, program: Callable[..., Any], n_in: int, n_out: int) -> None:
+def _run(dev: Any, key: str, name: str, program: Callable[..., Any], n_in: int, n_out: int) -> None:
     xs = [dev.state[f"{key}/in{i}"] for i in range(n_in)]
     out = program(dev, *xs)
     outs = out if isinstance(out, tuple) else (out,)
     if len(outs) != n_out:
-        raise UsageError(f"{key}: the program returned {len(outs)} outputs, its specs declare {n_out}")
+        raise UsageError(f"{name}: the program returned {len(outs)} outputs, its specs declare {n_out}")
     for j, o in enumerate(outs):
+        if not isinstance(o, np.ndarray):
+            raise UsageError(f"{name}: the program's output {j} is a {type(o).__name__}, not an array")
         dev.state[f"{key}/out{j}"] = o

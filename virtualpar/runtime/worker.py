@@ -230,8 +230,9 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
             prefix = "" if exc.message.startswith(dev.name) else f"{dev.name}: "
             err = exc.replace(f"{prefix}{exc.message} ({last})", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq)
     else:
+        notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))  # where, added on the way up
         err = DeviceError(
-            f"{dev.name} raised {type(exc).__name__} in {raised_in(exc)}: {exc} ({last})",
+            f"{dev.name} raised {type(exc).__name__} in {raised_in(exc)}: {exc}{notes} ({last})",
             rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__,
             remote_traceback=tb,
         )

@@ -30,9 +30,17 @@ def shard(x: np.ndarray, spec: TensorSharding, mesh: Any, uneven: str = "error")
 
 
 def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape: Sequence[int] | None = None) -> np.ndarray:
-    """The global array from every device's piece (a partial spec is reduced over its group)."""
+    """The global array from every device's piece (a partial spec is reduced over its group).
+
+    Pieces must fit their blocks, and devices holding copies of one block (replicated over an
+    axis) must agree exactly (NaN matching NaN): a disagreement means the program forgot a
+    collective, and is a ``ShardingError`` naming both devices, never one copy silently kept."""
     if len(pieces) != mesh.size:
         raise ShardingError(f"unshard needs one piece per device ({mesh.size}), got {len(pieces)}")
+    for r, p in enumerate(pieces):
+        if not isinstance(p, np.ndarray):
+            raise ShardingError(f"device {r} {mesh.index(r)} holds a {type(p).__name__} where spec {spec} needs an "
+                                "array", ranks=(r,))
     if shape is None:
         shape = tuple(sum(pieces[r].shape[d] for r in _along(spec, mesh, d)) if spec.dims[d].axes
                       else pieces[0].shape[d] for d in range(len(spec.dims)))
@@ -56,8 +64,22 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
         if spec.partial == "avg":  # as the devices' all_reduce(op="avg") would (the sum was never divided)
             out = (out / folded).astype(out.dtype) if out.dtype.kind in "fc" else out / folded
         return out
+    first: dict[tuple, int] = {}
     for r in range(mesh.size):
-        out[spec.block(shape, mesh, r)] = pieces[r]
+        block = spec.block(shape, mesh, r)
+        key = tuple((b.start, b.stop) for b in block)
+        want = tuple(len(range(*b.indices(n))) for b, n in zip(block, shape))
+        if pieces[r].shape != want:
+            raise ShardingError(f"device {r} {mesh.index(r)} holds a piece of shape {pieces[r].shape} where spec "
+                                f"{spec} of shape {tuple(shape)} needs {want}", ranks=(r,))
+        if key in first:
+            if not np.array_equal(out[block], pieces[r], equal_nan=pieces[r].dtype.kind in "fc"):
+                raise ShardingError(f"devices {first[key]} {mesh.index(first[key])} and {r} {mesh.index(r)} hold "
+                                    f"different copies of block {key} of spec {spec}: a replicated output must be "
+                                    "equal everywhere (a missing all_reduce?)", ranks=(first[key], r))
+            continue
+        first[key] = r
+        out[block] = pieces[r]
     return out
 
 

@@ -115,6 +115,11 @@ class TensorSharding:
                     raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice (dims {seen[a]} and {d}); "
                                         "an axis can split one dim only", spec=str(self), axis=a)
                 seen[a] = d
+            if list(dim.axes) != [a for a in mesh.axis_names if a in dim.axes]:  # S(y,x) placed as S(x,y)
+                ordered = ",".join(a for a in mesh.axis_names if a in dim.axes)
+                raise ShardingError(f"{name}: spec {self} lists the axes of dim {d} as ({','.join(dim.axes)}); several "
+                                    f"axes of one dim go major first in the mesh's order {list(mesh.axis_names)}: "
+                                    f"write S({ordered})", spec=str(self))
             n = self.group_size(dim, mesh)
             if set(dim.axes) & set(self.partial_over):
                 raise ShardingError(f"{name}: spec {self} reduces over an axis that also shards dim {d}",

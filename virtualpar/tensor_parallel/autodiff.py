@@ -144,7 +144,18 @@ def all_to_all(x: np.ndarray, dev: Any, split_dim: int, concat_dim: int, group: 
     return dev.all_to_all(x, split_dim=split_dim, concat_dim=concat_dim, group=group)
 
 
-defvjp(all_gather, lambda ans, x, dev, dim, group: lambda dy: dev.reduce_scatter(dy, dim=dim, op="sum", group=group))
+def _scattered_back(dy: np.ndarray, x: np.ndarray, dev: Any, dim: int, group: Any) -> np.ndarray:
+    """all_gather's backward: the reduce_scatter of the cotangents, which splits as
+    ``numpy.array_split`` does; pieces laid out otherwise would get another member's rows."""
+    piece = dev.reduce_scatter(dy, dim=dim, op="sum", group=group)
+    if piece.shape[dim] != x.shape[dim]:
+        raise ShardingError(f"{dev.name}: all_gather of pieces of uneven size along dim {dim} (this member's: "
+                            f"{x.shape[dim]} of {dy.shape[dim]}): its backward needs them laid out as "
+                            "numpy.array_split lays them out (the first ones one longer)")
+    return piece
+
+
+defvjp(all_gather, lambda ans, x, dev, dim, group: lambda dy: _scattered_back(dy, x, dev, dim, group))
 defvjp(all_gather_invariant, lambda ans, x, dev, dim, group: lambda dy: _own_piece(dy, x, dev, dim, group))
 defvjp(reduce_scatter, lambda ans, x, dev, dim, group: lambda dy: dev.all_gather(dy, dim=dim, group=group))
 defvjp(all_to_all, lambda ans, x, dev, s, c, group: lambda dy: dev.all_to_all(dy, split_dim=c, concat_dim=s, group=group))

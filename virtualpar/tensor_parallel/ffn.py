@@ -41,7 +41,7 @@ from typing import Any, Callable
 from ..errors import ShardingError
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
-from .layout import Layout, axes_size, check_layout, check_roles, format_layout
+from .layout import Layout, axes_size, check_layout, check_roles, format_layout, role_axes
 
 __all__ = ["FeedForwardShardingPolicy", "FeedForward", "FFN_POLICIES"]
 
@@ -113,7 +113,7 @@ class FeedForwardShardingPolicy:
             if len(axes) < 2:
                 raise ShardingError(f"policy 'gspmd' needs a mesh with at least 2 axes; got axes {axes}", policy=name)
             full = {"x": axes[:1], "y": axes[1:]}
-        full.update({k: (v,) if isinstance(v, str) else tuple(v) for k, v in roles.items()})
+        full.update(role_axes(name, roles))
         full = check_roles(name, full, mesh, FFN_POLICIES[name][2], ("x", "W1", "b1", "W2", "b2", "y"))
         return cls(name, tuple(sorted(full.items())))
 

@@ -2,7 +2,8 @@
 
 A layout names, per tensor dimension, the mesh axes that shard it (``()`` = replicated along every
 axis not named elsewhere).  It prints in the placement vocabulary ``[S(x), R]`` (``S(x,y)``: one
-dim split over two axes, major axis first, in the order of the mesh's groups), which is also how a
+dim split over two axes, major axis first, in the mesh's order: ``S(y,x)`` on a mesh (x, y) is
+refused, not placed as ``S(x,y)``), which is also how a
 layout converts to and from the sharding package's ``TensorSharding``.
 
 Pieces: on a device, the piece of dim d is the block at the device's position within the group of
@@ -74,10 +75,30 @@ def check_layout(name: str, layout: Layout, shape: Sequence[int], mesh: Any) -> 
                 raise ShardingError(f"{where}: mesh axis {axis!r} used twice (dims {seen[axis]} and {dim}); "
                                     "expected each axis to shard at most one dim", tensor=name, axis=axis)
             seen[axis] = dim
+        if list(axes) != [a for a in mesh.axis_names if a in axes]:  # S(y,x) would be placed as S(x,y)
+            ordered = ",".join(a for a in mesh.axis_names if a in axes)
+            raise ShardingError(f"{where}: dim {dim} lists mesh axes ({','.join(axes)}); several axes of one dim go "
+                                f"major first in the mesh's order {list(mesh.axis_names)}: write S({ordered})",
+                                tensor=name, dim=dim, axes=axes)
         n = axes_size(mesh, axes)
         if shape[dim] % n:
             raise ShardingError(f"cannot shard dim {dim} of {name}, shape {tuple(shape)}, over mesh axes {axes} "
                                 f"(size {n}): {shape[dim]} is not divisible by {n}", tensor=name, dim=dim, axes=axes)
+
+
+def role_axes(policy: str, roles: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Roles as given (an axis name, or a list or tuple of them) as tuples of names; anything else,
+    and a role with no axis, is refused naming the policy and the role."""
+    out = {}
+    for role, v in roles.items():
+        axes = (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (list, tuple)) else None
+        if axes is None or not all(isinstance(a, str) for a in axes):
+            raise ShardingError(f"policy {policy!r}: role {role}= takes a mesh axis name or a tuple of them, got {v!r}",
+                                policy=policy)
+        if not axes:
+            raise ShardingError(f"policy {policy!r}: role {role!r} needs at least one mesh axis, got {v!r}", policy=policy)
+        out[role] = axes
+    return out
 
 
 def check_roles(policy: str, roles: dict[str, tuple[str, ...]], mesh: Any, build: Any,
@@ -161,6 +182,11 @@ def unshard(pieces: Sequence[np.ndarray], layout: Layout, shape: Sequence[int], 
     for rank, p in enumerate(pieces):
         block = _block(layout, shape, mesh, rank)
         key = tuple((b.start, b.stop) for b in block)
+        want = tuple(b.stop - b.start for b in block)
+        if np.shape(p) != want:  # numpy would broadcast a (1, 4) piece into a (3, 4) block
+            raise ShardingError(f"device {rank} {mesh.index(rank)} holds a piece of shape {np.shape(p)} where the "
+                                f"declared shape {tuple(shape)} with layout {format_layout(layout)} needs {want}: the "
+                                "shape given for this tensor is not the one the devices computed", ranks=(rank,))
         if key in owner:
             if not np.array_equal(out[block], p, equal_nan=p.dtype.kind in "fc"):
                 raise ShardingError(f"replicas of block {key} differ between ranks {owner[key]} and {rank} "

@@ -45,7 +45,7 @@ from typing import Any, Callable
 from ..errors import ShardingError
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
-from .layout import Layout, axes_size, check_layout, check_roles, format_layout
+from .layout import Layout, axes_size, check_layout, check_roles, format_layout, role_axes
 
 __all__ = ["MatMulShardingPolicy", "MATMUL_POLICIES", "infer_matmul_policy"]
 
@@ -120,7 +120,7 @@ class MatMulShardingPolicy:
         if unknown:
             raise ShardingError(f"policy {name!r} takes roles {needed}, got unexpected {unknown}", policy=name)
         full = _default_roles(name, tuple(mesh.axis_names)) if set(roles) != set(needed) else {}
-        full.update({k: (v,) if isinstance(v, str) else tuple(v) for k, v in roles.items()})
+        full.update(role_axes(name, roles))
         for role in needed:
             if not full.get(role):
                 raise ShardingError(f"policy {name!r}: role {role!r} needs at least one mesh axis, got {full.get(role)!r}")

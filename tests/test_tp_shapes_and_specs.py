@@ -1,0 +1,115 @@
+"""Tensor parallelism and sharded operations where the user's declarations and the devices'
+results disagree: each is refused, naming what and where, never answered silently."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from virtualpar import Mesh, VirtualCluster, nn
+from virtualpar.errors import DeviceError, ShardingError, UsageError
+from virtualpar.ops import MATMUL, ShardedOperation
+from virtualpar.sharding import TensorSharding, plan_redistribution, shard
+from virtualpar.tensor_parallel import FeedForwardShardingPolicy, MatMul, MatMulShardingPolicy
+from virtualpar.tensor_parallel import autodiff as ad
+from virtualpar.tensor_parallel.execute import TensorParallelOp
+
+T = TensorSharding.parse
+MESH = Mesh({"x": 2, "y": 2})
+
+
+def test_a_declared_output_shape_the_devices_did_not_compute_is_refused():
+    """A (1, 8) @ (8, 4) declared as (3, 4): the one real row came back repeated three times."""
+    mesh = Mesh({"x": 2})
+    op = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", mesh)), ((1, 8), (8, 4)), (3, 4))
+    with VirtualCluster(mesh) as cluster:
+        with pytest.raises(ShardingError, match=r"device 0 \(x=0\) holds a piece of shape \(1, 2\) where the declared "
+                                                r"shape \(3, 4\) with layout \[R, S\(x\)\] needs \(3, 2\)"):
+            cluster.execute(op, np.ones((1, 8)), np.ones((8, 4)))
+
+
+def _gather_back(dev, sizes):
+    import autograd.numpy as anp
+
+    start = sum(sizes[:dev.rank])
+    x = np.arange(start, start + sizes[dev.rank], dtype=float)
+    w = np.arange(sum(sizes), dtype=float) + 10 * dev.rank  # a different weight per device: varying
+    rec = nn.vjp(lambda params, x: anp.sum(ad.all_gather(x, dev, 0, "x") * w), x, params={})
+    return rec.backward_input(np.float64(1.0)).tolist()
+
+
+def test_all_gathers_backward_refuses_uneven_pieces_it_cannot_place():
+    """Pieces [2, 3] got gradients of the array_split layout [3, 2]: another member's rows."""
+    with VirtualCluster(Mesh({"x": 2})) as cluster:
+        assert cluster.run(_gather_back, [3, 2]) == [[10.0, 12.0, 14.0], [16.0, 18.0]]  # d/dx_j = 2j + 10
+        with pytest.raises(ShardingError, match="all_gather of pieces of uneven size along dim 0"):
+            cluster.run(_gather_back, [2, 3])
+
+
+def test_sharded_operation_outputs_are_checked_against_their_spec():
+    with VirtualCluster(MESH) as cluster:
+        differ = ShardedOperation(lambda dev, a: a * (dev.rank + 1), [T("[R]")], [T("[R]")], name="differ")
+        with pytest.raises(ShardingError, match=r"differ, output 0: devices 0 \(x=0, y=0\) and 1 \(x=0, y=1\) hold "
+                                                r"different copies of block"):
+            cluster.execute(differ, np.ones(4))  # the last device's copy was kept silently
+        ragged = ShardedOperation(lambda dev, a: a[: dev.rank + 1], [T("[S(x), R]")], [T("[S(x), R]")], name="rag")
+        with pytest.raises(ShardingError, match=r"rag, output 0: device 0 .* piece of shape \(1, 2\) where spec"):
+            cluster.execute(ragged, np.ones((8, 2)))
+        none = ShardedOperation(lambda dev, a: None, [T("[S(x)]")], [T("[S(x)]")], name="none")
+        with pytest.raises(UsageError, match="none: the program's output 0 is a NoneType, not an array"):
+            cluster.execute(none, np.ones(4))
+        two = ShardedOperation(lambda dev, a: (a, a), [T("[S(x)]")], [T("[S(x)]")], name="my_layer")
+        with pytest.raises(UsageError, match="my_layer: the program returned 2 outputs"):  # not its key 'op/3'
+            cluster.execute(two, np.ones(4))
+        mm = ShardedOperation(lambda dev, a, b: MATMUL(dev, a, b), [T("[R, R]"), T("[R, R]")], [T("[R, R]")], name="mm")
+        for bad in (5, -1, 1.0):
+            with pytest.raises(UsageError, match=r"mm.place: index must be an input position 0..1"):
+                mm.place(cluster, bad, np.ones((2, 2)))
+
+
+def test_axes_of_one_dim_out_of_the_mesh_order_are_refused():
+    """S(y,x) was placed exactly as S(x,y) while plans and policies compared the tuples as written."""
+    x = np.arange(4.0).reshape(4, 1)
+    with pytest.raises(ShardingError, match=r"lists the axes of dim 0 as \(y,x\).*write S\(x,y\)"):
+        shard(x, T("[S(y,x), R]"), MESH)
+    with pytest.raises(ShardingError, match=r"write S\(x,y\)"):
+        plan_redistribution(T("[S(y,x), R]"), T("[S(x,y), R]"), (4, 4), MESH)
+    assert [p.ravel().tolist() for p in shard(x, T("[S(x,y), R]"), MESH)] == [[0.0], [1.0], [2.0], [3.0]]
+
+
+def test_policy_roles_of_the_wrong_kind_are_refused_where_given():
+    with pytest.raises(ShardingError, match=r"role k= takes a mesh axis name or a tuple of them, got 3"):
+        MatMulShardingPolicy.named("matched_inner", MESH, k=3)
+    with pytest.raises(ShardingError, match=r"role 't' needs at least one mesh axis, got \(\)"):
+        FeedForwardShardingPolicy.named("megatron", MESH, t=())  # printed as megatron, ran replicated
+
+
+def _graph(*nodes, edges, inputs):
+    g = nx.DiGraph()
+    for name, op in nodes:
+        g.add_node(name, op=op)
+    for u, v in edges:
+        g.add_edge(u, v, port=0)
+    g.graph["inputs"] = inputs
+    return g
+
+
+def test_graph_errors_name_the_node_or_the_edge():
+    p = ShardedOperation(lambda dev, a: a, [T("[S(x), R]")], [T("[S(x), R]")], name="p")
+    flat = ShardedOperation(lambda dev, a: a, [T("[R]")], [T("[R]")], name="flat")
+    unknown = ShardedOperation(lambda dev, a: a, [T("[S(z), R]")], [T("[R, R]")], name="unknown")
+    uneven = ShardedOperation(lambda dev, a: a, [T("[R, S(x,y)]")], [T("[R, S(x,y)]")], name="uneven")
+    col = ShardedOperation(lambda dev, x, w: MATMUL(dev, x, w), [T("[R, R]"), T("[R, S(x,y)]")], [T("[R, S(x,y)]")])
+    row = ShardedOperation(lambda dev, h, w: MATMUL(dev, h, w), [T("[R, S(x,y)]"), T("[S(x,y), R]")], [T("[R, R] P(sum)")])
+    with VirtualCluster(MESH) as cluster:
+        with pytest.raises(UsageError, match=r"the edge 'p' -> 'c' \(port 0\) carries 2-d values"):
+            cluster.execute(_graph(("p", p), ("c", flat), edges=[("p", "c")], inputs=[("p", 0)]), np.ones((4, 6)))
+        with pytest.raises(UsageError, match=r"node 'c', input 0 spec \[S\(z\), R\]: unknown mesh axis 'z'"):
+            cluster.execute(_graph(("p", p), ("c", unknown), edges=[("p", "c")], inputs=[("p", 0)]), np.ones((4, 6)))
+        with pytest.raises(ShardingError, match=r"on the edge 'p' -> 'c' \(port 0\): cannot shard dim 1"):
+            cluster.execute(_graph(("p", p), ("c", uneven), edges=[("p", "c")], inputs=[("p", 0)]), np.ones((4, 6)))
+        with pytest.raises(DeviceError, match=r"raised ValueError .*\(in graph node 'row'\)"):
+            cluster.execute(_graph(("col", col), ("row", row), edges=[("col", "row")],
+                                   inputs=[("col", 0), ("col", 1), ("row", 1)]),
+                            np.ones((4, 8)), np.ones((8, 16)), np.ones((12, 4)))
