@@ -46,10 +46,17 @@ REDUCE_OPS: dict[str, ReduceOp] = {
 }
 
 
+#: dtype kinds each op is defined on (MPI defines its ops on numbers; timedeltas add, datetimes compare)
+_KINDS = {"sum": "biufcm", "prod": "biufc", "max": "biufcmM", "min": "biufcmM", "avg": "fc"}
+
+
 def check_op(op: str, dtype: np.dtype | type | str) -> ReduceOp:
     """Return the registered ``ReduceOp`` for ``op``; raise ``UsageError`` if it is unknown or unfit.
 
     ``avg`` needs an inexact dtype (float or complex): an integer average would silently truncate.
+    Every op needs numbers (strings would concatenate); timedelta64 adds and compares, datetime64
+    only compares.  ``avg`` of float16 is summed as ``x/n`` (see ``collective_call``): its plain
+    sum overflows past 65504.
     """
     try:
         spec = REDUCE_OPS[op]
@@ -58,13 +65,18 @@ def check_op(op: str, dtype: np.dtype | type | str) -> ReduceOp:
             f"unknown reduce op {op!r}: expected one of {sorted(REDUCE_OPS)}", op=op
         ) from None
     dt = np.dtype(dtype)
-    if spec.average and not np.issubdtype(dt, np.inexact):
+    if spec.average and dt.kind not in "fc":
+        what = "integers is not an integer" if dt.kind in "iu" else f"{dt} values is not one"
         raise UsageError(
-            f"reduce op 'avg' on dtype {dt}: the average of integers is not an integer; "
+            f"reduce op 'avg' on dtype {dt}: the average of {what}; "
             f"use op='sum' and divide yourself, or cast to a float dtype first",
             op=op,
             dtype=str(dt),
         )
+    if dt.kind not in _KINDS[op]:  # numpy would concatenate strings, or fail deep inside an algorithm
+        raise UsageError(f"reduce op {op!r} is not defined on dtype {dt}; reductions take bool, integer, float or "
+                         f"complex arrays{' (and timedelta64 for sum, max, min)' if dt.kind in 'mM' else ''}",
+                         op=op, dtype=str(dt))
     return spec
 
 

@@ -70,6 +70,8 @@ class CollectiveSpec:
     fence_first: bool = False  # the contract check rides on the algorithm's first fence
     tail: str = ""  # of the flight record's text, after the group's call number
     traced: tuple = ()  # the trace event's fixed fields: (group, shape, dtype name, algorithm)
+    run_params: dict[str, Any] = field(default_factory=dict)  # what the algorithm is called with
+    premul: float = 0.0  # avg of float16: each input times 1/n, then summed (0: not this case)
 
     @classmethod
     def build(cls, dev: "VirtualDevice", name: str, x: Any, group: GroupInfo, algorithm: str | None, params: dict[str, Any]) -> "CollectiveSpec":
@@ -103,14 +105,19 @@ class CollectiveSpec:
         n = len(ranks)
         where = f"{dev.name}: {name} on group {gdesc}"
         choices = ALGORITHMS[name]
-        if algorithm is not None and algorithm not in choices:
+        if algorithm is not None and (not isinstance(algorithm, str) or algorithm not in choices):
             raise UsageError(f"{where}: unknown algorithm {algorithm!r}; choose one of {sorted(choices)}")
         if "root" in params:
             root = params["root"]
-            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < n:
+            if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+                raise UsageError(f"{where}: root={root!r} is not an int; root is a position in the group, 0..{n - 1}")
+            if not 0 <= root < n:
                 raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, 0..{n - 1}")
             params["root"] = int(root)
-        raw = {k: params[k] for k in ("dim", "split_dim", "concat_dim") if k in params}
+        if isinstance(params.get("op"), str):
+            params["op"] = str(params["op"])  # np.str_('sum') is 'sum': the same call, the same digest
+        raw = {k: int(params[k]) if isinstance(params[k], np.integer) else params[k]  # np.int64(0) is 0
+               for k in ("dim", "split_dim", "concat_dim") if k in params}
         reads_x = name != "barrier" and not (name in _ROOT_ONLY_INPUT and pos != params.get("root"))
         if reads_x:
             if not plain_array(x):
@@ -124,7 +131,10 @@ class CollectiveSpec:
                 if key in params:
                     params[key] = _normalize_dim(where, key, params[key], x.ndim)
             if "op" in params:
-                check_op(params["op"], x.dtype)
+                try:
+                    check_op(params["op"], x.dtype)
+                except UsageError as exc:
+                    raise exc.replace(f"{where}: {exc.message}") from None
         elif name != "barrier":
             x = None
         if "op" in params and not isinstance(params["op"], str):
@@ -139,6 +149,10 @@ class CollectiveSpec:
         spec.digest = _digest(spec.fingerprint)
         spec.reads_x = reads_x
         spec.run = choices[algo]
+        spec.run_params = params
+        if params.get("op") == "avg" and x is not None and x.dtype == np.float16 and n > 1:
+            # NCCL's PreMulSum: the sum of n float16 inputs overflows (max 65504) where their mean does not
+            spec.premul, spec.run_params = 1.0 / n, dict(params, op="sum")
         spec.fence_first = (name, algo) in FENCE_FIRST
         spec.tail = f" on {gdesc}: {spec.fingerprint[1]}"
         array = isinstance(x, np.ndarray)
@@ -175,7 +189,9 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, x: Any, timeout: 
         comm = GroupComm(dev, spec, deadline, on_timeout, check)
         if check is not None and not spec.fence_first:
             comm.fence()  # the contract check, before any message; shm algorithms make it at their first fence
-        result = spec.run(comm) if spec.name == "barrier" else spec.run(comm, x, **spec.params)
+        if spec.premul and x is not None:
+            x = np.multiply(x, spec.premul, dtype=np.float16)
+        result = spec.run(comm) if spec.name == "barrier" else spec.run(comm, x, **spec.run_params)
     except BaseException:
         dev._recorder.finish(slot, dev._clock.now, failed=True)
         raise

@@ -191,7 +191,8 @@ class VirtualDevice(PointToPoint):
     def _timeout(self, timeout: float | None) -> float:
         if timeout is None:
             return self.config.timeout
-        if not timeout > 0:
+        if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
+                or not timeout > 0:
             raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}")
         return float(timeout)
 

@@ -31,6 +31,7 @@ from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
 from .recorder import format_records
 from .requests import Request
 
+_TAG_END = 1 << 63  # a message header holds a signed 64-bit tag
 _SEND_STAYS = " The message stays posted: it is still delivered if its receive comes, so do not send it again."
 _RECV_WITHDRAWN = " The receive is withdrawn: a message arriving later is left for the next receive."
 
@@ -42,7 +43,7 @@ class PointToPoint:
 
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
-        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
+        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
                 send_to_self(self, x, tag)
@@ -74,7 +75,7 @@ class PointToPoint:
         overlaps with the receiver's work instead of delaying the message (a small send is
         complete once posted, so no reader can see it pending in between).
         """
-        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or tag < 0:
+        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):
                 return send_to_self(self, x, tag, blocking=True)
@@ -134,7 +135,7 @@ class PointToPoint:
 
     def _begin_recv(self, src: int, tag: int, out: Any, timeout: float | None) -> tuple[float, int]:
         """Check a receive's arguments, count and record it; returns (its budget in s, its record slot)."""
-        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or tag < 0:
+        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             any_src = type(src) is int and src == ANY_SOURCE
             any_tag = type(tag) is int and tag == ANY_TAG
             if not any_src:
@@ -154,8 +155,8 @@ class PointToPoint:
             raise UsageError(f"{self.name}: {what} must be a device rank (int), got {peer!r}")
         if not 0 <= peer < self.size:
             raise UsageError(f"{self.name}: {what}={peer} is out of range; ranks are 0..{self.size - 1}")
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
-            raise UsageError(f"{self.name}: tag must be a non-negative int, got {tag!r}")
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < _TAG_END:
+            raise UsageError(f"{self.name}: tag must be an int in 0..2**63-1 (a message header holds 64 bits), got {tag!r}")
         return peer == self.rank
 
     def _check_out(self, out: Any) -> None:
