@@ -4,6 +4,7 @@
 ``Mesh`` with named axes, run SPMD functions with real collectives; every device also keeps a
 modelled clock of the hardware the mesh's topology describes.
 
+    import numpy as np
     from virtualpar import Mesh, VirtualCluster
 
     def step(dev, x):

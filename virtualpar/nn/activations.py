@@ -34,6 +34,8 @@ defvjp(relu, lambda y, x: lambda g: np.multiply(g, y > 0, dtype=np.result_type(g
 
 
 def gelu(x: Any, approximate: str = "none") -> Any:
+    """GELU: exact ``½x(1 + erf(x/√2))`` with ``approximate="none"``, ``½x(1 + tanh(√(2/π)(x + 0.044715x³)))``
+    with ``"tanh"`` (torch.nn.functional.gelu)."""
     if approximate == "tanh":
         return 0.5 * x * (1.0 + tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
     if approximate == "none":
@@ -52,11 +54,15 @@ defvjp(tanh, lambda y, x: lambda g: g * (1 - y * y))
 
 
 class ReLU(Module):
+    """``max(x, 0)`` elementwise (torch.nn.ReLU)."""
+
     def forward(self, x: Any) -> Any:
         return relu(x)
 
 
 class GELU(Module):
+    """GELU elementwise, see :func:`gelu`; ``approximate``: ``"none"`` (erf) or ``"tanh"`` (torch.nn.GELU)."""
+
     def __init__(self, approximate: str = "none") -> None:
         if approximate not in ("none", "tanh"):
             raise UsageError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -70,5 +76,7 @@ class GELU(Module):
 
 
 class Tanh(Module):
+    """``tanh(x)`` elementwise, backward ``dy·(1 − y²)`` (torch.nn.Tanh)."""
+
     def forward(self, x: Any) -> Any:
         return tanh(x)

@@ -21,6 +21,8 @@ __all__ = ["mse_loss", "cross_entropy"]
 
 
 def mse_loss(pred: Any, target: Any) -> Any:
+    """``mean((pred − target)²)`` over every element; shapes must match (no broadcasting).  Gradient
+    ``2(pred − target)/N`` (torch.nn.functional.mse_loss)."""
     if np.shape(pred) != np.shape(target):
         raise UsageError(f"mse_loss: pred has shape {np.shape(pred)}, target {np.shape(target)}")
     return _mse(pred, target)

@@ -17,6 +17,9 @@ __all__ = ["LayerNorm"]
 
 
 class LayerNorm(Module):
+    """``(x − μ) / √(σ² + ε) · weight + bias`` over the last dim, of size ``normalized_shape``;
+    ``weight`` starts at ones, ``bias`` at zeros (torch.nn.LayerNorm with one normalized dim)."""
+
     def __init__(self, normalized_shape: int, eps: float = 1e-5, dtype: Any = np.float32) -> None:
         dt = check_dtype("LayerNorm", dtype)
         self.normalized_shape = check_size("LayerNorm", "normalized_shape", normalized_shape, least=1)

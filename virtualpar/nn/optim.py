@@ -28,6 +28,9 @@ __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate"]
 
 
 class Optimizer:
+    """Base of the optimizers: ``lr``, the step count ``t`` and per-parameter ``state``; ``step(params, grads)``
+    returns new arrays via the subclass's ``_update``, and ``state_dict`` / ``load_state_dict`` save and restore."""
+
     def __init__(self, lr: float) -> None:
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr >= 0:
             raise UsageError(f"{type(self).__name__}: lr must be a number >= 0, got {lr!r}")
@@ -73,6 +76,9 @@ def _at_least_zero(opt: str, **values: float) -> None:
 
 
 class SGD(Optimizer):
+    """SGD with optional momentum ``μ`` and L2 ``weight_decay`` ``λ`` added to the gradient (torch.optim.SGD,
+    dampening 0, no Nesterov)."""
+
     def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
         super().__init__(lr)
         _at_least_zero("SGD", momentum=momentum, weight_decay=weight_decay)
@@ -90,6 +96,9 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
+    """Adam with ``betas`` (β1, β2), ``eps`` and L2 ``weight_decay`` added to the gradient (torch.optim.Adam);
+    bias correction counts each parameter's own steps."""
+
     decoupled = False
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -120,6 +129,9 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
+    """Adam with decoupled weight decay ``p ← p·(1 − lr·λ)`` before the step, ``weight_decay`` 1e-2 by default
+    (torch.optim.AdamW)."""
+
     decoupled = True
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,

@@ -28,6 +28,9 @@ __all__ = ["GraphOperation", "as_executable"]
 
 @dataclass
 class GraphOperation:
+    """A ``graph`` of ``ShardedOperation``s (see the module doc) run by ``cluster.execute(op, *host_arrays)``:
+    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a tuple)."""
+
     graph: nx.DiGraph
 
     def execute_on(self, cluster: Any, *arrays: np.ndarray) -> Any:

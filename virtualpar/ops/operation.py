@@ -33,6 +33,10 @@ _IDS = itertools.count()
 
 @dataclass(frozen=True)
 class Operation:
+    """A numpy ``kernel`` named ``name`` with its costs as functions of the input shapes: ``flops`` and ``bytes``
+    (in elements, times the output's itemsize).  ``op(dev, *xs)`` runs the kernel and charges
+    ``dev.compute(flops, bytes)``, i.e. ``max(flops / peak, bytes / memory bandwidth)`` on the modelled clock."""
+
     name: str
     kernel: Callable[..., np.ndarray]
     flops: Callable[..., float]  # of the input shapes

@@ -26,6 +26,9 @@ _PATTERN = re.compile(r"^(\d+)(SF|RF|SB|RB|SW|RW|SG|RG|F|B|I|W)(\d+)$")
 
 
 class Action(NamedTuple):
+    """One unit of a schedule: ``kind`` (F, B, I, W or a transfer kind, see the module doc) of microbatch
+    ``microbatch`` at stage ``stage``; ``str()`` gives ``2B1``, ``Action.from_str`` reads it back."""
+
     stage: int
     kind: str
     microbatch: int

@@ -61,6 +61,13 @@ class StepSpec:
 
 
 class PipelinedOperation:
+    """One training step of ``pipeline`` on a cluster, run by ``cluster.execute(op, x, y)`` (see the module doc).
+
+    ``schedule``: a name in ``SCHEDULES`` (``"gpipe"``, ``"1f1b"``, ...) or a ``(schedule, placement)`` pair;
+    ``microbatches`` per step; ``loss(pred, target)``; ``optimizer`` (default ``nn.SGD(0.1)``); ``axis``: the mesh
+    axis the pipeline ranks lie along (None: every device); ``dp_axis``: a data-parallel axis; ``virtual``: stage
+    chunks per rank of a named schedule (None: stages / ranks when that divides); ``costs``: {kind: FLOPs}."""
+
     def __init__(self, pipeline: Pipeline, schedule: str | tuple[Schedule, Placement], microbatches: int,
                  loss: Callable[[Any, Any], Any] = nn.mse_loss, optimizer: nn.Optimizer | None = None,
                  axis: Any = None, dp_axis: Any = None, virtual: int | None = None,

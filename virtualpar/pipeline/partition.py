@@ -23,6 +23,9 @@ __all__ = ["Pipeline", "PipelineStage"]
 
 @dataclass(frozen=True)
 class PipelineStage:
+    """Stage ``index`` of a ``Pipeline``: ``module``, the model's layers from ``first_layer`` (the index of
+    its first layer in the whole model) up to the next cut, as an ``nn.Sequential``."""
+
     index: int
     module: nn.Sequential
     first_layer: int  # index of its first layer in the whole model

@@ -69,6 +69,11 @@ class PipelineDeadlock(UsageError):
 
 @dataclass
 class Simulation:
+    """What ``simulate`` returns for ``ranks``, ``stages`` and ``microbatches``: ``times``, action → (rank, start,
+    end); ``makespan``, the last end; ``busy``, per rank the sum of its actions' durations; per stage,
+    ``peak_activations`` and ``activation_curve`` ((time, microbatches stashed) steps).  ``bubble``,
+    ``utilisation`` (busy / makespan per rank), ``grid`` and ``memory`` derive from these."""
+
     ranks: int
     stages: int
     microbatches: int

@@ -35,6 +35,10 @@ __all__ = ["Step", "RedistributionPlan", "plan_redistribution"]
 
 @dataclass(frozen=True)
 class Step:
+    """One step of a plan: ``collective`` (or a local ``slice``) over mesh ``axes``, a group of ``group_size``;
+    ``dim`` the dim it gathers, scatters or slices (all_to_all: concatenates), ``split_dim`` the dim all_to_all
+    splits, ``op`` the reduction, ``bytes_per_device`` what each device sends (the ring's, see the module doc)."""
+
     collective: str  # all_reduce | reduce_scatter | all_to_all | all_gather | slice
     axes: tuple[str, ...]
     dim: int | None = None  # all_gather / reduce_scatter / slice: the dim; all_to_all: the concat dim
@@ -53,6 +57,9 @@ class Step:
 
 @dataclass(frozen=True)
 class RedistributionPlan:
+    """How to turn a tensor of ``shape`` (items of ``itemsize`` bytes) sharded as ``src`` into ``dst``: ``steps``
+    in order; ``run(dev, local)`` applies them on a device, ``format(hardware)`` prints them with bytes and time."""
+
     src: TensorSharding
     dst: TensorSharding
     shape: tuple[int, ...]
@@ -108,6 +115,9 @@ class RedistributionPlan:
 
 def plan_redistribution(src: TensorSharding, dst: TensorSharding, shape: Sequence[int], mesh: Any,
                         dtype: Any = np.float64) -> RedistributionPlan:
+    """The plan from ``src`` to ``dst`` for a global array of ``shape`` and ``dtype`` on ``mesh``, by the rules of
+    the module doc: reduce_scatter / all_reduce, all_to_all, all_gather, then local slices.  Raises
+    ``ShardingError`` if either spec does not fit, or if ``dst`` has a pending reduction."""
     shape = tuple(int(s) for s in shape)
     src.check(shape, mesh, name="source")
     dst.check(shape, mesh, name="target")

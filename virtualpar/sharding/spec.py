@@ -30,6 +30,9 @@ _DIM = re.compile(r"^(R|S\(([A-Za-z_][\w]*(?:,[A-Za-z_][\w]*)*)\))$")
 
 @dataclass(frozen=True)
 class DimSharding:
+    """How one dim is split: over the mesh ``axes`` (major first, in the mesh's order; prints ``S(dp,tp)``),
+    or replicated when ``axes`` is empty (prints ``R``)."""
+
     axes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
@@ -48,6 +51,10 @@ _PARTIAL_OPS = frozenset({"sum", "prod", "max", "min", "avg"})  # the reduce ops
 
 @dataclass(frozen=True)
 class TensorSharding:
+    """A tensor's sharding: one ``DimSharding`` per dim in ``dims``, and an optional pending reduction
+    ``partial`` (``"sum"``, ``"max"``, ...) still to run over ``partial_over`` (empty: every mesh axis no dim
+    uses); prints ``[R, S(tp)] P(sum)`` and ``parse`` reads that back."""
+
     dims: tuple[DimSharding, ...]
     partial: str | None = None  # a pending reduction op ("sum", "max", ...)
     partial_over: tuple[str, ...] = ()  # the axes it runs over; () = every axis no dim uses

@@ -35,6 +35,9 @@ __all__ = ["lower_strategy", "StrategyOperation", "count_transfers"]
 
 
 def lower_strategy(run: StrategyRun) -> tuple[dict[int, list[Action]], Placement]:
+    """The simulated ``run`` as a pipeline ``(schedule, placement)``: each worker's items in start order as
+    ``Action(stage, F|B, batch)``, and each item's compute and weight workers (see the module doc); refuses a
+    backward on another worker than its forward, or a replicated stage kept by a worker that does not compute it."""
     order = sorted(run.items, key=lambda i: (i.workers.compute, i.start))
     schedule: dict[int, list[Action]] = {w: [] for w in range(run.num_workers)}
     compute: dict[tuple[int, int], int] = {}

@@ -50,15 +50,20 @@ __all__ = ["simulate", "StrategyRun", "ScheduledWork", "OldestBatchFirst", "Olde
 
 
 def OldestBatchFirst(batch: int, position: int) -> tuple:
+    """Tie-break key (smaller first) of a batch's next item, ``position`` its index in the batch's 2S items:
+    the lowest batch, then the furthest along."""
     return (batch, -position)
 
 
 def OldestStageFirst(batch: int, position: int) -> tuple:
+    """Tie-break key (smaller first): the item furthest along its batch's 2S items, then the lowest batch."""
     return (-position, batch)
 
 
 @dataclass(frozen=True)
 class ScheduledWork:
+    """One scheduled item: ``work`` on ``workers`` (compute and weight), computing from ``start`` to ``end``."""
+
     work: Work
     workers: ComputeAndWeightWorkers
     start: float
@@ -67,6 +72,10 @@ class ScheduledWork:
 
 @dataclass
 class StrategyRun:
+    """What ``simulate`` returns: its sizes and costs (f, b), the ``items`` scheduled, the transmission counts,
+    ``peak_activations`` / ``mean_activations`` and ``busy`` per worker; ``latency``, ``throughput`` (2SB / (T·W)),
+    ``utilisation`` and ``weight_storage`` derive from these (see the module doc)."""
+
     num_workers: int
     num_stages: int
     num_batches: int

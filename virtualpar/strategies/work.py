@@ -22,11 +22,15 @@ __all__ = ["Direction", "Work", "ComputeAndWeightWorkers", "Strategy", "Distribu
 
 
 class Direction(Enum):
+    """Which pass a unit of work is: ``FORWARD`` (``"f"``) or ``BACKWARD`` (``"b"``)."""
+
     FORWARD = "f"
     BACKWARD = "b"
 
 
 class Work(NamedTuple):
+    """One unit of work: stage ``stage`` of batch ``batch`` in ``direction``; ``str()`` gives ``f2`` / ``b2``."""
+
     stage: int
     batch: int
     direction: Direction
@@ -36,10 +40,14 @@ class Work(NamedTuple):
 
 
 class ComputeAndWeightWorkers(NamedTuple):
+    """Where a strategy puts a unit of work: ``compute``, the worker that runs it, and ``weight``, the worker
+    that stores its stage's weights (when they differ, the weights travel to ``compute``)."""
+
     compute: int
     weight: int
 
 
+#: A strategy: maps each unit of ``Work`` to the ``ComputeAndWeightWorkers`` that compute it and store its weights.
 Strategy = Callable[[Work], ComputeAndWeightWorkers]
 
 

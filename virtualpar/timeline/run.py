@@ -80,6 +80,13 @@ class _TupleGrad:
 
 
 class TimelineParallel:
+    """One training step of ``model`` (a ``SequencePipe``) with its time axis split over ``model.get_group()``.
+
+    ``microbatches`` per step; ``optimizer`` (default ``nn.SGD(0.1)``); ``costs``: ``{"F": flops, "B": flops}`` on
+    the modelled clock.  ``cluster.execute(op, inputs, labels)`` (tuples of arrays, inputs (N, T, ...) with T a
+    multiple of the axis size) returns the mean microbatch loss; ``state_dict(cluster, rank)`` gives the weights,
+    ``timeline(clock)`` the last step."""
+
     def __init__(self, model: SequencePipe, microbatches: int, optimizer: nn.Optimizer | None = None,
                  costs: dict[str, float] | None = None) -> None:
         if not isinstance(model, SequencePipe):
