@@ -59,6 +59,10 @@ def main() -> None:
     with VirtualCluster(Mesh({"time": 3})) as cluster:
         losses = [cluster.execute(op, inputs, labels) for _ in range(8)]
     print("losses:", ", ".join(f"{v:.4f}" for v in losses))
+    # the same model, the whole sequence on one device: its loss is the first step's, before any update
+    one_device, _ = reference_step(SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2), inputs, labels, microbatches=2)
+    print(f"first step's loss on one device running the whole sequence: {one_device:.12f} "
+          f"(time-split: {losses[0]:.12f}; equal: {abs(one_device - losses[0]) <= 1e-12 * abs(one_device)})")
     print("timeline of the last step (3 time segments x 2 microbatches):")
     print(op.timeline())
 

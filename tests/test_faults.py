@@ -427,6 +427,7 @@ def test_collective_mismatch(case, differs):
         assert "#1 on group world=(0,1,2,3)" in msg and "op #1" in msg
         assert all(err.calls[r] != err.calls[2] for r in (0, 1, 3))  # device 2 is the odd one out
         assert set(err.flight_records) == {0, 1, 2, 3}
+        assert err.index == str(c.mesh.index(err.rank))  # the plugin's report header shows it
         # recoverable
         assert c.run(rank_of) == [0, 1, 2, 3]
 
@@ -887,3 +888,21 @@ def test_configuration_errors_are_value_errors():
     assert issubclass(NonFiniteError, FloatingPointError)
     with pytest.raises(ValueError):
         Mesh({"dp": 2, "dp2": -1})
+
+
+def _start_a_cluster_inside(dev):
+    with VirtualCluster(2) as inner:
+        return inner.run(rank_of)
+
+
+def test_a_cluster_inside_a_device_and_fault_values_are_named_errors():
+    """Nesting failed on multiprocessing's bare assertion (and ran under python -O); a delay of -1 s
+    or an exit code 'x' was accepted and failed later on the device."""
+    with cluster(2) as c:
+        with pytest.raises(UsageError, match="a VirtualCluster cannot be started inside a device"):
+            c.run(_start_a_cluster_inside)
+        with pytest.raises(UsageError, match="seconds must be a finite number >= 0, got -1"):
+            c.inject(0, 1, "delay", seconds=-1)
+        with pytest.raises(UsageError, match="code must be an exit status 0..255, got 'x'"):
+            c.inject(0, 1, "exit", code="x")
+        assert c.run(rank_of) == [0, 1]

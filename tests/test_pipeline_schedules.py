@@ -189,3 +189,6 @@ def test_costs_that_would_time_the_wrong_thing_are_refused(capsys):
         main(["schedule", "gpipe", "--costs", "F=1,Q=2"])
     assert exc.value.code == 2
     assert "argument --costs: costs name 'Q', not an action kind" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # B=1,B=2 kept the last value
+        main(["schedule", "1f1b", "--costs", "B=1,B=2"])
+    assert exc.value.code == 2 and "argument --costs: costs give B twice" in capsys.readouterr().err

@@ -72,13 +72,15 @@ def output_file(path: str) -> str:
 
 def parse_costs(text: str) -> dict[str, float]:
     """``F=1,B=2,W=0`` -> ``{"F": 1.0, "B": 2.0, "W": 0.0}``; a kind other than F, B, I, W or a cost
-    that is not a finite number >= 0 is refused (argparse reports it)."""
+    that is not a finite number >= 0, or a kind given twice, is refused (argparse reports it)."""
     from ..errors import UsageError
     from ..pipeline.simulate import check_costs
 
     costs: dict[str, float] = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
+        if name.strip() in costs:  # B=1,B=2 kept the last: say it instead
+            raise argparse.ArgumentTypeError(f"costs give {name.strip()} twice: {text!r}")
         try:
             costs[name.strip()] = float(value)
         except ValueError:

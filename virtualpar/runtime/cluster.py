@@ -76,7 +76,8 @@ class VirtualCluster:
     ``start_method``: "fork" (default on Linux; fastest), "forkserver" or "spawn".
     ``timeout``: seconds any one blocking op may wait (per-call ``timeout=`` overrides).
     ``check_collectives``: compare every collective call across its group first (on by default).
-    ``check_nan``: raise when a collective input holds NaN/Inf.
+    ``check_nan``: raise when a collective input holds NaN/Inf.  ``trace``: record events for ``trace()``.
+    ``ring_bytes``: each channel's ring (default 4 MiB up to 4 devices, 2 MiB up to 8, then 1 MiB).
     ``hardware``: what the modelled clock models: a preset name (``"h100-node"``...), a
     ``Hardware``, or None for the mesh's own topology with the default device.
     ``scratch_bytes``: shared memory per device for shared-memory collectives (the default

@@ -235,7 +235,8 @@ def _exchange_fingerprints(dev: "VirtualDevice", spec: CollectiveSpec, seq: int,
         raise CollectiveMismatch(
             f"collective #{seq} on group {spec.group_desc} does not match across the group "
             f"(seen by {dev.name} at op #{dev.op_seq}):{calls}\n  differs in: {', '.join(differs)}",
-            rank=dev.rank, group=spec.ranks, seq=seq, differs=differs, calls={r: fp[1] for r, fp in verdict},
+            rank=dev.rank, index=str(dev.index), group=spec.ranks, seq=seq, differs=differs,
+            calls={r: fp[1] for r, fp in verdict},
             flight_records=records,
         )
 

@@ -29,6 +29,11 @@ def check_fault(action: str, params: dict) -> None:
     if set(params) - known:
         raise UsageError(f"fault action {action!r} takes {sorted(known) or 'no parameters'}, not "
                          f"{sorted(set(params) - known)}")
+    seconds, code = params.get("seconds", 0.0), params.get("code", 1)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise UsageError(f"fault action 'delay': seconds must be a finite number >= 0, got {seconds!r}")
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        raise UsageError(f"fault action 'exit': code must be an exit status 0..255, got {code!r}")
 
 
 @dataclass(frozen=True)

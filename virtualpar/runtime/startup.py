@@ -86,6 +86,10 @@ def check_not_bootstrapping(start_method: str) -> None:
     module (a script without ``if __name__ == "__main__":`` under spawn or forkserver).  Each device
     would start a cluster of its own there: the driver kills them when the first one fails, and a
     killed process cannot free the shared memory it had just made."""
+    if mp.current_process().daemon:  # a device: multiprocessing refuses daemons children (an assert, gone under -O)
+        raise UsageError(f"a VirtualCluster cannot be started inside a device ({mp.current_process().name}): "
+                         "devices do not start processes; create clusters in the driver, one after the other or "
+                         "side by side")
     if start_method != "fork" and getattr(mp.current_process(), "_inheriting", False):
         raise UsageError(f"VirtualCluster(start_method={start_method!r}) was created while a process started by "
                          f"{start_method} imports the main module: put the code that creates the cluster under "
