@@ -73,3 +73,15 @@ def test_arguments_of_the_wrong_type_are_named(call, said):
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         with pytest.raises(UsageError, match=said):
             c.run(call)
+
+
+def test_a_structured_array_is_refused_as_what_it_is():
+    """The message said 'use send() for objects' of an array that holds no objects."""
+    from virtualpar.errors import PayloadError
+
+    rec = np.zeros(2, dtype=[("a", "f8"), ("b", "i4")])
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        with pytest.raises(PayloadError, match=r"arrays of a structured dtype .* send\(\) and recv\(\) move them pickled"):
+            c.run(lambda dev: dev.all_gather(rec))
+        got = c.run(lambda dev: (dev.send(rec, 1 - dev.rank), dev.recv(1 - dev.rank))[1])
+    assert all(g.dtype == rec.dtype for g in got)

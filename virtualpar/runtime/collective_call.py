@@ -126,7 +126,9 @@ class CollectiveSpec:
                                        "whose own state (a mask, ...) would be lost; pass np.asarray(x) to reduce its data")
                 raise PayloadError(f"{where}: needs a numpy array, got {type(x).__name__}")
             if x.dtype.hasobject or x.dtype.names is not None:
-                raise PayloadError(f"{where}: cannot move arrays of dtype {x.dtype} as raw bytes; use send() for objects")
+                what = "objects" if x.dtype.hasobject else "a structured dtype"
+                raise PayloadError(f"{where}: cannot move arrays of {what} ({x.dtype}) as raw bytes; send() and "
+                                   "recv() move them pickled")
             for key in ("dim", "split_dim", "concat_dim"):
                 if key in params:
                     params[key] = _normalize_dim(where, key, params[key], x.ndim)
