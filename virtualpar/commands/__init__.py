@@ -16,4 +16,5 @@ COMMANDS: tuple[str, ...] = (
     "virtualpar.commands.policies",
     "virtualpar.commands.strategy",
     "virtualpar.commands.run",
+    "virtualpar.commands.doctor",
 )
