@@ -43,7 +43,10 @@ def test_a_reduction_on_a_dtype_it_is_not_defined_on_is_refused_by_name(x, op, s
             with pytest.raises(UsageError, match=rf"device \d \(world=\d\): all_reduce on group .*: {said}"):
                 c.run(lambda dev: dev.all_reduce(x, op=op, algorithm=algorithm))
         ok = c.run(lambda dev: dev.all_reduce(np.array([1, 2], "timedelta64[s]"), op="max"))
+        one = c.run(lambda dev: dev.all_reduce(np.array([dev.rank + 1], "timedelta64[s]")))  # failed inside shm
+        late = c.run(lambda dev: dev.all_reduce(np.array([f"2020-01-0{dev.rank + 1}"], "datetime64[D]"), op="max"))
     assert ok[0].tolist() == np.array([1, 2], "timedelta64[s]").tolist()
+    assert one[0] == np.array([6], "timedelta64[s]") and late[0] == np.array(["2020-01-03"], "datetime64[D]")
 
 
 def test_one_call_spelled_two_ways_is_one_call():

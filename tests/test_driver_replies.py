@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import namedtuple
 
 import pytest
 
@@ -54,21 +53,38 @@ def test_a_round_interrupted_in_the_driver_closes_the_cluster():
         signal.signal(signal.SIGALRM, old)
 
 
-def test_a_class_brought_by_value_comes_back_and_travels_between_devices():
-    """A local class (as a script's __main__ class or a notebook's) goes to the devices by value;
-    plain pickle then found 'not the same object' and refused to send it back or across."""
-    Pt = namedtuple("Pt", "x y")
+def test_a_class_brought_by_value_comes_back_and_travels_between_devices(tmp_path):
+    """A class cloudpickle ships by value (a script's __main__, a notebook: here a module registered
+    for it) is rebuilt on the devices; plain pickle then found 'not the same object' and refused to
+    send it back or across.  What plain pickle refuses otherwise (a lambda) is still refused."""
+    import importlib
+    import sys
 
-    def exchange(dev):
-        other = 1 - dev.rank
-        req = dev.isend(Pt(dev.rank, 2), other)
-        got = dev.recv(other)
-        req.wait()
-        return got
+    import cloudpickle
 
-    with VirtualCluster(2) as cluster:
-        back = cluster.run(lambda dev: Pt(dev.rank, 1))
-        across = cluster.run(exchange)
+    (tmp_path / "vp_by_value_module.py").write_text("from collections import namedtuple\nPt = namedtuple('Pt', 'x y')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mod = importlib.import_module("vp_by_value_module")
+        cloudpickle.register_pickle_by_value(mod)
+        Pt = mod.Pt
+
+        def exchange(dev):
+            other = 1 - dev.rank
+            req = dev.isend(Pt(dev.rank, 2), other)
+            got = dev.recv(other)
+            req.wait()
+            return got
+
+        with VirtualCluster(2) as cluster:
+            back = cluster.run(lambda dev: Pt(dev.rank, 1))
+            across = cluster.run(exchange)
+            with pytest.raises(PayloadError, match="cannot be pickled"):
+                cluster.run(lambda dev: lambda: 5)
+    finally:
+        cloudpickle.unregister_pickle_by_value(mod)
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("vp_by_value_module", None)
     assert back == [(0, 1), (1, 1)] and all(isinstance(p, Pt) for p in back)  # the driver's own class
     assert across == [(1, 2), (0, 2)] and all(isinstance(p, Pt) for p in across)
 

@@ -112,3 +112,13 @@ def test_exit_codes_stderr_argv_and_calls_outside_the_subset():
     assert bad.returncode == 1
     assert "MPI.Comm.Ialltoallw is outside the subset virtualpar emulates" in bad.stderr
     assert "OutsideSubset" in bad.stderr  # a NotImplementedError and an AttributeError (hasattr is False)
+
+
+def test_what_ranks_printed_is_kept_when_the_run_ends_with_unmatched_messages(tmp_path):
+    prog = tmp_path / "unmatched.py"
+    prog.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nprint(f'rank {comm.rank} computed 42', flush=True)\n"
+                    "if comm.rank == 0:\n    comm.send({'a': 1}, dest=1, tag=7)\n")
+    emu = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", str(prog)],
+                         capture_output=True, text=True, timeout=120)
+    assert emu.returncode == 1 and "UnmatchedMessages" in emu.stderr
+    assert _lines(emu.stdout) == ["rank 0 computed 42", "rank 1 computed 42"]

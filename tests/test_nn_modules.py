@@ -31,8 +31,12 @@ def test_a_module_used_twice_gets_its_whole_gradient_under_each_name():
     want = numeric_grads(of, {"w": lin.weight.copy()})["w"]
     np.testing.assert_allclose(grads["0.weight"], want, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(grads["2.weight"], want, rtol=1e-7, atol=1e-10)
-    assert grads["0.weight"] is not grads["2.weight"]
+    assert grads["0.weight"] is grads["2.weight"]  # one parameter, one gradient (torch: one .grad)
     assert model.num_parameters() == 6
+    clipped, norm = nn.clip_grad_norm(grads, 1e9)  # counted once, as torch's parameters() dedups
+    assert norm == pytest.approx(np.sqrt(sum(float((grads[k] ** 2).sum()) for k in ("0.weight", "0.bias"))))
+    summed = nn.accumulate([grads, grads], "sum")
+    assert summed["0.weight"] is summed["2.weight"] and np.allclose(summed["0.weight"], 2 * grads["0.weight"])
     rec = nn.vjp(model, x)  # the same through vjp
     np.testing.assert_allclose(rec.backward(np.ones((2, 2)))[1]["0.weight"], rec.backward(np.ones((2, 2)))[1]["2.weight"])
 
@@ -136,3 +140,19 @@ def test_load_state_dict_is_all_or_nothing_and_dtype_may_be_set():
     assert Own(np.float32).dtype == np.float32 and nn.Linear(2, 2).dtype == np.float32
     with pytest.raises(UsageError, match="num_layers must be an int >= 1"):
         nn.RNN(4, 3, num_layers=None)
+
+
+def test_a_back_reference_to_an_ancestor_is_not_walked():
+    """With _x submodules registered, self._owner = parent recursed for ever."""
+    class Head(nn.Module):
+        def __init__(self, owner):
+            self.lin = nn.Linear(2, 2)
+            self._owner = owner
+
+    class Body(nn.Module):
+        def __init__(self):
+            self.head = Head(self)
+
+    body = Body()
+    assert body.num_parameters() == 6 and list(body.state_dict()) == ["head.lin.weight", "head.lin.bias"]
+    assert "(_owner): ..." in repr(body)

@@ -651,3 +651,48 @@ def test_an_isend_whose_header_arrived_is_one_unmatched_message():
             c.run(offer)
     assert len(info.value.messages) == 1
     assert "1 message(s)" in str(info.value) and "offered, never taken) from an isend not waited on" in str(info.value)
+
+
+def _give_up_mid_message(dev):
+    if dev.rank == 1:
+        reqs = [dev.isend(np.full(12 << 10, i, np.float32), 0, tag=5) for i in range(5)]  # 5 x 48 KiB fill the ring
+        reqs.append(dev.isend(np.full(12 << 10, 42, np.float32), 0, tag=3))  # then this one, half in
+        time.sleep(1.0)
+        for r in reqs:
+            r.wait()
+        return None
+    time.sleep(0.3)
+    try:
+        dev.recv(1, tag=3, timeout=0.3)
+    except P2PTimeout:
+        pass
+    got = dev.recv(1, tag=3, timeout=TIMEOUT)  # the message the timed-out receive had begun to take
+    for _ in range(5):
+        dev.recv(1, tag=5)
+    return float(got[0]), got.size
+
+
+def test_a_receive_that_timed_out_mid_message_hands_it_to_the_next():
+    """It had matched a message still arriving: that message went to the dead receive, lost."""
+    with VirtualCluster(2, timeout=TIMEOUT, ring_bytes=256 << 10) as c:
+        assert c.run(_give_up_mid_message)[0] == (42.0, 12 << 10)
+
+
+def test_identical_unreceived_messages_are_counted_each():
+    def two_alike(dev):
+        if dev.rank == 0:
+            dev.send(np.ones(3), 1, tag=5)
+            dev.send(np.ones(3), 1, tag=5)
+
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        with pytest.raises(UnmatchedMessages, match=r"^2 message\(s\)") as info:
+            c.run(two_alike)
+    assert len(info.value.messages) == 2 and info.value.returned == {0: None, 1: None}
+
+
+def test_irecv_from_any_source_on_one_device_raises_at_wait():
+    from virtualpar import ANY_SOURCE
+
+    with VirtualCluster(1, timeout=TIMEOUT) as c:
+        with pytest.raises(UsageError, match="would wait forever"):
+            c.run(lambda dev: dev.irecv(ANY_SOURCE).wait())

@@ -113,3 +113,28 @@ def test_graph_errors_name_the_node_or_the_edge():
             cluster.execute(_graph(("col", col), ("row", row), edges=[("col", "row")],
                                    inputs=[("col", 0), ("col", 1), ("row", 1)]),
                             np.ones((4, 8)), np.ones((8, 16)), np.ones((12, 4)))
+
+
+def _scaled_by_rank(dev, a):
+    return a * (dev.rank + 1)
+
+
+def test_partial_copies_must_agree_and_numpy_scalars_are_outputs():
+    with VirtualCluster(MESH) as cluster:
+        partial = ShardedOperation(_scaled_by_rank, [T("[R]")], [T("[R] P(sum:x)")], name="scale")
+        with pytest.raises(ShardingError, match="hold different copies of one partial value"):
+            cluster.execute(partial, np.ones(2))  # the copies over y disagreed and one was kept
+        total = ShardedOperation(lambda dev, a: np.sum(a), [T("[R]")], [T("[]")], name="total")
+        assert cluster.execute(total, np.arange(6.0)) == 15.0  # np.sum's numpy scalar was refused
+
+
+def _unknown_op(dev, a):
+    return dev.all_reduce(a, op="mean")
+
+
+def test_an_error_in_a_graph_node_keeps_the_users_frames():
+    node = ShardedOperation(_unknown_op, [T("[R]")], [T("[R]")], name="scale")
+    with VirtualCluster(2) as cluster:
+        with pytest.raises(UsageError, match=r"^device \d \(world=\d\): in graph node 'n': all_reduce") as info:
+            cluster.execute(_graph(("n", node), edges=[], inputs=[("n", 0)]), np.ones(2))
+    assert "_unknown_op" in str(info.value.__cause__)  # the remote traceback reaches the user's function

@@ -65,7 +65,7 @@ def check_op(op: str, dtype: np.dtype | type | str) -> ReduceOp:
             f"unknown reduce op {op!r}: expected one of {sorted(REDUCE_OPS)}", op=op
         ) from None
     dt = np.dtype(dtype)
-    if spec.average and dt.kind not in "fc":
+    if spec.average and dt.kind in "biu":
         what = "integers is not an integer" if dt.kind in "iu" else f"{dt} values is not one"
         raise UsageError(
             f"reduce op 'avg' on dtype {dt}: the average of {what}; "
@@ -73,7 +73,7 @@ def check_op(op: str, dtype: np.dtype | type | str) -> ReduceOp:
             op=op,
             dtype=str(dt),
         )
-    if dt.kind not in _KINDS[op]:  # numpy would concatenate strings, or fail deep inside an algorithm
+    if dt.kind not in _KINDS.get(op, "biufc"):  # numpy would concatenate strings, or fail deep inside an algorithm
         raise UsageError(f"reduce op {op!r} is not defined on dtype {dt}; reductions take bool, integer, float or "
                          f"complex arrays{' (and timedelta64 for sum, max, min)' if dt.kind in 'mM' else ''}",
                          op=op, dtype=str(dt))

@@ -126,7 +126,7 @@ def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray
     else:  # one column is an inner axis, which numpy sums pairwise; accumulate is sequential by definition
         # (in the array's own dtype: numpy would accumulate int8 or bool sums in int64, and the
         # total would then not fit back, where every other path wraps around as MPI and torch do)
-        acc[0] = ufunc.accumulate(rows[:, 0], dtype=rows.dtype)[-1]
+        acc[0] = ufunc.accumulate(rows[:, 0], dtype=None if rows.dtype.kind in "mM" else rows.dtype)[-1]
     finalize(op, acc, n)
     comm.account_all(nbytes)  # every peer read our whole array
     comm.model_tree_all_reduce(nbytes)

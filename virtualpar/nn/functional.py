@@ -134,7 +134,8 @@ def value_and_grad(fn: Callable[..., Any], model: Module, *args: Any) -> tuple[f
     if np.ndim(loss) != 0:
         raise UsageError(f"value_and_grad: fn must return a scalar loss, got an array of shape {np.shape(loss)}")
     grads = back(np.ones_like(loss))
-    return float(loss), {k: _dense(grads[r], params[k], copy=k != distinct[r]) for k, r in zip(names, rep)}
+    dense = [_dense(g, params[k]) for k, g in zip(distinct, grads)]
+    return float(loss), {k: dense[r] for k, r in zip(names, rep)}  # a tied parameter: one array, every name
 
 
 class VJP:
@@ -163,7 +164,8 @@ class VJP:
         grads = self._back(_cotangent(dy, self.output))
         distinct, rep = self._tied
         k = len(distinct)
-        dparams = {name: _dense(grads[r], v, copy=name != distinct[r]) for (name, v), r in zip(self._params.items(), rep)}
+        dense = [_dense(g, self._params[k]) for k, g in zip(distinct, grads)]
+        dparams = {name: dense[r] for name, r in zip(self._params, rep)}  # a tied parameter: one array
         if not self._input_grads:
             return (None if self._n == 1 else (None,) * self._n), dparams
         dinputs = tuple(_dense(g, x) for g, x in zip(grads[k:], self._inputs))
@@ -230,11 +232,9 @@ def _cotangent(dy: Any, output: Any) -> Any:
     return np.asarray(dy, dtype=np.asarray(output).dtype)
 
 
-def _dense(g: Any, like: Any, copy: bool = False) -> np.ndarray:
+def _dense(g: Any, like: Any) -> np.ndarray:
     """autograd gives 0 (a float) or None for inputs the output does not depend on: make it an
-    array of zeros (None as a 0-d float64 array was NaN: an unused scalar parameter's gradient).
-    ``copy``: a tied parameter's second name gets its own array."""
+    array of zeros (None as a 0-d float64 array was NaN: an unused scalar parameter's gradient)."""
     if g is None or (np.ndim(g) == 0 and np.ndim(like) != 0):
         return np.zeros(np.shape(like), dtype=getattr(like, "dtype", np.float64))
-    return np.array(g, dtype=getattr(like, "dtype", None), copy=True) if copy else \
-        np.asarray(g, dtype=getattr(like, "dtype", None))
+    return np.asarray(g, dtype=getattr(like, "dtype", None))

@@ -13,6 +13,7 @@ place (autograd boxes, when differentiating), which is how every layer gets its 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from reprlib import recursive_repr
 from typing import Any, Iterator
 
 import numpy as np
@@ -62,12 +63,16 @@ class Module:
         for dotted, _, _, value in self._slots(prefix):
             yield dotted, value
 
-    def _slots(self, prefix: str = "") -> Iterator[tuple[str, "Module", str, Any]]:
-        """``(dotted name, owning module, attribute, value)`` per parameter, as ``named_parameters``."""
+    def _slots(self, prefix: str = "", path: tuple = ()) -> Iterator[tuple[str, "Module", str, Any]]:
+        """``(dotted name, owning module, attribute, value)`` per parameter, as ``named_parameters``.
+        A child that is one of its own ancestors (a back-reference such as ``self._owner``) is not
+        walked again; a module used twice elsewhere (tied weights) is, under each name."""
+        path = path + (self,)
         for name in self.__dict__.get("_order", []):
             value = self.__dict__[name]
             if isinstance(value, Module):
-                yield from value._slots(f"{prefix}{name}.")
+                if not any(value is p for p in path):
+                    yield from value._slots(f"{prefix}{name}.", path)
             elif value is not None:
                 yield f"{prefix}{name}", self, name, value
 
@@ -157,6 +162,7 @@ class Module:
     def extra_repr(self) -> str:
         return ""
 
+    @recursive_repr()  # a back-reference (self._owner) prints as "..."
     def __repr__(self) -> str:
         children = list(self.named_children())
         extra = self.extra_repr()

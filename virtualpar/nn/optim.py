@@ -144,9 +144,11 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict[
     (torch.nn.utils.clip_grad_norm_); returns ``(clipped, total_norm)``.  A NaN or infinite norm
     makes every gradient NaN, as torch's does: a step taken with it shows, rather than skipping
     the clip."""
-    total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+    distinct = {id(g): g for g in grads.values()}  # a tied parameter's one array counts once (torch: once)
+    total = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in distinct.values()))
     scale = min(1.0, max_norm / (total + 1e-6)) if math.isfinite(total) else math.nan
-    return {k: (g * scale).astype(g.dtype) for k, g in grads.items()}, total
+    scaled = {i: (g * scale).astype(g.dtype) for i, g in distinct.items()}
+    return {k: scaled[id(g)] for k, g in grads.items()}, total
 
 
 def accumulate(grads: list[dict[str, np.ndarray]], mode: str = "mean") -> dict[str, np.ndarray]:
@@ -157,14 +159,18 @@ def accumulate(grads: list[dict[str, np.ndarray]], mode: str = "mean") -> dict[s
         raise UsageError(f"accumulate: mode must be 'sum' or 'mean', got {mode!r}")
     if not grads:
         raise UsageError("accumulate: no gradients to combine")
-    out = {k: np.array(v, copy=True) for k, v in grads[0].items()}
+    first = {}  # names sharing one array (a tied parameter) share the sum: added once, counted once
+    for k, v in grads[0].items():
+        first.setdefault(id(v), k)
+    owner = {k: first[id(v)] for k, v in grads[0].items()}
+    sums = {k: np.array(grads[0][k], copy=True) for k in set(owner.values())}
     for i, g in enumerate(grads[1:], 1):
-        if set(g) != set(out) or any(np.shape(g[k]) != out[k].shape for k in out):  # numpy would broadcast
+        if set(g) != set(owner) or any(np.shape(g[k]) != sums[owner[k]].shape for k in owner):  # numpy would broadcast
             shapes = lambda d: {k: np.shape(v) for k, v in d.items()}  # noqa: E731
             raise UsageError(f"accumulate: microbatch {i}'s gradients {shapes(g)} do not match microbatch 0's "
-                             f"{shapes(out)}")
-        for k in out:
-            out[k] += g[k]
+                             f"{shapes(grads[0])}")
+        for k in sums:
+            sums[k] += g[k]
     if mode == "mean":
-        out = {k: (v / len(grads)).astype(v.dtype) for k, v in out.items()}
-    return out
+        sums = {k: (v / len(grads)).astype(v.dtype) for k, v in sums.items()}
+    return {k: sums[owner[k]] for k in grads[0]}

@@ -133,17 +133,26 @@ def _run_graph(dev: Any, order: list, programs: dict, n_inputs: dict, plans: dic
                     try:
                         x = plan_redistribution(src, dst, _global_shape(dev, x, src), dev.mesh, x.dtype).run(dev, x)
                     except VirtualParError as exc:  # say which edge
-                        raise exc.replace(f"on the edge {u!r} -> {node!r} (port {port}): {exc.message}") from None
+                        raise _located(dev, exc, f"on the edge {u!r} -> {node!r} (port {port})") from None
                 args[port] = x
         try:
             outputs[node] = programs[node](dev, *args)
         except Exception as exc:
             if isinstance(exc, VirtualParError):
-                raise exc.replace(f"in graph node {node!r}: {exc.message}") from None
+                raise _located(dev, exc, f"in graph node {node!r}") from None
             exc.add_note(f"(in graph node {node!r})")
             raise
     for n in sinks:
         dev.state[f"graph/{n}/out"] = outputs[n]
+
+
+def _located(dev: Any, exc: VirtualParError, where: str) -> VirtualParError:
+    """``exc`` saying ``where`` it happened, after the device's name if it starts with it, and
+    keeping its traceback (the user's program's frames)."""
+    head = f"{dev.name}: "
+    msg = exc.message
+    text = head + f"{where}: " + msg[len(head):] if msg.startswith(head) else f"{where}: {msg}"
+    return exc.replace(text).with_traceback(exc.__traceback__)
 
 
 def _global_shape(dev: Any, x: np.ndarray, spec: Any) -> tuple[int, ...]:

@@ -134,6 +134,6 @@ def _run(dev: Any, key: str, name: str, program: Callable[..., Any], n_in: int, 
     if len(outs) != n_out:
         raise UsageError(f"{name}: the program returned {len(outs)} outputs, its specs declare {n_out}")
     for j, o in enumerate(outs):
-        if not isinstance(o, np.ndarray):
+        if not isinstance(o, (np.ndarray, np.generic)):  # a numpy scalar (np.sum's) is a 0-d array
             raise UsageError(f"{name}: the program's output {j} is a {type(o).__name__}, not an array")
-        dev.state[f"{key}/out{j}"] = o
+        dev.state[f"{key}/out{j}"] = np.asarray(o)

@@ -34,6 +34,7 @@ from .requests import Request
 _TAG_END = 1 << 63  # a message header holds a signed 64-bit tag
 _SEND_STAYS = " The message stays posted: it is still delivered if its receive comes, so do not send it again."
 _RECV_WITHDRAWN = " The receive is withdrawn: a message arriving later is left for the next receive."
+_RECV_LOST = " It had begun to take a message still arriving: that message is lost to later receives."
 
 __all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
 
@@ -115,8 +116,9 @@ class PointToPoint:
             raise would_wait_forever(self, inner, tag)
         try:
             value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget, _RECV_WITHDRAWN))
-        except P2PTimeout:
-            withdraw(self._endpoint, inner)  # nobody holds it now: it must not swallow a later message
+        except P2PTimeout as exc:
+            if not withdraw(self._endpoint, inner):  # nobody holds it now: it must not swallow a later message
+                raise exc.replace(exc.message.replace(_RECV_WITHDRAWN, _RECV_LOST)) from None
             raise
         self._received(inner.src, inner, slot, wall0, model0)
         if status is not None:

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .loopback import would_wait_forever
+from .status import ANY_SOURCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..transport.requests import RecvRequest, SendRequest
@@ -93,7 +94,8 @@ class Request:
         inner = self._inner
         if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
             value = dev._await(inner, self._slot, 0.0, None)
-        elif self._peer == dev.rank and self._kind == "recv":  # only this device could send it, and it waits here
+        elif self._kind == "recv" and (self._peer == dev.rank or self._peer == ANY_SOURCE and dev.size == 1):
+            # only this device could send it, and it waits here
             if self._slot is not None:
                 dev._recorder.finish(self._slot, dev._clock.now, failed=True)
             raise would_wait_forever(dev, inner, self._tag)

@@ -15,10 +15,14 @@ def dumps_by_value(obj: Any) -> bytes:
     """``obj`` pickled, plain pickle first and cloudpickle when that fails: a class the run's
     function brought by value (defined in a script's ``__main__`` or a notebook) is "not the same
     object as __main__.Box" to plain pickle; cloudpickle sends it by value again, and its class
-    tracker makes the far end's class the one it already has.  ``pickle.loads`` reads either."""
+    tracker makes the far end's class the one it already has.  ``pickle.loads`` reads either.
+    Only that case goes by value: what plain pickle refuses otherwise (a lambda) is refused, as
+    mpi4py and torch refuse it."""
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
+    except pickle.PicklingError as exc:
+        if "not the same object as" not in str(exc):
+            raise  # a lambda or a local class fails here as under mpi4py, not only under virtualpar
         import cloudpickle
 
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)

@@ -37,6 +37,7 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
     collective, and is a ``ShardingError`` naming both devices, never one copy silently kept."""
     if len(pieces) != mesh.size:
         raise ShardingError(f"unshard needs one piece per device ({mesh.size}), got {len(pieces)}")
+    pieces = [np.asarray(p) if isinstance(p, np.generic) else p for p in pieces]  # numpy scalars are 0-d arrays
     for r, p in enumerate(pieces):
         if not isinstance(p, np.ndarray):
             raise ShardingError(f"device {r} {mesh.index(r)} holds a {type(p).__name__} where spec {spec} needs an "
@@ -52,9 +53,15 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
         used, pending = set(spec.used_axes()), set(spec.partial_axes(mesh))
         copies = mesh.axes([a for a in mesh.axis_names if a not in used and a not in pending])
         for r in range(mesh.size):
-            if copies and mesh.group_of(r, copies).index(r) != 0:
-                continue  # a copy of another device's partial value: count each value once
             block = spec.block(shape, mesh, r)
+            _fits(pieces, r, block, shape, spec, mesh)
+            rep = mesh.group_of(r, copies)[0] if copies else r
+            if rep != r:  # a copy of another device's partial value: count each value once, if they agree
+                if not np.array_equal(pieces[rep], pieces[r], equal_nan=pieces[r].dtype.kind in "fc"):
+                    raise ShardingError(f"devices {rep} {mesh.index(rep)} and {r} {mesh.index(r)} hold different "
+                                        f"copies of one partial value of spec {spec}: copies must be equal",
+                                        ranks=(rep, r))
+                continue
             if filled[block].all():
                 ufunc(out[block], pieces[r], out=out[block])
             else:
@@ -68,10 +75,7 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
     for r in range(mesh.size):
         block = spec.block(shape, mesh, r)
         key = tuple((b.start, b.stop) for b in block)
-        want = tuple(len(range(*b.indices(n))) for b, n in zip(block, shape))
-        if pieces[r].shape != want:
-            raise ShardingError(f"device {r} {mesh.index(r)} holds a piece of shape {pieces[r].shape} where spec "
-                                f"{spec} of shape {tuple(shape)} needs {want}", ranks=(r,))
+        _fits(pieces, r, block, shape, spec, mesh)
         if key in first:
             if not np.array_equal(out[block], pieces[r], equal_nan=pieces[r].dtype.kind in "fc"):
                 raise ShardingError(f"devices {first[key]} {mesh.index(first[key])} and {r} {mesh.index(r)} hold "
@@ -81,6 +85,15 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
         first[key] = r
         out[block] = pieces[r]
     return out
+
+
+def _fits(pieces: Sequence[np.ndarray], r: int, block: tuple, shape: Sequence[int], spec: TensorSharding,
+          mesh: Any) -> None:
+    """Device ``r``'s piece has its block's shape (numpy would broadcast a smaller one into it)."""
+    want = tuple(len(range(*b.indices(n))) for b, n in zip(block, shape))
+    if pieces[r].shape != want:
+        raise ShardingError(f"device {r} {mesh.index(r)} holds a piece of shape {pieces[r].shape} where spec "
+                            f"{spec} of shape {tuple(shape)} needs {want}", ranks=(r,))
 
 
 def _along(spec: TensorSharding, mesh: Any, d: int) -> tuple[int, ...]:

@@ -59,10 +59,19 @@ def merge_ends(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, i
 
 
 def withdraw(ep: "Endpoint", req: Any) -> bool:
-    """Take back a posted receive that no message has matched yet; False if one already has."""
+    """Take back a receive its caller gave up on, so that it cannot swallow a message: one not
+    matched yet leaves the posted queues; one whose message is still arriving hands that message
+    back as the oldest unexpected one of its (source, tag), for the next receive to take in order.
+    False only for a wildcard receive caught mid-message (its message is then lost to later ones)."""
     key = (req.src, req.tag)
     for queue in (ep._posted.get(key, ()), ep._posted_any):
         if req in queue:
             queue.remove(req)
             return True
-    return False
+    if req.done or req.header is None or req.src is None or req.tag is None:
+        return req.done  # done: nothing was lost (its value is simply not returned)
+    if req.out is not None:  # the bytes may be landing in the caller's buffer: the next taker copies them
+        req.error = None  # an out= that did not fit was the abandoned receive's problem
+    req.out, req.claimed = None, False
+    ep._unexpected[key].appendleft(req)
+    return True
