@@ -35,7 +35,7 @@ from .device_step import run_step
 from .lower import lower
 from .partition import Pipeline
 from .placement import Placement
-from .schedules import build
+from .schedules import SCHEDULES, build
 from .simulate import check_costs, simulate
 from .validate import format_grid, validate
 
@@ -81,9 +81,12 @@ class PipelinedOperation:
             self.schedule_name = schedule
             self._schedule_args = (virtual,)
             self.schedule, self.placement = None, None
-        else:
+        elif isinstance(schedule, tuple) and len(schedule) == 2 and isinstance(schedule[1], Placement):
             self.schedule_name = "custom"
             self.schedule, self.placement = schedule
+        else:
+            raise UsageError(f"PipelinedOperation: schedule must be a name in SCHEDULES ({', '.join(SCHEDULES)}) or "
+                             f"a (schedule, Placement) pair, got {type(schedule).__name__}")
         self.key = f"pipeline/{next(_IDS)}"
         # the clusters holding this op's weights, each with the step planned for its ranks
         self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -97,9 +100,17 @@ class PipelinedOperation:
         runs on clusters of several sizes); nothing is kept unless every check passed."""
         if self.schedule_name != "custom":
             virtual = self._schedule_args[0]
-            if virtual is None and len(self.pipeline) % ranks == 0 and len(self.pipeline) > ranks:
+            inferred = virtual is None and len(self.pipeline) % ranks == 0 and len(self.pipeline) > ranks
+            if inferred:
                 virtual = len(self.pipeline) // ranks
-            schedule, placement = build(self.schedule_name, ranks, self.microbatches, virtual)
+            try:
+                schedule, placement = build(self.schedule_name, ranks, self.microbatches, virtual)
+            except UsageError as exc:
+                if not inferred:
+                    raise
+                raise UsageError(f"a pipeline of {len(self.pipeline)} stages on {ranks} pipeline ranks means "
+                                 f"{virtual} stages per rank, which {self.schedule_name!r} cannot run ({exc.message}); "
+                                 f"cut the model into {ranks} stages, or choose interleaved_1f1b or looped_bfs") from None
         else:
             schedule, placement = self.schedule, self.placement
         if placement.stages != len(self.pipeline):

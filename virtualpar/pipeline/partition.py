@@ -35,12 +35,27 @@ class PipelineStage:
         return {_global(k, self.first_layer): v for k, v in self.module.parameters().items()}
 
     def flops(self, rows: int) -> float:
-        """Forward FLOPs of ``rows`` rows through the stage's Linear layers (2·rows·in·out each)."""
-        return sum(layer.flops(rows) for layer in self.module if isinstance(layer, nn.Linear))
+        """Forward FLOPs of ``rows`` rows through the stage (see :func:`forward_flops`)."""
+        return forward_flops(self.module, rows)
 
     def input_features(self) -> int | None:
         first = next(iter(self.module), None)
         return getattr(first, "in_features", None)
+
+
+def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
+    """Forward FLOPs of ``rows`` rows through ``module``, at any depth of nesting: a ``Linear``
+    costs 2·rows·in·out; an ``Embedding`` is a lookup (0); any other layer holding parameters
+    itself (a norm, a recurrent cell) 2·rows per parameter, one multiply-add each — for a
+    recurrent layer that is one time step per row.  Layers without parameters cost nothing here."""
+    if isinstance(module, nn.Linear):
+        return float(module.flops(rows))
+    if isinstance(module, nn.Embedding):
+        return 0.0
+    children = [c for _, c in module.named_children() if not any(c is p for p in path)]
+    own = sum(int(np.size(v)) for k, v in vars(module).items()
+              if isinstance(v, np.ndarray) and k in module.__dict__.get("_order", ()))
+    return 2.0 * rows * own + sum(forward_flops(c, rows, path + (module,)) for c in children)
 
 
 def _global(local: str, offset: int) -> str:
@@ -57,6 +72,8 @@ class Pipeline:
         n = len(model)
         names = [str(i) for i in range(n)]
         points = []
+        if isinstance(cuts, (str, bytes)) or not hasattr(cuts, "__iter__"):
+            raise UsageError(f"cuts must be a list of cut points (layer indices or names), got {cuts!r}")
         for c in cuts:
             i = names.index(c) if isinstance(c, str) and c in names else c
             if isinstance(i, numbers.Integral) and not isinstance(i, bool):  # numpy's integers too
@@ -76,8 +93,9 @@ class Pipeline:
         """Cut into ``stages`` contiguous parts minimising the heaviest (``by`` "params" or "flops")."""
         if by not in ("params", "flops"):
             raise UsageError(f"balance by 'params' or 'flops', got {by!r}")
-        weights = [layer.num_parameters() if by == "params" else
-                   (layer.flops(rows) if isinstance(layer, nn.Linear) else 0.0) for layer in model]
+        if isinstance(stages, bool) or not isinstance(stages, numbers.Integral):
+            raise UsageError(f"stages must be an int, got {stages!r}")
+        weights = [layer.num_parameters() if by == "params" else forward_flops(layer, rows) for layer in model]
         n = len(weights)
         if not 1 <= stages <= n:
             raise UsageError(f"cannot cut {n} layers into {stages} non-empty stages")

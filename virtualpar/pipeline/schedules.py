@@ -14,7 +14,10 @@ Builders only build lists; :mod:`.validate` checks them, :mod:`.simulate` times 
   chunk by chunk, then the backwards in reverse.
 - ``zb_h1`` (Qi et al. 2023): 1F1B's order with B split into I and W; a rank runs I first, then F
   (keeping 1F1B's activation cap min(R−r, M)), and a W only when nothing else can run, so the W's
-  fill the bubbles 1F1B leaves — a smaller bubble at the same peak memory.
+  fill the bubbles 1F1B leaves — a smaller bubble at the same peak memory.  Because it keeps
+  1F1B's cap exactly, counting an activation as held until its W, its bubble at F = I = W is 2/3
+  of 1F1B's (idle per rank 2(R−1) against 3(R−1)); the paper's ZB-H1 reaches 1/3 (R−1) under its
+  own memory accounting.
 - ``zbv``: the same rule on the V-shaped placement (two chunks per rank, the first and last stage
   on rank 0), with a cap of 2R chunk activations per rank.
 

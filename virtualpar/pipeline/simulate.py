@@ -110,6 +110,10 @@ class Simulation:
                optimizer: Mapping[int, float] | None = None, activation: Mapping[int, float] | None = None
                ) -> dict[int, list[tuple[float, float]]]:
         """Per stage, (time, bytes) steps: params + grads + optimizer state + stashed activations."""
+        for name, given in (("params", params), ("grads", grads), ("optimizer", optimizer), ("activation", activation)):
+            if given is not None and set(range(self.stages)) - set(given):
+                raise UsageError(f"Simulation.memory: {name} gives no figure for stage(s) "
+                                 f"{sorted(set(range(self.stages)) - set(given))} of {self.stages}")
         grads = grads or params
         optimizer = optimizer or {s: 0.0 for s in params}
         activation = activation or {s: 1.0 for s in params}
@@ -134,6 +138,8 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
     """Times of every action of ``schedule`` (see the module doc).  ``costs[kind]`` is a number or
     a per-stage mapping; missing kinds take ``DEFAULT_COSTS``."""
     check_costs(costs, "simulate", stages=placement.stages)
+    if isinstance(comm, bool) or not isinstance(comm, Real) or not 0 <= comm < math.inf:  # nan dropped every edge
+        raise UsageError(f"simulate: comm must be a finite number >= 0 (seconds per transfer), got {comm!r}")
     costs = {**DEFAULT_COSTS, **(costs or {})}
     last = placement.stages - 1
     orders = {r: [a for a in acts if a is not None] for r, acts in schedule.items()}
@@ -181,18 +187,20 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
 def _activations(times: dict[Action, tuple[int, float, float]], stages: int) -> tuple[list, list[int]]:
     """Per stage, microbatches stashed over time: +1 when an F starts, −1 when the B or W that
     frees it ends (a stage using the split frees at W)."""
-    events: list[list[tuple[float, int]]] = [[] for _ in range(stages)]
+    events: list[list[tuple[float, int, int]]] = [[] for _ in range(stages)]
     split = {(a.stage, a.microbatch) for a in times if a.kind == "W"}
-    for a, (_, s, e) in times.items():
+    for i, (a, (_, s, e)) in enumerate(times.items()):  # ``times`` is in the order the actions ran
         if a.kind == "F":
-            events[a.stage].append((s, 1))
+            events[a.stage].append((s, i, 1))
         elif a.kind == "W" or a.kind == "B" or (a.kind == "I" and (a.stage, a.microbatch) not in split):
-            events[a.stage].append((e, -1))
+            events[a.stage].append((e, i, -1))
     curves, peaks = [], []
     for ev in events:
-        ev.sort(key=lambda x: (x[0], x[1]))  # frees before stashes at the same instant
+        # at one instant, in the order the actions ran: a B ending as the next F starts frees first,
+        # and a zero-cost F and its own B stash before they free (frees first drove the count negative)
+        ev.sort()
         n, best, curve = 0, 0, [(0.0, 0)]
-        for t, d in ev:
+        for t, _, d in ev:
             n += d
             best = max(best, n)
             curve.append((t, n))

@@ -38,6 +38,14 @@ def validate(schedule: Schedule, placement: Placement, microbatches: int) -> Non
     """Raise ``ScheduleError`` (with the grid) for the first broken rule; return None if it holds."""
     S, M = placement.stages, microbatches
     seen: dict[tuple[int, str, int], tuple[int, int]] = {}
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ScheduleError(f"microbatches must be an int >= 1, got {M!r}")
+    if not isinstance(schedule, dict):
+        raise ScheduleError(f"a schedule is a dict {{rank: [Action, ...]}}, got {type(schedule).__name__}")
+    bad_keys = [k for k in schedule if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < placement.ranks]
+    if bad_keys or set(schedule) != set(range(placement.ranks)):  # "0" from JSON said "runs on rank 0, not 0"
+        raise ScheduleError(f"a schedule has one list per rank, keyed by the int ranks 0..{placement.ranks - 1} (an "
+                            f"idle rank gets []); got keys {sorted(schedule, key=repr)}")
 
     def fail(msg: str, rank: int, step: int) -> None:
         raise ScheduleError(f"{msg}\n{format_grid(schedule, (rank, step))}")
@@ -46,7 +54,10 @@ def validate(schedule: Schedule, placement: Placement, microbatches: int) -> Non
         for i, a in enumerate(actions):
             if a is None:
                 continue
-            if not isinstance(a, Action) or a.kind not in COMPUTE:
+            if not isinstance(a, Action):
+                fail(f"rank {r} step {i}: {a!r} is a {type(a).__name__}, not an Action: write Action.from_str("
+                     f"{str(a)!r}) or Action(stage, kind, microbatch)", r, i)
+            if a.kind not in COMPUTE:
                 fail(f"rank {r} step {i}: {a!r} is not a compute action (F, B, I, W)", r, i)
             if not (0 <= a.stage < S and 0 <= a.microbatch < M):
                 fail(f"rank {r} step {i}: {a} is out of range: stages 0..{S - 1}, microbatches 0..{M - 1}", r, i)
@@ -60,6 +71,8 @@ def validate(schedule: Schedule, placement: Placement, microbatches: int) -> Non
             s, m = a.stage, a.microbatch
             if a.kind in ("B", "I") and (s, "F", m) not in seen:
                 fail(f"rank {r} step {i}: {a} comes before its forward {Action(s, 'F', m)}", r, i)
+            if a.kind == "W" and (s, "B", m) in seen:
+                fail(f"rank {r} step {i}: stage {s} microbatch {m} has both B and the split I/W", r, i)
             if a.kind == "W" and (s, "I", m) not in seen:
                 fail(f"rank {r} step {i}: {a} comes before its input backward {Action(s, 'I', m)}", r, i)
             if a.kind == "B" and (s, "I", m) in seen or a.kind == "I" and (s, "B", m) in seen:

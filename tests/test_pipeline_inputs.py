@@ -1,0 +1,82 @@
+"""Pipelines given what users actually hand in: nested models, zero costs, schedules read back
+from JSON or written as strings, idle ranks, and arguments of the wrong kind — each either right
+or refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from virtualpar import UsageError, VirtualCluster, nn
+from virtualpar.pipeline import Action, Pipeline, PipelinedOperation, Placement, build, simulate, validate
+from virtualpar.pipeline.partition import forward_flops
+from virtualpar.pipeline.validate import ScheduleError
+
+WIDTHS = [(8, 8), (8, 512), (512, 512), (512, 8)]
+
+
+def test_flops_count_linear_layers_at_any_depth():
+    """Nested blocks counted 0 FLOPs: balancing put three of four blocks on one stage, and the
+    modelled step took no time at all."""
+    flat = nn.Sequential(*[layer for a, b in WIDTHS for layer in (nn.Linear(a, b), nn.ReLU())])
+    nested = nn.Sequential(*[nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in WIDTHS])
+    want = sum(2 * a * b for a, b in WIDTHS)
+    assert forward_flops(flat, 1) == forward_flops(nested, 1) == want
+    assert [len(s.module) for s in Pipeline.balanced(nested, 2, by="flops").stages] == [2, 2]  # was [1, 3]
+    assert sum(s.flops(3) for s in Pipeline.balanced(nested, 2, by="flops").stages) == 3 * want
+    assert forward_flops(nn.Embedding(100, 8), 4) == 0.0  # a lookup
+    assert forward_flops(nn.GRU(4, 8), 1) == 2 * nn.GRU(4, 8).num_parameters()  # one step per row
+
+
+@pytest.mark.parametrize("comm", [float("nan"), -1, "1", True])
+def test_a_bad_communication_cost_is_refused(comm):
+    s, p = build("1f1b", 2, 2)
+    with pytest.raises(UsageError, match="comm must be a finite number >= 0"):
+        simulate(s, p, 2, comm=comm)
+
+
+def test_zero_cost_actions_never_free_before_they_stash():
+    s, p = build("1f1b", 2, 2)
+    sim = simulate(s, p, 2, costs={"F": 0, "B": 0})
+    assert sim.peak_activations == [2, 1]  # was [0, 0], the curve dipping to -2
+    assert min(n for curve in sim.activation_curve for _, n in curve) == 0
+
+
+def test_schedules_of_the_wrong_shape_are_named():
+    s, p = build("1f1b", 2, 2)
+    with pytest.raises(ScheduleError, match=r"keyed by the int ranks 0..1 .*got keys \['0', '1'\]"):
+        validate({str(r): acts for r, acts in s.items()}, p, 2)  # as read back from --json
+    with pytest.raises(ScheduleError, match=r"idle rank gets \[\]\); got keys \[0\]"):
+        validate({0: [Action(0, "F", 0), Action(1, "F", 0), Action(1, "B", 0), Action(0, "B", 0)]}, Placement(2, (0, 0)), 1)
+    with pytest.raises(ScheduleError, match=r"'0F0' is a str, not an Action: write Action.from_str\('0F0'\)"):
+        validate({0: ["0F0", "0B0"]}, Placement.loop(1), 1)
+    with pytest.raises(ScheduleError, match="microbatches must be an int >= 1, got 0"):
+        validate(s, p, 0)
+    both = {0: [Action(0, "F", 0), Action(0, "B", 0), Action(0, "W", 0)]}
+    with pytest.raises(ScheduleError, match="stage 0 microbatch 0 has both B and the split I/W"):
+        validate(both, Placement.loop(1), 1)  # was: "0W0 comes before its input backward 0I0"
+
+
+def test_arguments_of_the_wrong_kind_are_named():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+    with pytest.raises(UsageError, match="Action.from_str takes a string"):
+        Action.from_str(None)
+    with pytest.raises(UsageError, match="cuts must be a list of cut points"):
+        Pipeline(model, None)
+    with pytest.raises(UsageError, match="stages must be an int, got '2'"):
+        Pipeline.balanced(model, "2")
+    s, p = build("gpipe", 2, 2)
+    with pytest.raises(UsageError, match=r"gives no figure for stage\(s\) \[1\] of 2"):
+        simulate(s, p, 2).memory({0: 10.0})
+    with pytest.raises(UsageError, match=r"a \(schedule, Placement\) pair, got tuple"):
+        PipelinedOperation(Pipeline(model, [1]), (s,), 2)
+
+
+def test_an_inferred_virtual_count_is_explained_as_such():
+    """zbv on 1 device with 3 stages said 'zbv does not take virtual=3', a virtual nobody gave."""
+    model = nn.Sequential(*[nn.Linear(2, 2, seed=i, dtype=np.float64) for i in range(4)])
+    op = PipelinedOperation(Pipeline(model, [1, 2, 3]), "1f1b", 2)
+    with VirtualCluster(2) as cluster:
+        with pytest.raises(UsageError, match=r"4 stages on 2 pipeline ranks means 2 stages per rank, which '1f1b' "
+                                             r"cannot run .* choose interleaved_1f1b or looped_bfs"):
+            cluster.execute(op, np.ones((4, 2)), np.ones((4, 2)))
