@@ -367,7 +367,7 @@ def test_compute_refuses_what_is_not_an_amount_of_work():
                          (dict(flops="1e9"), "flops must be a finite number >= 0, got '1e9'"),
                          (dict(flops=True), "flops must be a finite number >= 0, got True"),
                          # inf made every later clock inf, and the trace's JSON invalid
-                         (dict(flops=float("inf")), r"compute on rank \d: flops must be a finite number >= 0, got inf"),
+                         (dict(flops=float("inf")), r"device \d \(world=\d\): compute: flops must be a finite number >= 0, got inf"),
                          (dict(bytes=np.float64("inf")), "bytes must be a finite number >= 0, got")):
             with pytest.raises(UsageError, match=said):
                 c.run(lambda d, kw=kw: d.compute(**kw))

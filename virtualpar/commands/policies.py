@@ -72,7 +72,7 @@ def _policies(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("policies", help="run every MatMul / FeedForward sharding policy once: correct?, bytes, FLOPs, memory, time")
     p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"), help="mesh axes, e.g. x=2,y=4 (default)")
-    p.add_argument("--shape", type=_shape, default=None, help="m,k,n (MatMul) or b,s,m,h with --ffn")
+    p.add_argument("--shape", type=_shape, default=None, help="m,k,n (MatMul, default 1024,512,1024) or b,s,m,h with --ffn (default 8,128,1024,4096)")
     p.add_argument("--ffn", action="store_true", help="the FeedForward block instead of one MatMul")
     p.add_argument("--hardware", default="h100-node", help="modelled hardware preset (laptop, h100-node, h100-cluster)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -85,5 +85,5 @@ def register(sub) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.shape is None:
-        args.shape = (8, 128, 1024, 4096) if args.ffn else (4096, 2048, 4096)
+        args.shape = (8, 128, 1024, 4096) if args.ffn else (1024, 512, 1024)  # seconds, not minutes, on a laptop
     return _policies(args)

@@ -37,6 +37,8 @@ def _hardware(args: argparse.Namespace, size: int) -> str | None:
 def _import(path: str):
     """Import the user's script; an error in it is shown as ``python FILE.py`` would show it,
     from the script's own frames, without virtualpar's import machinery above them."""
+    if os.path.isdir(path) or not path.endswith(".py"):
+        raise SystemExit(f"virtualpar run: {path!r} is not a Python file (FILE.py:FUNCTION)")
     spec = importlib.util.spec_from_file_location("__virtualpar_run__", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -59,13 +61,27 @@ def _functions(module) -> list[str]:
                   and v.__module__ == module.__name__)
 
 
+def _defined(path: str) -> list[str]:
+    """The public functions a script defines at top level, read without running it (an mpi4py
+    script run by mistake without --mpi would start real MPI in the driver, and may never end)."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    return sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and not n.name.startswith("_"))
+
+
 def _load(target: str):
     path, _, func = target.rpartition(":")
     if not path or not func:
         path = path or target.rstrip(":")
         if not os.path.exists(path):
             raise SystemExit(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
-        names = _functions(_import(path))
+        names = _defined(path)
         hint = f"; {path} defines {', '.join(names)}: e.g. virtualpar run {path}:{names[0]}" if names else ""
         raise SystemExit(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
                          f"--mpi to run an mpi4py script; got {target!r}{hint}")
@@ -93,6 +109,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
         print("virtualpar run --mpi: --mesh does not apply: an mpi4py program sees COMM_WORLD and splits it "
               "itself; give the number of ranks with -n", file=sys.stderr)
         return 2
+    args.n = args.n or 2
     mesh = Mesh({"world": args.n})
     try:
         with VirtualCluster(mesh, hardware=_hardware(args, args.n), timeout=args.timeout) as cluster:
@@ -107,7 +124,8 @@ def _run_mpi(args: argparse.Namespace) -> int:
             sys.stdout.write(out)
             sys.stderr.write(err)
         sys.stdout.flush()
-        print(f"virtualpar run --mpi: {type(exc).__name__}: {_mpi_tags(str(exc))}", file=sys.stderr)
+        text = str(exc) if isinstance(exc, MPIAbort) else _mpi_tags(str(exc))  # an abort quotes the script's words
+        print(f"virtualpar run --mpi: {type(exc).__name__}: {text}", file=sys.stderr)
         return exc.errorcode if isinstance(exc, MPIAbort) else 1
     return max(code for _, _, code in outputs)
 
@@ -197,8 +215,12 @@ def _run(args: argparse.Namespace) -> int:
         return _run_under_mpiexec(args)
     from .. import Mesh, VirtualCluster
 
+    if args.mesh is not None and args.n is not None and args.n != args.mesh.size:  # -n was silently ignored
+        print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} devices) disagree; give one",
+              file=sys.stderr)
+        return 2
     fn = _load(args.target)
-    mesh = args.mesh or Mesh({"world": args.n})
+    mesh = args.mesh or Mesh({"world": args.n or 2})
     with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), timeout=args.timeout) as cluster:
         results = cluster.run(fn)
         _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
@@ -209,7 +231,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run FUNC(dev) from a script on every device, or (--mpi) an mpi4py script")
     p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
     p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (not with --mpi: use -n)")
-    p.add_argument("-n", type=positive_int, default=2, help="devices of a 1-D mesh when --mesh is not given (default 2)")
+    p.add_argument("-n", type=positive_int, default=None, help="devices of a 1-D mesh when --mesh is not given (default 2)")
     p.add_argument("--hardware", default=None,
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")

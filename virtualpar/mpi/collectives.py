@@ -163,8 +163,8 @@ class MPICollectives:
 
         def native() -> np.ndarray:
             out = np.empty_like(x)
-            self._comm(group).Allreduce(x, out, op=self._mpi_op(op))
-            return out / len(self.group(group)) if op == "avg" else out
+            self._comm(group).Allreduce(_premul(x, op, len(self.group(group))), out, op=self._mpi_op(op))
+            return out / len(self.group(group)) if op == "avg" and x.dtype != np.float16 else out
 
         return self._collective("all_reduce", group, algorithm, native, (x, op), lambda _: x.nbytes,
                                 x.itemsize, timeout=timeout)
@@ -181,8 +181,8 @@ class MPICollectives:
         def native() -> np.ndarray:
             x_ = np.ascontiguousarray(x)
             full = np.empty_like(x_)
-            self._comm(group).Allreduce(x_, full, op=self._mpi_op(op))
-            full = full / len(self.group(group)) if op == "avg" else full
+            self._comm(group).Allreduce(_premul(x_, op, len(self.group(group))), full, op=self._mpi_op(op))
+            full = full / len(self.group(group)) if op == "avg" and x_.dtype != np.float16 else full
             return np.array_split(full, len(self.group(group)), axis=dim)[self.group_rank(group)]
 
         return self._collective("reduce_scatter", group, algorithm, native, (x, dim, op),
@@ -198,13 +198,13 @@ class MPICollectives:
                timeout: float | None = None) -> np.ndarray | None:
         check_op(op, np.asarray(x).dtype)
         def native() -> np.ndarray | None:
-            parts = self._comm(group).gather(np.asarray(x), root=root)
+            parts = self._comm(group).gather(_premul(np.asarray(x), op, len(self.group(group))), root=root)
             if parts is None:
                 return None
             acc = np.array(parts[0], copy=True)
             for p in parts[1:]:  # left to right in group order (the emulator's tree may differ in the last bit)
                 REDUCE_OPS["sum" if op == "avg" else op].ufunc(acc, p, out=acc)
-            return acc / len(parts) if op == "avg" else acc
+            return acc / len(parts) if op == "avg" and acc.dtype != np.float16 else acc
 
         return self._collective("reduce", group, algorithm, native, (x, root, op), lambda _: np.asarray(x).nbytes,
                                 timeout=timeout)
@@ -245,3 +245,8 @@ class MPICollectives:
                          timeout=timeout)
         return None
 
+
+def _premul(x: np.ndarray, op: str, n: int) -> np.ndarray:
+    """avg of float16 as the emulator runs it: each input times 1/n, then summed (its plain sum
+    overflows past 65504 where the mean fits); every other case as it is."""
+    return np.multiply(x, 1.0 / n, dtype=np.float16) if op == "avg" and x.dtype == np.float16 and n > 1 else x

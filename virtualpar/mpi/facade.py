@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
-from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, Datatype, Op,
-                           Request, Status, _buf, _COLL, _SPAN, _layout, _place)
+from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
+                           Request, Status, _buf, _COLL, _SPAN, _layout, _place, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -82,10 +82,10 @@ class Comm:
         return value
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return Request(self._dev.isend(obj, self._peer(dest), tag=self._tag(tag)), self)
+        return Request(None if dest == PROC_NULL else self._dev.isend(obj, self._peer(dest), tag=self._tag(tag)), self)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return Request(self._dev.irecv(self._peer(source), tag=self._tag(tag)), self)
+        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
@@ -105,10 +105,12 @@ class Comm:
         np.copyto(_buf(buf), self.recv(source=source, tag=tag, status=status).reshape(_buf(buf).shape))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return Request(self._dev.isend(np.array(_buf(buf)), self._peer(dest), tag=self._tag(tag)), self)
+        return Request(None if dest == PROC_NULL else self._dev.isend(np.array(_buf(buf)), self._peer(dest),
+                                                                     tag=self._tag(tag)), self)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return Request(self._dev.irecv(self._peer(source), tag=self._tag(tag)), self, out=_buf(buf))
+        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self,
+                       out=_buf(buf))
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:
@@ -218,19 +220,19 @@ class Comm:
         everyone = self.allgather((color, key, self.rank))
         mine = sorted((k, r) for c, k, r in everyone if c == color)
         ranks = tuple(self._ranks[r] for _, r in mine)
-        ctx = (self._ctx * 131 + self._splits * 17 + int(color) + 1) % 4000 + 1
-        return Comm(self._dev, ranks, ctx)
+        return Comm(self._dev, ranks, context_of(self._ctx, self._splits, int(color)))
 
     def Dup(self) -> "Comm":
         return self.Split(0, self.rank)
 
     def Create_cart(self, dims: list[int], periods: Any = None, reorder: bool = False) -> "Cartcomm":
-        return Cartcomm(self._dev, self._ranks, (self._ctx * 7 + 3) % 4000 + 1, list(dims), periods)
+        self._splits += 1
+        return Cartcomm(self._dev, self._ranks, context_of(self._ctx, self._splits, -1), list(dims), periods)
 
     def Abort(self, errorcode: int = 0) -> None:
         """End the whole job with exit code ``errorcode`` (the other ranks are stopped wherever they are)."""
-        raise MPIAbort(f"rank {self.rank} called MPI_Abort(comm, {int(errorcode)})", rank=self._dev.rank,
-                       errorcode=int(errorcode))
+        raise AbortJob(MPIAbort(f"rank {self.rank} called MPI_Abort(comm, {int(errorcode)})", rank=self._dev.rank,
+                                errorcode=int(errorcode)))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

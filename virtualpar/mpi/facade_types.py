@@ -68,7 +68,8 @@ class Request:
     """A pending facade call; ``Wait`` completes it and fills the receive buffer and ``status``."""
 
     def __init__(self, inner: Any, comm: Any, out: np.ndarray | None = None) -> None:
-        self._inner, self._comm, self._out, self._value, self._done = inner, comm, out, None, False
+        # inner None: an operation on PROC_NULL, complete at once with nothing (as MPI's)
+        self._inner, self._comm, self._out, self._value, self._done = inner, comm, out, None, inner is None
 
     def wait(self, status: Status | None = None) -> Any:
         if not self._done:
@@ -123,3 +124,22 @@ def _place(parts: list[np.ndarray], recvbuf: Any, size: int) -> None:
         displs = [sum(p.size for p in parts[:i]) for i in range(size)]  # plain Gather: back to back
     for part, d in zip(parts, displs):
         flat[d:d + part.size] = part
+
+
+class AbortJob(BaseException):
+    """``Comm.Abort``'s signal through the script: a ``BaseException``, as ``SystemExit`` is, so
+    that ``except Exception`` in the script cannot swallow it (MPI_Abort does not return)."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def context_of(parent: int, splits: int, color: int) -> int:
+    """A new communicator's tag context, the same on every member (they agree on all three) and
+    distinct from its siblings' (a hash over 40 bits; ``(ctx*131 + splits*17 + color) % 4000``
+    gave Split(color=17) and a later Dup the same context, so their messages crossed)."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{parent}/{splits}/{color}".encode(), digest_size=5).digest()
+    return int.from_bytes(digest, "little") + 1

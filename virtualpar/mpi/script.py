@@ -6,6 +6,7 @@ import types
 from typing import Any
 
 from .facade import MPIAbort, module_for
+from .facade_types import AbortJob
 
 __all__ = ["run_script"]
 
@@ -41,6 +42,8 @@ def run_script(dev: Any, path: str, argv: list[str]) -> tuple[str, str, int]:
                     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
                 except VirtualParError:
                     raise
+                except AbortJob as job:  # Comm.Abort, through whatever `except Exception` the script has
+                    raise job.error from None
                 except BaseException as exc:  # the others must not wait for this rank (python -m mpi4py aborts too)
                     tb = exc.__traceback__
                     while tb is not None and tb.tb_frame.f_code.co_filename != path:

@@ -122,6 +122,9 @@ def value_and_grad(fn: Callable[..., Any], model: Module, *args: Any) -> tuple[f
     """``(loss, grads)`` where ``loss = fn(model, *args)`` is a scalar and ``grads[name]`` is
     d loss / d parameter ``name`` (keys as in ``model.state_dict()``; a tied parameter's whole
     gradient under each of its names)."""
+    if not isinstance(model, Module):
+        raise UsageError(f"value_and_grad(fn, model, *args): model must be an nn.Module, got {type(model).__name__}; "
+                         "for a plain function use vjp(fn, *inputs, params=...)")
     params = model.parameters()
     names = list(params)
     distinct, rep = _tied(model, params)

@@ -43,6 +43,10 @@ class Optimizer:
         missing = [k for k in params if k not in grads]
         if missing:
             raise UsageError(f"{type(self).__name__}.step: no gradient for {missing}")
+        extra = [k for k in grads if k not in params]
+        if extra:  # a misspelt name would leave its parameter untrained
+            raise UsageError(f"{type(self).__name__}.step: gradients for {extra}, which are not parameters "
+                             f"({sorted(params)})")
         out = {}
         for k, p in params.items():
             p = np.asarray(p)

@@ -31,8 +31,12 @@ def reference_train(model: Module, batches: Sequence[tuple[Any, Any]], loss: Cal
     to the full batch's gradient of a mean loss).  The step's loss is the mean of the microbatch
     losses.  Returns ``(losses per step, final state_dict)``; ``model`` ends trained.
     """
-    if not batches:
-        raise UsageError("reference_train: no batches")
+    if not isinstance(batches, (list, tuple)) or not batches:
+        raise UsageError(f"reference_train: batches must be a non-empty list of (x, y) pairs, got {type(batches).__name__}")
+    if isinstance(batches, tuple) and len(batches) == 2 and hasattr(batches[0], "shape"):  # (x, y), not [(x, y)]
+        raise UsageError("reference_train: batches is a list of (x, y) pairs: pass [(x, y)] for one batch, not (x, y)")
+    if not all(isinstance(b, (list, tuple)) and len(b) == 2 for b in batches):
+        raise UsageError("reference_train: every batch must be an (x, y) pair")
     losses = []
     for step in range(steps):
         x, y = batches[step % len(batches)]

@@ -148,9 +148,13 @@ class PipelinedOperation:
             if self.dp_axis is not None else None
         dp = len(replicas[0]) if replicas else 1
         x, y = np.asarray(x), np.asarray(y)
+        if len(x) != len(y):  # found only by the last stage's loss, in microbatch shapes
+            raise UsageError(f"x has {len(x)} rows and y {len(y)}: a batch's inputs and targets pair row by row")
         if dp > 1 and len(x) % dp:  # unequal replicas' gradients, averaged, are not the batch's mean gradient
             raise UsageError(f"a batch of {len(x)} rows does not split into {dp} equal data-parallel replicas "
                              f"(mesh axis {self.dp_axis!r}); use a multiple of {dp} rows")
+        if (len(x) // dp) % M:  # said by one arbitrary device, with its traceback, before
+            raise UsageError(f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a multiple")
         xs, ys = np.array_split(x, dp), np.array_split(y, dp)
         for r in range(mesh.size):
             pos = mesh.group_of(r, mesh.axes(self.axis)).index(r)

@@ -117,7 +117,11 @@ class VirtualDevice(PointToPoint):
         slice then covers the work itself.
         """
         wall0 = time.monotonic() if since is None else since + self.config.t0
-        start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
+        try:
+            start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
+        except UsageError as exc:  # the clock knows its rank, not the mesh: say which device, as every error does
+            raise exc.replace(exc.message.replace(f"compute on rank {self.rank}", f"{self.name}: compute"),
+                              index=str(self.index)) from None
         self._publish_clock()
         self._event("compute", name, wall0, start, end, args=(("flops", float(flops)), ("bytes", float(bytes))))
         return end - start

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Callable
 
-from ..errors import PayloadError
+from ..errors import PayloadError, UsageError
 
 __all__ = ["dumps_call", "resident", "dumps_by_value", "ByValue"]
 
@@ -43,9 +43,12 @@ class ByValue:
 
 def dumps_call(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
     """``(fn, args, kwargs)`` pickled with cloudpickle (functions by value where needed; plain
-    pickle's speed for everything importable).  Errors name the argument that could not go."""
+    pickle's speed for everything importable).  Errors name the argument that could not go.
+    ``fn`` is checked here first, in the driver: not callable, or not callable as
+    ``fn(dev, *args, **kwargs)`` (a forgotten ``dev``), would fail on every device at once."""
     import cloudpickle
 
+    _check_callable(name, fn, args, kwargs)
     try:
         return cloudpickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
@@ -58,8 +61,40 @@ def dumps_call(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
             except Exception:
                 culprit = label
                 break
-        raise PayloadError(f"cannot send {culprit} of {name}() to the devices: {exc}. Everything passed to "
+        held = _captured_clusters(fn) if culprit == f"{name}()" else []
+        hint = (f"; {name}() uses the cluster {', '.join(held)} itself, which stays in the driver: on a device use "
+                "dev (its collectives, dev.state)") if held else ""
+        raise PayloadError(f"cannot send {culprit} of {name}() to the devices: {exc}{hint}. Everything passed to "
                            "cluster.run must be picklable (functions may be lambdas or closures)") from None
+
+
+def _check_callable(name: str, fn: Any, args: tuple, kwargs: dict) -> None:
+    import inspect
+
+    if not callable(fn):
+        raise UsageError(f"cluster.run needs a function fn(dev, ...) to run on every device, got {type(fn).__name__} "
+                         f"{fn!r}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: let the devices try
+        return
+    try:
+        sig.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise UsageError(f"{name}() cannot be called as {name}(dev, *args, **kwargs) with the {len(args)} argument(s) "
+                         f"and {sorted(kwargs) or 'no'} keyword(s) given ({exc}); every device calls it with itself "
+                         f"first: def {getattr(fn, '__name__', 'fn')}(dev, ...)") from None
+
+
+def _captured_clusters(fn: Any) -> list[str]:
+    """Names under which ``fn`` reaches a ``VirtualCluster`` (its globals or closure)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    found = [n for n in code.co_names if type(getattr(fn, "__globals__", {}).get(n)).__name__ == "VirtualCluster"]
+    cells = zip(code.co_freevars, getattr(fn, "__closure__", None) or ())
+    found += [n for n, c in cells if type(getattr(c, "cell_contents", None)).__name__ == "VirtualCluster"]
+    return found
 
 
 def resident(pid: int) -> dict[str, int]:

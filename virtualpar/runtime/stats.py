@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = ["TrafficStats"]
 
 
@@ -40,10 +42,17 @@ class TrafficStats:
 
     def sent(self, rank: int) -> int:
         """Payload bytes device ``rank`` sent to other devices."""
-        return int(self.bytes[rank].sum())
+        return int(self.bytes[self._rank(rank)].sum())
 
     def received(self, rank: int) -> int:
-        return int(self.bytes[:, rank].sum())
+        """Payload bytes device ``rank`` received from other devices."""
+        return int(self.bytes[:, self._rank(rank)].sum())
+
+    def _rank(self, rank: int) -> int:
+        n = self.bytes.shape[0]
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < n:
+            raise UsageError(f"TrafficStats: rank must be a device rank 0..{n - 1}, got {rank!r}")  # -1 was the last
+        return int(rank)
 
     def format(self) -> str:
         n = self.bytes.shape[0]

@@ -121,6 +121,7 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
             reply = getattr(handlers, kind)(*msg[1:])
         except BaseException as exc:  # everything goes back to the driver, never lost
             reply = ("err", package_error(dev, exc))
+        _flush()  # what the device printed goes out before its reply: to a pipe or a file it was buffered
         try:
             cmd.send(reply)
         except Exception as exc:
@@ -130,7 +131,16 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
             # The driver waits for a host transfer asleep on its doorbell and reads this pipe only
             # between sleeps: ring, or the error would wait out the driver's wake slice (0.5 s).
             args.doorbells[layout.host].release()
-    os._exit(0)
+    _flush()
+    os._exit(0)  # (os._exit skips the flush a normal exit does)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced by the user: nothing to keep
+            pass
 
 
 class _Handlers:

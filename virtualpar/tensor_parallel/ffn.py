@@ -101,6 +101,9 @@ class FeedForwardShardingPolicy:
     def named(cls, name: str, mesh: Any, **roles: Any) -> "FeedForwardShardingPolicy":
         if name not in FFN_POLICIES:
             raise ShardingError(f"unknown FeedForward policy {name!r}; expected one of {sorted(FFN_POLICIES)}", policy=name)
+        if not hasattr(mesh, "axis_names"):
+            raise ShardingError(f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
+                                policy=name)
         needed = FFN_POLICIES[name][0]
         unknown = sorted(set(roles) - set(needed))
         if unknown:

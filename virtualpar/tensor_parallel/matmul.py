@@ -115,6 +115,9 @@ class MatMulShardingPolicy:
         """The policy ``name``; roles not given default to the mesh's axes (see ``_default_roles``)."""
         if name not in MATMUL_POLICIES:
             raise ShardingError(f"unknown MatMul policy {name!r}; expected one of {sorted(MATMUL_POLICIES)}", policy=name)
+        if not hasattr(mesh, "axis_names"):
+            raise ShardingError(f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
+                                policy=name)
         needed = MATMUL_POLICIES[name][0]
         unknown = sorted(set(roles) - set(needed))
         if unknown:

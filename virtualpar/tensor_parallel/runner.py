@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import nn
 
-from ..errors import UsageError
+from ..errors import ShardingError, UsageError
 from .layout import Layout, check_layer, piece, unshard
 
 __all__ = ["Phase", "place", "run_forward", "run_backward"]
@@ -101,6 +101,7 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
     ``placed``: the inputs are already resident under ``keys`` (nothing is sent from the host)."""
     if not placed:
         check_layer("run_forward", layer, [np.shape(x) for x in inputs], out_shape, cluster.mesh)
+        _check_matmul_shapes(layer, inputs, out_shape)
     keys = tuple(keys or (f"{_IN}{i}" for i in range(len(layer.input_layouts()))))
     if not placed:
         place(cluster, inputs, layer.input_layouts(), keys)
@@ -137,3 +138,16 @@ def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[S
         pieces.append(ps)
         grads.append(unshard(ps, lay, shape, cluster.mesh))
     return grads, pieces, phase
+
+
+def _check_matmul_shapes(layer: Any, inputs: Sequence[np.ndarray], out_shape: Sequence[int]) -> None:
+    """A MatMul's global shapes, checked on the host: A (m, k) @ B (k, n) -> (m, n); a mismatch
+    was reported by a device in its shards' shapes ((8, 4) @ (3, 16) for (8, 16) @ (12, 16))."""
+    from .matmul import MatMul
+
+    if isinstance(layer, MatMul) and len(inputs) == 2:
+        a, b = (np.shape(x) for x in inputs)
+        if len(a) == 2 and len(b) == 2 and (a[1] != b[0] or tuple(out_shape) != (a[0], b[1])):
+            raise ShardingError(f"run_forward: MatMul of A {a} @ B {b} gives {(a[0], b[1]) if a[1] == b[0] else 'nothing'}"
+                                f"{'' if a[1] == b[0] else f' (inner dimensions {a[1]} and {b[0]} differ)'}; "
+                                f"out_shape is {tuple(out_shape)}")
