@@ -54,3 +54,19 @@ def test_a_device_count_below_one_is_refused(capsys):
     with pytest.raises(SystemExit) as info:
         main(["doctor", "-n", "0"])
     assert info.value.code == 2 and "-n" in capsys.readouterr().err
+
+
+def test_a_segment_left_behind_is_a_failure(monkeypatch):
+    """The cluster's own name is unlinked at start-up, so looking for it could never fail."""
+    calls = iter([set(), {"virtualpar-1-leaked"}])
+    monkeypatch.setattr(doctor, "_segments", lambda: next(calls))
+    close = {what: (status, detail) for status, what, detail in doctor.live(2)}["close"]
+    assert close[0] == "FAIL" and "virtualpar-1-leaked" in close[1]
+
+
+def test_the_tour_and_run_pick_hardware_for_the_mesh_size():
+    from virtualpar.commands._args import default_hardware
+
+    assert [default_hardware(None, n) for n in (4, 8, 16, 64, 12)] == ["h100-node", "h100-node", "h100-cluster",
+                                                                         "h100-cluster", None]
+    assert default_hardware("laptop", 64) == "laptop"  # the tour at 64 devices said h100-node holds at most 8

@@ -650,7 +650,21 @@ def test_an_isend_whose_header_arrived_is_one_unmatched_message():
         with pytest.raises(UnmatchedMessages) as info:
             c.run(offer)
     assert len(info.value.messages) == 1
-    assert "1 message(s)" in str(info.value) and "offered, never taken) from an isend not waited on" in str(info.value)
+    assert "1 message(s)" in str(info.value) and "float64 from an isend not waited on" in str(info.value)
+
+
+def _blocking_send_then_barrier(dev):
+    if dev.rank == 0:
+        dev.send(np.ones(1 << 17), 1, tag=4)  # 1 MiB past a 256 KiB ring: offered, and taken by the receiver
+    dev.barrier()
+
+
+def test_a_completed_blocking_send_is_not_called_an_isend():
+    """It was described as '(offered, never taken) from an isend not waited on'."""
+    with VirtualCluster(2, timeout=TIMEOUT, ring_bytes=256 << 10) as c:
+        with pytest.raises(UnmatchedMessages) as info:
+            c.run(_blocking_send_then_barrier)
+    assert str(info.value).endswith("device 0 -> device 1, tag 4: array(131072,) float64")
 
 
 def _give_up_mid_message(dev):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file"]
+__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file"]
 
 
 def positive_int(text: str) -> int:
@@ -90,3 +90,11 @@ def parse_costs(text: str) -> dict[str, float]:
     except UsageError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     return costs
+
+
+def default_hardware(given: str | None, size: int) -> str | None:
+    """The preset to model: the one asked for, else one 8-GPU node, a cluster of them for a
+    multiple of 8, or (None) the mesh's own fully connected NVLink-class links for other sizes."""
+    if given:
+        return given
+    return "h100-node" if size <= 8 else "h100-cluster" if size % 8 == 0 else None

@@ -149,6 +149,7 @@ def live(n: int) -> list[Finding]:
     from .. import VirtualCluster
 
     found: list[Finding] = []
+    before = _segments()
     t0 = time.perf_counter()
     cluster = VirtualCluster(n, timeout=30)
     try:
@@ -174,11 +175,21 @@ def live(n: int) -> list[Finding]:
         t1 = time.perf_counter()
         cluster.close()
     left = [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
-    leaked = os.path.exists(os.path.join("/dev/shm", name))
+    # the segment's name is unlinked once every device mapped it: look for any this process made and left
+    leaked = sorted(_segments() - before) or os.path.exists(os.path.join("/dev/shm", name))
     clean = not left and not leaked
     found.append(("OK" if clean else "FAIL", "close", f"in {time.perf_counter() - t1:.3f} s; " + (
         "no process and no shared memory left" if clean else f"left processes {left}, shared memory {leaked}")))
     return found
+
+
+def _segments() -> set[str]:
+    """This process's clusters' shared-memory names present in /dev/shm."""
+    prefix = f"virtualpar-{os.getpid()}-"
+    try:
+        return {e for e in os.listdir("/dev/shm") if e.startswith(prefix)}
+    except OSError:
+        return set()
 
 
 def _state(pid: int) -> str:

@@ -19,7 +19,7 @@ import re
 import sys
 import traceback
 
-from ._args import output_file, parse_mesh, positive_float, positive_int
+from ._args import default_hardware, output_file, parse_mesh, positive_float, positive_int
 
 __all__ = ["register"]
 
@@ -27,11 +27,7 @@ _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
 def _hardware(args: argparse.Namespace, size: int) -> str | None:
-    """The preset to model: the one asked for, else one 8-GPU node, a cluster of them for a
-    multiple of 8, or (None) the mesh's own fully connected NVLink-class links for other sizes."""
-    if args.hardware:
-        return args.hardware
-    return "h100-node" if size <= 8 else "h100-cluster" if size % 8 == 0 else None
+    return default_hardware(args.hardware, size)
 
 
 def _import(path: str):

@@ -4,11 +4,13 @@ that gave up (:func:`withdraw`), so that it cannot swallow a later message."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .channel import FLAG_RENDEZVOUS, KIND_PICKLE
+from .requests import SEND_NEW
 
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
@@ -31,31 +33,44 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
         for req in q:
             h = req.header
             desc = "pickled object" if h and h.kind & 0xFF == KIND_PICKLE else f"array{h.shape} {np.dtype(h.dtype)}" if h else "?"
-            state = (" sent to itself" if src == me else " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS
-                     else "" if req.done else " (partly received)")
+            state = (" sent to itself" if src == me else "" if req.done else
+                     " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS else " (partly received)")
             out.append((src, me, tag, desc + state))
     for dst, q in ep._sendq.items():
-        for req in q:
-            out.append((me, dst, req.tag, f"{req.nbytes} bytes {IN_FLIGHT}: an isend not waited on "
+        for req in q:  # once its header left, its receiver lists it too (merge_ends keeps one)
+            where = IN_FLIGHT if req.state != SEND_NEW else "not yet sent"
+            out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
                                           "(its bytes move only while the sender waits or sends)"))
     return out
 
 
 IN_FLIGHT = "still being sent"
-_HALF = (" (offered, never taken)", " (partly received)")
+
+
+def _posted() -> str:
+    from .endpoint import UNFINISHED_RECEIVE
+
+    return UNFINISHED_RECEIVE
 
 
 def merge_ends(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int, str]]:
-    """Every device's ``pending`` entries with each message once: a receiver's half-arrived
-    message absorbs its sender's "still being sent" entry for the same (src, dst, tag)."""
-    halves = {(s, d, t) for s, d, t, desc in found if desc.endswith(_HALF)}
-    merged = []
+    """Every device's ``pending`` entries with each message once.  A send whose header left
+    ("still being sent") is held by its receiver too, whole or in part: the receiver's entry
+    stays, saying it came from an isend not waited on.  A message its receiver holds with no
+    such sender entry (a blocking send that completed) is listed as it is."""
+    received = Counter((s, d, t) for s, d, t, desc in found if desc != _posted() and IN_FLIGHT not in desc
+                       and "not yet sent" not in desc and s != d)
+    pairs = received & Counter((s, d, t) for s, d, t, desc in found if IN_FLIGHT in desc)
+    drop, mark, out = Counter(pairs), Counter(pairs), []
     for s, d, t, desc in found:
-        if IN_FLIGHT in desc and (s, d, t) in halves:
-            halves.discard((s, d, t))  # one sender entry per half-arrived message
+        if IN_FLIGHT in desc and drop[(s, d, t)]:
+            drop[(s, d, t)] -= 1
             continue
-        merged.append((s, d, t, desc + " from an isend not waited on" if desc.endswith(_HALF) else desc))
-    return merged
+        if desc != _posted() and IN_FLIGHT not in desc and mark[(s, d, t)]:
+            mark[(s, d, t)] -= 1
+            desc += " from an isend not waited on"
+        out.append((s, d, t, desc))
+    return out
 
 
 def withdraw(ep: "Endpoint", req: Any) -> bool:
