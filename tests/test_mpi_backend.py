@@ -235,3 +235,41 @@ def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, 
                           "--mesh", "dp=2,tp=2", "--timeout", "20"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert [line.split(": ", 1)[1].split()[0] for line in _results(out.stdout)] == want
+
+
+F16_AVG = """
+import numpy as np
+
+def step(dev):
+    x = np.full(4, 40000, np.float16)  # four of them sum past float16's 65504
+    piece = dev.reduce_scatter(x, op="avg")
+    root = dev.reduce(x, op="avg")
+    return dev.all_reduce(x, op="avg").tolist(), piece.tolist(), None if root is None else root.tolist()
+"""
+
+
+def test_a_float16_average_is_the_same_finite_mean_on_both_backends(tmp_path):
+    """Under MPI the sum overflowed to inf before the division; the emulator divides first."""
+    emu, real = _both(tmp_path, F16_AVG, 4)
+    assert _results(real) == _results(emu)
+    assert "inf" not in emu and "40000.0" in emu
+
+
+IRECV_STATUS = """
+import numpy as np
+from virtualpar import ANY_SOURCE
+
+def step(dev):
+    if dev.rank == 0:
+        req = dev.irecv(ANY_SOURCE, tag=4)
+        req.wait()
+        return req.status.source, req.status.tag, req.status.nbytes
+    if dev.rank == 1:
+        dev.send(np.ones(2), 0, tag=4)
+    return None
+"""
+
+
+def test_an_irecv_request_has_its_status_on_both_backends(tmp_path):
+    emu, real = _both(tmp_path, IRECV_STATUS, 2)
+    assert _results(real) == _results(emu) and "(1, 4, 16)" in emu

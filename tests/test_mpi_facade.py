@@ -30,7 +30,7 @@ def _mpiexec() -> str | None:
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py"])
+@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -43,7 +43,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     assert real.returncode == 0, real.stderr
     assert _lines(emu.stdout) == _lines(real.stdout)
     expect = {"p2p_and_collectives.py": f"total {n * (n + 1) // 2}", "tutorial.py": "gathered pi 3.14159",
-              "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}"}
+              "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}",
+              "contexts.py": "rank 1 b got on b a got on a"}
     assert expect[prog] in emu.stdout
 
 
@@ -118,7 +119,15 @@ def test_what_ranks_printed_is_kept_when_the_run_ends_with_unmatched_messages(tm
     prog = tmp_path / "unmatched.py"
     prog.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nprint(f'rank {comm.rank} computed 42', flush=True)\n"
                     "if comm.rank == 0:\n    comm.send({'a': 1}, dest=1, tag=7)\n")
-    emu = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", str(prog)],
-                         capture_output=True, text=True, timeout=120)
+    emu = _emulate(str(prog), 2)  # an absolute path: os.path.join keeps it
     assert emu.returncode == 1 and "UnmatchedMessages" in emu.stderr
     assert _lines(emu.stdout) == ["rank 0 computed 42", "rank 1 computed 42"]
+
+
+def test_abort_cannot_be_caught_by_the_script(tmp_path):
+    """MPIAbort was an Exception: `except Exception` around Abort swallowed it and the job exited 0."""
+    prog = tmp_path / "abort.py"
+    prog.write_text("from mpi4py import MPI\ntry:\n    MPI.COMM_WORLD.Abort(3)\nexcept Exception:\n"
+                    "    print('swallowed', flush=True)\n")
+    emu = _emulate(str(prog), 2)
+    assert emu.returncode == 3 and "swallowed" not in emu.stdout and "MPI_Abort(comm, 3)" in emu.stderr

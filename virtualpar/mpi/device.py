@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
     raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
 
 from ..errors import P2PTimeout, UsageError
-from ..runtime.status import ANY_SOURCE, ANY_TAG, plain_int
+from ..runtime.status import ANY_SOURCE, ANY_TAG, Status, plain_int
 from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
@@ -70,10 +70,16 @@ class _RecvRequest:
 
     def __init__(self, fn: Any, probe: Any) -> None:
         self._fn, self._probe, self._done, self._value = fn, probe, False, None
+        self._status = Status()
+
+    @property
+    def status(self) -> Status | None:
+        """Who sent the message, with which tag and size, once it arrived (as the emulator's)."""
+        return self._status if self._done else None
 
     def wait(self, timeout: float | None = None) -> Any:
         if not self._done:
-            self._value, self._done = self._fn(timeout), True
+            self._value, self._done = self._fn(timeout, self._status), True
         return self._value
 
     def test(self) -> bool:
@@ -219,7 +225,7 @@ class MPIDevice(MPICollectives):
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
         src, tag = plain_int(src), plain_int(tag)
         which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
-        return _RecvRequest(lambda t: self.recv(src, tag, out, timeout if t is None else t),
+        return _RecvRequest(lambda t, st: self.recv(src, tag, out, timeout if t is None else t, status=st),
                             lambda: self.comm.Iprobe(**which))
 
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,

@@ -5,9 +5,9 @@
 own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``); collectives are
 built here from point-to-point messages in a fixed order (the root gathers in rank order, reduces
 left to right, and sends the result back), so every rank gets the same bits.  A communicator's
-messages carry its own tag range, so collectives and other communicators never mix with user
-messages that name a tag (a receive with ``ANY_TAG`` can still take one of theirs: the devices'
-wildcard spans every tag).  Anything outside the subset raises ``NotImplementedError`` naming the call (an
+messages carry its own tag range (a context hashed from its parent's and its Split), so collectives
+and other communicators never mix with user messages, even with ``ANY_TAG``: it is received as any
+tag *within* the communicator's range.  Anything outside the subset raises ``NotImplementedError`` naming the call (an
 ``OutsideSubset``, which is also an ``AttributeError``: ``hasattr(comm, "Iallreduce")`` is False,
 as for any name an object lacks).  ``Comm.Abort(errorcode)`` ends the whole job with that exit code,
 as ``mpiexec`` does.
@@ -54,9 +54,9 @@ class Comm:
     def Get_size(self) -> int:
         return self.size
 
-    def _tag(self, tag: int) -> int:
-        if tag == ANY_TAG:
-            return ANY_TAG
+    def _tag(self, tag: int) -> int | range:
+        if tag == ANY_TAG:  # any of this communicator's own tags: never another's, nor its collectives'
+            return range(self._ctx * _SPAN, self._ctx * _SPAN + _COLL)
         if not 0 <= tag < _COLL:
             raise ValueError(f"MPI tag {tag} is out of range 0..{_COLL - 1} on the emulator")
         return self._ctx * _SPAN + tag

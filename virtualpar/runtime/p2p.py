@@ -32,6 +32,13 @@ from .recorder import format_records
 from .requests import Request
 
 _TAG_END = 1 << 63  # a message header holds a signed 64-bit tag
+
+
+def _span(tag: Any) -> tuple[range | None, Any]:
+    """A ``range`` of tags (the mpi4py facade's ANY_TAG within one communicator's span of device
+    tags) is received as ANY_TAG restricted to it; any other tag is as given."""
+    return (tag, ANY_TAG) if type(tag) is range and tag.step == 1 and 0 <= tag.start < tag.stop <= _TAG_END else \
+        (None, tag)
 _SEND_STAYS = " The message stays posted: it is still delivered if its receive comes, so do not send it again."
 _RECV_WITHDRAWN = " The receive is withdrawn: a message arriving later is left for the next receive."
 _RECV_LOST = " It had begun to take a message still arriving: that message is lost to later receives."
@@ -61,11 +68,14 @@ class PointToPoint:
         ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message this device has
         taken in from its channels (not necessarily the earliest sent, as MPI allows; the request's
         ``status`` then says who sent it, with which tag)."""
+        span = None
         if type(src) is not int or type(tag) is not int:
+            span, tag = _span(tag)
             src, tag = plain_int(src), plain_int(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         deadline = time.monotonic() + budget
-        inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
+        inner = self._endpoint.irecv(None if src == ANY_SOURCE else src,
+                                     span if span is not None else None if tag == ANY_TAG else tag, out)
         return Request(self, inner, "recv", src, tag, deadline, None, slot, None, budget)
 
     def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
@@ -103,12 +113,15 @@ class PointToPoint:
         ``tag=ANY_TAG`` take the earliest message that matches of those taken in from the channels
         (MPI does not order sources either); pass a :class:`Status` to learn
         its source, tag and size."""
+        span = None
         if type(src) is not int or type(tag) is not int:
+            span, tag = _span(tag)
             src, tag = plain_int(src), plain_int(tag)
         budget, slot = self._begin_recv(src, tag, out, timeout)
         wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
         if src < 0 or tag < 0:  # ANY_SOURCE / ANY_TAG (_begin_recv let nothing else through)
-            inner = self._endpoint.irecv(None if src == ANY_SOURCE else src, None if tag == ANY_TAG else tag, out)
+            inner = self._endpoint.irecv(None if src == ANY_SOURCE else src,
+                                         span if span is not None else None if tag == ANY_TAG else tag, out)
         else:
             inner = self._endpoint.irecv(src, tag, out)
         if (src == self.rank or src == ANY_SOURCE and self.size == 1) and not inner.done:  # only this device could send it

@@ -174,7 +174,7 @@ class Endpoint(Receiving):
     def irecv(self, src: int | None, tag: int | None, out: np.ndarray | None = None) -> RecvRequest:
         if self.shuffle is not None and (tag is None or tag >= 0):  # user receives (the runtime's own tags are negative)
             self.shuffle.pause()
-        if src is None or tag is None:  # from any source / with any tag (transport/wildcard.py)
+        if src is None or tag is None or type(tag) is range:  # any source / any tag (transport/wildcard.py)
             return irecv_any(self, src, tag, out)
         key = (src, tag)
         waiting = self._unexpected.get(key)

@@ -27,8 +27,8 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
 
     me = ep.me
     out = [(src, me, tag, UNFINISHED_RECEIVE) for (src, tag), q in ep._posted.items() for _ in q]
-    out += [(-1 if r.src is None else r.src, me, -1 if r.tag is None else r.tag, UNFINISHED_RECEIVE)
-            for r in ep._posted_any]
+    out += [(-1 if r.src is None else r.src, me, -1 if r.tag is None or type(r.tag) is range else r.tag,
+             UNFINISHED_RECEIVE) for r in ep._posted_any]
     for (src, tag), q in ep._unexpected.items():
         for req in q:
             h = req.header

@@ -109,7 +109,7 @@ class RecvRequest:
 
     def __str__(self) -> str:  # what a timeout or abort says it waited for (formatted only then)
         src = "any source" if self.src is None else self.src
-        return f"recv from {src} (tag {'any' if self.tag is None else self.tag})"
+        return f"recv from {src} (tag {'any' if self.tag is None or type(self.tag) is range else self.tag})"
 
     @property
     def nbytes(self) -> int:

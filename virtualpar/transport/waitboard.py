@@ -79,7 +79,7 @@ def describe_wait(board: memoryview, what: object) -> None:
         board[KIND] = OTHER
         return
     tag = what.tag
-    board[TAG] = ANY_TAG if tag is None else tag  # None: a receive with any tag
+    board[TAG] = ANY_TAG if tag is None or type(tag) is range else tag  # None (or a span): a receive with any tag
     dst = getattr(what, "dst", None)
     if dst is not None:
         board[MASK] = getattr(what, "token", 0)  # a rendezvous offer's token (0: eager, waiting for room)

@@ -1,6 +1,6 @@
 """Receives from any source or with any tag (MPI's ``ANY_SOURCE`` / ``ANY_TAG``).
 
-A wildcard receive (``src`` or ``tag`` None) first takes the *earliest-arrived* unexpected message
+A wildcard receive (``src`` or ``tag`` None, or ``tag`` a ``range``: any tag within it) first takes the *earliest-arrived* unexpected message
 it matches (each (source, tag) queue is FIFO, so only queue heads compete; every unexpected
 message carries its arrival number); else it waits in ``posted_any``, in posting order.  A frame
 that arrives is matched to the earliest-posted receive that accepts it, a specific one or a
@@ -27,22 +27,27 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["irecv_any", "match_any"]
 
 
+def _tag_ok(want: Any, tag: int) -> bool:
+    """``want`` None (any user tag), a ``range`` of tags (any within it), or one tag."""
+    return want is None or (tag in want if type(want) is range else want == tag)
+
+
 def _accepts(req: RecvRequest, src: int, tag: int) -> bool:
-    return tag >= 0 and (req.src is None or req.src == src) and (req.tag is None or req.tag == tag)
+    return tag >= 0 and (req.src is None or req.src == src) and _tag_ok(req.tag, tag)
 
 
 def _earliest_per_source(ep: "Endpoint", src: int | None, tag: int | None) -> dict[int, tuple[Any, RecvRequest]]:
     """For each source with a matching unexpected message: (key, message) of its earliest arrival."""
     heads: dict[int, tuple[Any, RecvRequest]] = {}
     for key, waiting in ep._unexpected.items():
-        if waiting and key[1] >= 0 and (src is None or key[0] == src) and (tag is None or key[1] == tag):
+        if waiting and key[1] >= 0 and (src is None or key[0] == src) and _tag_ok(tag, key[1]):
             held = heads.get(key[0])
             if held is None or waiting[0].order < held[1].order:
                 heads[key[0]] = (key, waiting[0])
     return heads
 
 
-def irecv_any(ep: "Endpoint", src: int | None, tag: int | None, out: Any) -> RecvRequest:
+def irecv_any(ep: "Endpoint", src: int | None, tag: int | range | None, out: Any) -> RecvRequest:
     if ep.shuffle is not None:
         ep.progress()  # every message already in a ring competes, not only those drained so far
     heads = _earliest_per_source(ep, src, tag)
