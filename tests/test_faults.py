@@ -906,3 +906,18 @@ def test_a_cluster_inside_a_device_and_fault_values_are_named_errors():
         with pytest.raises(UsageError, match="code must be an exit status 0..255, got 'x'"):
             c.inject(0, 1, "exit", code="x")
         assert c.run(rank_of) == [0, 1]
+
+
+def _one_odd_shape(dev):
+    dev.all_reduce(np.ones(3 if dev.rank == 5 else 4))
+
+
+def test_a_mismatch_in_a_large_group_lists_each_distinct_call_once():
+    """At 64 devices the message listed 64 calls, the odd one out somewhere in the middle."""
+    with cluster(12) as c:
+        with raises_within(CollectiveMismatch) as info:
+            c.run(_one_odd_shape)
+    lines = [ln.strip() for ln in str(info.value).splitlines()[1:]]
+    assert lines[0].startswith("device 5 (world=5) called all_reduce(shape=(3,)")
+    assert lines[1].startswith("11 devices (0-4, 6-11) called all_reduce(shape=(4,)")
+    assert len(info.value.calls) == 12  # every call is still in the error's fields

@@ -30,7 +30,7 @@ def _mpiexec() -> str | None:
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py"])
+@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -44,7 +44,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     assert _lines(emu.stdout) == _lines(real.stdout)
     expect = {"p2p_and_collectives.py": f"total {n * (n + 1) // 2}", "tutorial.py": "gathered pi 3.14159",
               "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}",
-              "contexts.py": "rank 1 b got on b a got on a"}
+              "contexts.py": "rank 1 b got on b a got on a",
+              "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0] count 3"}
     assert expect[prog] in emu.stdout
 
 
@@ -131,3 +132,12 @@ def test_abort_cannot_be_caught_by_the_script(tmp_path):
                     "    print('swallowed', flush=True)\n")
     emu = _emulate(str(prog), 2)
     assert emu.returncode == 3 and "swallowed" not in emu.stdout and "MPI_Abort(comm, 3)" in emu.stderr
+
+
+def test_in_place_outside_reduce_says_so(tmp_path):
+    """It failed inside the facade: "'InPlace' object has no attribute 'reshape'"."""
+    prog = tmp_path / "inplace.py"
+    prog.write_text("from mpi4py import MPI\nimport numpy as np\nbuf = np.zeros(MPI.COMM_WORLD.size)\n"
+                    "MPI.COMM_WORLD.Allgather(MPI.IN_PLACE, buf)\n")
+    emu = _emulate(str(prog), 2)
+    assert emu.returncode == 1 and "MPI.IN_PLACE is emulated for Reduce and Allreduce only" in emu.stderr

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
-                           Request, Status, _buf, _COLL, _SPAN, _layout, _place, context_of)
+                           Request, Status, _buf, _COLL, _fill, _SPAN, _layout, _place, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -102,7 +102,7 @@ class Comm:
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         if source == PROC_NULL:
             return
-        np.copyto(_buf(buf), self.recv(source=source, tag=tag, status=status).reshape(_buf(buf).shape))
+        _fill(_buf(buf), self.recv(source=source, tag=tag, status=status))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         return Request(None if dest == PROC_NULL else self._dev.isend(np.array(_buf(buf)), self._peer(dest),

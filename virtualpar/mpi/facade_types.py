@@ -46,8 +46,25 @@ DOUBLE, FLOAT, INT, LONG = Datatype("DOUBLE", np.float64), Datatype("FLOAT", np.
 
 
 def _buf(spec: Any) -> np.ndarray:
-    """The array of a buffer spec: ``arr`` or ``[arr, MPI.DOUBLE]`` (or with counts)."""
-    return spec[0] if isinstance(spec, (list, tuple)) else spec
+    """The array of a buffer spec: ``arr``, ``[arr, MPI.DOUBLE]``, or ``[arr, count, MPI.DOUBLE]``
+    (the first ``count`` elements, as mpi4py takes them)."""
+    if spec is IN_PLACE:  # reached only where the facade does not emulate it
+        raise NotImplementedError("MPI.IN_PLACE is emulated for Reduce and Allreduce only; pass a send buffer "
+                                  "and a receive buffer here, or run this program under real MPI")
+    if isinstance(spec, (list, tuple)):
+        if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
+            return np.asarray(spec[0]).reshape(-1)[: int(spec[1])]
+        return spec[0]
+    return spec
+
+
+def _fill(target: np.ndarray, value: Any) -> None:
+    """A received message into a receive buffer: MPI lets the buffer be larger (``Get_count``
+    says how much came) and calls a longer message an error (truncation), never a reshape."""
+    flat, got = target.reshape(-1), np.asarray(value).reshape(-1)
+    if got.size > flat.size:
+        raise ValueError(f"message truncated: {got.size} elements arrived for a buffer of {flat.size} (MPI_ERR_TRUNCATE)")
+    flat[: got.size] = got
 
 
 class Status:
@@ -76,7 +93,7 @@ class Request:
             self._value = self._inner.wait()
             self._done = True
             if self._out is not None and self._value is not self._out and isinstance(self._value, np.ndarray):
-                np.copyto(self._out, self._value)
+                _fill(self._out, self._value)
             st = getattr(self._inner, "status", None)
             if status is not None and st is not None:
                 status.source, status.tag, status.count = self._comm._local(st.source), st.tag % _SPAN, st.nbytes
