@@ -179,6 +179,10 @@ def unpicklable(dev):
     import threading
     return threading.Lock() if dev.rank == 1 else 1
 
+def bools(dev):
+    x = np.array([dev.rank == 0, False])
+    return dev.all_reduce(x).tolist(), dev.all_reduce(x, op="prod").tolist()
+
 def odd_inputs(dev):  # a group of one, numpy ranks and scalars: as on the emulator
     one = float(dev.all_reduce(np.ones(2), group=())[0])
     peer = np.int64(dev.rank ^ 1)
@@ -187,6 +191,18 @@ def odd_inputs(dev):  # a group of one, numpy ranks and scalars: as on the emula
     got = float(req.wait()[0])
     total = dev.reduce(np.float64(dev.rank + 1), root=0)  # values differ: not a mismatch
     return one, got, None if total is None else float(total)
+
+def bad_dst(dev):
+    dev.send(np.ones(1), 7)
+
+def bad_tag(dev):
+    dev.send(np.ones(1), 1 - dev.rank % 2, tag=-5)
+
+def bad_root(dev):
+    dev.broadcast(np.ones(1), root=5, group="tp")
+
+def bad_dim(dev):
+    dev.all_gather(np.ones(2), dim=3)
 
 def polled(dev):
     import time
@@ -209,6 +225,11 @@ def polled(dev):
     ("never_sent", r"P2PTimeout: device 0 .*recv from device 1 \(tag 77\) did not complete within 2 s"),
     ("both_send_large", r"P2PTimeout: device [0-3] .*send to device [0-3] \(tag 0\) did not complete within 2 s"),
     ("unpicklable", r"cannot pickle '_thread.lock' object"),
+    # MPI's raw errors (an error stack, 'Invalid root', numpy's AxisError) became the emulator's named ones
+    ("bad_dst", r"UsageError: device \d .*dst must be a device rank 0..3, got 7"),
+    ("bad_tag", r"UsageError: device \d .*tag must be an int in 0..\d+ \(MPI's TAG_UB\), got -5"),
+    ("bad_root", r"UsageError: device \d .*broadcast on group .*root=5 is out of range"),
+    ("bad_dim", r"UsageError: device \d .*all_gather on group .*dim=3 is out of range"),
 ])
 def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said):
     """Each of these hung under mpiexec until killed (a job's timeout) — plain MPI waits forever —
@@ -225,7 +246,8 @@ def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said
 
 
 @pytest.mark.parametrize("fn, want", [("only_dp0", ["3.0", "3.0", "None", "None"]), ("polled", ["3.0", "None", "None", "None"]),
-                                      ("odd_inputs", ["(1.0,", "(1.0,", "(1.0,", "(1.0,"])])
+                                      ("odd_inputs", ["(1.0,", "(1.0,", "(1.0,", "(1.0,"]),
+                                      ("bools", ["([True,"] * 4)])  # sum is OR, as numpy adds bools; MPI refused SUM
 def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, want):
     """A collective that only its group's members call hung: the group's communicator was split
     from the world's on first use, which needs every rank; irecv's test() never became True."""

@@ -122,6 +122,7 @@ class MPICollectives:
         """Run one collective (``native()`` or our ``algorithm`` on ``ours``), time it on both clocks
         and record it; ``nbytes(result)`` gives the per-member size the modelled charge uses."""
         ranks = self.group(group)
+        _check_args(self, name, ranks, ours)
         wall0, model0 = self.wall, self._clock.now
         entry = self._enter(name, group, ranks, ours, algorithm, timeout)
         if algorithm is not None:
@@ -163,7 +164,7 @@ class MPICollectives:
 
         def native() -> np.ndarray:
             out = np.empty_like(x)
-            self._comm(group).Allreduce(_premul(x, op, len(self.group(group))), out, op=self._mpi_op(op))
+            self._comm(group).Allreduce(_premul(x, op, len(self.group(group))), out, op=self._mpi_op(op, x.dtype))
             return out / len(self.group(group)) if op == "avg" and x.dtype != np.float16 else out
 
         return self._collective("all_reduce", group, algorithm, native, (x, op), lambda _: x.nbytes,
@@ -181,7 +182,7 @@ class MPICollectives:
         def native() -> np.ndarray:
             x_ = np.ascontiguousarray(x)
             full = np.empty_like(x_)
-            self._comm(group).Allreduce(_premul(x_, op, len(self.group(group))), full, op=self._mpi_op(op))
+            self._comm(group).Allreduce(_premul(x_, op, len(self.group(group))), full, op=self._mpi_op(op, x_.dtype))
             full = full / len(self.group(group)) if op == "avg" and x_.dtype != np.float16 else full
             return np.array_split(full, len(self.group(group)), axis=dim)[self.group_rank(group)]
 
@@ -250,3 +251,23 @@ def _premul(x: np.ndarray, op: str, n: int) -> np.ndarray:
     """avg of float16 as the emulator runs it: each input times 1/n, then summed (its plain sum
     overflows past 65504 where the mean fits); every other case as it is."""
     return np.multiply(x, 1.0 / n, dtype=np.float16) if op == "avg" and x.dtype == np.float16 and n > 1 else x
+
+
+_ROOT_AT = {"broadcast": 1, "reduce": 1, "gather": 1, "scatter": 1}  # where ``ours`` holds root and dim
+_DIM_AT = {"all_gather": 1, "reduce_scatter": 1, "gather": 2, "scatter": 2}
+
+
+def _check_args(dev: Any, name: str, ranks: tuple[int, ...], ours: tuple) -> None:
+    """Root and dim checked as the emulator checks them (a root out of range was MPI's raw
+    'Invalid root', a dim numpy's AxisError)."""
+    where = f"{dev.name}: {name} on group {ranks}"
+    if name in _ROOT_AT:
+        root = ours[_ROOT_AT[name]]
+        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) or not 0 <= root < len(ranks):
+            raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, "
+                             f"0..{len(ranks) - 1}", rank=dev.rank)
+    x = ours[0] if ours else None
+    if name in _DIM_AT and isinstance(x, np.ndarray):
+        dim = ours[_DIM_AT[name]]
+        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)) or not -x.ndim <= dim < max(x.ndim, 1):
+            raise UsageError(f"{where}: dim={dim!r} is out of range for an input of {x.ndim} dims", rank=dev.rank)

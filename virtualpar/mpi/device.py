@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
     raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
 
 from ..errors import P2PTimeout, UsageError
-from ..runtime.status import ANY_SOURCE, ANY_TAG, Status, plain_int
+from ..runtime.status import ANY_SOURCE, ANY_TAG, Status
 from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
@@ -153,8 +153,22 @@ class MPIDevice(MPICollectives):
         return P2PTimeout(f"{self.name}: {what} {who} (tag {'any' if tag == ANY_TAG else tag}) did not complete "
                           f"within {budget:g} s", rank=self.rank, peer=peer, tag=tag)
 
-    def _mpi_op(self, op: str) -> Any:
+    def _mpi_op(self, op: str, dtype: Any = None) -> Any:
+        if dtype is not None and np.dtype(dtype) == np.bool_:  # numpy's bool add is OR, multiply AND: MPI's logical ops
+            return {"sum": MPI.LOR, "max": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND}[op]
         return _OPS[op]
+
+    def _peer(self, peer: Any, tag: Any, what: str) -> tuple[int, int]:
+        """``(peer, tag)`` checked as the emulator checks them, so a mistake is a named
+        ``UsageError`` here too, not MPI's error stack or a routing error naming no device."""
+        if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)) or not (
+                0 <= peer < self.size or peer == ANY_SOURCE and what == "src"):
+            raise UsageError(f"{self.name}: {what} must be a device rank 0..{self.size - 1}, got {peer!r}", rank=self.rank)
+        ub = self.comm.Get_attr(MPI.TAG_UB)
+        if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)) or not (
+                0 <= tag <= ub or tag == ANY_TAG and what == "src"):
+            raise UsageError(f"{self.name}: tag must be an int in 0..{ub} (MPI's TAG_UB), got {tag!r}", rank=self.rank)
+        return int(peer), int(tag)
 
     def _count(self, dst: int, nbytes: int) -> None:
         self.sent_bytes[dst] += nbytes
@@ -167,7 +181,7 @@ class MPIDevice(MPICollectives):
 
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
-        dst, tag = plain_int(dst), plain_int(tag)
+        dst, tag = self._peer(dst, tag, "dst")
         t0 = (self.wall, self._clock.now)
         # the bytes that travel, as on the emulator: an array's, or an object's pickle
         nbytes = x.nbytes if isinstance(x, np.ndarray) else len(pickle.dumps(x, protocol=5))
@@ -193,7 +207,7 @@ class MPIDevice(MPICollectives):
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Any = None) -> Any:
-        src, tag = plain_int(src), plain_int(tag)
+        src, tag = self._peer(src, tag, "src")
         wall0, model0 = self.wall, self._clock.now
         budget, deadline = self._deadline(timeout)
         st = MPI.Status()
@@ -223,7 +237,7 @@ class MPIDevice(MPICollectives):
         return value
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
-        src, tag = plain_int(src), plain_int(tag)
+        src, tag = self._peer(src, tag, "src")
         which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
         return _RecvRequest(lambda t, st: self.recv(src, tag, out, timeout if t is None else t, status=st),
                             lambda: self.comm.Iprobe(**which))
