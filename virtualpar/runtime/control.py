@@ -237,6 +237,7 @@ class ClusterControl:
     def close(self) -> None:
         """Ask every device to leave its loop, give them ``_CLOSE_WAIT`` s, then shut down.  Idempotent."""
         if self.closed:
+            self._arena.close()  # after a fatal failure views may have outlived the shutdown: unmap now
             return
         for r in sorted(set(self.posted) | set(self.held)):  # nothing will read these any more: say if one failed
             try:

@@ -78,6 +78,12 @@ class DeadlockWatch:
         self.every = WATCH_EVERY  # seconds until the next scan
         self._pokes = 0
 
+    def release(self) -> None:
+        """Drop every view of the arena, so that it can be unmapped even while an interrupted
+        driver frame (an exception's traceback) still holds this watch."""
+        self._boards, self._recorders, self._bells = [], [], []
+        self._heads = self._tails = self._replies = self._counts = None  # type: ignore[assignment]
+
     def _read(self) -> list[tuple[int, ...]]:
         return [tuple(b[:ACK + 1]) for b in self._boards]
 

@@ -274,7 +274,9 @@ class Supervisor:
         if self._recorders:
             self._final_records = [rec.records() for rec in self._recorders]
         self._recorders = []
-        self.watch = None  # it holds views of the arena too
+        if self.watch is not None:  # it holds views of the arena too, and a traceback may hold it
+            self.watch.release()
+        self.watch = None
         self._abort = None  # type: ignore[assignment]
         self._doorbells = []
 
