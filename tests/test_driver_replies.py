@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
@@ -105,3 +106,54 @@ def test_a_failed_run_carries_what_the_other_devices_returned():
         with pytest.raises(Exception, match="raised ValueError") as info:
             cluster.run(_rank_one_fails)
     assert info.value.returned == {0: 0, 2: 14}
+
+
+class _Interrupted(Exception):
+    """What a time-limit handler raises in the driver (a notebook's, pytest-timeout's)."""
+
+
+class _FlakyPipe:
+    """A device's command pipe whose next read is interrupted, as a signal handler would."""
+
+    def __init__(self, conn):
+        self._conn, self.armed = conn, True
+
+    def recv_bytes(self, *a):
+        if self.armed:
+            self.armed = False
+            raise _Interrupted("the cell ran out of time")
+        return self._conn.recv_bytes(*a)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_an_exception_while_a_reply_is_read_is_the_users_and_closes_the_cluster():
+    """It was taken for an unloadable reply ('cannot be unpickled (TimeLimit: ...)'), the user's
+    `except` never ran, and a half-read pipe left the next command waiting out its timeout."""
+    with VirtualCluster(2) as cluster:
+        sup = cluster._ctl.sup
+        sup.cmd[0] = _FlakyPipe(sup.cmd[0])
+        with pytest.raises(_Interrupted):
+            cluster.run(lambda dev: dev.rank)
+        with pytest.raises(ClusterClosedError, match="interrupted in the driver by _Interrupted"):
+            cluster.run(lambda dev: dev.rank)
+
+
+def test_an_interrupted_posted_put_closes_the_cluster(monkeypatch):
+    """A put posted while an operation hands out its inputs: an interrupt between sending the
+    command and recording it left every later reply one call behind."""
+    with VirtualCluster(2) as cluster:
+        ctl = cluster._ctl
+        real = ctl.send
+
+        def interrupted(rank, msg, what=""):
+            real(rank, msg, what)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(ctl, "send", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            cluster.put(0, "x", np.ones(2), block=False)
+        monkeypatch.undo()
+        with pytest.raises(ClusterClosedError, match="put 'x' was interrupted in the driver by KeyboardInterrupt"):
+            cluster.run(lambda dev: dev.rank)

@@ -80,3 +80,31 @@ def test_an_inferred_virtual_count_is_explained_as_such():
         with pytest.raises(UsageError, match=r"4 stages on 2 pipeline ranks means 2 stages per rank, which '1f1b' "
                                              r"cannot run .* choose interleaved_1f1b or looped_bfs"):
             cluster.execute(op, np.ones((4, 2)), np.ones((4, 2)))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_step_that_fails_anywhere_updates_nothing(rank):
+    """Each device stepped its optimizer when its own part ended: a fault on another device after
+    that left some stages updated and others not, and a retry trained from the mix."""
+    from virtualpar.errors import VirtualParError
+
+    model = nn.Sequential(nn.Linear(4, 4, dtype=np.float64), nn.Linear(4, 4, seed=1, dtype=np.float64))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 4)), rng.standard_normal((4, 4))
+    op = PipelinedOperation(Pipeline(model, [1]), "1f1b", microbatches=2, optimizer=nn.Adam(0.01))
+    with VirtualCluster(2) as cluster:
+        cluster.execute(op, x, y)
+        before = op.state_dict(cluster)
+        for k in range(1, 30):  # a fault at each op of this device's step, until one lands past its last op
+            cluster.inject(rank, k, "raise")
+            with pytest.raises(VirtualParError) as info:
+                cluster.execute(op, x, y)
+            now = op.state_dict(cluster)
+            assert all(np.array_equal(now[n], before[n]) for n in before), f"op {k}: half-updated"
+            if "did not fire" in str(info.value):
+                break  # past this device's last op: a run that raised, so it updated nothing either
+        assert k > 3
+        want, _ = nn.reference_train(nn.Sequential(nn.Linear(4, 4, dtype=np.float64),
+                                                   nn.Linear(4, 4, seed=1, dtype=np.float64)),
+                                     [(x, y)], nn.mse_loss, nn.Adam(0.01), 2, 2)
+        assert cluster.execute(op, x, y) == pytest.approx(want[1], rel=1e-12)  # the retry is the second step

@@ -138,3 +138,48 @@ def test_an_error_in_a_graph_node_keeps_the_users_frames():
         with pytest.raises(UsageError, match=r"^device \d \(world=\d\): in graph node 'n': all_reduce") as info:
             cluster.execute(_graph(("n", node), edges=[], inputs=[("n", 0)]), np.ones(2))
     assert "_unknown_op" in str(info.value.__cause__)  # the remote traceback reaches the user's function
+
+
+def test_a_backward_after_a_failed_forward_is_refused():
+    """It went back through the forward before the failed one: dB was a1ᵀ dC for a forward of a2."""
+    from virtualpar.tensor_parallel.runner import run_backward, run_forward
+
+    rng = np.random.default_rng(0)
+    a1, a2, b, dc = (rng.standard_normal(s) for s in ((8, 16), (8, 16), (16, 4), (8, 4)))
+    layer = MatMul(MatMulShardingPolicy.named("matched_inner", MESH))
+    with VirtualCluster(MESH) as cluster:
+        run_forward(cluster, layer, [a1, b], (8, 4))
+        cluster.inject(1, 1, "raise")
+        with pytest.raises(Exception, match="injected fault"):
+            run_forward(cluster, layer, [a2, b], (8, 4))
+        with pytest.raises(UsageError, match="no forward to go back through"):
+            run_backward(cluster, layer, dc, [(8, 16), (16, 4)])
+
+
+def test_copies_of_operations_have_their_own_device_state():
+    """A copy shared its original's key: placing weights through it overwrote the original's, and
+    training a deepcopy of a pipeline trained the original's weights."""
+    import copy
+    import dataclasses
+
+    from virtualpar.pipeline import Pipeline, PipelinedOperation
+    from virtualpar.tensor_parallel.execute import TensorParallelOp
+
+    mesh = Mesh({"x": 2})
+    a, b1, b2 = np.arange(8.0).reshape(2, 4), np.ones((4, 4)), 2 * np.ones((4, 4))
+    with VirtualCluster(mesh) as cluster:
+        op1 = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", mesh)), ((2, 4), (4, 4)), (2, 4), weights=(1,))
+        op1.place_weights(cluster, b1)
+        copy.copy(op1).place_weights(cluster, b2)
+        np.testing.assert_allclose(cluster.execute(op1, a), a @ b1)
+        with pytest.raises(ShardingError, match="expected 2 arrays"):  # placed nothing of its own
+            cluster.execute(dataclasses.replace(op1), a)
+        model = nn.Sequential(nn.Linear(4, 4, dtype=np.float64), nn.Linear(4, 4, seed=1, dtype=np.float64))
+        op = PipelinedOperation(Pipeline(model, [1]), "1f1b", 2)
+        x, y = np.ones((4, 4)), np.zeros((4, 4))
+        cluster.execute(op, x, y)
+        before = op.state_dict(cluster)
+        twin = copy.deepcopy(op)
+        cluster.execute(twin, x, y)
+        assert twin.key != op.key
+        assert all(np.array_equal(op.state_dict(cluster)[k], before[k]) for k in before)

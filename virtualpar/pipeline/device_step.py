@@ -227,14 +227,27 @@ def _sum_copies(c: _Step, stage: int, ranks: tuple[int, ...], grads: dict) -> di
     return total
 
 
-def run_step(dev: Any, key: str, rows: int | None = None
+def settle(st: dict, commit: bool) -> None:
+    """Apply the optimizer steps a previous step staged (``commit``: it succeeded on every device),
+    or drop them.  A step stages rather than applies its update because a device cannot know
+    whether another failed after it finished: applied at once, a failure elsewhere left some
+    stages updated and others not (and data-parallel copies apart)."""
+    staged, st["staged"] = st.get("staged"), None
+    if staged and commit:
+        for s, grads in staged.items():
+            st["params"][s] = st["optimizers"][s].step(st["params"][s], grads)
+
+
+def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
              ) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
     """One training step of the pipelined operation stored under ``dev.state[key]``; returns
     (the mean microbatch loss on a last-stage device, else None; this device's pipeline rank;
     (action, wall start, wall end, modelled start, modelled end) per action run).  ``rows``: the
     rows of this replica's batch, which a stage's modelled FLOPs scale with (the devices holding
-    the batch or the targets know it; the stages between them learn it here)."""
+    the batch or the targets know it; the stages between them learn it here).  ``commit``: the
+    previous step succeeded everywhere, so its staged update is applied first (see :func:`settle`)."""
     st = dev.state[key]
+    settle(st, commit)
     spec = st["spec"]
     c = _Step(dev, st, dev.state.pop(key + "/x", None), dev.state.pop(key + "/y", None), rows)
     prank = c.me
@@ -251,6 +264,7 @@ def run_step(dev: Any, key: str, rows: int | None = None
     for s, ranks in copies.items():  # every copy joins the sum, with zeros if it computed nothing
         if c.me in ranks and s not in c.grads:
             c.grads[s] = {k: np.zeros_like(v) for k, v in st["params"][s].items()}
+    final = {}
     for s in sorted(c.grads):
         grads = c.grads[s]
         if s in copies:
@@ -259,8 +273,10 @@ def run_step(dev: Any, key: str, rows: int | None = None
             grads = {k: dev.all_reduce(v, group=spec.shared_axis) for k, v in grads.items()}
         if spec.dp_axis is not None:
             grads = {k: dev.all_reduce(v, op="avg", group=spec.dp_axis) for k, v in grads.items()}
-        st["params"][s] = st["optimizers"][s].step(st["params"][s], grads)
+        final[s] = grads
+    st["staged"] = final  # applied by the next step or weight fetch, once the driver knows every device succeeded
     loss = float(np.mean([c.losses[m] for m in sorted(c.losses)])) if c.losses else None
     if loss is not None and spec.dp_axis is not None:
         loss = float(dev.all_reduce(np.array([loss]), op="avg", group=spec.dp_axis)[0])
     return loss, prank, c.records
+

@@ -31,17 +31,19 @@ import numpy as np
 from .. import nn
 from ..errors import UsageError
 from .actions import Action, Schedule
-from .device_step import run_step
+from .device_step import run_step, settle
 from .lower import lower
 from .partition import Pipeline
 from .placement import Placement
 from .schedules import SCHEDULES, build
 from .simulate import check_costs, simulate
-from .validate import format_grid, validate
+from .timeline_grid import format_timeline
+from .validate import validate
 
 __all__ = ["PipelinedOperation", "StepSpec"]
 
 _IDS = itertools.count()
+_PER_CLUSTER = ("_clusters", "_last_on", "_staged")  # weak maps of live clusters: a copy starts without them
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,22 @@ class PipelinedOperation:
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
         self._last_on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's records
+        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's update waits
+
+    def __copy__(self) -> "PipelinedOperation":
+        return self._fresh(dict(self.__dict__))
+
+    def __deepcopy__(self, memo: dict) -> "PipelinedOperation":
+        return self._fresh({k: v if k in _PER_CLUSTER else copy.deepcopy(v, memo) for k, v in self.__dict__.items()})
+
+    def _fresh(self, state: dict) -> "PipelinedOperation":
+        """A copy is an operation of its own: a new key on the devices and no clusters yet (sharing
+        the key, training the copy trained the original's weights)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(state, key=f"pipeline/{next(_IDS)}", _clusters=weakref.WeakKeyDictionary(),
+                            _last_on=weakref.WeakKeyDictionary(), _staged=weakref.WeakKeyDictionary(),
+                            last_records={}, all_records={})
+        return new
 
     # -- planning -----------------------------------------------------------------------------------
     def _plan(self, ranks: int) -> StepSpec:
@@ -163,7 +181,9 @@ class PipelinedOperation:
                 cluster.put(r, self.key + "/x", xs[part], block=False)
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
-        replies = cluster.run(run_step, self.key, len(xs[0]))
+        commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
+        replies = cluster.run(run_step, self.key, len(xs[0]), commit)
+        self._staged[cluster] = True
         self.last_records = {}
         self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
         for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
@@ -179,7 +199,7 @@ class PipelinedOperation:
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
         check_ran(self, cluster)
-        parts = cluster.run(_params, self.key)
+        parts = cluster.run(_params, self.key, self._staged.pop(cluster, False))
         out: dict[str, np.ndarray] = {}
         for stage_params in parts:
             for s, params in stage_params.items():
@@ -201,55 +221,6 @@ class PipelinedOperation:
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
         return format_timeline(rows, compute_only)
-
-
-def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], compute_only: bool = True,
-                    max_cells: int = 60) -> str:
-    """Text grid of executed actions, one cell per the shortest compute action (or per 1/max_cells
-    of the run when that would be wider).  If two actions of a rank would share a cell (wall-clock
-    times vary), the grid orders them instead: one column per distinct start, so every action that
-    ran is shown."""
-    spans = [(a, s, e) for acts in rows.values() for a, (s, e) in acts if a.is_compute and e > s]
-    if not spans:
-        return "(nothing ran)"
-    t0 = min(s for _, s, _ in spans)
-    end = max(e for _, s, e in spans)
-    unit = max(min(e - s for _, s, e in spans), (end - t0) / max_cells)
-    cells = max(1, int(round((end - t0) / unit)))
-    grid: Schedule = {}
-    shown = 0
-    for p, acts in rows.items():
-        line: list[Action | None] = [None] * cells
-        for a, (s, e) in acts:
-            if compute_only and not a.is_compute:
-                continue
-            first = min(cells - 1, int((s - t0) / unit))
-            if line[first] is not None:
-                continue
-            for c in range(first, max(first + 1, int(round((e - t0) / unit)))):
-                if c < cells and (line[c] is None or c > first):
-                    line[c] = a
-        grid[p] = line
-    for p, line in grid.items():
-        shown += len({a for a in line if a is not None})
-    wanted = sum(1 for acts in rows.values() for a, _ in acts if a.is_compute or not compute_only)
-    if shown < wanted:  # some action would be hidden: lay them out by order of start instead
-        # a column per (start, k): the k-th action of a rank to start at that time (one that took
-        # no time, a W of cost 0, starts with the next), so no two actions of a rank share a column
-        keyed: dict[int, list[tuple[tuple[float, int], Action]]] = {}
-        for p, acts in rows.items():
-            seen: dict[float, int] = {}
-            for a, (s, _) in acts:
-                if a.is_compute or not compute_only:
-                    keyed.setdefault(p, []).append(((s, seen.get(s, 0)), a))
-                    seen[s] = seen.get(s, 0) + 1
-        column = {k: i for i, k in enumerate(sorted({k for line in keyed.values() for k, _ in line}))}
-        grid = {p: [None] * len(column) for p in rows}
-        for p, line in keyed.items():
-            for k, a in line:
-                grid[p][column[k]] = a
-        return "(columns in order of start)\n" + format_grid(_compress(grid))
-    return format_grid(grid)
 
 
 def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:
@@ -278,12 +249,6 @@ def check_ran(op: Any, cluster: Any) -> None:
                          f"its weights; run a step first: cluster.execute(op, ...)")
 
 
-def _compress(grid: Schedule) -> Schedule:
-    """Drop columns where no rank does anything."""
-    keep = [c for c in range(len(next(iter(grid.values()), []))) if any(line[c] is not None for line in grid.values())]
-    return {p: [line[c] for c in keep] for p, line in grid.items()}
-
-
 def _place(dev: Any, key: str, payload: dict) -> None:
     spec = payload["spec"]
     mine = spec.placement.stages_of(dev.group_rank(spec.axis))  # the stages whose weights it keeps
@@ -296,5 +261,6 @@ def _place(dev: Any, key: str, payload: dict) -> None:
     }
 
 
-def _params(dev: Any, key: str) -> dict[int, dict[str, np.ndarray]]:
+def _params(dev: Any, key: str, commit: bool = False) -> dict[int, dict[str, np.ndarray]]:
+    settle(dev.state[key], commit)
     return dict(dev.state[key]["params"])

@@ -95,7 +95,13 @@ class ClusterControl:
 
     def post(self, rank: int, msg: tuple, what: str) -> None:
         """Send a command whose reply is taken later, by the next reply read from ``rank``."""
-        self.send(rank, msg, what)
+        try:
+            self.send(rank, msg, what)
+        except VirtualParError:
+            raise
+        except BaseException as exc:  # sent or not, nobody knows now: the replies could be a round off
+            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
+            raise
         self.posted.setdefault(rank, []).append(what)
 
     def settle(self, rank: int) -> BaseException | None:
@@ -128,6 +134,11 @@ class ClusterControl:
             return self.sup.recv_reply(rank, time.monotonic() + self.config.timeout + _REPLY_SLACK, what)
         except DeviceDied as died:
             self.fatal_shutdown(str(died))
+            raise
+        except VirtualParError:
+            raise
+        except BaseException as exc:  # a reply half read (a signal handler's exception): the pipe is off
+            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
             raise
 
     def broadcast(self, msg: tuple, what: str, run_timeout: float | None = None, check_unmatched: bool = True) -> list[Any]:

@@ -38,9 +38,15 @@ def put(ctl: ClusterControl, rank: int, key: str, x: Any, block: bool = True) ->
     is done at once (``x`` fits in the host's ring), post the command and return; its reply is read
     with the next reply from ``rank`` (``ClusterControl.post``)."""
     _check_key("put", key)
-    req = ctl.host.isend(x, rank, TAG_HOST)  # an unpicklable x fails here, before the device is involved
+    try:
+        req = ctl.host.isend(x, rank, TAG_HOST)  # an unpicklable x fails here, before the device is involved
+    except VirtualParError:
+        raise
+    except BaseException as exc:  # interrupted while writing into the ring: the channel is half written
+        ctl.fatal_shutdown(f"put {key!r} to device {rank} was interrupted: {type(exc).__name__}")
+        raise
     if not block and req.done:
-        ctl.post(rank, ("put", key), f"put {key!r}")
+        ctl.post(rank, ("put", key), f"put {key!r}")  # (an interrupt in post closes the cluster)
         return
     _transfer(ctl, rank, ("put", key), lambda: req.done, "put")
 
@@ -69,12 +75,15 @@ def _transfer(ctl: ClusterControl, rank: int, msg: tuple, done: Callable[[], boo
         ctl.send(rank, msg, what)
         reply = _wait(ctl, rank, done, what)
         ctl.finish(rank, reply, what)
-    except (KeyboardInterrupt, P2PTimeout) as exc:
+    except P2PTimeout as exc:
         ctl.fatal_shutdown(f"{what} with device {rank} was interrupted: {type(exc).__name__}")
         raise
     except VirtualParError:
         if not ctl.closed:
             ctl.reset()
+        raise
+    except BaseException as exc:  # Ctrl-C, or any signal handler's exception: the transfer is half done
+        ctl.fatal_shutdown(f"{what} with device {rank} was interrupted: {type(exc).__name__}")
         raise
 
 

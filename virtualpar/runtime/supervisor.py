@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 
 import multiprocessing.connection as mpc
+import pickle
 import signal
 import time
 from typing import Any
@@ -79,16 +80,22 @@ class Supervisor:
             ready = mpc.wait([conn, proc.sentinel], timeout=max(0.0, left))
             if conn in ready:
                 try:
-                    return conn.recv()
+                    return self._load(rank, what, conn.recv_bytes())
                 except (EOFError, OSError):
                     pass  # the pipe broke: the process is gone, the sentinel says how
-                except Exception as exc:
-                    return self._unloadable(rank, what, exc)
             if proc.sentinel in ready or not proc.is_alive():
                 raise self.died(rank, during=what)
             if left <= 0:
                 raise VirtualParError(f"device {rank} {self.mesh.index(rank)} did not answer within "
                                       f"{max(budget, 0.0):g} s during {what}", rank=rank)
+
+    def _load(self, r: int, what: str, data: bytes) -> tuple:
+        """A reply read whole from the pipe, unpickled; one the driver cannot unpickle (a class only
+        the devices import) is that device's error, and the pipes stay in step."""
+        try:
+            return pickle.loads(data)
+        except Exception as exc:
+            return self._unloadable(r, what, exc)
 
     def _unloadable(self, r: int, what: str, exc: Exception) -> tuple:
         """The error reply for a reply the pipe delivered whole but the driver cannot unpickle (a
@@ -189,11 +196,11 @@ class Supervisor:
         reply = None
         if obj is self.cmd[r] or self.cmd[r].poll():  # a device may reply and exit at once
             try:
-                reply = self.cmd[r].recv()
+                data = self.cmd[r].recv_bytes()  # an interrupt here propagates: the caller closes the cluster
             except (EOFError, OSError):
-                reply = None
-            except Exception as exc:  # read whole, but not loadable here: the device's error, named
-                reply = self._unloadable(r, what, exc)
+                data = None
+            if data is not None:
+                reply = self._load(r, what, data)
         if reply is None:
             out.deaths.append(self.died(r, during=what))
             return True

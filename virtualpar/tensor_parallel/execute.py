@@ -17,6 +17,7 @@ its buffers to it): the resident inputs plus the peak of what the program alloca
 
 from __future__ import annotations
 
+import copy
 import tracemalloc
 import uuid
 import weakref
@@ -82,9 +83,17 @@ class TensorParallelOp:
     shapes: tuple[tuple[int, ...], ...]
     out_shape: tuple[int, ...]
     weights: tuple[int, ...] = ()
-    token: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    # its own name on the devices: a copy (copy, deepcopy, dataclasses.replace) gets a new one and
+    # no placed weights, so it can neither overwrite the original's nor run on them unplaced
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:8], init=False)
     # the clusters holding the weights (they live on its devices); weakly, as a closed cluster's id can recur
-    placed_on: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False, compare=False)
+    placed_on: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False, compare=False, init=False)
+
+    def __copy__(self) -> "TensorParallelOp":
+        return TensorParallelOp(self.layer, self.shapes, self.out_shape, self.weights)
+
+    def __deepcopy__(self, memo: dict) -> "TensorParallelOp":
+        return TensorParallelOp(copy.deepcopy(self.layer, memo), self.shapes, self.out_shape, self.weights)
 
     def _key(self, i: int) -> str:
         return f"tp.{self.token}.{i}"

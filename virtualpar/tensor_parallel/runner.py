@@ -105,6 +105,7 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
     keys = tuple(keys or (f"{_IN}{i}" for i in range(len(layer.input_layouts()))))
     if not placed:
         place(cluster, inputs, layer.input_layouts(), keys)
+    _LAST_FORWARD.pop(cluster, None)  # a forward that fails leaves no forward to go back through
     pieces, phase = _measure(cluster, _forward_on_device, layer, keys)
     _LAST_FORWARD[cluster] = _program(layer)
     return unshard(pieces, layer.output_layout(), out_shape, cluster.mesh), pieces, phase

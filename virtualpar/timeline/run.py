@@ -22,7 +22,7 @@ import numpy as np
 from .. import nn
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
-from ..pipeline.device_step import run_step
+from ..pipeline.device_step import run_step, settle
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
 from ..pipeline.actions import Action
@@ -98,6 +98,7 @@ class TimelineParallel:
         self.axis = model.get_group()
         self.key = f"timeline/{id(self)}"
         self._clusters: weakref.WeakSet = weakref.WeakSet()  # the clusters holding its weights
+        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's update waits
         self.last_records: dict[int, list] = {}
 
     def execute_on(self, cluster: Any, inputs: tuple, labels: tuple) -> float:
@@ -131,7 +132,9 @@ class TimelineParallel:
                         block=False)
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
-        replies = cluster.run(run_step, self.key)
+        commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
+        replies = cluster.run(run_step, self.key, None, commit)
+        self._staged[cluster] = True
         self.last_records = {}
         for _, prank, records in replies:
             self.last_records.setdefault(prank, records)
@@ -142,7 +145,7 @@ class TimelineParallel:
         check_ran(self, cluster)
         if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < cluster.size:
             raise UsageError(f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}")
-        return cluster.run(_weights, self.key)[rank]
+        return cluster.run(_weights, self.key, self._staged.pop(cluster, False))[rank]
 
     def timeline(self, clock: str = "auto") -> str:
         """The last step as it ran, one row per time segment's device.  ``clock="auto"`` uses the
@@ -163,6 +166,7 @@ def _place(dev: Any, key: str, spec: StepSpec, model: SequencePipe, optimizer: n
                       "optimizers": {s: copy.deepcopy(optimizer)}, "flops": {s: 0.0}}
 
 
-def _weights(dev: Any, key: str) -> dict[str, np.ndarray]:
+def _weights(dev: Any, key: str, commit: bool = False) -> dict[str, np.ndarray]:
+    settle(dev.state[key], commit)
     (params,) = dev.state[key]["params"].values()
     return {k: np.array(v) for k, v in params.items()}
