@@ -203,6 +203,8 @@ def print_report(result: dict[str, Any]) -> None:
            ["devices", "size", "off us", "on us", "overhead us"],
            [[str(r["devices"]), fmt_bytes(r["bytes"]), _num(r["off_s"], 1e6, "{:.0f}"), _num(r["on_s"], 1e6, "{:.0f}"),
              _num(r["overhead_s"], 1e6, "{:.0f}")] for r in result["contract_check"]])
+    if any(r["overhead_s"] < 0 for r in result["contract_check"]):
+        print("  (a negative overhead: the check costs less than this machine's noise between the two medians)")
     st = result["startup"]
     print(f"\n# start-up, {st['devices']} devices: ready {st['ready_s'] * 1e3:.0f} ms, first run done "
           f"{st['first_run_s'] * 1e3:.0f} ms; bare multiprocessing fork + one message {st['bare_fork_s'] * 1e3:.0f} ms "

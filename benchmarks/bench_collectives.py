@@ -48,7 +48,7 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB ... 64 MiB
 QUICK_SIZES = [4 * KiB, 1 * MiB]
 DEVICE_COUNTS = (2, 4)
-# "default" is what a caller who names no algorithm gets (chosen by size: tree, then shm)
+# "default" is what a caller who names no algorithm gets (shm for any group of 2 or more)
 COLLECTIVES = {"all_reduce": ("default", "shm", "ring", "tree", "direct"), "all_gather": ("ring", "direct"), "reduce_scatter": ("ring",)}
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,

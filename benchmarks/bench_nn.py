@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from virtualpar import nn
+from virtualpar.commands._args import positive_int
 from virtualpar.pipeline.demo import seed_mlp
 
 SIZES = (256, 512, 1024, 512, 256)
@@ -91,8 +92,8 @@ def bench_gru(iters: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=positive_int, default=7)
+    ap.add_argument("--iters", type=positive_int, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     result = {"mlp": bench_mlp(args.repeats, args.iters), "gru": bench_gru(max(2, args.iters // 5))}

@@ -108,3 +108,22 @@ def test_a_step_that_fails_anywhere_updates_nothing(rank):
                                                    nn.Linear(4, 4, seed=1, dtype=np.float64)),
                                      [(x, y)], nn.mse_loss, nn.Adam(0.01), 2, 2)
         assert cluster.execute(op, x, y) == pytest.approx(want[1], rel=1e-12)  # the retry is the second step
+
+
+@pytest.mark.parametrize("costs", [{"F": 1, "B": 1.5}, {"F": 1e-7, "B": 1}, {"F": 2, "I": 2, "W": 3}, {"F": 1, "I": 1, "W": 0}])
+def test_the_grid_shows_every_action_whatever_the_costs(costs):
+    """Costs that are not multiples of the shortest hid actions (rounded into a shared cell), and a
+    tiny one made millions of cells (MemoryError)."""
+    name = "zb_h1" if "W" in costs else "1f1b"
+    s, p = build(name, 4, 8)
+    grid = simulate(s, p, 8, costs=costs).grid()
+    for r, actions in s.items():
+        assert sorted(map(str, {a for a in grid[r] if a is not None})) == sorted(str(a) for a in actions if a is not None)
+    assert len(grid[0]) <= 1000
+    assert len(simulate(s, p, 8, costs={k: 1 for k in costs}).grid()[0]) == simulate(s, p, 8, costs={k: 1 for k in costs}).makespan
+
+
+def test_costs_whose_sum_overflows_are_refused():
+    s, p = build("1f1b", 2, 2)
+    with pytest.raises(UsageError, match="add up past the largest float"):
+        simulate(s, p, 2, costs={"F": 1e308, "B": 1e308})

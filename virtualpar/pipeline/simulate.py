@@ -93,17 +93,31 @@ class Simulation:
         return [b / self.makespan if self.makespan else 0.0 for b in self.busy]
 
     def grid(self, step: float | None = None) -> dict[int, list[Action | None]]:
-        """The schedule laid out in time: one cell per ``step`` (default: the shortest action)."""
+        """The schedule laid out in time, one cell per ``step`` (default: the shortest action), when
+        every action starts and ends on a cell boundary and the grid stays readable (at most 400
+        cells); otherwise one column per distinct start, in order, so that every action shows
+        (rounding to cells hid some, and a tiny cost made millions of cells)."""
         durations = [e - s for _, s, e in self.times.values() if e > s]
-        if not durations:
-            return {r: [] for r in range(self.ranks)}
-        step = step or min(durations)
-        cells = int(round(self.makespan / step))
-        grid: dict[int, list[Action | None]] = {r: [None] * cells for r in range(self.ranks)}
-        for a, (r, s, e) in self.times.items():
-            for c in range(int(round(s / step)), int(round(e / step))):
-                if 0 <= c < cells:
+        step = step or (min(durations) if durations else 0.0)
+        on_cells = step > 0 and self.makespan / step <= 400 and all(
+            abs(t / step - round(t / step)) < 1e-9 for _, s, e in self.times.values() for t in (s, e)) and all(
+            e > s for _, s, e in self.times.values())
+        if on_cells:
+            cells = int(round(self.makespan / step))
+            grid: dict[int, list[Action | None]] = {r: [None] * cells for r in range(self.ranks)}
+            for a, (r, s, e) in self.times.items():
+                for c in range(int(round(s / step)), int(round(e / step))):
                     grid[r][c] = a
+            return grid
+        # the k-th action of a rank to start at one instant (a zero-cost one) gets its own column
+        keyed, seen = [], {}
+        for a, (r, s, _) in sorted(self.times.items(), key=lambda kv: (kv[1][1], kv[1][0])):
+            k = seen[(r, s)] = seen.get((r, s), -1) + 1
+            keyed.append(((s, k), r, a))
+        column = {key: i for i, key in enumerate(sorted({key for key, _, _ in keyed}))}
+        grid = {r: [None] * len(column) for r in range(self.ranks)}
+        for key, r, a in keyed:
+            grid[r][column[key]] = a
         return grid
 
     def memory(self, params: Mapping[int, float], grads: Mapping[int, float] | None = None,
@@ -179,6 +193,8 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
             lines.append(f"rank {r} waits at {a} for {', '.join(map(str, need)) or 'an action no rank runs'}")
         raise PipelineDeadlock("the schedule cannot finish:\n  " + "\n  ".join(lines))
     makespan = max((e for _, _, e in times.values()), default=0.0)
+    if not math.isfinite(makespan):  # each cost finite, their sum past the largest float
+        raise UsageError(f"simulate: the costs add up past the largest float (makespan {makespan}); use smaller units")
     curve, peak = _activations(times, placement.stages)
     return Simulation(placement.ranks, placement.stages, microbatches, times, makespan,
                       [busy[r] for r in range(placement.ranks)], peak, curve)

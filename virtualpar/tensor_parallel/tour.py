@@ -22,7 +22,8 @@ def tour_section(out: TextIO, hardware: str | None) -> bool:
     with VirtualCluster(mesh, hardware=hardware or "h100-node") as cluster:
         for ffn, shape, what in ((False, (64, 32, 48), "MatMul C = A·B, m,k,n"), (True, (2, 16, 32, 64), "FeedForward, b,s,m,h")):
             rows = policy_rows(cluster, shape, ffn=ffn, dtype=np.float64)
-            out.write(f"{what} = {shape}, float64, mesh {mesh}; bytes per device, weights resident\n")
+            out.write(f"{what} = {shape}, float64, mesh {mesh}; bytes per device (host columns: all devices "
+                      f"together), weights resident\n")
             out.write(format_rows(rows) + "\n\n")
             ok &= all(r.correct and r.matches_closed_form for r in rows if not r.error)
         hw = cluster.hardware
