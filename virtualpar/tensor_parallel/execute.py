@@ -56,6 +56,7 @@ def _owners(layout: Layout, mesh: Any) -> frozenset[int]:
 
 def _execute_on_device(dev: Any, layer: Any, keys: tuple[str, ...], temp: tuple[str, ...], owners: frozenset[int]):
     limit_blas_threads(dev)
+    dev.state.pop(_OUT, None)  # the last output, fetched already: kept, it held a receive buffer the next call re-made
     inputs = [dev.state[k] for k in keys]
     resident = sum(x.nbytes for x in inputs)
     tracemalloc.start()
