@@ -22,7 +22,7 @@ import numpy as np
 
 from virtualpar.errors import UsageError
 
-__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize"]
+__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize", "premultiplies", "premultiply"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,14 @@ def finalize(op: str, acc: np.ndarray, n: int) -> np.ndarray:
     if REDUCE_OPS[op].average and n != 1:
         np.divide(acc, n, out=acc)
     return acc
+
+
+def premultiplies(op: str, dtype: np.dtype | type | str, n: int) -> bool:
+    """Is this ``avg`` summed as ``x/n`` (NCCL's PreMulSum)?  For float16: the sum of n inputs
+    overflows past 65504 where their mean fits.  Both backends ask here, so they agree."""
+    return op == "avg" and n > 1 and np.dtype(dtype) == np.float16
+
+
+def premultiply(x: np.ndarray, n: int) -> np.ndarray:
+    """``x/n`` in float16, the input of a premultiplied average (then reduced with ``sum``)."""
+    return np.multiply(x, 1.0 / n, dtype=np.float16)

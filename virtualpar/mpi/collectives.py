@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives.ops import REDUCE_OPS, check_op
+from ..collectives.ops import REDUCE_OPS, check_op, premultiplies, premultiply
 from ..collectives.registry import ALGORITHMS
 from ..collectives.shm import RING_MIN_BYTES, split_bounds
 from ..errors import CollectiveMismatch, CollectiveTimeout, UsageError
@@ -163,9 +163,10 @@ class MPICollectives:
         check_op(op, x.dtype)  # an unknown op, or avg on integers, raises here naming what is wrong
 
         def native() -> np.ndarray:
-            out = np.empty_like(x)
-            self._comm(group).Allreduce(_premul(x, op, len(self.group(group))), out, op=self._mpi_op(op, x.dtype))
-            return out / len(self.group(group)) if op == "avg" and x.dtype != np.float16 else out
+            out, n = np.empty_like(x), len(self.group(group))
+            src, divide = _averaged(x, op, n)
+            self._comm(group).Allreduce(src, out, op=self._mpi_op(op, x.dtype))
+            return out / n if divide else out
 
         return self._collective("all_reduce", group, algorithm, native, (x, op), lambda _: x.nbytes,
                                 x.itemsize, timeout=timeout)
@@ -180,11 +181,11 @@ class MPICollectives:
                        algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         check_op(op, np.asarray(x).dtype)  # an unknown op was a KeyError; avg on integers a float result
         def native() -> np.ndarray:
-            x_ = np.ascontiguousarray(x)
+            x_, n = np.ascontiguousarray(x), len(self.group(group))
             full = np.empty_like(x_)
-            self._comm(group).Allreduce(_premul(x_, op, len(self.group(group))), full, op=self._mpi_op(op, x_.dtype))
-            full = full / len(self.group(group)) if op == "avg" and x_.dtype != np.float16 else full
-            return np.array_split(full, len(self.group(group)), axis=dim)[self.group_rank(group)]
+            src, divide = _averaged(x_, op, n)
+            self._comm(group).Allreduce(src, full, op=self._mpi_op(op, x_.dtype))
+            return np.array_split(full / n if divide else full, n, axis=dim)[self.group_rank(group)]
 
         return self._collective("reduce_scatter", group, algorithm, native, (x, dim, op),
                                 lambda _: np.asarray(x).nbytes, timeout=timeout)
@@ -199,13 +200,14 @@ class MPICollectives:
                timeout: float | None = None) -> np.ndarray | None:
         check_op(op, np.asarray(x).dtype)
         def native() -> np.ndarray | None:
-            parts = self._comm(group).gather(_premul(np.asarray(x), op, len(self.group(group))), root=root)
+            src, divide = _averaged(np.asarray(x), op, len(self.group(group)))
+            parts = self._comm(group).gather(src, root=root)
             if parts is None:
                 return None
             acc = np.array(parts[0], copy=True)
             for p in parts[1:]:  # left to right in group order (the emulator's tree may differ in the last bit)
                 REDUCE_OPS["sum" if op == "avg" else op].ufunc(acc, p, out=acc)
-            return acc / len(parts) if op == "avg" and acc.dtype != np.float16 else acc
+            return acc / len(parts) if divide else acc
 
         return self._collective("reduce", group, algorithm, native, (x, root, op), lambda _: np.asarray(x).nbytes,
                                 timeout=timeout)
@@ -247,10 +249,12 @@ class MPICollectives:
         return None
 
 
-def _premul(x: np.ndarray, op: str, n: int) -> np.ndarray:
-    """avg of float16 as the emulator runs it: each input times 1/n, then summed (its plain sum
-    overflows past 65504 where the mean fits); every other case as it is."""
-    return np.multiply(x, 1.0 / n, dtype=np.float16) if op == "avg" and x.dtype == np.float16 and n > 1 else x
+def _averaged(x: np.ndarray, op: str, n: int) -> tuple[np.ndarray, bool]:
+    """(the input to sum, whether the sum is still to be divided by n): an ``avg`` of float16 is
+    summed as x/n, as the emulator runs it (collectives.ops.premultiplies)."""
+    if premultiplies(op, x.dtype, n):
+        return premultiply(x, n), False
+    return x, op == "avg"
 
 
 _ROOT_AT = {"broadcast": 1, "reduce": 1, "gather": 1, "scatter": 1}  # where ``ours`` holds root and dim

@@ -167,7 +167,7 @@ class VJP:
         grads = self._back(_cotangent(dy, self.output))
         distinct, rep = self._tied
         k = len(distinct)
-        dense = [_dense(g, self._params[k]) for k, g in zip(distinct, grads)]
+        dense = [_dense(g, self._params[name]) for name, g in zip(distinct, grads)]
         dparams = {name: dense[r] for name, r in zip(self._params, rep)}  # a tied parameter: one array
         if not self._input_grads:
             return (None if self._n == 1 else (None,) * self._n), dparams

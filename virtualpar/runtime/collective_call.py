@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..collectives import ALGORITHMS, FENCE_FIRST, default_algorithm
-from ..collectives.ops import check_op
+from ..collectives.ops import check_op, premultiplies, premultiply
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
 from ..transport.payload import plain_array
 from .config import TAG_FINGERPRINT, TAG_VERDICT
@@ -71,7 +71,7 @@ class CollectiveSpec:
     tail: str = ""  # of the flight record's text, after the group's call number
     traced: tuple = ()  # the trace event's fixed fields: (group, shape, dtype name, algorithm)
     run_params: dict[str, Any] = field(default_factory=dict)  # what the algorithm is called with
-    premul: float = 0.0  # avg of float16: each input times 1/n, then summed (0: not this case)
+    premul: bool = False  # an avg summed as x/n (collectives.ops.premultiplies)
 
     @classmethod
     def build(cls, dev: "VirtualDevice", name: str, x: Any, group: GroupInfo, algorithm: str | None, params: dict[str, Any]) -> "CollectiveSpec":
@@ -152,9 +152,8 @@ class CollectiveSpec:
         spec.reads_x = reads_x
         spec.run = choices[algo]
         spec.run_params = params
-        if params.get("op") == "avg" and x is not None and x.dtype == np.float16 and n > 1:
-            # NCCL's PreMulSum: the sum of n float16 inputs overflows (max 65504) where their mean does not
-            spec.premul, spec.run_params = 1.0 / n, dict(params, op="sum")
+        if x is not None and premultiplies(params.get("op", ""), x.dtype, n):  # float16: summed as x/n
+            spec.premul, spec.run_params = True, dict(params, op="sum")
         spec.fence_first = (name, algo) in FENCE_FIRST
         spec.tail = f" on {gdesc}: {spec.fingerprint[1]}"
         array = isinstance(x, np.ndarray)
@@ -192,7 +191,7 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, x: Any, timeout: 
         if check is not None and not spec.fence_first:
             comm.fence()  # the contract check, before any message; shm algorithms make it at their first fence
         if spec.premul and x is not None:
-            x = np.multiply(x, spec.premul, dtype=np.float16)
+            x = premultiply(x, len(spec.ranks))
         result = spec.run(comm) if spec.name == "barrier" else spec.run(comm, x, **spec.run_params)
     except BaseException:
         dev._recorder.finish(slot, dev._clock.now, failed=True)

@@ -20,8 +20,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..transport.leftovers import withdraw
-from ..transport.payload import plain_array
-from .shipping import dumps_by_value
+from ..transport.payload import dumps_by_value, plain_array
 
 __all__ = ["SelfSend", "send_to_self", "would_wait_forever"]
 

@@ -32,18 +32,19 @@ from .recorder import format_records
 from .requests import Request
 
 _TAG_END = 1 << 63  # a message header holds a signed 64-bit tag
-
-
-def _span(tag: Any) -> tuple[range | None, Any]:
-    """A ``range`` of tags (the mpi4py facade's ANY_TAG within one communicator's span of device
-    tags) is received as ANY_TAG restricted to it; any other tag is as given."""
-    return (tag, ANY_TAG) if type(tag) is range and tag.step == 1 and 0 <= tag.start < tag.stop <= _TAG_END else \
-        (None, tag)
 _SEND_STAYS = " The message stays posted: it is still delivered if its receive comes, so do not send it again."
 _RECV_WITHDRAWN = " The receive is withdrawn: a message arriving later is left for the next receive."
 _RECV_LOST = " It had begun to take a message still arriving: that message is lost to later receives."
 
 __all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
+
+
+def _span(tag: Any) -> tuple[range | None, Any]:
+    """A ``range`` of tags (the mpi4py facade's ANY_TAG within one communicator's span of device
+    tags) is received as ANY_TAG restricted to it; any other tag is as given."""
+    if type(tag) is range and tag.step == 1 and 0 <= tag.start < tag.stop <= _TAG_END:
+        return tag, ANY_TAG
+    return None, tag
 
 
 class PointToPoint:

@@ -8,28 +8,11 @@ from typing import Any, Callable
 
 from ..errors import PayloadError, UsageError
 
-__all__ = ["dumps_call", "resident", "dumps_by_value", "ByValue"]
-
-
-def dumps_by_value(obj: Any) -> bytes:
-    """``obj`` pickled, plain pickle first and cloudpickle when that fails: a class the run's
-    function brought by value (defined in a script's ``__main__`` or a notebook) is "not the same
-    object as __main__.Box" to plain pickle; cloudpickle sends it by value again, and its class
-    tracker makes the far end's class the one it already has.  ``pickle.loads`` reads either.
-    Only that case goes by value: what plain pickle refuses otherwise (a lambda) is refused, as
-    mpi4py and torch refuse it."""
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except pickle.PicklingError as exc:
-        if "not the same object as" not in str(exc):
-            raise  # a lambda or a local class fails here as under mpi4py, not only under virtualpar
-        import cloudpickle
-
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+__all__ = ["dumps_call", "resident", "ByValue"]
 
 
 class ByValue:
-    """Bytes from :func:`dumps_by_value` that unpickle as the object itself: a device's reply
+    """Bytes from :func:`~virtualpar.transport.payload.dumps_by_value` that unpickle as the object itself: a device's reply
     holding one is read by the driver's plain unpickler with no unwrapping."""
 
     __slots__ = ("data",)

@@ -95,15 +95,11 @@ class Supervisor:
         try:
             return pickle.loads(data)
         except Exception as exc:
-            return self._unloadable(r, what, exc)
-
-    def _unloadable(self, r: int, what: str, exc: Exception) -> tuple:
-        """The error reply for a reply the pipe delivered whole but the driver cannot unpickle (a
-        class only the devices can import): the pipes stay in step, the device is named."""
-        err = PayloadError(f"device {r} {self.mesh.index(r)}: its reply to {what} cannot be unpickled in the "
-                           f"driver ({type(exc).__name__}: {exc}); return objects the driver can import, e.g. "
-                           "arrays and builtins", rank=r, index=str(self.mesh.index(r)))
-        return ("err", (err, "(the device's reply was read, but not loadable, in the driver)\n", time.monotonic(), False))
+            err = PayloadError(f"device {r} {self.mesh.index(r)}: its reply to {what} cannot be unpickled in the "
+                               f"driver ({type(exc).__name__}: {exc}); return objects the driver can import, e.g. "
+                               "arrays and builtins", rank=r, index=str(self.mesh.index(r)))
+            return ("err", (err, "(the device's reply was read, but not loadable, in the driver)\n", time.monotonic(),
+                            False))
 
     def died(self, rank: int, during: str) -> DeviceDied:
         """A ``DeviceDied`` for device ``rank``: how it ended (exit code or signal) and its last ops."""

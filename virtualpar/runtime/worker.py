@@ -35,7 +35,8 @@ from ..transport.shm import Layout, SharedArena
 from .binding import bind
 from .config import ClusterConfig
 from .recorder import FlightRecorder
-from .shipping import ByValue, dumps_by_value
+from ..transport.payload import dumps_by_value
+from .shipping import ByValue
 
 __all__ = ["device_main", "WorkerArgs"]
 

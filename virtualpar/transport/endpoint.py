@@ -47,6 +47,7 @@ import numpy as np
 
 from .arrivals import ArrivalCounters
 from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, VirtualChannel
+from .leftovers import UNFINISHED_RECEIVE
 from .payload import encode
 from .receiving import CHUNK, Receiving
 from .rendezvous import take_offer
@@ -61,7 +62,6 @@ from .waitboard import board_view
 
 __all__ = ["Endpoint", "CHUNK", "RENDEZVOUS_MIN", "RENDEZVOUS_FLOOR", "UNFINISHED_RECEIVE"]
 
-UNFINISHED_RECEIVE = "a receive posted and never matched (an irecv not waited on): it would take a later run's message"
 
 SMALL = 1 << 14  # eager payloads up to this size are written unwrapped, right after their header
 RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None: those the ring cannot hold

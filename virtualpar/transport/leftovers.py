@@ -15,7 +15,10 @@ from .requests import SEND_NEW
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
 
-__all__ = ["pending", "withdraw", "merge_ends", "IN_FLIGHT"]
+__all__ = ["pending", "withdraw", "merge_ends", "IN_FLIGHT", "UNFINISHED_RECEIVE"]
+
+UNFINISHED_RECEIVE = "a receive posted and never matched (an irecv not waited on): it would take a later run's message"
+IN_FLIGHT = "still being sent"  # a send whose header left: its receiver lists the message too
 
 
 def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
@@ -23,8 +26,6 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
     receives posted and not yet matched (src / tag -1: any), which would take a later message.
     A message both ends hold (its sender still sending, its receiver holding the header: offered
     or partly received) is listed by both; :func:`merge_ends` makes it one entry."""
-    from .endpoint import UNFINISHED_RECEIVE
-
     me = ep.me
     out = [(src, me, tag, UNFINISHED_RECEIVE) for (src, tag), q in ep._posted.items() for _ in q]
     out += [(-1 if r.src is None else r.src, me, -1 if r.tag is None or type(r.tag) is range else r.tag,
@@ -44,21 +45,12 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
     return out
 
 
-IN_FLIGHT = "still being sent"
-
-
-def _posted() -> str:
-    from .endpoint import UNFINISHED_RECEIVE
-
-    return UNFINISHED_RECEIVE
-
-
 def merge_ends(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int, str]]:
     """Every device's ``pending`` entries with each message once.  A send whose header left
     ("still being sent") is held by its receiver too, whole or in part: the receiver's entry
     stays, saying it came from an isend not waited on.  A message its receiver holds with no
     such sender entry (a blocking send that completed) is listed as it is."""
-    received = Counter((s, d, t) for s, d, t, desc in found if desc != _posted() and IN_FLIGHT not in desc
+    received = Counter((s, d, t) for s, d, t, desc in found if desc != UNFINISHED_RECEIVE and IN_FLIGHT not in desc
                        and "not yet sent" not in desc and s != d)
     pairs = received & Counter((s, d, t) for s, d, t, desc in found if IN_FLIGHT in desc)
     drop, mark, out = Counter(pairs), Counter(pairs), []
@@ -66,7 +58,7 @@ def merge_ends(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, i
         if IN_FLIGHT in desc and drop[(s, d, t)]:
             drop[(s, d, t)] -= 1
             continue
-        if desc != _posted() and IN_FLIGHT not in desc and mark[(s, d, t)]:
+        if desc != UNFINISHED_RECEIVE and IN_FLIGHT not in desc and mark[(s, d, t)]:
             mark[(s, d, t)] -= 1
             desc += " from an isend not waited on"
         out.append((s, d, t, desc))

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import PayloadError, UsageError
 from .channel import KIND_ARRAY, KIND_PICKLE, Header
 
-__all__ = ["encode", "plain_array", "byte_view", "header_dtype", "check_out"]
+__all__ = ["encode", "plain_array", "byte_view", "header_dtype", "check_out", "dumps_by_value"]
 
 _RAW_DTYPES: dict[np.dtype, str | None] = {}  # dtype -> its str if arrays of it travel raw, else None
 _DTYPES: dict[str, np.dtype] = {}  # dtype str from a header -> dtype
@@ -59,13 +59,21 @@ def plain_array(obj: Any) -> bool:
     return type(obj) is np.ndarray or isinstance(obj, np.memmap)
 
 
-def _dumps(obj: Any) -> bytes:
+def dumps_by_value(obj: Any) -> bytes:
+    """``obj`` pickled, plain pickle first and cloudpickle when that fails: a class the run's
+    function brought by value (defined in a script's ``__main__`` or a notebook) is "not the same
+    object as __main__.Box" to plain pickle; cloudpickle sends it by value again, and its class
+    tracker makes the far end's class the one it already has.  ``pickle.loads`` reads either.
+    Only that case goes by value: what plain pickle refuses otherwise (a lambda) is refused, as
+    mpi4py and torch refuse it."""
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # a class brought by value (a script's __main__): cloudpickle sends it again
-        from ..runtime.shipping import dumps_by_value
+    except pickle.PicklingError as exc:
+        if "not the same object as" not in str(exc):
+            raise  # a lambda or a local class fails here as under mpi4py, not only under virtualpar
+        import cloudpickle
 
-        return dumps_by_value(obj)
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def encode(obj: Any) -> tuple[int, np.ndarray, memoryview, str, tuple[int, ...]]:
@@ -76,7 +84,7 @@ def encode(obj: Any) -> tuple[int, np.ndarray, memoryview, str, tuple[int, ...]]
         arr = obj if obj.flags.c_contiguous else np.asarray(obj, order="C")  # 0-d stays 0-d
         return KIND_ARRAY, arr, byte_view(arr), dtype, arr.shape
     try:
-        data = _dumps(obj)
+        data = dumps_by_value(obj)
     except Exception as exc:  # pickling raises many types (PicklingError, TypeError, AttributeError)
         raise PayloadError(f"cannot send {type(obj).__name__} object: it cannot be pickled ({exc})") from None
     return KIND_PICKLE, np.frombuffer(data, np.uint8), memoryview(data), "|u1", ()
