@@ -323,6 +323,7 @@ def test_device_killed_from_outside_while_peers_wait():
 def test_device_killed_while_idle(start_method):
     with cluster(3, start_method=start_method) as c:
         assert c._arena.name not in segments()  # unlinked as soon as every device mapped it
+        c.clocks()  # idle: the start-up warm-up is over (one killed in it: tests/test_warmup.py)
         os.kill(c.pids[1], signal.SIGKILL)
         assert wait_gone([c.pids[1]], 2.0) == []
         with raises_within(DeviceDied) as info:

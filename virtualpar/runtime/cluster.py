@@ -32,7 +32,7 @@ from ..errors import PayloadError, UsageError
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link
-from .config import ClusterConfig, check_fault, check_sizes
+from .config import ClusterConfig, check_fault, check_options, check_sizes
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
@@ -98,6 +98,9 @@ class VirtualCluster:
     ``shuffle``: an int seed turns on shuffled mode: seeded random pauses before sends and receives
     (transport/shuffle.py), so races show up in tests and the seed reproduces the perturbation.
     ``bind``: run every device on its own share of the cores (on by default; runtime/binding.py).
+    ``warm_up``: the devices run their first collectives once, unseen, while the driver goes on, so
+    that the user's first ones cost what later ones do; the first call that needs the devices waits
+    for it (on by default; runtime/warmup.py).
     """
 
     def __init__(
@@ -118,29 +121,20 @@ class VirtualCluster:
         eager_limit: int | None = None,
         shuffle: int | None = None,
         bind: bool = True,
+        warm_up: bool = True,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
             raise UsageError(f"unknown start_method {start_method!r}; choose one of {START_METHODS}")
         check_not_bootstrapping(start_method)
-        if not timeout > 0:
-            raise UsageError(f"timeout must be positive seconds, got {timeout!r}")
         check_sizes(ring_bytes, scratch_bytes, abort_grace)
-        if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))
-                                        or not run_timeout > 0):
-            raise UsageError(f"run_timeout must be positive seconds or None (no limit), got {run_timeout!r}")
+        check_options(timeout, run_timeout, eager_limit, shuffle)
         self.mesh = as_mesh(mesh)
         self.size = n = self.mesh.size
         self.start_method = start_method
         self.abort_grace = abort_grace
         self.run_timeout = None if run_timeout is None else float(run_timeout)
         self.hardware, topology, device_spec = resolve_hardware(hardware, self.mesh)
-        if eager_limit is not None and (isinstance(eager_limit, bool) or not isinstance(eager_limit, int)
-                                        or eager_limit < 0):
-            raise UsageError(f"eager_limit must be an int >= 0 (bytes; 0: every send waits for its receive) "
-                             f"or None (channels buffer), got {eager_limit!r}")
-        if shuffle is not None and (isinstance(shuffle, bool) or not isinstance(shuffle, int)):
-            raise UsageError(f"shuffle must be an int seed or None (no shuffling), got {shuffle!r}")
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
                                     check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
                                     shuffle=shuffle, bind=bool(bind))
@@ -165,6 +159,8 @@ class VirtualCluster:
             from .deadlock import DeadlockWatch
 
             sup.watch = DeadlockWatch(self.mesh, self._arena, self.layout, sup._recorders, doorbells)
+        if warm_up and n > 1:
+            self._ctl.start_warm_up()
 
     # -- context and state ------------------------------------------------------------------------
     def __enter__(self) -> "VirtualCluster":
@@ -275,6 +271,8 @@ class VirtualCluster:
     def flight_records(self, rank: int) -> list:
         """Device ``rank``'s last 64 ops (readable even after the device died or the cluster closed)."""
         self._check_rank(rank)
+        if not self.closed:
+            self._open()  # (after the warm-up, which leaves no records)
         return self._ctl.sup.records(rank) if self._ctl is not None else []
 
     def trace(self, clear: bool = False) -> Any:

@@ -72,3 +72,18 @@ def check_sizes(ring_bytes: Any, scratch_bytes: Any, abort_grace: Any) -> None:
         raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
     if isinstance(abort_grace, bool) or not isinstance(abort_grace, (int, float)) or not abort_grace >= 0:
         raise UsageError(f"abort_grace must be seconds >= 0, got {abort_grace!r}")
+
+
+def check_options(timeout: Any, run_timeout: Any, eager_limit: Any, shuffle: Any) -> None:
+    """Refuse at construction a timeout, run_timeout, eager_limit or shuffle seed that is not one."""
+    if not timeout > 0:
+        raise UsageError(f"timeout must be positive seconds, got {timeout!r}")
+    if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))
+                                    or not run_timeout > 0):
+        raise UsageError(f"run_timeout must be positive seconds or None (no limit), got {run_timeout!r}")
+    if eager_limit is not None and (isinstance(eager_limit, bool) or not isinstance(eager_limit, int)
+                                    or eager_limit < 0):
+        raise UsageError(f"eager_limit must be an int >= 0 (bytes; 0: every send waits for its receive) "
+                         f"or None (channels buffer), got {eager_limit!r}")
+    if shuffle is not None and (isinstance(shuffle, bool) or not isinstance(shuffle, int)):
+        raise UsageError(f"shuffle must be an int seed or None (no shuffling), got {shuffle!r}")

@@ -12,9 +12,9 @@ decides what a failure means.  A failed command ends one of two ways:
   and reaped, every pipe closed, every view of the shared arena dropped and the arena freed at once;
   later calls raise ``ClusterClosedError`` naming the reason.
 
-After a successful run the rings must be empty: a message sent and never received (to a peer or to
-the device itself), or a receive posted and never matched, is reported as ``UnmatchedMessages``
-(and the cluster reset), never silently carried into the next run.
+After a successful run the rings must be empty: what is left is reported as ``UnmatchedMessages``
+(runtime/unmatched.py) and the cluster reset.  The warm-up (runtime/warmup.py) is sent to every
+device at start-up and gathered by the first call that needs the devices (``check_open``).
 
 A command may be *posted* (``post``): sent without waiting for its reply, which the device still
 sends, in order, on its pipe.  The next reply read from that device first takes the posted ones
@@ -29,18 +29,18 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections import Counter
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import ClusterClosedError, DeviceDied, UnmatchedMessages, VirtualParError
+from ..errors import ClusterClosedError, DeviceDied, VirtualParError
 from ..mesh import Mesh
-from ..transport.endpoint import UNFINISHED_RECEIVE, Endpoint
-from ..transport.leftovers import merge_ends
+from ..transport.endpoint import Endpoint
 from ..transport.shm import Layout, SharedArena, ring_control
 from .config import ClusterConfig
 from .supervisor import Supervisor, Verdict, unpack_error
+from .unmatched import report_unmatched
 
 __all__ = ["ClusterControl"]
 
@@ -72,11 +72,15 @@ class ClusterControl:
         self._arrivals = arena.view(layout.arrivals_offset, layout.arrivals_bytes // 8, np.uint64)
         self.posted: dict[int, list[str]] = {}  # rank -> what each posted command was, oldest first
         self.held: dict[int, BaseException] = {}  # a posted command's error a reset read first, not yet raised
+        self.warming = False  # the warm-up was started and its replies are not read yet
 
     def check_open(self) -> None:
+        """Raise ClusterClosedError if closed; else make sure the warm-up is over."""
         if self.closed:
             why = f" after a fatal failure: {self.fatal}" if self.fatal else ""
             raise ClusterClosedError(f"this VirtualCluster({self.mesh}) is closed{why}; create a new one")
+        if self.warming:
+            self.finish_warm_up()
 
     # -- commands -----------------------------------------------------------------------------------
     def send(self, rank: int, msg: tuple, what: str | None = None) -> None:
@@ -147,10 +151,19 @@ class ClusterControl:
         ``run_timeout``: seconds the whole round may take from now (None: no limit).
         """
         deadline = None if run_timeout is None else time.monotonic() + run_timeout
-        earlier: BaseException | None = None
-        try:
+        self.send_all(msg, what)
+        return self.gather(what, deadline, run_timeout, check_unmatched)
+
+    def send_all(self, msg: tuple, what: str) -> None:
+        with self._uninterrupted(what):
             for r in range(self.size):
                 self.send(r, msg, what)
+
+    def gather(self, what: str, deadline: float | None = None, run_timeout: float | None = None,
+               check_unmatched: bool = True) -> list[Any]:
+        """Every device's reply to the command just sent to all of them (``broadcast``), in rank order."""
+        earlier: BaseException | None = None
+        with self._uninterrupted(what):
             for r in sorted(set(self.posted) | set(self.held)):
                 failed = self.settle(r)
                 if earlier is None:
@@ -159,14 +172,6 @@ class ClusterControl:
                     self.held[r] = failed
             got = self.sup.collect(what, deadline)
             verdict = self.sup.judge(got, what, run_timeout)
-        except KeyboardInterrupt:
-            self.fatal_shutdown("interrupted by Ctrl-C")
-            raise
-        except VirtualParError:
-            raise  # the runtime's own, each ended where it was raised
-        except BaseException as exc:  # (a signal handler's, say): the replies may be a round behind now
-            self.fatal_shutdown(f"{what}() was interrupted in the driver by {type(exc).__name__}: {exc}")
-            raise
         if verdict is not None and (verdict.fatal is not None or earlier is None):
             if isinstance(verdict.error, VirtualParError):  # what the others returned is not lost
                 verdict.error.returned = dict(got.returned)
@@ -174,13 +179,40 @@ class ClusterControl:
         if earlier is not None:  # a posted command failed: this one's errors follow from it
             self.reset()
             raise earlier
-        if check_unmatched and (got.pending or self._rings_busy()):
+        if check_unmatched and (got.pending or np.any(self._heads != self._tails)):
             try:
-                self._report_unmatched(got.pending)
+                report_unmatched(self, got.pending)
             except VirtualParError as exc:  # every device returned: what they returned is not lost
                 exc.returned = dict(got.returned)
                 raise
         return got.results
+
+    @contextmanager
+    def _uninterrupted(self, what: str) -> Iterator[None]:
+        """Outside exceptions (Ctrl-C, a signal handler's) leave the pipes a round off: shut down, re-raise."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.fatal_shutdown("interrupted by Ctrl-C")
+            raise
+        except VirtualParError:
+            raise  # the runtime's own, each ended where it was raised
+        except BaseException as exc:
+            self.fatal_shutdown(f"{what}() was interrupted in the driver by {type(exc).__name__}: {exc}")
+            raise
+
+    # -- the warm-up (runtime/warmup.py) ------------------------------------------------------------
+    def start_warm_up(self) -> None:
+        """Tell every device to warm up; the replies are read by the next call (``check_open``)."""
+        self.send_all(("warm",), "the warm-up")
+        self.warming = True
+
+    def finish_warm_up(self) -> None:
+        """Wait for the warm-up, then zero the traffic counters and modelled clocks it moved."""
+        self.warming = False
+        self.gather("the warm-up")
+        self.counters[...] = 0
+        self.clocks[...] = 0.0
 
     def fail(self, verdict: Verdict) -> None:
         """End a failed command as the verdict says (shut down, or reset), then raise its error."""
@@ -189,26 +221,6 @@ class ClusterControl:
         else:
             self.reset()
         raise verdict.error
-
-    def _rings_busy(self) -> bool:
-        return bool(np.any(self._heads != self._tails))
-
-    def _report_unmatched(self, found: list[tuple]) -> None:
-        asked = Counter()
-        for r in range(self.size):
-            asked.update(self.command(r, ("pending",)))
-        # the run's replies and the devices asked again list the same leftovers: each as often as
-        # the longer list has it (two identical sends are two messages, not one)
-        found = merge_ends(sorted((Counter(found) | asked).elements()))
-        self.reset()
-        if found:
-            sent = [f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found if desc != UNFINISHED_RECEIVE]
-            posted = [f"  device {d} <- {'any device' if s < 0 else f'device {s}'}, {'any tag' if t < 0 else f'tag {t}'}: "
-                      f"{desc}" for s, d, t, desc in found if desc == UNFINISHED_RECEIVE]
-            head = [f"{len(sent)} message(s) were sent and never received"] if sent else []
-            head += [f"{len(posted)} receive(s) were posted and never completed"] if posted else []
-            raise UnmatchedMessages(f"{' and '.join(head)} by the end of the run:\n" + "\n".join(sent + posted),
-                                    messages=found)
 
     # -- the two ends of a failure ------------------------------------------------------------------
     def reset(self) -> None:
@@ -250,6 +262,7 @@ class ClusterControl:
         if self.closed:
             self._arena.close()  # after a fatal failure views may have outlived the shutdown: unmap now
             return
+        self.warming = False  # the devices finish it before they read "close"; nobody needs its replies
         for r in sorted(set(self.posted) | set(self.held)):  # nothing will read these any more: say if one failed
             try:
                 failed = self.settle(r)

@@ -37,6 +37,7 @@ from .config import ClusterConfig
 from .recorder import FlightRecorder
 from ..transport.payload import dumps_by_value
 from .shipping import ByValue
+from .warmup import warm_up
 
 __all__ = ["device_main", "WorkerArgs"]
 
@@ -183,6 +184,10 @@ class _Handlers:
                                    f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
         self.endpoint.drain()
         return ("ok", result, self._pending())
+
+    def warm(self) -> tuple:
+        warm_up(self.dev)
+        return ("ok", None)
 
     def inject(self, at_op: int, action: str, params: dict) -> tuple:
         self.dev._faults[self.dev.op_seq + at_op] = (action, params)

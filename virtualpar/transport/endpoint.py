@@ -167,6 +167,10 @@ class Endpoint(Receiving):
             self._bytes_mv[dst] += nbytes
             self._msgs_mv[dst] += 1
 
+    def renumber(self) -> None:
+        """Number messages from 1 again (a reset; the start-up warm-up, whose messages were all received)."""
+        self._seq = {p: 0 for p in self._seq}
+
     def next_seq(self, dst: int) -> int:
         """The message number the next send to ``dst`` will carry (for trace flow ids)."""
         return self._seq[dst] + 1
@@ -279,7 +283,7 @@ class Endpoint(Receiving):
             ch.sync_local(producer=True)
         for ch in self._in.values():
             ch.sync_local(producer=False)
-        self._seq = {p: 0 for p in self._seq}
+        self.renumber()
         self.resets += 1  # every device resets together: message numbers restart, the count tells them apart
         while self._bell.acquire(False):
             pass

@@ -1,0 +1,119 @@
+"""The start-up warm-up (runtime/warmup.py): it runs, nothing of it shows, and its failures are named.
+
+The independent reference is the same cluster started with ``warm_up=False``: the same program
+must leave the same clocks, traffic, flight records and trace events on both.  Whether it makes
+the first call faster is the benchmarks' business (benchmarks/bench_scale.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from virtualpar import ClusterClosedError, DeviceDied, DeviceError, VirtualCluster
+from virtualpar.runtime import warmup, worker
+from virtualpar.runtime.warmup import WARM_MAX_PEERS, WARM_SCRATCH_BYTES, scratch_warm_bytes
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def _program(dev):
+    dev.barrier()
+    small = dev.all_reduce(np.full(3, float(dev.rank)))
+    large = dev.all_reduce(np.full(20_000, 1.0), group="x")
+    if dev.rank < 2:
+        got = dev.recv(1) if dev.rank == 0 else dev.send(np.arange(5.0), 0)
+    else:
+        got = None
+    return small.tolist(), float(large[0]), None if got is None else got.tolist()
+
+
+def _seen(cluster, results):
+    records = [[(r.seq, r.state, r.text, r.model_start, r.model_end) for r in cluster.flight_records(k)]
+               for k in range(cluster.size)]
+    events = sorted((e.rank, e.seq, e.kind, e.name, e.model_start, e.model_end, e.nbytes, e.peer, e.group, e.flow, e.args)
+                    for e in cluster.trace().events)
+    return results, cluster.clocks(), cluster.stats().total_bytes, records, events
+
+
+@pytest.mark.parametrize("scratch", [4 * MIB, 0])  # shared-memory collectives, and message-based ones
+def test_the_warm_up_leaves_nothing_a_user_can_see(scratch):
+    seen = {}
+    for warm in (True, False):
+        with VirtualCluster({"x": 2, "y": 2}, hardware="h100-node", scratch_bytes=scratch, warm_up=warm) as cluster:
+            fresh = (cluster.clocks(), cluster.stats().total_bytes, list(cluster.trace().events),
+                     [cluster.flight_records(r) for r in range(4)])
+            assert fresh == ([0.0] * 4, 0, [], [[]] * 4)
+            assert cluster.run(lambda dev: (dev.op_seq, dev.clock)) == [(0, 0.0)] * 4
+            seen[warm] = _seen(cluster, cluster.run(_program))
+    assert seen[True] == seen[False]
+    assert seen[True][2] > 0 and seen[True][0][0][1] == 2.0  # the program did move data
+
+
+def test_the_warm_up_runs_the_collective_call_paths_and_warm_up_false_skips_them():
+    """The devices' caches of validated calls hold the warm-up's barrier and all_reduces."""
+    def cached(dev):
+        return sorted({key[0] for key in dev._specs})
+
+    with VirtualCluster(4) as cluster:
+        assert cluster.run(cached)[0] == ["all_reduce", "barrier"]
+    with VirtualCluster(4, warm_up=False) as cluster:
+        assert cluster.run(cached)[0] == []
+
+
+def test_scratch_warm_bytes_stays_within_its_budgets():
+    payload = 8 * KIB
+    assert scratch_warm_bytes(16, 4 * MIB, payload) == WARM_SCRATCH_BYTES // 16 == 2 * MIB
+    assert scratch_warm_bytes(2, 4 * MIB, payload) == 4 * MIB  # at most the scratch there is
+    assert scratch_warm_bytes(WARM_MAX_PEERS, 4 * MIB, payload) == WARM_SCRATCH_BYTES // WARM_MAX_PEERS
+    assert scratch_warm_bytes(WARM_MAX_PEERS + 1, 4 * MIB, payload) == 0  # mapping every peer costs too much
+    assert scratch_warm_bytes(3, 4 * MIB, payload) % 4096 == 0  # whole pages
+    assert scratch_warm_bytes(4, 0, payload) == 0  # no scratch
+    assert scratch_warm_bytes(4, payload, payload) == 0  # would ride in a fence
+    assert scratch_warm_bytes(1, 4 * MIB, payload) == 0
+
+
+def _failing_warm_up(how):
+    real = warmup.warm_up
+
+    def warm_up(dev):
+        if dev.rank == 1:
+            if how == "die":
+                os._exit(7)
+            raise RuntimeError("broken warm-up")
+        real(dev)
+
+    return warm_up
+
+
+def test_a_device_that_dies_in_the_warm_up_fails_the_first_call_by_name(monkeypatch):
+    monkeypatch.setattr(worker, "warm_up", _failing_warm_up("die"))  # forked devices inherit it
+    cluster = VirtualCluster(4)
+    try:
+        with pytest.raises(DeviceDied, match=r"device 1 .*warm-up"):
+            cluster.run(lambda dev: dev.rank)
+        with pytest.raises(ClusterClosedError):
+            cluster.run(lambda dev: dev.rank)
+    finally:
+        cluster.close()
+
+
+def test_an_error_in_the_warm_up_is_raised_by_the_first_call_and_the_cluster_recovers(monkeypatch):
+    monkeypatch.setattr(worker, "warm_up", _failing_warm_up("raise"))
+    with VirtualCluster(4) as cluster:
+        with pytest.raises(DeviceError, match="broken warm-up") as err:
+            cluster.stats()
+        assert err.value.rank == 1
+        assert cluster.run(lambda dev: dev.all_reduce(np.ones(2)).tolist()) == [[4.0, 4.0]] * 4
+        assert cluster.run(lambda dev: dev.op_seq) == [1] * 4
+
+
+def test_close_right_after_start_neither_waits_for_nor_leaks_the_warm_up():
+    cluster = VirtualCluster(8)
+    cluster.close()
+    assert cluster.closed
+    for pid in cluster.pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

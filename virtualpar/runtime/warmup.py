@@ -1,0 +1,75 @@
+"""The warm-up a cluster runs once, right after start-up, so that its first collectives cost what later ones do.
+
+Why: a forked device shares the driver's memory copy-on-write, and CPython writes into every
+object and code object it runs (reference counts, the specialising interpreter's caches), so the
+first pass through any code path copies each page it touches (~2.5–10 µs a page on this VM); the
+first use of shared scratch memory allocates its pages and maps the peers'.  Measured at 64
+devices on 2 cores: a device's first barrier took ~290 page faults and ~1.4–6 ms of CPU against
+~0.1 ms for the next, so the cluster's first barrier took 60–90 ms against 2–5 ms, and the few
+calls after it still carried the spread with which 64 cold devices left it.  MPI pays the same in
+``MPI_Init`` and NCCL in its communicator's set-up; here the driver starts the warm-up as the
+last step of ``VirtualCluster()`` and does not wait for it: the cluster finishes warming while the
+driver's own code goes on, and the first call that needs the devices waits for the rest
+(``ClusterControl.finish_warm_up``).
+
+Every device runs, over the whole mesh, each twice (the second call takes the cached paths the
+user's repeated calls will take): a barrier, an all_reduce small enough to ride in a fence, and —
+while it stays cheap — one through the shared scratch memory, of ``scratch_warm_bytes(n)`` bytes.
+That one costs each device a page fault per scratch page it writes and per peer whose scratch
+it reads, so it is bounded twice: the scratch pages the cluster warms (``WARM_SCRATCH_BYTES`` in
+all, so at most that much memory), and the peers a device maps (``WARM_MAX_PEERS``: at 256 devices
+mapping every peer's slice took ~1.9 s of the cluster's time).  Afterwards every trace of it is
+wiped: the device's modelled clock, op count, flight record, trace events, collective sequence
+numbers and message numbers here, and the traffic counters and published clocks in the driver
+once every device is done.  ``VirtualCluster(warm_up=False)`` skips it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["warm_up", "scratch_warm_bytes", "WARM_SCRATCH_BYTES", "WARM_MAX_PEERS"]
+
+WARM_SCRATCH_BYTES = 32 << 20  # scratch the warm-up may touch, over the whole cluster
+WARM_MAX_PEERS = 64  # the scratch warm-up maps this many peers' scratch at most (n − 1 page faults each way)
+_PAGE = 4096
+
+
+def scratch_warm_bytes(devices: int, scratch_bytes: int, fence_payload_bytes: int) -> int:
+    """Bytes of the warm-up's scratch all_reduce: ``WARM_SCRATCH_BYTES / devices`` in whole pages, at
+    most ``scratch_bytes``; 0 (none) if that does not reach past ``fence_payload_bytes`` (the array
+    would ride in a fence) or the cluster has more than ``WARM_MAX_PEERS`` devices."""
+    if devices < 2 or devices > WARM_MAX_PEERS:
+        return 0
+    nbytes = min(scratch_bytes, WARM_SCRATCH_BYTES // devices) // _PAGE * _PAGE
+    return nbytes if nbytes > fence_payload_bytes else 0
+
+
+def warm_up(dev: Any) -> None:
+    """Run the warm-up's collectives on ``dev`` (every device of the cluster at once), then forget them."""
+    try:
+        n = dev.size
+        small = np.zeros(1)
+        big_bytes = scratch_warm_bytes(n, dev._endpoint.layout.scratch_bytes, dev._endpoint.arrivals.payload_bytes)
+        big = np.zeros(big_bytes // 8) if big_bytes else None
+        for _ in range(2):
+            dev.barrier()
+            dev.all_reduce(small)
+            if big is not None:
+                dev.all_reduce(big)
+    finally:
+        _forget(dev)
+
+
+def _forget(dev: Any) -> None:
+    """Wipe what the warm-up left on this device (the driver zeroes the shared counters and clocks)."""
+    dev._clock.reset()
+    dev._publish_clock()
+    dev._recorder.reset()
+    dev._events.clear()
+    dev._op_seq = 0
+    dev._last_op = ""
+    dev._group_seq.clear()
+    dev._endpoint.renumber()
