@@ -183,3 +183,29 @@ def test_bench_scale_runs_and_judges_what_it_measured():
             "barrier", "all_reduce_8KiB", "all_reduce_512KiB", "all_gather_512KiB", "broadcast_512KiB"}
         assert row["pss_bytes"] > 0 and row["start_s"] > 0
     assert result["mpich"] == {} and result["targets"] == []  # no size with a target was run
+
+
+def test_bench_scale_judges_mpich_targets_on_the_median_of_paired_rounds():
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("bench_scale", os.path.join(root, "benchmarks", "bench_scale.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def row(first, steady, pss=1):
+        times = {op: 1.0 for op in bench.OPS}
+        return {"devices": 16, "start_s": first, "correct": True, "pss_bytes": pss,
+                "first_s": dict(times, all_reduce_512KiB=first), "steady_s": dict(times, all_reduce_512KiB=steady)}
+
+    ours = [row(1.0, 2.0, pss=10), row(4.0, 1.0, pss=30), row(0.9, 1.0, pss=20)]
+    refs = [row(2.0, 1.0), row(2.0, 1.0), row(1.0, 1.0)]
+    merged = bench._median(ours)
+    assert merged["rounds"] == 3 and merged["first_s"]["all_reduce_512KiB"] == 1.0 and merged["pss_bytes"] == 20
+    checks = {name: (ok, value) for name, ok, value in
+              bench.targets([merged], {16: bench._median(refs)}, {16: list(zip(ours, refs))}, None)}
+    # first: ratios 0.5, 2.0, 0.9 -> 0.9 (a ratio of the medians would say 1.0 / 2.0 = 0.5)
+    assert checks["all_reduce 512 KiB first at 16 <= MPICH"] == (True, "0.90x MPICH's time (median of rounds: 0.50 2.00 0.90)")
+    # steady: ratios 2.0, 1.0, 1.0 -> 1.0, a pass at exactly MPICH's time
+    assert checks["all_reduce 512 KiB steady at 16 <= MPICH"][0] is True

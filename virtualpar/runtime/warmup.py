@@ -13,7 +13,7 @@ driver's own code goes on, and the first call that needs the devices waits for t
 (``ClusterControl.finish_warm_up``).
 
 Every device runs, over the whole mesh, each twice (the second call takes the cached paths the
-user's repeated calls will take): a barrier, an all_reduce small enough to ride in a fence, and —
+user's repeated calls will take): a barrier, an all_reduce that fills a fence's payload slot, and —
 while it stays cheap — one through the shared scratch memory, of ``scratch_warm_bytes(n)`` bytes.
 That one costs each device a page fault per scratch page it writes and per peer whose scratch
 it reads, so it is bounded twice: the scratch pages the cluster warms (``WARM_SCRATCH_BYTES`` in
@@ -50,9 +50,9 @@ def scratch_warm_bytes(devices: int, scratch_bytes: int, fence_payload_bytes: in
 def warm_up(dev: Any) -> None:
     """Run the warm-up's collectives on ``dev`` (every device of the cluster at once), then forget them."""
     try:
-        n = dev.size
-        small = np.zeros(1)
-        big_bytes = scratch_warm_bytes(n, dev._endpoint.layout.scratch_bytes, dev._endpoint.arrivals.payload_bytes)
+        n, payload = dev.size, dev._endpoint.arrivals.payload_bytes
+        small = np.zeros(max(1, payload // 8))  # fills this device's fence slots (both parities: two calls)
+        big_bytes = scratch_warm_bytes(n, dev._endpoint.layout.scratch_bytes, payload)
         big = np.zeros(big_bytes // 8) if big_bytes else None
         for _ in range(2):
             dev.barrier()
