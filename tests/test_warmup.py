@@ -117,3 +117,16 @@ def test_close_right_after_start_neither_waits_for_nor_leaks_the_warm_up():
     for pid in cluster.pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_short_op_timeout_is_the_users_not_the_warm_ups():
+    """Eight cold devices on two cores take longer than 0.1 ms to meet at the warm-up's first
+    barrier: with the user's timeout the warm-up failed and the first call raised its timeout."""
+    with VirtualCluster(8, timeout=1e-4) as cluster:
+        assert cluster.run(lambda dev: dev.rank) == list(range(8))
+
+
+def test_the_warm_up_keeps_no_result_buffer():
+    """Its scratch all_reduce's result is a size the user may never use: n of them held for nothing."""
+    with VirtualCluster(4) as cluster:
+        assert cluster.run(lambda dev: dev._endpoint._pool.idle_bytes) == [0] * 4

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["warm_up", "scratch_warm_bytes", "WARM_SCRATCH_BYTES", "WARM_MAX_PEERS"]
+__all__ = ["warm_up", "scratch_warm_bytes", "WARM_SCRATCH_BYTES", "WARM_MAX_PEERS", "WARM_TIMEOUT"]
 
 WARM_SCRATCH_BYTES = 32 << 20  # scratch the warm-up may touch, over the whole cluster
 WARM_MAX_PEERS = 64  # the scratch warm-up maps this many peers' scratch at most (n − 1 page faults each way)
+WARM_TIMEOUT = 60.0  # seconds each warm-up op may wait, at least (a device that dies is noticed by the driver)
 _PAGE = 4096
 
 
@@ -54,11 +55,12 @@ def warm_up(dev: Any) -> None:
         small = np.zeros(max(1, payload // 8))  # fills this device's fence slots (both parities: two calls)
         big_bytes = scratch_warm_bytes(n, dev._endpoint.layout.scratch_bytes, payload)
         big = np.zeros(big_bytes // 8) if big_bytes else None
+        timeout = max(dev.config.timeout, WARM_TIMEOUT)  # a user's short op timeout is for the user's ops
         for _ in range(2):
-            dev.barrier()
-            dev.all_reduce(small)
+            dev.barrier(timeout=timeout)
+            dev.all_reduce(small, timeout=timeout)
             if big is not None:
-                dev.all_reduce(big)
+                dev.all_reduce(big, timeout=timeout)
     finally:
         _forget(dev)
 
@@ -73,3 +75,4 @@ def _forget(dev: Any) -> None:
     dev._last_op = ""
     dev._group_seq.clear()
     dev._endpoint.renumber()
+    dev._endpoint._pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing
