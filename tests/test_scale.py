@@ -197,7 +197,8 @@ def test_bench_scale_judges_mpich_targets_on_the_median_of_paired_rounds():
     def row(first, steady, pss=1):
         times = {op: 1.0 for op in bench.OPS}
         return {"devices": 16, "start_s": first, "correct": True, "pss_bytes": pss,
-                "first_s": dict(times, all_reduce_512KiB=first), "steady_s": dict(times, all_reduce_512KiB=steady)}
+                "first_s": dict(times, all_reduce_512KiB=first), "steady_s": dict(times, all_reduce_512KiB=steady),
+                "tenth_s": dict(times, all_reduce_512KiB=steady)}
 
     ours = [row(1.0, 2.0, pss=10), row(4.0, 1.0, pss=30), row(0.9, 1.0, pss=20)]
     refs = [row(2.0, 1.0), row(2.0, 1.0), row(1.0, 1.0)]
@@ -209,3 +210,7 @@ def test_bench_scale_judges_mpich_targets_on_the_median_of_paired_rounds():
     assert checks["all_reduce 512 KiB first at 16 <= MPICH"] == (True, "0.90x MPICH's time (median of rounds: 0.50 2.00 0.90)")
     # steady: ratios 2.0, 1.0, 1.0 -> 1.0, a pass at exactly MPICH's time
     assert checks["all_reduce 512 KiB steady at 16 <= MPICH"][0] is True
+    # first against tenth: the worst op decides (all_reduce 512 KiB: median first 1.0 / median tenth 1.0)
+    assert checks["first call <= 3x the tenth at 16"][0] is True
+    slow = dict(merged, first_s=dict(merged["first_s"], barrier=3.5))
+    assert not {name: ok for name, ok, _ in bench.targets([slow], {}, {}, None)}["first call <= 3x the tenth at 16"]
