@@ -66,7 +66,7 @@ def test_an_error_is_blamed_on_the_code_whose_frame_raised_it(monkeypatch):
     was reported as "raised OverflowError in user code" though the user's function only called
     all_reduce: the innermost frame outside numpy and the standard library decides."""
     import virtualpar.collectives.shm as shm
-    from virtualpar.runtime.worker import raised_in
+    from virtualpar.runtime.packaging import raised_in
 
     with pytest.raises(ZeroDivisionError) as info:
         shm.split_bounds(5, 0)

@@ -16,7 +16,7 @@ class Collected:
     """What one round of replies brought: results in rank order and everything that went wrong.
 
     ``returned``: rank -> result of every device that returned (a failed round's error carries it).
-    ``errors``: ``(rank, packaged error)`` in arrival order (see ``worker.package_error``).
+    ``errors``: ``(rank, packaged error)`` in arrival order (see ``packaging.package_error``).
     ``stuck``: devices given up on, after the abort grace or the run deadline, with their ``stacks``.
     ``timed_out``: the run deadline passed before any failure.
     """

@@ -19,7 +19,6 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -27,13 +26,14 @@ from typing import Any
 import numpy as np
 
 from .. import blas_threads
-from ..errors import DeviceAborted, DeviceError, PayloadError, UsageError, VirtualParError
+from ..errors import PayloadError, UsageError
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
 from ..transport.leftovers import pending
 from ..transport.shm import Layout, SharedArena
 from .binding import bind
 from .config import ClusterConfig
+from .packaging import package_error
 from .recorder import FlightRecorder
 from ..transport.payload import dumps_by_value
 from .shipping import ByValue
@@ -151,13 +151,21 @@ class _Handlers:
     def __init__(self, dev: Any, endpoint: Endpoint) -> None:
         self.dev = dev
         self.endpoint = endpoint
+        self._placed = False
+
+    def _place(self) -> None:
+        """Before the warm-up or the first run (a device that never computes skips both): bind to
+        our cores, after start-up, which the kernel spreads over the cores faster; then limit BLAS
+        threads, so that threads started from now on inherit the binding."""
+        self._placed = True
+        if self.dev.config.bind:
+            bind(self.dev.rank, self.dev.size)
+        blas_threads.limit(self.dev.size)
 
     def run(self, payload: bytes) -> tuple:
         dev = self.dev
-        if dev._run == 0:  # before the first run: a device that never computes skips both
-            if dev.config.bind:  # after start-up, which the kernel spreads over the cores faster
-                bind(dev.rank, dev.size)
-            blas_threads.limit(dev.size)  # after binding: BLAS threads started now inherit it
+        if not self._placed:
+            self._place()
         dev._run += 1  # first: every device counts every run, even one whose payload fails to load
         dev._run_ops_from = dev.op_seq  # an error before this run's first op must not name an older one
         fn, fargs, fkwargs = pickle.loads(payload)
@@ -186,6 +194,7 @@ class _Handlers:
         return ("ok", result, self._pending())
 
     def warm(self) -> tuple:
+        self._place()
         warm_up(self.dev)
         return ("ok", None)
 
@@ -228,70 +237,3 @@ class _Handlers:
     def clear_trace(self) -> tuple:
         self.dev._events.clear()
         return ("ok", None)
-
-
-def package_error(dev: Any, exc: BaseException) -> tuple:
-    """(error, formatted traceback, monotonic time, secondary?) ready to pickle to the driver.
-
-    Exceptions from user code become a ``DeviceError``.  virtualpar's own errors keep their type,
-    but one raised below the device layer (a bad mesh axis, an unpicklable payload) does not know
-    which device it happened on, so it gets the device's name, rank and last op here.  An error
-    is *secondary* if it is, or was caused by, a ``DeviceAborted``: it never hides the root cause.
-    """
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    last = f"last op #{dev.op_seq}: {dev._last_op}" if dev.op_seq > getattr(dev, "_run_ops_from", 0) else "before any op of this run"
-    if isinstance(exc, VirtualParError):
-        err: BaseException = exc
-        if getattr(exc, "rank", None) is None:
-            prefix = "" if exc.message.startswith(dev.name) else f"{dev.name}: "
-            err = exc.replace(f"{prefix}{exc.message} ({last})", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq)
-    else:
-        notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))  # where, added on the way up
-        err = DeviceError(
-            f"{dev.name} raised {type(exc).__name__} in {raised_in(exc)}: {exc}{notes} ({last})",
-            rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__,
-            remote_traceback=tb,
-        )
-    try:
-        pickle.dumps(err)
-    except Exception:
-        err = DeviceError(f"{dev.name} raised {type(exc).__name__}: {exc} ({last})", rank=dev.rank,
-                          index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__, remote_traceback=tb)
-    return (err, tb, time.monotonic(), _caused_by_abort(exc))
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../virtualpar
-_NUMPY, _STDLIB = (os.path.dirname(os.path.abspath(m.__file__)) for m in (np, os))
-
-
-def _library(path: str) -> bool:
-    """numpy or the standard library (other installed packages may be the user's own)."""
-    return path.startswith(_NUMPY) or (path.startswith(_STDLIB) and "-packages" not in path[len(_STDLIB):])
-
-
-def raised_in(exc: BaseException) -> str:
-    """Whose code raised ``exc``: "user code", or "virtualpar code (path:line)" when the innermost
-    frame outside numpy and the standard library is virtualpar's own (a numpy error raised inside a
-    collective is then not blamed on the user's function)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
-        if frame.filename.startswith("<"):  # code typed in a shell or exec'd is the user's; "<frozen ...>" is not
-            if frame.filename.startswith("<frozen"):
-                continue
-            return "user code"
-        path = os.path.abspath(frame.filename)
-        if path.startswith(_PACKAGE + os.sep):
-            return f"virtualpar code ({os.path.relpath(path, os.path.dirname(_PACKAGE))}:{frame.lineno})"
-        if not _library(path):
-            return "user code"
-    return "user code"
-
-
-def _caused_by_abort(exc: BaseException | None) -> bool:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, DeviceAborted):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
