@@ -157,3 +157,58 @@ def test_an_interrupted_posted_put_closes_the_cluster(monkeypatch):
         monkeypatch.undo()
         with pytest.raises(ClusterClosedError, match="put 'x' was interrupted in the driver by KeyboardInterrupt"):
             cluster.run(lambda dev: dev.rank)
+
+
+class _Boom(Exception):
+    """An outside exception, as a signal handler raises it."""
+
+
+def _raise_at_line(k: int, files: tuple[str, ...]):
+    """A tracer raising _Boom at the k-th line the driver executes in ``files``."""
+    seen = [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == k:
+                raise _Boom(f"line {k}")
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code.co_filename.endswith(files) else None
+
+    return tracer, seen
+
+
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_an_outside_exception_at_any_line_of_a_round_never_leaves_the_replies_behind(warm_up):
+    """Sending and reading a round (and the warm-up's replies, read by the first call) is one
+    guarded stretch: an exception raised at *any* line of it either closes the cluster or leaves
+    it in step.  With a gap between the sends and the reads, the next run returned the previous
+    round's replies (the warm-up's, or an interrupted run's)."""
+    import sys
+
+    from virtualpar.errors import VirtualParError
+
+    files = ("runtime/control.py", "runtime/supervisor.py")
+
+    def round_with(tracer):
+        cluster = VirtualCluster(2, timeout=10, warm_up=warm_up)
+        try:
+            sys.settrace(tracer)
+            try:
+                cluster.run(lambda dev: "interrupted")
+            except (_Boom, VirtualParError):
+                pass
+            finally:
+                sys.settrace(None)
+            if not cluster.closed:
+                assert cluster.run(lambda dev: ("mine", dev.rank)) == [("mine", 0), ("mine", 1)]
+        finally:
+            cluster.close()
+
+    tracer, seen = _raise_at_line(0, files)  # (never raises) count the lines of a whole round
+    round_with(tracer)
+    assert seen[0] > 20
+    for k in list(range(1, 60)) + list(range(60, seen[0] + 1, 5)):  # the sends and reads, then the collect loop
+        round_with(_raise_at_line(k, files)[0])

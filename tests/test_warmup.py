@@ -79,10 +79,15 @@ def _failing_warm_up(how):
     real = warmup.warm_up
 
     def warm_up(dev):
-        if dev.rank == 1:
-            if how == "die":
-                os._exit(7)
-            raise RuntimeError("broken warm-up")
+        try:
+            if how == "late":  # traffic first, then the failure
+                dev.all_reduce(np.ones(4))
+            if dev.rank == 1:
+                if how == "die":
+                    os._exit(7)
+                raise RuntimeError("broken warm-up")
+        finally:
+            warmup._forget(dev)  # as the real one does, whatever happens
         real(dev)
 
     return warm_up
@@ -100,14 +105,40 @@ def test_a_device_that_dies_in_the_warm_up_fails_the_first_call_by_name(monkeypa
         cluster.close()
 
 
-def test_an_error_in_the_warm_up_is_raised_by_the_first_call_and_the_cluster_recovers(monkeypatch):
-    monkeypatch.setattr(worker, "warm_up", _failing_warm_up("raise"))
+@pytest.mark.parametrize("how", ["raise", "late"])
+def test_an_error_in_the_warm_up_is_raised_by_the_first_call_and_the_cluster_recovers(monkeypatch, how):
+    monkeypatch.setattr(worker, "warm_up", _failing_warm_up(how))
     with VirtualCluster(4) as cluster:
-        with pytest.raises(DeviceError, match="broken warm-up") as err:
+        with pytest.raises(DeviceError, match="start-up warm-up failed, before any call of yours.*broken warm-up") as err:
             cluster.stats()
         assert err.value.rank == 1
+        assert cluster.stats().total_bytes == 0 and cluster.clocks() == [0.0] * 4  # nothing of it stays
         assert cluster.run(lambda dev: dev.all_reduce(np.ones(2)).tolist()) == [[4.0, 4.0]] * 4
         assert cluster.run(lambda dev: dev.op_seq) == [1] * 4
+
+
+def test_the_flight_records_of_a_device_that_died_in_the_warm_up_stay_readable(monkeypatch):
+    monkeypatch.setattr(worker, "warm_up", _failing_warm_up("die"))
+    cluster = VirtualCluster(3)
+    try:
+        assert isinstance(cluster.flight_records(1), list)  # the first call: the death is found, not raised here
+        with pytest.raises(ClusterClosedError, match="warm-up"):
+            cluster.run(lambda dev: dev.rank)
+    finally:
+        cluster.close()
+
+
+def test_shuffled_mode_draws_the_same_pauses_with_and_without_the_warm_up():
+    """The warm-up's message-based collectives (no scratch) drew from the devices' shuffle
+    generators, so a seed replayed other pauses than with warm_up=False."""
+    def draws(dev):
+        return [dev._endpoint.shuffle.delay() for _ in range(5)]
+
+    seen = []
+    for warm in (True, False):
+        with VirtualCluster(4, shuffle=7, scratch_bytes=0, warm_up=warm) as cluster:
+            seen.append(cluster.run(draws))
+    assert seen[0] == seen[1]
 
 
 def test_close_right_after_start_neither_waits_for_nor_leaks_the_warm_up():

@@ -29,8 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -150,20 +149,17 @@ class ClusterControl:
 
         ``run_timeout``: seconds the whole round may take from now (None: no limit).
         """
-        deadline = None if run_timeout is None else time.monotonic() + run_timeout
-        self.send_all(msg, what)
-        return self.gather(what, deadline, run_timeout, check_unmatched)
+        return self._round(msg, what, run_timeout, check_unmatched)
 
-    def send_all(self, msg: tuple, what: str) -> None:
-        with self._uninterrupted(what):
-            for r in range(self.size):
-                self.send(r, msg, what)
-
-    def gather(self, what: str, deadline: float | None = None, run_timeout: float | None = None,
-               check_unmatched: bool = True) -> list[Any]:
-        """Every device's reply to the command just sent to all of them (``broadcast``), in rank order."""
+    def _round(self, msg: tuple | None, what: str, run_timeout: float | None = None, check_unmatched: bool = True) -> list[Any]:
+        """``broadcast``; with ``msg`` None, the replies to the warm-up instead."""
         earlier: BaseException | None = None
-        with self._uninterrupted(what):
+        try:  # one guard from the first send to the last reply: a gap would leave later replies a round behind
+            deadline = None if run_timeout is None else time.monotonic() + run_timeout
+            if msg is None:
+                self.warming = False
+            for r in range(self.size if msg is not None else 0):  # (the warm-up was sent at start-up)
+                self.send(r, msg, what)
             for r in sorted(set(self.posted) | set(self.held)):
                 failed = self.settle(r)
                 if earlier is None:
@@ -172,6 +168,9 @@ class ClusterControl:
                     self.held[r] = failed
             got = self.sup.collect(what, deadline)
             verdict = self.sup.judge(got, what, run_timeout)
+        except BaseException as exc:
+            self._interrupted(exc, what if msg is None else f"{what}()")
+            raise
         if verdict is not None and (verdict.fatal is not None or earlier is None):
             if isinstance(verdict.error, VirtualParError):  # what the others returned is not lost
                 verdict.error.returned = dict(got.returned)
@@ -187,32 +186,36 @@ class ClusterControl:
                 raise
         return got.results
 
-    @contextmanager
-    def _uninterrupted(self, what: str) -> Iterator[None]:
-        """Outside exceptions (Ctrl-C, a signal handler's) leave the pipes a round off: shut down, re-raise."""
-        try:
-            yield
-        except KeyboardInterrupt:
+    def _interrupted(self, exc: BaseException, what: str) -> None:
+        """Shut down for an outside exception (Ctrl-C, a signal handler's) amid sends and replies."""
+        if isinstance(exc, KeyboardInterrupt):
             self.fatal_shutdown("interrupted by Ctrl-C")
-            raise
-        except VirtualParError:
-            raise  # the runtime's own, each ended where it was raised
-        except BaseException as exc:
-            self.fatal_shutdown(f"{what}() was interrupted in the driver by {type(exc).__name__}: {exc}")
-            raise
+        elif not isinstance(exc, VirtualParError):
+            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
 
     # -- the warm-up (runtime/warmup.py) ------------------------------------------------------------
     def start_warm_up(self) -> None:
         """Tell every device to warm up; the replies are read by the next call (``check_open``)."""
-        self.send_all(("warm",), "the warm-up")
-        self.warming = True
+        try:
+            self.warming = True  # owed from the first send on
+            for r in range(self.size):
+                self.send(r, ("warm",), "the warm-up")
+        except BaseException as exc:
+            self._interrupted(exc, "the warm-up")
+            raise
 
     def finish_warm_up(self) -> None:
-        """Wait for the warm-up, then zero the traffic counters and modelled clocks it moved."""
-        self.warming = False
-        self.gather("the warm-up")
-        self.counters[...] = 0
-        self.clocks[...] = 0.0
+        """Wait for the warm-up, then zero the traffic counters and modelled clocks it moved; a
+        failure says it was the warm-up's (the devices' errors name its ops)."""
+        try:
+            self._round(None, "the warm-up")
+        except VirtualParError as exc:
+            raise exc.replace(f"the cluster's start-up warm-up failed, before any call of yours (VirtualCluster("
+                              f"warm_up=False) skips it): {exc.message}") from exc
+        finally:
+            if not self.closed:
+                self.counters[...] = 0
+                self.clocks[...] = 0.0
 
     def fail(self, verdict: Verdict) -> None:
         """End a failed command as the verdict says (shut down, or reset), then raise its error."""
@@ -262,7 +265,9 @@ class ClusterControl:
         if self.closed:
             self._arena.close()  # after a fatal failure views may have outlived the shutdown: unmap now
             return
-        self.warming = False  # the devices finish it before they read "close"; nobody needs its replies
+        if self.warming:  # nobody needs its replies: stop it rather than wait (the devices read "close" after it)
+            self.warming = False
+            self.sup.abort(0)
         for r in sorted(set(self.posted) | set(self.held)):  # nothing will read these any more: say if one failed
             try:
                 failed = self.settle(r)

@@ -50,6 +50,7 @@ def scratch_warm_bytes(devices: int, scratch_bytes: int, fence_payload_bytes: in
 
 def warm_up(dev: Any) -> None:
     """Run the warm-up's collectives on ``dev`` (every device of the cluster at once), then forget them."""
+    shuffle, dev._endpoint.shuffle = dev._endpoint.shuffle, None  # shuffled mode's pauses are the user's ops'
     try:
         n, payload = dev.size, dev._endpoint.arrivals.payload_bytes
         small = np.zeros(max(1, payload // 8))  # fills this device's fence slots (both parities: two calls)
@@ -62,6 +63,7 @@ def warm_up(dev: Any) -> None:
             if big is not None:
                 dev.all_reduce(big, timeout=timeout)
     finally:
+        dev._endpoint.shuffle = shuffle
         _forget(dev)
 
 
