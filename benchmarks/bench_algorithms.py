@@ -1,8 +1,9 @@
-"""Sweep: every all_reduce algorithm against the default choice, by size and group size.
+"""Sweep: every algorithm of a collective against the default choice, by size and group size.
 
 For each device count n and message size, the steady time (median of a few calls, the slowest
-device's) of every algorithm (``ring``, ``tree``, ``direct``, ``shm``) and of the default choice
-(``algorithm=None``).  The default must never be more than 10% slower than the best algorithm
+device's) of every algorithm (all_reduce: ``ring``, ``tree``, ``direct``, ``shm``; all_gather:
+``ring``, ``direct``, ``shm``) and of the default choice (``algorithm=None``).  An all_gather's
+size is the gathered array's, as nccl-tests counts it (each device contributes size / n).  The default must never be more than 10% slower than the best algorithm
 for that (size, n); the thresholds in ``virtualpar/collectives/selection.py`` come from this sweep
 (see benchmarks/README.md).
 
@@ -17,6 +18,7 @@ which on this VM reaches ±25% for a cell (it was the verdict until 2026-11-23, 
 cells where the default *was* the best).  The table's per-algorithm times are medians over rounds.
 
     python benchmarks/bench_algorithms.py --devices 2,4,8,16,32,64 --sizes 1024,8192,65536,524288,4194304
+    python benchmarks/bench_algorithms.py --collective all_gather
 """
 
 from __future__ import annotations
@@ -32,41 +34,44 @@ from virtualpar import VirtualCluster
 from virtualpar.collectives import ALGORITHMS, default_algorithm
 from virtualpar.commands._args import positive_int, positive_ints
 
-ALGOS = tuple(ALGORITHMS["all_reduce"])
+COLLECTIVES = ("all_reduce", "all_gather")
 
 
-def _timed(dev, count: int, algorithm: str | None, iters: int) -> list[float]:
-    x = np.ones(count)
+def _timed(dev, collective: str, count: int, algorithm: str | None, iters: int) -> list[float]:
+    x = np.ones(count if collective == "all_reduce" else max(1, count // dev.size))
+    call = dev.all_reduce if collective == "all_reduce" else dev.all_gather
     out = []
     for _ in range(iters):
         dev.barrier()
         t0 = time.perf_counter()
-        dev.all_reduce(x, algorithm=algorithm)
+        call(x, algorithm=algorithm)
         out.append(time.perf_counter() - t0)
     return out
 
 
-def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5) -> list[dict]:
+def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5, collective: str = "all_reduce") -> list[dict]:
     rows = []
-    contenders = (*ALGOS, None)
+    algos = tuple(ALGORITHMS[collective])
+    contenders = (*algos, None)
     for n in devices:
         with VirtualCluster(n, timeout=120) as cluster:
             for nbytes in sizes:
                 for algo in contenders:
-                    cluster.run(_timed, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
+                    cluster.run(_timed, collective, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
                 per_round: list[dict[str, float]] = []
                 for k in range(rounds):
                     times = {}
                     for i in range(len(contenders)):  # a rotated order each round
                         algo = contenders[(i + k) % len(contenders)]
-                        per_device = cluster.run(_timed, nbytes // 8, algo, iters)
+                        per_device = cluster.run(_timed, collective, nbytes // 8, algo, iters)
                         times[algo or "default"] = statistics.median(max(col) for col in zip(*per_device))
                     per_round.append(times)
-                row = {"devices": n, "bytes": nbytes,
+                row = {"collective": collective, "devices": n, "bytes": nbytes, "algorithms": list(algos),
                        "s": {a: statistics.median(t[a] for t in per_round) for a in per_round[0]}}
-                row["best"] = min(ALGOS, key=lambda a: row["s"][a])
-                chosen = row["chosen"] = default_algorithm("all_reduce", nbytes, n, shared_memory=True)
-                row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in ALGOS) for t in per_round)
+                row["best"] = min(algos, key=lambda a: row["s"][a])
+                piece = nbytes if collective == "all_reduce" else nbytes // n
+                chosen = row["chosen"] = default_algorithm(collective, piece, n, shared_memory=True)
+                row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in algos) for t in per_round)
                 row["default_vs_chosen"] = statistics.median(t["default"] / t[chosen] for t in per_round)
                 rows.append(row)
     return rows
@@ -78,19 +83,21 @@ def main() -> None:
     ap.add_argument("--sizes", type=positive_ints, default="1024,8192,65536,524288,4194304")
     ap.add_argument("--iters", type=positive_int, default=5)
     ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = sweep(args.devices, args.sizes, args.iters, args.rounds)
+    rows = sweep(args.devices, args.sizes, args.iters, args.rounds, args.collective)
+    algos = tuple(ALGORITHMS[args.collective])
     if args.json:
         print(json.dumps(rows))
         return
-    print("# all_reduce steady time per algorithm, ms (median over rounds of the slowest device's median);"
+    print(f"# {args.collective} steady time per algorithm, ms (median over rounds of the slowest device's median);"
           " chosen/best: median over rounds of the default's algorithm / the best, in the same round;"
           " def/chosen: the default (algorithm=None) / its algorithm named")
-    print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*ALGOS, "default"))
+    print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*algos, "default"))
           + f" {'best':>7} {'chosen':>7} {'chosen/best':>12} {'def/chosen':>11}")
     for r in rows:
-        cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" for a in (*ALGOS, "default"))
+        cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" for a in (*algos, "default"))
         flag = "" if r["chosen_vs_best"] <= 1.10 else "  <-- over 10%"
         print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['chosen']:>7} {r['chosen_vs_best']:12.2f}"
               f" {r['default_vs_chosen']:11.2f}{flag}")

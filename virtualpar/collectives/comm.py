@@ -69,7 +69,8 @@ class SharedComm(Comm, Protocol):
       ``account_all(nbytes, messages)`` the same for every other member at once.
     * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
       all_reduce over chunks of these sizes would (the algorithm real hardware runs; no message
-      carries modelled time in a shared-memory algorithm).
+      carries modelled time in a shared-memory algorithm); ``model_ring_all_gather(piece_nbytes)``
+      as the ring all_gather of pieces of these sizes would.
     """
 
     scratch_bytes: int
@@ -93,6 +94,8 @@ class SharedComm(Comm, Protocol):
     def model_barrier(self) -> None: ...
 
     def model_tree_all_reduce(self, nbytes: int) -> None: ...
+
+    def model_ring_all_gather(self, piece_nbytes: list[int]) -> None: ...
 
 
 def sendrecv(comm: Comm, x: np.ndarray, dst: int, src: int, out: np.ndarray | None = None) -> np.ndarray:

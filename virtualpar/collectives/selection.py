@@ -32,6 +32,8 @@ def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bo
     """
     if collective == "barrier" and shared_memory and size > 1:
         return "shm"  # one fence over shared counters, no messages
+    if collective == "all_gather" and shared_memory and size > 1:
+        return "shm"  # every piece copied straight out of its owner's scratch: 2 fences, no messages
     if collective == "all_reduce":
         if shared_memory and size > 1:
             return "shm"

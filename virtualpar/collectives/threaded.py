@@ -181,6 +181,9 @@ class ThreadComm:
     def model_tree_all_reduce(self, nbytes: int) -> None:
         """Threads keep no modelled clock: nothing to charge."""
 
+    def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:
+        """Threads keep no modelled clock: nothing to charge."""
+
 
 class ThreadWorld:
     """n ``ThreadComm`` members sharing FIFO queues per ordered pair, with traffic counters.

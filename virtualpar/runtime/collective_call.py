@@ -25,6 +25,7 @@ import numpy as np
 
 from ..collectives import ALGORITHMS, FENCE_FIRST, default_algorithm
 from ..collectives.ops import check_op, premultiplies, premultiply
+from ..collectives.shm import usable as shm_usable
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
 from ..transport.payload import plain_array
 from .config import TAG_FINGERPRINT, TAG_VERDICT
@@ -144,7 +145,7 @@ class CollectiveSpec:
         algo = algorithm
         if algo is None:  # every member sees the same shape, dtype and group: the same choice
             nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
-            algo = default_algorithm(name, nbytes, n, shared_memory=dev._endpoint.layout.scratch_bytes >= itemsize)
+            algo = default_algorithm(name, nbytes, n, shared_memory=shm_usable(name, dev._endpoint.layout.scratch_bytes, itemsize))
         spec = cls(name, axes, ranks, pos, algo, params, gdesc, kind)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))

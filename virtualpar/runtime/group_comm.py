@@ -147,3 +147,9 @@ class GroupComm:
             raise RuntimeError("model_ring_all_reduce needs the entry clocks of a first fence()")
         self._dev._clock.ring_all_reduce(self._ranks, self._entry, chunk_nbytes)
         self._dev._publish_clock()
+
+    def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:
+        if self._entry is None:
+            raise RuntimeError("model_ring_all_gather needs the entry clocks of a first fence()")
+        self._dev._clock.ring_all_gather(self._ranks, self._entry, piece_nbytes)
+        self._dev._publish_clock()

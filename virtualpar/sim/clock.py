@@ -47,7 +47,8 @@ import numpy as np
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
-from virtualpar.sim.schedules import apply_delays, dissemination_column, ring_all_reduce_column, tree_all_reduce_column
+from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_gather_column, ring_all_reduce_column,
+                                     tree_all_reduce_column)
 
 __all__ = ["DeviceClock"]
 
@@ -153,6 +154,19 @@ class DeviceClock:
         column = self._schedules.get(key)
         if column is None:
             column = tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes)
+            if len(self._schedules) >= _SCHEDULES_KEPT:
+                self._schedules.clear()
+            self._schedules[key] = column
+        return self.advance_to(apply_delays(column, entry))
+
+    def ring_all_gather(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
+        """Charge the ring all_gather of pieces of ``piece_nbytes`` over ``ranks`` entered at
+        ``entry`` without running it (:func:`~virtualpar.sim.schedules.ring_all_gather_column`, kept
+        like :meth:`ring_all_reduce`'s).  Returns the new ``now``."""
+        key = (ranks, "gather", tuple(piece_nbytes))
+        column = self._schedules.get(key)
+        if column is None:
+            column = ring_all_gather_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank))
             if len(self._schedules) >= _SCHEDULES_KEPT:
                 self._schedules.clear()
             self._schedules[key] = column

@@ -33,7 +33,8 @@ import numpy as np
 
 from virtualpar.mesh.topology import Topology
 
-__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "dissemination_column",
+__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_all_gather_column",
+           "dissemination_column",
            "tree_all_reduce_times", "tree_all_reduce_column", "apply_delays"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
@@ -77,6 +78,15 @@ def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbyte
     return _column(steps, [1] * len(steps), member, len(ranks))
 
 
+def ring_all_gather_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int) -> list[float]:
+    """Column ``member`` of the max-plus matrix of the ring all_gather over ``ranks``
+    (``collectives/ring.py``): the all-gather half of :func:`ring_all_reduce_column`, with the
+    pieces' own sizes (they may differ) — at step s member p sends piece (p−s) mod n to p+1.
+    n−1 steps, O(n²).  On a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
+    steps = _ring_steps(topology, ranks, piece_nbytes, "ring_all_gather_column", reduce_scatter=False)
+    return _column(steps, [1] * len(steps), member, len(ranks))
+
+
 def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) -> list[float]:
     """Column ``member`` of the max-plus matrix of the dissemination barrier over ``ranks``
     (``collectives/direct.py``): in round k member p sends an empty message to p + 2^k and receives
@@ -104,9 +114,11 @@ def _column(steps: np.ndarray, offsets: Sequence[int], member: int, n: int) -> l
     return u.tolist()
 
 
-def _ring_steps(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], caller: str) -> np.ndarray:
+def _ring_steps(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], caller: str,
+                reduce_scatter: bool = True) -> np.ndarray:
     """``T[k][p]``: the time of the chunk member p sends to p+1 at step k of the ring all_reduce
-    (``Route.time`` from the cached route figures, elementwise: the same floats)."""
+    (``Route.time`` from the cached route figures, elementwise: the same floats); without
+    ``reduce_scatter``, of its all-gather half alone (the ring all_gather)."""
     n = len(ranks)
     if len(chunk_nbytes) != n:
         raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
@@ -114,7 +126,7 @@ def _ring_steps(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence
     latency, bandwidth = topology.figures_many(rk, np.roll(rk, -1))  # p -> p+1
     members = np.arange(n)
     # reduce-scatter step s sends chunk p−s−1, all-gather step s chunk p−s
-    shift = np.concatenate([np.arange(n - 1) + 1, np.arange(n - 1)])
+    shift = np.concatenate([np.arange(n - 1) + 1, np.arange(n - 1)]) if reduce_scatter else np.arange(n - 1)
     sizes = np.asarray(chunk_nbytes, dtype=np.float64)[(members[None, :] - shift[:, None]) % n]
     with np.errstate(divide="ignore", invalid="ignore"):
         transfer = np.where(sizes > 0, sizes / bandwidth, 0.0)
