@@ -154,8 +154,9 @@ def live(n: int) -> list[Finding]:
     cluster = VirtualCluster(n, timeout=30)
     try:
         ready = time.perf_counter() - t0
-        cluster.clocks()  # the first call that needs the devices waits for their warm-up
-        found.append(("OK", "start", f"{n} devices ready in {ready:.3f} s, warmed up after {time.perf_counter() - t0:.3f} s"))
+        cluster.clocks()  # the first call that needs the devices waits for their warm-up (none for 1 device)
+        warm = f", warmed up after {time.perf_counter() - t0:.3f} s" if n > 1 else ""
+        found.append(("OK", "start", f"{n} device{'s' if n > 1 else ''} ready in {ready:.3f} s{warm}"))
         name, pids = cluster._arena.name, list(cluster.pids)
         got = cluster.run(lambda dev: dev.all_reduce(np.full(1024, dev.rank + 1.0)))
         right = all(np.array_equal(g, np.full(1024, n * (n + 1) / 2)) for g in got)
