@@ -13,13 +13,13 @@ driver's own code goes on, and the first call that needs the devices waits for t
 (``ClusterControl.finish_warm_up``).
 
 Every device runs, over the whole mesh, each twice (the second call takes the cached paths the
-user's repeated calls will take): a barrier, an all_reduce that fills a fence's payload slot, an
-all_gather of one item, and — while it stays cheap — an all_reduce through the shared scratch
-memory, of ``scratch_warm_bytes(devices, scratch_bytes, fence_payload_bytes)`` bytes.  That one
-costs each device a page fault per scratch page it writes and per peer whose scratch it reads, so
-it is bounded twice: the scratch the cluster warms (``WARM_SCRATCH_BYTES`` in all, so at most that
-much memory), and the cluster's size (none above ``WARM_MAX_PEERS`` devices: at 256 devices
-mapping every peer's slice took ~1.9 s of the cluster's time).  Shuffled mode pauses nothing in
+user's repeated calls will take): a barrier, an all_reduce that fills a fence's payload slot, and —
+while they stay cheap — an all_gather of one item and an all_reduce through the shared scratch
+memory, of ``scratch_warm_bytes(devices, scratch_bytes, fence_payload_bytes)`` bytes.  Those cost
+each device a page fault per scratch page it writes and per peer whose scratch it reads, so they
+are bounded twice: the scratch the cluster warms (``WARM_SCRATCH_BYTES`` in all, so at most that
+much memory), and the cluster's size (neither above ``WARM_MAX_PEERS`` devices: at 256 devices
+mapping every peer's scratch took ~1.3–1.9 s of the cluster's time).  Shuffled mode pauses nothing in
 it (its seeded pauses are the user's ops').  Afterwards every trace of it is wiped, whether it
 succeeded or not: the device's modelled clock, op count, flight record, trace events, collective
 sequence numbers and message numbers here, and the traffic counters and published clocks in the
@@ -37,7 +37,7 @@ import numpy as np
 __all__ = ["warm_up", "scratch_warm_bytes", "WARM_SCRATCH_BYTES", "WARM_MAX_PEERS", "WARM_TIMEOUT"]
 
 WARM_SCRATCH_BYTES = 32 << 20  # scratch the warm-up may touch, over the whole cluster
-WARM_MAX_PEERS = 64  # no scratch warm-up in a larger cluster (each device would map every peer's scratch)
+WARM_MAX_PEERS = 64  # no scratch all_reduce or all_gather in the warm-up of a larger cluster (see above)
 WARM_TIMEOUT = 60.0  # seconds each warm-up op may wait, at least (a device that dies is noticed by the driver)
 _PAGE = 4096
 
@@ -64,7 +64,8 @@ def warm_up(dev: Any) -> None:
         for _ in range(2):
             dev.barrier(timeout=timeout)
             dev.all_reduce(small, timeout=timeout)
-            dev.all_gather(small[:1], timeout=timeout)
+            if n <= WARM_MAX_PEERS:  # (each device reads a page of every peer's scratch)
+                dev.all_gather(small[:1], timeout=timeout)
             if big is not None:
                 dev.all_reduce(big, timeout=timeout)
     finally:
