@@ -2,7 +2,8 @@
 
 For each device count n and message size, the steady time (median of a few calls, the slowest
 device's) of every algorithm (all_reduce: ``ring``, ``tree``, ``direct``, ``shm``; all_gather:
-``ring``, ``direct``, ``shm``) and of the default choice (``algorithm=None``).  An all_gather's
+``ring``, ``direct``, ``shm``; broadcast from device 0: ``tree``, ``shm``) and of the default
+choice (``algorithm=None``).  An all_gather's
 size is the gathered array's, as nccl-tests counts it (each device contributes size / n).  The default must never be more than 10% slower than the best algorithm
 for that (size, n); the thresholds in ``virtualpar/collectives/selection.py`` come from this sweep
 (see benchmarks/README.md).
@@ -19,6 +20,7 @@ cells where the default *was* the best).  The table's per-algorithm times are me
 
     python benchmarks/bench_algorithms.py --devices 2,4,8,16,32,64 --sizes 1024,8192,65536,524288,4194304
     python benchmarks/bench_algorithms.py --collective all_gather
+    python benchmarks/bench_algorithms.py --collective broadcast
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from virtualpar import VirtualCluster
 from virtualpar.collectives import ALGORITHMS, default_algorithm
 from virtualpar.commands._args import positive_int, positive_ints
 
-COLLECTIVES = ("all_reduce", "all_gather")
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 
 
 def _timed(dev, collective: str, count: int, algorithm: str | None, iters: int) -> list[float]:
-    x = np.ones(count if collective == "all_reduce" else max(1, count // dev.size))
-    call = dev.all_reduce if collective == "all_reduce" else dev.all_gather
+    x = np.ones(count if collective != "all_gather" else max(1, count // dev.size))
+    if collective == "broadcast":
+        x = x if dev.rank == 0 else None
+        call = dev.broadcast
+    else:
+        call = dev.all_reduce if collective == "all_reduce" else dev.all_gather
     out = []
     for _ in range(iters):
         dev.barrier()
@@ -69,7 +75,7 @@ def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5, col
                 row = {"collective": collective, "devices": n, "bytes": nbytes, "algorithms": list(algos),
                        "s": {a: statistics.median(t[a] for t in per_round) for a in per_round[0]}}
                 row["best"] = min(algos, key=lambda a: row["s"][a])
-                piece = nbytes if collective == "all_reduce" else nbytes // n
+                piece = nbytes // n if collective == "all_gather" else nbytes
                 chosen = row["chosen"] = default_algorithm(collective, piece, n, shared_memory=True)
                 row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in algos) for t in per_round)
                 row["default_vs_chosen"] = statistics.median(t["default"] / t[chosen] for t in per_round)

@@ -120,6 +120,8 @@ def test_default_algorithm_by_size_group_and_memory():
     assert default_algorithm("all_gather", 8, 2, shared_memory=True) == "shm"
     assert default_algorithm("all_gather", edge, 4, shared_memory=False) == "ring"
     assert default_algorithm("all_gather", edge, 1, shared_memory=True) == "ring"
+    assert default_algorithm("broadcast", edge, 4, shared_memory=True) == "shm"
+    assert default_algorithm("broadcast", edge, 4, shared_memory=False) == "tree"
     assert default_algorithm("barrier", 0, 4, shared_memory=True) == "shm"
     assert default_algorithm("barrier", 0, 4, shared_memory=False) == "direct"
 

@@ -58,7 +58,7 @@ def test_the_warm_up_runs_the_collective_call_paths_and_warm_up_false_skips_them
         return sorted({key[0] for key in dev._specs})
 
     with VirtualCluster(4) as cluster:
-        assert cluster.run(cached)[0] == ["all_gather", "all_reduce", "barrier"]
+        assert cluster.run(cached)[0] == ["all_gather", "all_reduce", "barrier", "broadcast"]
     with VirtualCluster(4, warm_up=False) as cluster:
         assert cluster.run(cached)[0] == []
 

@@ -57,6 +57,8 @@ class SharedComm(Comm, Protocol):
       carries no data and costs no modelled time).  A runtime may make its check that the members
       called the same collective at an algorithm's first fence (``registry.FENCE_FIRST``), so
       before it such an algorithm writes only its own scratch and reads nothing of its peers'.
+    * ``next_fence()``: the number this member's next fence in the group will have — the same on
+      every member at the same call (it stamps a header, so a reader can tell a stale one).
     * ``fence_exchange(x)``: a fence that carries ``x`` (C-contiguous, at most
       ``fence_payload_bytes``, which may be 0) from every member: returns an (n, x.size) array
       whose row j is member j's ``x``, valid until this member's next fence.
@@ -70,7 +72,8 @@ class SharedComm(Comm, Protocol):
     * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
       all_reduce over chunks of these sizes would (the algorithm real hardware runs; no message
       carries modelled time in a shared-memory algorithm); ``model_ring_all_gather(piece_nbytes)``
-      as the ring all_gather of pieces of these sizes would.
+      as the ring all_gather of pieces of these sizes would, ``model_tree_broadcast(root, nbytes)``
+      as the binomial-tree broadcast of ``nbytes`` from ``root``.
     """
 
     scratch_bytes: int
@@ -80,6 +83,8 @@ class SharedComm(Comm, Protocol):
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
 
     def fence(self) -> None: ...
+
+    def next_fence(self) -> int: ...
 
     fence_payload_bytes: int
 
@@ -96,6 +101,8 @@ class SharedComm(Comm, Protocol):
     def model_tree_all_reduce(self, nbytes: int) -> None: ...
 
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None: ...
+
+    def model_tree_broadcast(self, root: int, nbytes: int) -> None: ...
 
 
 def sendrecv(comm: Comm, x: np.ndarray, dst: int, src: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -11,9 +11,10 @@ ring from 64 KiB, the recursive-doubling tree below — so the default takes ``s
 for every group of 2 or more.  (Pairs below 8 KiB took the tree until fences became one shared
 word per group kind: a paired sweep on 2026-11-23 put ``shm`` at 0.72–0.93× the tree's time for a
 pair from 8 bytes to 64 KiB, alone and inside a 16-device cluster.)  A barrier is one fence
-(charged exactly as the dissemination barrier).  An all_gather runs ``shm`` for every group of 2 or
-more (the same sweep with ``--collective all_gather``: best at every size from 2 to 64 devices,
-2.5–4× faster than the ring); its choice ignores the size, because pieces may differ in size
+(charged exactly as the dissemination barrier).  An all_gather and a broadcast run ``shm`` for
+every group of 2 or more (the same sweep with ``--collective all_gather`` / ``broadcast``: best at
+every size from 2 to 64 devices; the all_gather 2.5–4× faster than the ring); their choice ignores
+the size, because all_gather pieces may differ in size, and only a broadcast's root has an array,
 while the group must agree.  Every device of a group computes the same choice from the same shape,
 dtype and group size, so the choice never splits a group.
 """
@@ -35,8 +36,8 @@ def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bo
     """
     if collective == "barrier" and shared_memory and size > 1:
         return "shm"  # one fence over shared counters, no messages
-    if collective == "all_gather" and shared_memory and size > 1:
-        return "shm"  # every piece copied straight out of its owner's scratch: 2 fences, no messages
+    if collective in ("all_gather", "broadcast") and shared_memory and size > 1:
+        return "shm"  # copied straight out of the owner's scratch: 2 fences, no messages
     if collective == "all_reduce":
         if shared_memory and size > 1:
             return "shm"

@@ -49,15 +49,9 @@ from virtualpar.collectives.comm import SharedComm
 from virtualpar.collectives.ops import REDUCE_OPS, finalize
 from virtualpar.errors import UsageError
 
-__all__ = ["all_reduce", "all_gather", "barrier", "split_bounds", "usable", "RING_MIN_BYTES", "GATHER_HEADER"]
+__all__ = ["all_reduce", "barrier", "split_bounds", "RING_MIN_BYTES"]
 
 RING_MIN_BYTES = 64 << 10  # from here a message all_reduce is bandwidth-bound (ring); below, the tree
-
-
-def usable(collective: str, scratch_bytes: int, itemsize: int) -> bool:
-    """Can ``collective``'s shared-memory algorithm run with this much scratch per device?  (The
-    all_reduce needs one item; the all_gather its header and a byte.)"""
-    return scratch_bytes > GATHER_HEADER if collective == "all_gather" else scratch_bytes >= itemsize
 
 
 def split_bounds(m: int, n: int) -> list[int]:
@@ -137,102 +131,6 @@ def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray
     comm.account_all(nbytes)  # every peer read our whole array
     comm.model_tree_all_reduce(nbytes)
     return result
-
-
-GATHER_HEADER = 1024  # head of a member's scratch in an all_gather: its piece's byte count, ndim and shape
-
-
-def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
-    """All_gather through shared scratch memory: pieces may differ in size along ``dim``.
-
-    Member r writes a header (its piece's byte count and shape) and its piece into its own
-    scratch; after a fence every member reads the headers and copies every peer's piece straight
-    out of the peer's scratch into its result (``numpy.concatenate`` along ``dim``); a second
-    fence keeps each scratch until nobody reads it.  With M the gathered bytes, per member::
-
-        copy in    |x_r|          copy out   M − |x_r|          fences   2, n−1 wake-ups each
-
-    where the ring all_gather makes n−1 steps, each a message copied into a channel and out of it.
-    A piece larger than the scratch goes ``scratch_bytes − GATHER_HEADER`` bytes at a time, two
-    fences per round.  Bytes are counted as if each peer's read of a piece were a message from its
-    owner; the modelled clock is charged as the ring all_gather of these pieces would cost (what
-    real hardware runs).  The header lets every member check the others' shapes even with the
-    contract check off: a piece that differs other than along ``dim`` is refused, not reinterpreted.
-    """
-    n, r = comm.size, comm.rank
-    x = np.ascontiguousarray(x)
-    if n == 1:
-        return np.concatenate([x], axis=dim)
-    cap = comm.scratch_bytes - GATHER_HEADER
-    if cap < 1 or x.ndim > GATHER_HEADER // 8 - 2:
-        raise UsageError(
-            f"all_gather algorithm 'shm' needs scratch memory of more than {GATHER_HEADER} bytes per device and "
-            f"arrays of at most {GATHER_HEADER // 8 - 2} dims, but the cluster has scratch_bytes={comm.scratch_bytes} "
-            f"and the array {x.ndim} dims; start it with a larger scratch_bytes or choose algorithm='ring'"
-        )
-    own = x.reshape(-1).view(np.uint8)
-    scratch = [comm.scratch(j) for j in range(n)]
-    mine = scratch[r]
-    head = mine[:GATHER_HEADER].view(np.int64)
-    head[0], head[1], head[2 : 2 + x.ndim] = own.size, x.ndim, x.shape
-    first = min(own.size, cap)
-    mine[GATHER_HEADER : GATHER_HEADER + first] = own[:first]
-    comm.fence()  # every header and first chunk is published (the contract check rides on this fence)
-
-    shapes = [x.shape if j == r else _gather_shape(comm, scratch[j], j, x, dim) for j in range(n)]
-    sizes = [x.nbytes if j == r else int(scratch[j][:8].view(np.int64)[0]) for j in range(n)]
-    out_shape = x.shape[:dim] + (sum(s[dim] for s in shapes),) + x.shape[dim + 1 :]
-    result = comm.empty(out_shape, x.dtype)
-    rounds = max(1, -(-max(sizes) // cap))
-    if rounds == 1:  # every piece is whole in its owner's scratch: one copy, straight into the result
-        pieces = [x if j == r else scratch[j][GATHER_HEADER : GATHER_HEADER + sizes[j]].view(x.dtype).reshape(shapes[j])
-                  for j in range(n)]
-        np.concatenate(pieces, axis=dim, out=result)
-    else:
-        _gather_in_rounds(comm, scratch, x, own, dim, shapes, sizes, cap, rounds, result)
-    comm.account_all(x.nbytes)  # every peer read our piece
-    comm.model_ring_all_gather(sizes)
-    comm.fence()  # nobody reads our scratch any more: it may be reused
-    return result
-
-
-def _gather_shape(comm: SharedComm, theirs: np.ndarray, j: int, x: np.ndarray, dim: int) -> tuple[int, ...]:
-    """Member j's piece shape from its header; refused unless it matches ours but along ``dim``."""
-    head = theirs[:GATHER_HEADER].view(np.int64)
-    ndim = int(head[1])
-    shape = tuple(int(v) for v in head[2 : 2 + ndim]) if 0 <= ndim <= GATHER_HEADER // 8 - 2 else None
-    if shape is None or ndim != x.ndim or shape[:dim] + shape[dim + 1 :] != x.shape[:dim] + x.shape[dim + 1 :]:
-        raise UsageError(f"all_gather: member {j} of the group contributes a piece of shape {shape}, member {comm.rank} "
-                         f"one of shape {x.shape}: pieces may differ only along dim {dim}", rank=comm.rank)
-    return shape
-
-
-def _gather_in_rounds(comm: SharedComm, scratch: list[np.ndarray], x: np.ndarray, own: np.ndarray, dim: int,
-                      shapes: list[tuple[int, ...]], sizes: list[int], cap: int, rounds: int, result: np.ndarray) -> None:
-    """A piece larger than the scratch: ``cap`` bytes of every piece per round, each round
-    published by a fence and read before the next (the caller's last fence ends the last round)."""
-    n, r = comm.size, comm.rank
-    if dim == 0:  # pieces are consecutive byte ranges of the result
-        flat = result.reshape(-1).view(np.uint8)
-        offsets = np.cumsum([0] + sizes).tolist()
-        dst = [flat[offsets[j] : offsets[j + 1]] for j in range(n)]
-        dst[r][:] = own
-    else:  # gathered whole, then concatenated along dim
-        staged = [x if j == r else np.empty(shapes[j], x.dtype) for j in range(n)]
-        dst = [p.reshape(-1).view(np.uint8) for p in staged]
-    for k in range(rounds):
-        lo = k * cap
-        if k > 0:
-            comm.fence()  # everybody read the last round: our scratch may take the next
-            chunk = own[lo : lo + cap]
-            scratch[r][GATHER_HEADER : GATHER_HEADER + chunk.size] = chunk
-            comm.fence()  # this round's chunks are published
-        for j in range(n):
-            hi = min(sizes[j], lo + cap)
-            if j != r and hi > lo:
-                dst[j][lo:hi] = scratch[j][GATHER_HEADER : GATHER_HEADER + hi - lo]
-    if dim != 0:
-        np.concatenate(staged, axis=dim, out=result)
 
 
 def barrier(comm: SharedComm) -> None:

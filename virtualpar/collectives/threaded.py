@@ -154,6 +154,9 @@ class ThreadComm:
         self.fence()
         return np.stack([slots[j] for j in range(self.size)])
 
+    def next_fence(self) -> int:
+        return self._fences + 1
+
     def fence(self) -> None:
         self._fences += 1
         try:
@@ -182,6 +185,9 @@ class ThreadComm:
         """Threads keep no modelled clock: nothing to charge."""
 
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:
+        """Threads keep no modelled clock: nothing to charge."""
+
+    def model_tree_broadcast(self, root: int, nbytes: int) -> None:
         """Threads keep no modelled clock: nothing to charge."""
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..collectives import ALGORITHMS, FENCE_FIRST, default_algorithm
 from ..collectives.ops import check_op, premultiplies, premultiply
-from ..collectives.shm import usable as shm_usable
+from ..collectives.shm_copy import usable as shm_usable
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
 from ..transport.payload import plain_array
 from .config import TAG_FINGERPRINT, TAG_VERDICT

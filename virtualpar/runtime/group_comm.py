@@ -99,6 +99,9 @@ class GroupComm:
         if digest is not None and arrivals.differing(grp, c, digest):
             self._check[1]()
 
+    def next_fence(self) -> int:
+        return self._dev._endpoint.arrivals.next_fence(self._fences) if self._fences is not None else 1
+
     @property
     def fence_payload_bytes(self) -> int:
         return self._dev._endpoint.arrivals.payload_bytes if self._fences is not None else 0
@@ -146,6 +149,12 @@ class GroupComm:
         if self._entry is None:
             raise RuntimeError("model_ring_all_reduce needs the entry clocks of a first fence()")
         self._dev._clock.ring_all_reduce(self._ranks, self._entry, chunk_nbytes)
+        self._dev._publish_clock()
+
+    def model_tree_broadcast(self, root: int, nbytes: int) -> None:
+        if self._entry is None:
+            raise RuntimeError("model_tree_broadcast needs the entry clocks of a first fence()")
+        self._dev._clock.tree_broadcast(self._ranks, self._entry, root, nbytes)
         self._dev._publish_clock()
 
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:

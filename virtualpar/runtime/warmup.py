@@ -13,13 +13,14 @@ driver's own code goes on, and the first call that needs the devices waits for t
 (``ClusterControl.finish_warm_up``).
 
 Every device runs, over the whole mesh, each twice (the second call takes the cached paths the
-user's repeated calls will take): a barrier, an all_reduce that fills a fence's payload slot, and —
-while they stay cheap — an all_gather of one item and an all_reduce through the shared scratch
-memory, of ``scratch_warm_bytes(devices, scratch_bytes, fence_payload_bytes)`` bytes.  Those cost
-each device a page fault per scratch page it writes and per peer whose scratch it reads, so they
-are bounded twice: the scratch the cluster warms (``WARM_SCRATCH_BYTES`` in all, so at most that
-much memory), and the cluster's size (neither above ``WARM_MAX_PEERS`` devices: at 256 devices
-mapping every peer's scratch took ~1.3–1.9 s of the cluster's time).  Shuffled mode pauses nothing in
+user's repeated calls will take): a barrier, an all_reduce that fills a fence's payload slot, a
+broadcast of one item, and — while they stay cheap — an all_gather of one item and an all_reduce
+through the shared scratch memory, of ``scratch_warm_bytes(devices, scratch_bytes,
+fence_payload_bytes)`` bytes.  Those two cost each device a page fault per scratch page it writes
+and per peer whose scratch it reads, so they are bounded twice: the scratch the cluster warms
+(``WARM_SCRATCH_BYTES`` in all, so at most that much memory), and the cluster's size (neither
+above ``WARM_MAX_PEERS`` devices: at 256 devices mapping every peer's scratch took ~1.3–1.9 s of
+the cluster's time).  Shuffled mode pauses nothing in
 it (its seeded pauses are the user's ops').  Afterwards every trace of it is wiped, whether it
 succeeded or not: the device's modelled clock, op count, flight record, trace events, collective
 sequence numbers and message numbers here, and the traffic counters and published clocks in the
@@ -64,6 +65,7 @@ def warm_up(dev: Any) -> None:
         for _ in range(2):
             dev.barrier(timeout=timeout)
             dev.all_reduce(small, timeout=timeout)
+            dev.broadcast(small[:1] if dev.rank == 0 else None, timeout=timeout)  # (one page of one scratch)
             if n <= WARM_MAX_PEERS:  # (each device reads a page of every peer's scratch)
                 dev.all_gather(small[:1], timeout=timeout)
             if big is not None:

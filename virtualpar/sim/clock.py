@@ -48,7 +48,7 @@ from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
 from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_gather_column, ring_all_reduce_column,
-                                     tree_all_reduce_column)
+                                     tree_all_reduce_column, tree_broadcast_column)
 
 __all__ = ["DeviceClock"]
 
@@ -171,6 +171,19 @@ class DeviceClock:
                 self._schedules.clear()
             self._schedules[key] = column
         return self.advance_to(apply_delays(column, entry))
+
+    def tree_broadcast(self, ranks: tuple[int, ...], entry: list[float], root: int, nbytes: int) -> float:
+        """Charge the binomial-tree broadcast of ``nbytes`` from position ``root`` over ``ranks``
+        entered at ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_broadcast_column`,
+        kept like :meth:`ring_all_reduce`'s: O(log n) per call).  Returns the new ``now``."""
+        key = (ranks, "bcast", root, nbytes)
+        column = self._schedules.get(key)
+        if column is None:
+            column = tree_broadcast_column(self.topology, ranks, root, ranks.index(self.rank), nbytes)
+            if len(self._schedules) >= _SCHEDULES_KEPT:
+                self._schedules.clear()
+            self._schedules[key] = column
+        return self.advance_to(max(entry[q] + d for q, d in column))
 
     def dissemination_barrier(self, ranks: tuple[int, ...], entry: list[float]) -> float:
         """Charge the dissemination barrier over ``ranks`` entered at clocks ``entry`` without

@@ -34,7 +34,7 @@ import numpy as np
 from virtualpar.mesh.topology import Topology
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_all_gather_column",
-           "dissemination_column",
+           "tree_broadcast_column", "dissemination_column",
            "tree_all_reduce_times", "tree_all_reduce_column", "apply_delays"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
@@ -85,6 +85,51 @@ def ring_all_gather_column(topology: Topology, ranks: Sequence[int], piece_nbyte
     n−1 steps, O(n²).  On a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
     steps = _ring_steps(topology, ranks, piece_nbytes, "ring_all_gather_column", reduce_scatter=False)
     return _column(steps, [1] * len(steps), member, len(ranks))
+
+
+def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, member: int, nbytes: int) -> list[tuple[int, float]]:
+    """The nonzero part of column ``member`` of the max-plus matrix of the binomial-tree broadcast
+    from ``root`` over ``ranks`` (``collectives/tree.py``): ``(q, D[q][member])`` for the members q on
+    the tree path from the root down to ``member``, the only ones whose entry clocks reach it.
+
+    With v = (position − root) mod n, member v receives from v − lowbit(v), then sends to its
+    children in order, largest subtree first, each send keeping it busy T = α + M/β, and a receive
+    completes at ``max(t_receiver, t_sender_at_send + T)``.  So the delay from member a's entry to
+    ``member``'s exit is the sum, along the path, of each node's sends up to and including the one
+    to the next node, plus ``member``'s own sends: O(log² n) route figures, read at once."""
+    n = len(ranks)
+    v = (member - root) % n
+    path = [v]
+    while path[-1]:
+        path.append(path[-1] - (path[-1] & -path[-1]))
+    path.reverse()  # the root (v = 0) ... member
+    legs = [_tree_children(a, n)[: _tree_children(a, n).index(b) + 1] for a, b in zip(path, path[1:])]
+    legs.append(_tree_children(v, n))  # member's own sends
+    src = np.array([ranks[(a + root) % n] for a, leg in zip(path, legs) for _ in leg], dtype=np.intp)
+    dst = np.array([ranks[(c + root) % n] for leg in legs for c in leg], dtype=np.intp)
+    latency, bandwidth = topology.figures_many(src, dst) if src.size else (np.zeros(0), np.ones(0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        send = (latency + (nbytes / bandwidth if nbytes else 0.0)).tolist()
+    out, delay, k = [], 0.0, len(send)
+    for a, leg in zip(reversed(path), reversed(legs)):  # backwards from member's exit
+        k -= len(leg)
+        delay += sum(send[k : k + len(leg)])
+        out.append(((a + root) % n, delay))
+    return out
+
+
+def _tree_children(v: int, n: int) -> list[int]:
+    """Whom member v (relative to the root) sends to in the binomial-tree broadcast, in order."""
+    mask = 1
+    while mask < n and not v & mask:
+        mask <<= 1
+    mask >>= 1
+    out = []
+    while mask > 0:
+        if v + mask < n:
+            out.append(v + mask)
+        mask >>= 1
+    return out
 
 
 def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) -> list[float]:

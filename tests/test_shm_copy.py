@@ -1,0 +1,201 @@
+"""The shared-memory all_gather and broadcast (collectives/shm_copy.py): pieces of any size and dim,
+rounds through a small scratch, shapes and dtypes from the headers, bytes, the default choice, and
+modelled time.
+
+Values are checked against ``numpy.concatenate`` of the pieces and the root's array; the modelled
+clocks and the bytes against the ring all_gather and the binomial-tree broadcast run for real on
+the same topology.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from virtualpar import Mesh, VirtualCluster
+from virtualpar.collectives import ThreadWorld, shm_copy as shm
+from virtualpar.collectives.shm_copy import COPY_MIN_ROOM, GATHER_HEADER
+from virtualpar.errors import UsageError
+
+
+def _piece(rank: int, dim: int, length: int, dtype: str = "float64") -> np.ndarray:
+    shape = [3, 2, 4]
+    shape[dim] = length
+    x = np.random.default_rng(rank).standard_normal(shape) * 50
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("scratch_bytes", [GATHER_HEADER + 1, GATHER_HEADER + 40, 1 << 16])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_uneven_pieces_through_any_scratch_match_numpy_concatenate(n, scratch_bytes, dim):
+    world = ThreadWorld(n, scratch_bytes=scratch_bytes)
+    for lengths in ([2] * n, [r % 3 for r in range(n)], [0] * n, [7 * r + 1 for r in range(n)]):
+        pieces = [_piece(r, dim, lengths[r]) for r in range(n)]
+        got = world.run(lambda c: shm.all_gather(c, pieces[c.rank], dim))
+        want = np.concatenate(pieces, axis=dim)
+        for g in got:
+            assert g.shape == want.shape and g.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "complex128", "uint64"])
+def test_every_dtype_is_gathered_as_its_bytes(dtype):
+    world = ThreadWorld(3, scratch_bytes=GATHER_HEADER + 3)  # a round every 3 bytes: items split across rounds
+    pieces = [_piece(r, 0, r + 1, dtype) for r in range(3)]
+    for g in world.run(lambda c: shm.all_gather(c, pieces[c.rank], 0)):
+        np.testing.assert_array_equal(g, np.concatenate(pieces))
+
+
+def test_a_non_contiguous_piece_is_gathered_by_value():
+    world = ThreadWorld(2, scratch_bytes=1 << 12)
+    pieces = [np.arange(24.0).reshape(4, 6)[:, ::2] + 100 * r for r in range(2)]
+    for g in world.run(lambda c: shm.all_gather(c, pieces[c.rank], 1)):
+        np.testing.assert_array_equal(g, np.concatenate(pieces, axis=1))
+
+
+def test_pieces_that_differ_other_than_along_dim_are_refused_not_reinterpreted():
+    """With the contract check off nothing else would notice: 2x6 and 3x4 hold as many bytes."""
+    world = ThreadWorld(2, scratch_bytes=1 << 12)
+    pieces = [np.ones((2, 6)), np.ones((3, 4))]
+    with pytest.raises(UsageError, match=r"pieces may differ only in their length along dim 0"):
+        world.run(lambda c: shm.all_gather(c, pieces[c.rank], 0))
+
+
+def test_pieces_of_another_dtype_are_refused_not_reinterpreted():
+    """float64 against int64 (same size): the bytes of one read as the other."""
+    world = ThreadWorld(2, scratch_bytes=1 << 12)
+    pieces = [np.arange(3.0), np.arange(10, 13)]
+    with pytest.raises(UsageError, match=r"float64.*int64|int64.*float64"):
+        world.run(lambda c: shm.all_gather(c, pieces[c.rank], 0))
+
+
+def _out_of_order(dev):
+    x = np.full(2, float(dev.rank))
+    if dev.rank == 0:
+        got = dev.all_gather(x)
+        dev.barrier()
+    else:
+        dev.barrier()
+        got = dev.all_gather(x)
+    return got
+
+
+def test_members_in_different_calls_are_refused_with_the_contract_check_off():
+    """Device 0's all_gather met device 1's barrier at a fence: it read the piece device 1 had left
+    in its scratch in the *previous* all_gather, silently."""
+    with VirtualCluster(2, check_collectives=False, timeout=10) as cluster:
+        cluster.run(lambda dev: dev.all_gather(np.full(2, 100.0 + dev.rank)))  # leaves a piece behind
+        with pytest.raises(UsageError, match="not in this call"):
+            cluster.run(_out_of_order)
+
+
+def _uneven_shape_in_group_b(dev):
+    return dev.all_gather(np.ones((2, 3) if dev.rank != 4 else (2, 4)), dim=0, group="b")
+
+
+def test_a_shape_mismatch_names_the_device_that_saw_it_not_its_position_in_the_group():
+    with VirtualCluster(Mesh({"a": 2, "b": 3}), check_collectives=False, timeout=10) as cluster:
+        with pytest.raises(UsageError, match="pieces may differ only") as err:
+            cluster.run(_uneven_shape_in_group_b)
+        assert err.value.rank in (3, 4, 5)  # group b of devices 3, 4, 5: positions 0..2 name other devices
+
+
+def test_a_scratch_without_room_for_the_header_is_a_usage_error_and_the_default_avoids_it():
+    world = ThreadWorld(2, scratch_bytes=GATHER_HEADER)
+    with pytest.raises(UsageError, match="scratch memory of more than"):
+        world.run(lambda c: shm.all_gather(c, np.ones(2), 0))
+    # the default wants room for rounds that are worth their two fences each
+    assert not shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM - 1, 8)
+    assert shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM, 8)
+    assert shm.usable("all_reduce", 8, 8) and not shm.usable("all_reduce", 7, 8)
+
+
+def _gather(dev, algorithm, group, lengths):
+    x = _piece(dev.rank, 0, lengths[dev.rank])
+    dev.compute(flops=3e9 * dev.rank)  # members enter at different modelled clocks
+    got = dev.all_gather(x, dim=0, group=group, algorithm=algorithm)
+    return got, dev.clock
+
+
+@pytest.mark.parametrize("group", [None, "b", ("a", "b")])
+@pytest.mark.parametrize("hardware", ["h100-node", None])
+def test_shm_costs_exactly_what_the_ring_all_gather_costs_and_counts_the_same_bytes(group, hardware):
+    lengths = [5, 1, 9, 0, 3, 40]
+    seen = {}
+    for algorithm in ("shm", "ring"):
+        with VirtualCluster(Mesh({"a": 2, "b": 3}), hardware=hardware) as cluster:
+            out = cluster.run(_gather, algorithm, group, lengths)
+            seen[algorithm] = ([o[0] for o in out], [o[1] for o in out], cluster.stats())
+    (got_shm, clock_shm, stats_shm), (got_ring, clock_ring, stats_ring) = seen["shm"], seen["ring"]
+    for a, b in zip(got_shm, got_ring):
+        assert a.tobytes() == b.tobytes()
+    np.testing.assert_allclose(clock_shm, clock_ring, rtol=1e-12)
+    assert stats_shm.total_bytes == stats_ring.total_bytes > 0
+
+
+def test_the_default_all_gather_is_shm_and_without_scratch_the_ring():
+    for scratch, want in ((4 << 20, "shm"), (GATHER_HEADER + 100, "ring")):
+        with VirtualCluster(4, scratch_bytes=scratch) as cluster:
+            got = cluster.run(lambda dev: dev.all_gather(np.full(2, float(dev.rank)), dim=0))
+            assert all(np.array_equal(g, np.repeat(np.arange(4.0), 2)) for g in got)
+            assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "all_gather"} == {want}
+
+
+def test_a_mismatched_all_gather_on_devices_is_a_collective_mismatch_by_default():
+    from virtualpar import CollectiveMismatch
+
+    with VirtualCluster(3, timeout=10) as cluster:
+        with pytest.raises(CollectiveMismatch, match="differs in: dtype"):
+            cluster.run(lambda dev: dev.all_gather(np.ones(2, np.float32 if dev.rank == 1 else np.float64)))
+        # uneven pieces are allowed: their digests differ, the full comparison masks the dim
+        got = cluster.run(lambda dev: dev.all_gather(np.full(dev.rank + 1, float(dev.rank))))
+        assert all(np.array_equal(g, [0.0, 1.0, 1.0, 2.0, 2.0, 2.0]) for g in got)
+
+
+# -- broadcast -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("scratch_bytes", [GATHER_HEADER + 1, GATHER_HEADER + 40, 1 << 16])
+@pytest.mark.parametrize("dtype", ["float64", "bool", "int8", "complex64", "U3", "datetime64[s]"])
+def test_broadcast_through_any_scratch_gives_every_member_the_roots_array(n, scratch_bytes, dtype):
+    world = ThreadWorld(n, scratch_bytes=scratch_bytes)
+    for root, shape in ((0, (3, 5)), (n - 1, (0, 4)), (n // 2, (7,))):
+        xs = [(np.arange(int(np.prod(shape))).reshape(shape) * (r + 2)).astype(dtype) for r in range(n)]
+        got = world.run(lambda c: shm.broadcast(c, xs[c.rank] if c.rank == root or c.rank % 2 else None, root))
+        for g in got:  # what a non-root passes is ignored: the root's array, its shape and dtype
+            assert g.dtype == xs[root].dtype and g.shape == xs[root].shape and g.tobytes() == xs[root].tobytes()
+
+
+def test_a_broadcast_scratch_without_room_for_the_header_is_a_usage_error_and_the_default_avoids_it():
+    world = ThreadWorld(2, scratch_bytes=GATHER_HEADER)
+    with pytest.raises(UsageError, match="broadcast algorithm 'shm' needs scratch memory of more than"):
+        world.run(lambda c: shm.broadcast(c, np.ones(2) if c.rank == 0 else None, 0))
+    assert not shm.usable("broadcast", GATHER_HEADER + 1, 8) and shm.usable("broadcast", GATHER_HEADER + COPY_MIN_ROOM, 8)
+
+
+def _broadcast(dev, algorithm, group, root):
+    x = np.arange(300.0) * (dev.rank + 1)
+    dev.compute(flops=3e9 * dev.rank)  # members enter at different modelled clocks
+    return dev.broadcast(x if dev.group_rank(group) == root else None, root=root, group=group, algorithm=algorithm), dev.clock
+
+
+@pytest.mark.parametrize("group,root", [(None, 0), (None, 5), ("b", 2), (("a", "b"), 3)])
+@pytest.mark.parametrize("hardware", ["h100-node", None])
+def test_shm_broadcast_costs_exactly_what_the_tree_costs_and_counts_the_same_bytes(group, root, hardware):
+    seen = {}
+    for algorithm in ("shm", "tree"):
+        with VirtualCluster(Mesh({"a": 2, "b": 3}), hardware=hardware) as cluster:
+            out = cluster.run(_broadcast, algorithm, group, root)
+            seen[algorithm] = ([o[0] for o in out], [o[1] for o in out], cluster.stats())
+    (got_shm, clock_shm, stats_shm), (got_tree, clock_tree, stats_tree) = seen["shm"], seen["tree"]
+    for a, b in zip(got_shm, got_tree):
+        assert a.tobytes() == b.tobytes()
+    np.testing.assert_allclose(clock_shm, clock_tree, rtol=1e-12)
+    assert stats_shm.total_bytes == stats_tree.total_bytes > 0
+
+
+def test_the_default_broadcast_is_shm_and_without_scratch_the_tree():
+    for scratch, want in ((4 << 20, "shm"), (GATHER_HEADER + 100, "tree")):
+        with VirtualCluster(4, scratch_bytes=scratch) as cluster:
+            got = cluster.run(lambda dev: dev.broadcast(np.full(3, 7.0) if dev.rank == 1 else None, root=1))
+            assert all(np.array_equal(g, [7.0, 7.0, 7.0]) for g in got)
+            assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "broadcast"} == {want}
