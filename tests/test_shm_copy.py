@@ -199,3 +199,30 @@ def test_the_default_broadcast_is_shm_and_without_scratch_the_tree():
             got = cluster.run(lambda dev: dev.broadcast(np.full(3, 7.0) if dev.rank == 1 else None, root=1))
             assert all(np.array_equal(g, [7.0, 7.0, 7.0]) for g in got)
             assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "broadcast"} == {want}
+
+
+def _roots_disagree(dev):
+    return dev.broadcast(np.full(3, 10.0 + dev.rank), root=0 if dev.rank == 0 else 1, algorithm="shm")
+
+
+def _broadcast_meets_all_gather(dev):
+    x = np.full(3, 10.0 + dev.rank)
+    return dev.broadcast(x, algorithm="shm") if dev.rank == 0 else dev.all_gather(x, algorithm="shm")
+
+
+def _other_kind_of_group(dev):  # devices 0, 2 all_gather over "a" and then barrier twice over "b"
+    if dev.index.b == 0:
+        got = dev.all_gather(np.full(3, 10.0 + dev.rank), group="a", algorithm="shm")
+        dev.barrier(group="b")
+        dev.barrier(group="b")
+        return got
+    return dev.broadcast(None, root=0, group="b", algorithm="shm")  # devices 1, 3: the root left an all_gather piece
+
+
+@pytest.mark.parametrize("program,mesh", [(_roots_disagree, 3), (_roots_disagree, 2), (_broadcast_meets_all_gather, 3),
+                                          (_other_kind_of_group, {"a": 2, "b": 2})])
+def test_members_that_disagree_on_root_op_or_group_are_refused_with_the_check_off(program, mesh):
+    """Each returned other members' or other calls' data silently (the tree raised or deadlocked)."""
+    with VirtualCluster(Mesh(mesh), check_collectives=False, timeout=10) as cluster:
+        with pytest.raises(UsageError, match="not in this call"):
+            cluster.run(program)

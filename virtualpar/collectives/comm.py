@@ -57,8 +57,10 @@ class SharedComm(Comm, Protocol):
       carries no data and costs no modelled time).  A runtime may make its check that the members
       called the same collective at an algorithm's first fence (``registry.FENCE_FIRST``), so
       before it such an algorithm writes only its own scratch and reads nothing of its peers'.
-    * ``next_fence()``: the number this member's next fence in the group will have — the same on
-      every member at the same call (it stamps a header, so a reader can tell a stale one).
+    * ``call_stamp(op, root)``: a 63-bit stamp of this call — the op's code, its root, the number
+      of its first fence and the group — the same on every member of the same call and, but for a
+      hash collision, different for any other (it stamps a header, so a reader can tell a header
+      another call left).
     * ``fence_exchange(x)``: a fence that carries ``x`` (C-contiguous, at most
       ``fence_payload_bytes``, which may be 0) from every member: returns an (n, x.size) array
       whose row j is member j's ``x``, valid until this member's next fence.
@@ -84,7 +86,7 @@ class SharedComm(Comm, Protocol):
 
     def fence(self) -> None: ...
 
-    def next_fence(self) -> int: ...
+    def call_stamp(self, op: int, root: int) -> int: ...
 
     fence_payload_bytes: int
 

@@ -7,8 +7,12 @@ until the last reader is done (which is also why the first write may come before
 why the runtime's contract check rides on the first fence, ``registry.FENCE_FIRST``).  A header at
 the head of the owner's scratch says what the bytes are (count, shape, and for a broadcast the
 dtype, which members other than the root do not know): the readers need no size exchange, and
-check shapes even with the contract check off.  Both are charged to the modelled clock as the
-message algorithm real hardware would run (the ring all_gather, the binomial-tree broadcast).
+check shapes, dtypes and that every member is in the same call even with the contract check off.
+Both are charged to the modelled clock as the message algorithm real hardware would run (the ring
+all_gather, the binomial-tree broadcast) — exactly when the links are idle at entry, which they
+always are on a fully connected topology; where routes share links (ring, torus, hierarchical),
+traffic of earlier calls that the messages would have queued behind is not seen, as for the shm
+all_reduce (sim/schedules.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ GATHER_HEADER = 1024  # head of the owner's scratch: the call's stamp, byte coun
 COPY_MIN_ROOM = 64 << 10  # the default takes these only with this much scratch beyond the header
 _DTYPE_AT = GATHER_HEADER - 32  # the header ends with the dtype's ``str`` (a broadcast's non-roots have no array)
 _MAX_DIMS = _DTYPE_AT // 8 - 3
+_ALL_GATHER, _BROADCAST = 1, 2  # op codes in a call's stamp
 
 
 def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
@@ -52,7 +57,7 @@ def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
     cap = _room(comm, x, "all_gather", "ring")
     own = x.reshape(-1).view(np.uint8)
     scratch = [comm.scratch(j) for j in range(n)]
-    stamp = comm.next_fence()
+    stamp = comm.call_stamp(_ALL_GATHER, -1)
     _write_header(scratch[r], stamp, x)
     first = min(own.size, cap)
     scratch[r][GATHER_HEADER : GATHER_HEADER + first] = own[:first]
@@ -118,12 +123,13 @@ def broadcast(comm: SharedComm, x: np.ndarray | None, root: int = 0) -> np.ndarr
     into a channel and out of it.  An array larger than the scratch goes in rounds, two fences
     each.  ``x`` is read on the root only (others may pass None): shape and dtype come from the
     root's header.  Bytes are counted as if each member's read were a message from the root (the
-    tree's total, (n−1)·M); the modelled clock is charged as the binomial tree would cost."""
+    tree's total, (n−1)·M); the modelled clock is charged as the binomial tree would cost.  Every
+    other member also stamps its own scratch, for the root to check that all are in its call."""
     n, r = comm.size, comm.rank
     if n == 1:
         return np.array(x, copy=True)
     scratch = comm.scratch(root)
-    stamp = comm.next_fence()
+    stamp = comm.call_stamp(_BROADCAST, root)
     if r == root:
         x = np.asarray(x, order="C")
         cap = _room(comm, x, "broadcast", "tree")
@@ -132,7 +138,14 @@ def broadcast(comm: SharedComm, x: np.ndarray | None, root: int = 0) -> np.ndarr
         scratch[GATHER_HEADER : GATHER_HEADER + min(own.size, cap)] = own[:cap]
     else:
         cap = comm.scratch_bytes - GATHER_HEADER
+        comm.scratch(r)[:8].view(np.int64)[0] = stamp  # for the root to check that we are in its call
     comm.fence()  # the root's header and first chunk are published (the contract check rides on this fence)
+    if r == root:  # a member that names another root (or is in another call) never reads ours: ask it
+        for j in range(n):
+            if j != root and int(comm.scratch(j)[:8].view(np.int64)[0]) != stamp:
+                raise UsageError(f"broadcast: member {j} of the group is not in this call with root {root}: the "
+                                 "members called different collectives, roots or groups, or in different orders, "
+                                 "which the contract check (off here) would have named")
 
     nbytes, shape, dtype = (x.nbytes, x.shape, x.dtype) if r == root else _read_header(scratch, stamp, "broadcast", root)
     result = comm.empty(shape, dtype)
@@ -169,9 +182,9 @@ def _room(comm: SharedComm, x: np.ndarray, name: str, other: str) -> int:
 
 
 def _write_header(scratch: np.ndarray, stamp: int, x: np.ndarray) -> None:
-    """The owner's header, in int64 words: the call's stamp (the number of its first fence, the
-    same on every member of the call), the payload's byte count, ndim and shape; then, at the end,
-    its dtype's ``str``."""
+    """The owner's header, in int64 words: the call's stamp (``SharedComm.call_stamp``: op, root,
+    first fence and group, the same on every member of the call), the payload's byte count, ndim
+    and shape; then, at the end, its dtype's ``str``."""
     head = scratch[:_DTYPE_AT].view(np.int64)
     head[0], head[1], head[2], head[3 : 3 + x.ndim] = stamp, x.nbytes, x.ndim, x.shape
     kind = x.dtype.str.encode()
@@ -185,8 +198,8 @@ def _read_header(scratch: np.ndarray, stamp: int, name: str, j: int) -> tuple[in
     ndim = int(head[2])
     if int(head[0]) != stamp or not 0 <= ndim <= _MAX_DIMS:
         raise UsageError(f"{name}: member {j} of the group is not in this call (its scratch holds another call's "
-                         "data): the members called their collectives in different orders, which the contract "
-                         "check (off here) would have named")
+                         "data): the members called different collectives, roots or groups, or in different orders, "
+                         "which the contract check (off here) would have named")
     kind = scratch[_DTYPE_AT:GATHER_HEADER].tobytes().rstrip(b"\0").decode()
     return int(head[1]), tuple(int(v) for v in head[3 : 3 + ndim]), np.dtype(kind)
 

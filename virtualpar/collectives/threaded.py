@@ -35,6 +35,8 @@ from virtualpar.errors import (
     UsageError,
 )
 
+_STAMP_BITS = (1 << 63) - 1
+
 __all__ = ["ThreadComm", "ThreadWorld", "run_threaded"]
 
 log = logging.getLogger(__name__)
@@ -154,8 +156,8 @@ class ThreadComm:
         self.fence()
         return np.stack([slots[j] for j in range(self.size)])
 
-    def next_fence(self) -> int:
-        return self._fences + 1
+    def call_stamp(self, op: int, root: int) -> int:
+        return hash((op, root, self._fences + 1, self.size)) & _STAMP_BITS
 
     def fence(self) -> None:
         self._fences += 1

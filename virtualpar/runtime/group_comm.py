@@ -99,8 +99,10 @@ class GroupComm:
         if digest is not None and arrivals.differing(grp, c, digest):
             self._check[1]()
 
-    def next_fence(self) -> int:
-        return self._dev._endpoint.arrivals.next_fence(self._fences) if self._fences is not None else 1
+    def call_stamp(self, op: int, root: int) -> int:
+        # a tuple of ints hashes the same in every process (only str and bytes hashes are salted)
+        c = self._dev._endpoint.arrivals.next_fence(self._fences) if self._fences is not None else 1
+        return hash((op, root, c, self._ranks)) & ((1 << 63) - 1)
 
     @property
     def fence_payload_bytes(self) -> int:
@@ -134,31 +136,23 @@ class GroupComm:
             ep._msgs_row[peers] += messages
 
     def model_tree_all_reduce(self, nbytes: int) -> None:
-        if self._entry is None:
-            raise RuntimeError("model_tree_all_reduce needs the entry clocks of a first fence()")
-        self._dev._clock.tree_all_reduce(self._ranks, self._entry, nbytes)
-        self._dev._publish_clock()
+        self._charge("model_tree_all_reduce", self._dev._clock.tree_all_reduce, nbytes)
 
     def model_barrier(self) -> None:
-        if self._entry is None:
-            raise RuntimeError("model_barrier needs the entry clocks of a first fence()")
-        self._dev._clock.dissemination_barrier(self._ranks, self._entry)
-        self._dev._publish_clock()
+        self._charge("model_barrier", self._dev._clock.dissemination_barrier)
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
-        if self._entry is None:
-            raise RuntimeError("model_ring_all_reduce needs the entry clocks of a first fence()")
-        self._dev._clock.ring_all_reduce(self._ranks, self._entry, chunk_nbytes)
-        self._dev._publish_clock()
+        self._charge("model_ring_all_reduce", self._dev._clock.ring_all_reduce, chunk_nbytes)
 
     def model_tree_broadcast(self, root: int, nbytes: int) -> None:
-        if self._entry is None:
-            raise RuntimeError("model_tree_broadcast needs the entry clocks of a first fence()")
-        self._dev._clock.tree_broadcast(self._ranks, self._entry, root, nbytes)
-        self._dev._publish_clock()
+        self._charge("model_tree_broadcast", self._dev._clock.tree_broadcast, root, nbytes)
 
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:
+        self._charge("model_ring_all_gather", self._dev._clock.ring_all_gather, piece_nbytes)
+
+    def _charge(self, what: str, schedule: Callable[..., float], *args: Any) -> None:
+        """Advance this device's modelled clock by ``schedule(ranks, entry clocks, *args)`` and publish it."""
         if self._entry is None:
-            raise RuntimeError("model_ring_all_gather needs the entry clocks of a first fence()")
-        self._dev._clock.ring_all_gather(self._ranks, self._entry, piece_nbytes)
+            raise RuntimeError(f"{what} needs the entry clocks of a first fence()")
+        schedule(self._ranks, self._entry, *args)
         self._dev._publish_clock()

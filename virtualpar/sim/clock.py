@@ -129,6 +129,16 @@ class DeviceClock:
         self.now = max(self.now, t)
         return self.now
 
+    def _kept(self, key: tuple, compute: Any) -> Any:
+        """The delay column kept under ``key`` (at most ``_SCHEDULES_KEPT`` of them), else ``compute()``'s."""
+        column = self._schedules.get(key)
+        if column is None:
+            column = compute()
+            if len(self._schedules) >= _SCHEDULES_KEPT:
+                self._schedules.clear()
+            self._schedules[key] = column
+        return column
+
     def ring_all_reduce(self, ranks: tuple[int, ...], entry: list[float], chunk_nbytes: list[int]) -> float:
         """Charge the ring all_reduce over ``ranks`` entered at clocks ``entry`` without running it:
         ``now = max(now, max_q(entry[q] + D[q][me]))`` with ``D`` the schedule's max-plus delay matrix
@@ -136,12 +146,7 @@ class DeviceClock:
         O(n²)); the column is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
         costs n additions.  Returns the new ``now``."""
         key = (ranks, tuple(chunk_nbytes))
-        column = self._schedules.get(key)
-        if column is None:
-            column = ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank))
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
+        column = self._kept(key, lambda: ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank)))
         return self.advance_to(apply_delays(column, entry))
 
     def tree_all_reduce(self, ranks: tuple[int, ...], entry: list[float], nbytes: int) -> float:
@@ -151,12 +156,7 @@ class DeviceClock:
         member's messages cost ~1 ms of CPU per call per device at 64 devices).  Returns the new
         ``now``."""
         key = (ranks, "tree", nbytes)
-        column = self._schedules.get(key)
-        if column is None:
-            column = tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes)
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
+        column = self._kept(key, lambda: tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes))
         return self.advance_to(apply_delays(column, entry))
 
     def ring_all_gather(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
@@ -164,12 +164,7 @@ class DeviceClock:
         ``entry`` without running it (:func:`~virtualpar.sim.schedules.ring_all_gather_column`, kept
         like :meth:`ring_all_reduce`'s).  Returns the new ``now``."""
         key = (ranks, "gather", tuple(piece_nbytes))
-        column = self._schedules.get(key)
-        if column is None:
-            column = ring_all_gather_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank))
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
+        column = self._kept(key, lambda: ring_all_gather_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank)))
         return self.advance_to(apply_delays(column, entry))
 
     def tree_broadcast(self, ranks: tuple[int, ...], entry: list[float], root: int, nbytes: int) -> float:
@@ -177,12 +172,7 @@ class DeviceClock:
         entered at ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_broadcast_column`,
         kept like :meth:`ring_all_reduce`'s: O(log n) per call).  Returns the new ``now``."""
         key = (ranks, "bcast", root, nbytes)
-        column = self._schedules.get(key)
-        if column is None:
-            column = tree_broadcast_column(self.topology, ranks, root, ranks.index(self.rank), nbytes)
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
+        column = self._kept(key, lambda: tree_broadcast_column(self.topology, ranks, root, ranks.index(self.rank), nbytes))
         return self.advance_to(max(entry[q] + d for q, d in column))
 
     def dissemination_barrier(self, ranks: tuple[int, ...], entry: list[float]) -> float:
@@ -190,12 +180,7 @@ class DeviceClock:
         sending its messages (:func:`~virtualpar.sim.schedules.dissemination_column`; kept per
         group like :meth:`ring_all_reduce`).  Returns the new ``now``."""
         key = (ranks, "barrier")
-        column = self._schedules.get(key)
-        if column is None:
-            column = dissemination_column(self.topology, ranks, ranks.index(self.rank))
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
+        column = self._kept(key, lambda: dissemination_column(self.topology, ranks, ranks.index(self.rank)))
         return self.advance_to(apply_delays(column, entry))
 
     # -- messages -------------------------------------------------------------------------------------
