@@ -20,11 +20,10 @@ fence_payload_bytes)`` bytes.  Those two cost each device a page fault per scrat
 and per peer whose scratch it reads, so they are bounded twice: the scratch the cluster warms
 (``WARM_SCRATCH_BYTES`` in all, so at most that much memory), and the cluster's size (neither
 above ``WARM_MAX_PEERS`` devices: at 256 devices mapping every peer's scratch took ~1.3–1.9 s of
-the cluster's time).  Shuffled mode pauses nothing in
-it (its seeded pauses are the user's ops').  Afterwards every trace of it is wiped, whether it
-succeeded or not: the device's modelled clock, op count, flight record, trace events, collective
-sequence numbers and message numbers here, and the traffic counters and published clocks in the
-driver once every device is done.  (A device that *died* in it keeps its flight record: that is
+the cluster's time).  Shuffled mode pauses nothing in it (its seeded pauses are the user's
+ops').  Afterwards every trace of it is wiped, whether it succeeded or not: the device's modelled
+clock, op count, flight record, trace events, collective sequence numbers and message numbers
+here, and the traffic counters and published clocks in the driver once every device is done.  (A device that *died* in it keeps its flight record: that is
 what the driver reports, as "during the warm-up".)  A failure is raised by the first call, saying
 it was the warm-up's.  ``VirtualCluster(warm_up=False)`` skips it.
 """
