@@ -4,14 +4,15 @@
 ``get_algorithm`` rejects unknown names with the list of known ones.  ``DEFAULT_ALGORITHMS`` names the
 algorithm for any message-passing ``Comm``: the bandwidth-optimal ring for the bulk collectives,
 binomial trees for the rooted ones; ``default_algorithm`` refines it by size and by whether the
-members share memory (what the runtime uses when the caller does not choose).
+members share memory (what the runtime uses when the caller does not choose): then the all_reduce
+(``shm``), the all_gather and the broadcast (``shm_copy``) and the barrier go through shared memory.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from virtualpar.collectives import direct, reference, ring, shm, tree
+from virtualpar.collectives import direct, reference, ring, shm, shm_copy, tree
 from virtualpar.collectives.comm import Comm, Request, SharedComm, sendrecv
 from virtualpar.collectives.registry import ALGORITHMS, DEFAULT_ALGORITHMS, FENCE_FIRST
 from virtualpar.collectives.selection import default_algorithm
@@ -41,6 +42,7 @@ __all__ = [
     "reference",
     "ring",
     "shm",
+    "shm_copy",
     "tree",
 ]
 
