@@ -12,6 +12,7 @@ sends SIGINT (the driver must re-raise KeyboardInterrupt after reaping every dev
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -30,6 +31,10 @@ def spin_forever(dev) -> None:
 
 
 def main(start_method: str, n: int) -> None:
+    # Python turns SIGINT into KeyboardInterrupt only if SIGINT was not ignored when it started; a
+    # non-interactive shell starts background jobs (a test suite run with `&`) ignoring it, and
+    # their children inherit that: install the handler an interactive driver has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with VirtualCluster(n, start_method=start_method, timeout=60.0) as cluster:
         print("pids", *cluster.pids, flush=True)
         print("shm", cluster._arena.name, flush=True)
