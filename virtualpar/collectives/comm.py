@@ -107,6 +107,12 @@ class SharedComm(Comm, Protocol):
     def model_tree_broadcast(self, root: int, nbytes: int) -> None: ...
 
 
+def call_stamp(op: int, root: int, fence: int, group: tuple[int, ...]) -> int:
+    """``SharedComm.call_stamp`` for any implementation: a 63-bit hash of the call.  A tuple of ints
+    hashes alike in every process (only str and bytes hashes are salted per process)."""
+    return hash((op, root, fence, group)) & ((1 << 63) - 1)
+
+
 def sendrecv(comm: Comm, x: np.ndarray, dst: int, src: int, out: np.ndarray | None = None) -> np.ndarray:
     """Send ``x`` to ``dst`` while receiving from ``src``; returns the received array.
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from virtualpar.collectives.comm import call_stamp
 from virtualpar.errors import (
     CollectiveTimeout,
     DeviceAborted,
@@ -34,8 +35,6 @@ from virtualpar.errors import (
     UnmatchedMessages,
     UsageError,
 )
-
-_STAMP_BITS = (1 << 63) - 1
 
 __all__ = ["ThreadComm", "ThreadWorld", "run_threaded"]
 
@@ -157,7 +156,7 @@ class ThreadComm:
         return np.stack([slots[j] for j in range(self.size)])
 
     def call_stamp(self, op: int, root: int) -> int:
-        return hash((op, root, self._fences + 1, self.size)) & _STAMP_BITS
+        return call_stamp(op, root, self._fences + 1, tuple(range(self.size)))
 
     def fence(self) -> None:
         self._fences += 1

@@ -12,6 +12,7 @@ import numpy as np
 
 from virtualpar.collectives.comm import Comm, sendrecv
 from virtualpar.collectives.ops import combine, finalize
+from virtualpar.sim.schedules import tree_children
 
 __all__ = ["all_reduce", "broadcast", "reduce"]
 
@@ -72,19 +73,9 @@ def broadcast(comm: Comm, x: np.ndarray | None, root: int = 0) -> np.ndarray:
     """
     n, r = comm.size, comm.rank
     v = (r - root) % n
-    if v == 0:
-        data = np.array(x, copy=True)
-    mask = 1
-    while mask < n:  # find the round in which we receive: the lowest set bit of v
-        if v & mask:
-            data = comm.recv((v - mask + root) % n)
-            break
-        mask <<= 1
-    mask >>= 1  # the root leaves the loop with mask ≥ n; others at their receive bit
-    while mask > 0:
-        if v + mask < n:
-            comm.send(data, (v + mask + root) % n)
-        mask >>= 1
+    data = np.array(x, copy=True) if v == 0 else comm.recv((v - (v & -v) + root) % n)  # from v − lowbit(v)
+    for child in tree_children(v, n):  # the same order the modelled clock prices (sim/schedules.py)
+        comm.send(data, (child + root) % n)
     return data
 
 

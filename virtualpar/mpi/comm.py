@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..transport.payload import byte_view
+
 __all__ = ["MPIComm"]
 
 _TAG = 7  # every algorithm message; FIFO per pair on the private communicator keeps them in order
@@ -44,12 +46,6 @@ class _Deferred:
         return self._comm.recv(self._peer, self._out)
 
 
-def _raw(x: np.ndarray) -> np.ndarray:
-    """A C-contiguous array's bytes: MPI has no datatype for numpy's strings, dates or bools-as-bytes
-    ('U', 'S', 'M', ...), and bytes are what the emulator's channels move too."""
-    return x.reshape(-1).view(np.uint8)
-
-
 class MPIComm:
     """Group positions ``0..size-1`` of ``ranks`` (world ranks) over the MPI communicator ``sub``."""
 
@@ -63,7 +59,7 @@ class MPIComm:
         dst = self._ranks[peer]
         stamp = self._dev._clock.on_send(dst, x.nbytes)
         self._in_flight.append(self._sub.isend((x.shape, x.dtype.str, stamp), dest=peer, tag=_TAG))
-        self._in_flight.append((self._sub.Isend(_raw(x), dest=peer, tag=_TAG), x))
+        self._in_flight.append((self._sub.Isend(byte_view(x), dest=peer, tag=_TAG), x))  # bytes: MPI has no type for 'U', 'M'
         self._dev._count(dst, x.nbytes)
         return _SendDone(self._dev._clock, dst, x.nbytes, stamp)
 
@@ -74,7 +70,7 @@ class MPIComm:
         shape, dtype, stamp = self._sub.recv(source=peer, tag=_TAG)
         fits = out is not None and out.shape == tuple(shape) and out.dtype == np.dtype(dtype) and out.flags.c_contiguous
         buf = out if fits else np.empty(shape, np.dtype(dtype))
-        self._sub.Recv(_raw(buf), source=peer, tag=_TAG)
+        self._sub.Recv(byte_view(buf), source=peer, tag=_TAG)
         self._dev._clock.on_recv(self._ranks[peer], buf.nbytes, stamp)
         return buf
 

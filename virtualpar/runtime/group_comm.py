@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ..collectives.comm import call_stamp
 from ..errors import UsageError
 from .config import TAG_COLLECTIVE
 from .requests import Request
@@ -100,9 +101,8 @@ class GroupComm:
             self._check[1]()
 
     def call_stamp(self, op: int, root: int) -> int:
-        # a tuple of ints hashes the same in every process (only str and bytes hashes are salted)
         c = self._dev._endpoint.arrivals.next_fence(self._fences) if self._fences is not None else 1
-        return hash((op, root, c, self._ranks)) & ((1 << 63) - 1)
+        return call_stamp(op, root, c, self._ranks)
 
     @property
     def fence_payload_bytes(self) -> int:

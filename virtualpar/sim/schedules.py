@@ -34,7 +34,7 @@ import numpy as np
 from virtualpar.mesh.topology import Topology
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_all_gather_column",
-           "tree_broadcast_column", "dissemination_column",
+           "tree_broadcast_column", "tree_children", "dissemination_column",
            "tree_all_reduce_times", "tree_all_reduce_column", "apply_delays"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
@@ -103,8 +103,8 @@ def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, m
     while path[-1]:
         path.append(path[-1] - (path[-1] & -path[-1]))
     path.reverse()  # the root (v = 0) ... member
-    legs = [_tree_children(a, n)[: _tree_children(a, n).index(b) + 1] for a, b in zip(path, path[1:])]
-    legs.append(_tree_children(v, n))  # member's own sends
+    legs = [tree_children(a, n)[: tree_children(a, n).index(b) + 1] for a, b in zip(path, path[1:])]
+    legs.append(tree_children(v, n))  # member's own sends
     src = np.array([ranks[(a + root) % n] for a, leg in zip(path, legs) for _ in leg], dtype=np.intp)
     dst = np.array([ranks[(c + root) % n] for leg in legs for c in leg], dtype=np.intp)
     latency, bandwidth = topology.figures_many(src, dst) if src.size else (np.zeros(0), np.ones(0))
@@ -118,8 +118,10 @@ def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, m
     return out
 
 
-def _tree_children(v: int, n: int) -> list[int]:
-    """Whom member v (relative to the root) sends to in the binomial-tree broadcast, in order."""
+def tree_children(v: int, n: int) -> list[int]:
+    """Whom member v (relative to the root, of n) sends to in the binomial-tree broadcast, in order,
+    largest subtree first; it received from v − lowbit(v).  The one definition of the tree that
+    ``collectives/tree.py`` runs and :func:`tree_broadcast_column` prices."""
     mask = 1
     while mask < n and not v & mask:
         mask <<= 1
