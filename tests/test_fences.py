@@ -12,7 +12,8 @@ import pytest
 from virtualpar import Mesh, VirtualCluster
 from virtualpar.errors import CollectiveMismatch, Deadlock, PayloadError, UsageError
 from virtualpar.runtime.fence_kinds import fence_kind, fence_kinds, kind_axes
-from virtualpar.transport.arrivals import FenceGroup
+from virtualpar.transport.arrivals import ArrivalCounters, FenceGroup
+from virtualpar.transport.shm import Layout, SharedArena
 
 MESH = {"a": 2, "b": 2, "c": 2}  # groups over ("a", "c"): ranks 0, 1, 4, 5 — not evenly spaced
 
@@ -32,7 +33,37 @@ def test_a_fence_group_reads_evenly_spaced_members_as_one_slice_and_others_one_b
     assert list(even.words(words, 0)) == [109, 111, 113, 115]  # row 1 of the plane: words 8 + rank
     uneven = FenceGroup(0, (0, 1, 4, 5), me=4, devices=8, doorbells=list(range(8)))
     assert list(uneven.words(words, 8)) == [108, 109, 112, 113]
-    assert uneven.bells == [0, 1, 5] and (uneven.mine, uneven.done) == (4, 0)
+    assert uneven.bells == [0, 1, None, 5] and (uneven.mine, uneven.done) == (4, 0)
+
+
+class _Bell:
+    """A doorbell that notes who was rung, in order."""
+
+    def __init__(self, rank: int, rung: list[int]) -> None:
+        self.rank, self.rung = rank, rung
+
+    def release(self) -> None:
+        self.rung.append(self.rank)
+
+
+@pytest.mark.parametrize("ranks", [(0, 1, 2, 3), (0, 1, 3)], ids=["evenly spaced", "uneven"])
+def test_the_last_member_rings_the_others_in_the_order_they_arrived(ranks):
+    layout = Layout(4, 4096)
+    arena = SharedArena.create(layout.total_bytes)
+    arena.unlink()
+    rung: list[int] = []
+    bells = [_Bell(r, rung) for r in range(4)]
+    members = {r: ArrivalCounters(arena, layout, r, bells) for r in ranks}
+    groups = {r: members[r].group(0, ranks) for r in ranks}
+    *early, last = ranks[2], ranks[0], *ranks[3:], ranks[1]  # not rank order
+    for fence in (1, 2):
+        rung.clear()
+        for r in early:
+            assert members[r].arrive(groups[r]) == fence and not members[r].arrived(groups[r], fence)
+            time.sleep(0.002)  # distinct stamps
+        assert members[last].arrive(groups[last]) == fence
+        assert rung == list(early) and all(members[r].arrived(groups[r], fence) for r in ranks)
+        early = early[::-1]
 
 
 def _interleaved(dev, rounds: int) -> list[list[float]]:

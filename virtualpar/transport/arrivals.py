@@ -15,7 +15,7 @@ rank) has completed.  A fence, the c-th of this member in this group::
 
 Every member does O(1) work of its own plus one C-level read of the group's counts (a strided
 memoryview: the members of a group of one axis are evenly spaced ranks);
-only the last rings anybody: n−1 wake-ups per fence.  The per-pair counters this replaced made
+only the last rings anybody: n−1 wake-ups per fence, longest waiter first (below).  The per-pair counters this replaced made
 every member store and load a word per peer, in Python, twice per fence — at 64 devices on two
 cores ~130 µs of CPU per member per fence once the caches had gone cold between wake-ups, most of
 a barrier's cost.  No wake-up is lost: of the members' (store, barrier, load) sequences, the one
@@ -41,6 +41,16 @@ every member reads the group's slots after the fence — the one-fence all_reduc
 (collectives/shm.py).  The same two-slot argument holds: nobody rewrites a slot of fence c before
 every reader of it has arrived at fence c+1.
 
+Each member also stamps its arrival time (``time.monotonic``, one clock for every process) in
+plane ``STAMP`` before it counts, and the last member rings the others in the order they arrived.
+With more devices than cores the woken members queue for a core, and the kernel tends to run them
+in the order they were woken; rung in rank order, a member that arrived first might run last and
+so wait through two waves of wake-ups (the one that brought the others here, and this one).  Rung
+in arrival order, every member waits about one wave: at 64 devices on 2 cores a barrier right
+after another collective took 4.0–5.6 ms instead of 6.3–7.7 (benchmarks/README.md).  The stamps
+only order the wake-ups; nothing depends on them for correctness (a stale one, already
+overwritten for the next fence, merely moves one member in the order).
+
 The driver zeroes every word when it resets the cluster after a failure, together with the rings.
 """
 
@@ -48,6 +58,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from time import monotonic
 from typing import Any, Sequence
 
 import numpy as np
@@ -57,7 +68,7 @@ from .waitboard import FenceWait, rank_mask
 
 __all__ = ["ArrivalCounters", "FenceGroup"]
 
-COUNT, DONE, DIGEST, CLOCK = 0, 1, 2, 4  # planes (DIGEST and CLOCK: + the fence's parity)
+COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6  # planes (DIGEST and CLOCK: + the fence's parity)
 
 
 class FenceGroup:
@@ -71,7 +82,7 @@ class FenceGroup:
         self._base = kind * devices  # the group's row in a plane
         self.mine = self._base + me  # our word in a plane
         self.done = self._base + self.ranks[0]  # the leader's word in the ``done`` plane
-        self.bells = [doorbells[r] for r in self.ranks if r != me]
+        self.bells = [None if r == me else doorbells[r] for r in self.ranks]  # in group order
         self.peers = np.array([r for r in self.ranks if r != me], dtype=np.intp)  # to index per-peer counters
         self.mask = rank_mask(self.ranks)  # for the wait board
         # the members' columns as one slice when they are evenly spaced (every group of one axis,
@@ -123,14 +134,22 @@ class ArrivalCounters:
             w[(DIGEST + (c & 1)) * plane + mine] = digest
         if clock is not None:
             self._f[(CLOCK + (c & 1)) * plane + mine] = clock
+        self._f[STAMP * plane + mine] = monotonic()
         w[mine] = c
         with self._fence:  # a full memory barrier between the store and the loads
             pass
         if min(grp.words(w, COUNT)) >= c and w[plane + grp.done] < c:
             w[plane + grp.done] = c
-            for bell in grp.bells:
-                bell.release()
+            self._ring(grp)
         return c
+
+    def _ring(self, grp: FenceGroup) -> None:
+        """Wake the other members of ``grp``, the one that arrived first first (by their stamps)."""
+        bells = grp.bells
+        for i in np.asarray(grp.words(self._f, STAMP * self._plane)).argsort(kind="stable").tolist():
+            bell = bells[i]
+            if bell is not None:
+                bell.release()
 
     def next_fence(self, grp: FenceGroup) -> int:
         """The number of the fence of ``grp`` this member enters next."""
