@@ -161,3 +161,25 @@ def test_the_warm_up_keeps_no_result_buffer():
     """Its scratch all_reduce's result is a size the user may never use: n of them held for nothing."""
     with VirtualCluster(4) as cluster:
         assert cluster.run(lambda dev: dev._endpoint._pool.idle_bytes) == [0] * 4
+
+
+def _arena_rss(dev, name: str) -> int:
+    """Bytes of the cluster's shared arena ``name`` this process has mapped (its ``Rss`` in /proc/self/smaps)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        if name in line:
+            rss = next(entry for entry in lines[i + 1:] if entry.startswith("Rss:"))
+            return int(rss.split()[1]) * KIB
+    raise AssertionError(f"no mapping of {name} in /proc/self/smaps")
+
+
+def test_every_device_maps_the_warmed_scratch_of_every_peer():
+    """The warm-up's all_reduce reads only two slices of each peer's scratch; the rest of what it
+    wrote must be mapped here too, or a first all_reduce of another size faults on it."""
+    n = 4
+    with VirtualCluster(n) as cluster:
+        layout = cluster.layout
+        warmed = scratch_warm_bytes(n, layout.scratch_bytes, layout.fence_payload_bytes)
+        assert warmed > 0
+        for rss in cluster.run(_arena_rss, cluster._arena.name):
+            assert rss >= n * warmed  # every device's warmed scratch, its own and its peers'
