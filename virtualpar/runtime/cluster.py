@@ -46,8 +46,6 @@ __all__ = ["VirtualCluster", "START_METHODS"]
 
 
 START_METHODS = ("fork", "forkserver", "spawn")
-
-
 DEFAULT_SCRATCH_BYTES = 4 << 20
 
 
@@ -100,7 +98,8 @@ class VirtualCluster:
     ``bind``: run every device on its own share of the cores (on by default; runtime/binding.py).
     ``warm_up``: the devices run their first collectives once, unseen, while the driver goes on, so
     that the user's first ones cost what later ones do; the first call that needs the devices waits
-    for it (on by default; runtime/warmup.py).
+    for it (on by default; runtime/warmup.py).  ``start_line``: every device of a ``run`` begins
+    its function once all have been handed it (on by default; runtime/start_line.py).
     """
 
     def __init__(
@@ -122,6 +121,7 @@ class VirtualCluster:
         shuffle: int | None = None,
         bind: bool = True,
         warm_up: bool = True,
+        start_line: bool = True,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
@@ -137,7 +137,7 @@ class VirtualCluster:
         self.hardware, topology, device_spec = resolve_hardware(hardware, self.mesh)
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
                                     check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
-                                    shuffle=shuffle, bind=bool(bind))
+                                    shuffle=shuffle, bind=bool(bind), start_line=bool(start_line))
         self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
         self.mesh.prepare_groups()  # inherited by every device
         global _created

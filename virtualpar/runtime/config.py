@@ -49,6 +49,7 @@ class ClusterConfig:
     ``shuffle``: None, or the seed of shuffled mode (transport/shuffle.py).
     ``t0``: the driver's ``time.monotonic()`` at start-up; wall times in traces are relative to it.
     ``bind``: every device runs on its own share of the cores (runtime/binding.py).
+    ``start_line``: every device begins a run's function once all have been handed it (runtime/start_line.py).
     """
 
     timeout: float = 60.0
@@ -60,6 +61,7 @@ class ClusterConfig:
     eager_limit: int | None = None  # strict mode: sends larger than this wait for their receive
     shuffle: int | None = None  # shuffled mode: the seed of every device's pauses
     bind: bool = True  # devices bound to their own share of the cores
+    start_line: bool = True  # a run's devices begin together
 
 
 def check_sizes(ring_bytes: Any, scratch_bytes: Any, abort_grace: Any) -> None:

@@ -37,6 +37,7 @@ from .packaging import package_error
 from .recorder import FlightRecorder
 from ..transport.payload import dumps_by_value
 from .shipping import ByValue
+from .start_line import wait_at_start_line
 from .warmup import warm_up
 
 __all__ = ["device_main", "WorkerArgs"]
@@ -170,6 +171,8 @@ class _Handlers:
         dev._run_ops_from = dev.op_seq  # an error before this run's first op must not name an older one
         fn, fargs, fkwargs = pickle.loads(payload)
         name = getattr(fn, "__qualname__", repr(fn))
+        if dev.config.start_line:
+            wait_at_start_line(dev, dev._run)
         slot = dev._recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock, dev._run)
         try:
             result = fn(dev, *fargs, **fkwargs)
