@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from virtualpar import DeviceError, VirtualCluster
+from virtualpar import CollectiveTimeout, DeviceError, VirtualCluster
 from virtualpar.errors import InjectedFault
 
 LATE = 0.3  # seconds the late device spends loading the run's argument
@@ -29,12 +29,21 @@ class _SlowToLoad:
         return _load, (self.pid, self.fail)
 
 
-def _load(pid: int, fail: bool) -> str:
+def _load(pid: int, fail: bool, seconds: float = LATE) -> str:
     if os.getpid() == pid:
         if fail:
             raise RuntimeError("this argument cannot be loaded here")
-        time.sleep(LATE)
+        time.sleep(seconds)
     return "loaded"
+
+
+class _SlowerThanTheTimeout(_SlowToLoad):
+    def __init__(self, pid: int, seconds: float) -> None:
+        super().__init__(pid)
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return _load, (self.pid, False, self.seconds)
 
 
 def _began(dev, arg) -> float:
@@ -85,3 +94,28 @@ def test_a_device_that_cannot_load_the_run_fails_it_at_once_and_the_cluster_reco
             cluster.run(_began, _SlowToLoad(pids[2], fail=True))
         assert time.monotonic() - t0 < 5  # the others, at the start line, were aborted: no op timeout
         assert cluster.run(lambda dev: dev.rank) == [0, 1, 2, 3]
+
+
+def _barrier_began(dev, arg) -> float:
+    began = time.monotonic()
+    dev.barrier()
+    return began
+
+
+def test_the_line_only_aligns_a_device_later_than_the_op_timeout_delays_nobody():
+    """The others wait the op timeout at the line, then begin: a run that needs nothing of the late
+    device still succeeds, and the late one completes the line's fence when it comes, so the
+    fences after it (a barrier in the next run) stay in step."""
+    with VirtualCluster(4, timeout=0.2) as cluster:
+        pids = cluster.run(lambda dev: os.getpid())
+        began = np.array(cluster.run(_began, _SlowerThanTheTimeout(pids[2], 0.6)))
+        assert np.delete(began, 2).max() < began[2] - 0.2  # they did not wait for device 2 to load
+        assert len(set(cluster.run(_barrier_began, None))) == 4
+        assert cluster.run(lambda dev: dev.rank) == [0, 1, 2, 3]
+
+
+def test_a_device_stuck_before_the_line_is_named_by_the_first_op_that_needs_it():
+    with VirtualCluster(4, timeout=0.5, abort_grace=0.5) as cluster:
+        pids = cluster.run(lambda dev: os.getpid())
+        with pytest.raises(CollectiveTimeout, match=r"(?s)missing: device 2.*stack of stuck device 2.*_load"):
+            cluster.run(_barrier_began, _SlowerThanTheTimeout(pids[2], 60.0))
