@@ -30,10 +30,18 @@ def rank_order_reduction(xs: list[np.ndarray], op: str) -> np.ndarray:
     return acc / len(xs) if op == "avg" else acc
 
 
+@pytest.fixture(params=[False, True], ids=["member by member", "strided rows"])
+def strided(request, monkeypatch):
+    """Both ways of reading the members' scratch: from how many members on the strided rows are
+    used is a matter of speed (``shm.STRIDED_MIN_MEMBERS``), so small groups test both."""
+    monkeypatch.setattr(shm, "STRIDED_MIN_MEMBERS", 2 if request.param else 1 << 30)
+    return request.param
+
+
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("scratch_bytes", [8, 24, 40, 4096])
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "avg"])
-def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, scratch_bytes, op):
+def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, scratch_bytes, op, strided):
     rng = np.random.default_rng([n, scratch_bytes])
     world = ThreadWorld(n, scratch_bytes=scratch_bytes)
     for size in (0, 1, n - 1, 7, 17):
@@ -173,7 +181,7 @@ def _all_reduce_own(dev, xs, algorithm):
     return dev.all_reduce(xs[dev.rank], algorithm=algorithm)
 
 
-def test_shm_bytes_and_results_on_real_devices_with_a_tiny_scratch():
+def test_shm_bytes_and_results_on_real_devices_with_a_tiny_scratch(strided):
     with VirtualCluster(4, scratch_bytes=48, trace=False) as cluster:  # 6 float64 per chunk
         # 9.6 KB: more than a fence carries (Layout.fence_payload_bytes), so the scratch path runs
         xs = [np.random.default_rng(r).uniform(size=(40, 30)) for r in range(4)]
@@ -314,6 +322,36 @@ def test_one_fence_all_reduce_on_real_devices_in_every_kind_of_group():
             assert got.tobytes() == want.tobytes(), (rank, ranks, got.shape)
             k += 1
     assert k == 8 * 3 * 4
+
+
+def test_scratch_all_reduce_on_real_devices_in_every_kind_of_group(strided):
+    """Past the fence slots, through the scratch, in groups whose members are evenly spaced (the
+    whole mesh, one axis: strided rows when ``strided``) and not (("a", "c"): always member by
+    member); bit for bit in rank order, with slices of one item and uneven remainders."""
+    with VirtualCluster(Mesh({"a": 2, "b": 2, "c": 2}), trace=False) as cluster:
+        shapes = [(1025,), (1027,), (3, 1001), (65539,)]  # 8200 B .. 512 KiB, none a multiple of 8 items
+        runs = cluster.run(_small_in_groups, shapes)
+    for rank, results in enumerate(runs):
+        for i, (ranks, _, got) in enumerate(results):
+            want = rank_order_reduction([runs[m][i][1] for m in ranks], "sum")
+            assert got.tobytes() == want.tobytes(), (rank, ranks, got.shape)
+
+
+@pytest.mark.parametrize("n", [8, 13])
+def test_one_numpy_reduction_over_the_rows_still_adds_them_in_rank_order(n, strided):
+    """The strided-rows path reduces all members' slices in one numpy call, which must add them in
+    rank order as the member-by-member loop does — also for slices of one item (an inner axis,
+    which numpy would sum pairwise).  The values span 16 orders of magnitude, so another order shows."""
+    rng = np.random.default_rng(n)
+    world = ThreadWorld(n, scratch_bytes=4096)
+    reordered = 0
+    for size in (n, n + 1, 2 * n - 1, 3 * n + 2, 200):
+        xs = [rng.standard_normal(size) * 10.0 ** rng.integers(-8, 9, size) for _ in range(n)]
+        got = world.run(lambda c: shm.all_reduce(c, xs[c.rank], "sum"))
+        want = rank_order_reduction(xs, "sum")
+        assert all(g.tobytes() == want.tobytes() for g in got), size
+        reordered += np.sum(np.add.reduce(np.stack(xs[::-1]), axis=0) != want)
+    assert reordered > 0  # the test can tell the orders apart
 
 
 def _oversized_fence_payload(dev):

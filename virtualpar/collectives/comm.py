@@ -50,7 +50,9 @@ class SharedComm(Comm, Protocol):
 
     * ``scratch(member)``: a uint8 array of ``scratch_bytes`` — ``member``'s scratch region.  A
       member writes only its own; it may read any member's between two fences that bracket the
-      owner's writes.
+      owner's writes.  ``scratch_rows()``: every member's region as the rows of one (n,
+      ``scratch_bytes``) uint8 view, in group order, when they lie at one stride in memory (a
+      group whose ranks are evenly spaced), so that one numpy call reads all of them; else None.
     * ``empty(shape, dtype)``: a fresh array for a result (the runtime hands out recycled, already
       faulted-in memory: a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).
     * ``fence()``: returns once every member has called it as often as this one (a barrier that
@@ -70,7 +72,8 @@ class SharedComm(Comm, Protocol):
       (``direct.barrier``) would.
     * ``account(peer, nbytes, messages)``: record that ``nbytes`` of this member's memory were
       read by ``peer`` (the traffic counters see them as sent from this member to ``peer``);
-      ``account_all(nbytes, messages)`` the same for every other member at once.
+      ``account_all(nbytes, messages)`` the same for every other member at once (``nbytes`` an
+      int, or one count per member in group order, this member's ignored).
     * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
       all_reduce over chunks of these sizes would (the algorithm real hardware runs; no message
       carries modelled time in a shared-memory algorithm); ``model_ring_all_gather(piece_nbytes)``
@@ -81,6 +84,8 @@ class SharedComm(Comm, Protocol):
     scratch_bytes: int
 
     def scratch(self, member: int) -> np.ndarray: ...
+
+    def scratch_rows(self) -> np.ndarray | None: ...
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
 
@@ -94,7 +99,7 @@ class SharedComm(Comm, Protocol):
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None: ...
 
-    def account_all(self, nbytes: int, messages: int = 1) -> None: ...
+    def account_all(self, nbytes: Any, messages: int = 1) -> None: ...
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None: ...
 

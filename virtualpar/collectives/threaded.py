@@ -139,6 +139,9 @@ class ThreadComm:
     def scratch(self, member: int) -> np.ndarray:
         return self.world._scratch[member]
 
+    def scratch_rows(self) -> np.ndarray | None:
+        return self.world._scratch
+
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
 
@@ -171,10 +174,10 @@ class ThreadComm:
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         self.world._count(self.rank, peer, nbytes, messages)
 
-    def account_all(self, nbytes: int, messages: int = 1) -> None:
+    def account_all(self, nbytes: Any, messages: int = 1) -> None:
         for peer in range(self.size):
             if peer != self.rank:
-                self.account(peer, nbytes, messages)
+                self.account(peer, nbytes if type(nbytes) is int else int(nbytes[peer]), messages)
 
     def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
         """Threads keep no modelled clock: nothing to charge."""
@@ -209,7 +212,7 @@ class ThreadWorld:
         self.bytes = np.zeros((size, size), dtype=np.int64)
         self.messages = np.zeros((size, size), dtype=np.int64)
         self.scratch_bytes = scratch_bytes
-        self._scratch = [np.zeros(scratch_bytes, np.uint8) for _ in range(size)]
+        self._scratch = np.zeros((size, scratch_bytes), np.uint8)  # row j: member j's region
         self._fence = threading.Barrier(size)
         self.fence_payload_bytes = fence_payload_bytes
         self._payloads: list[list[Any]] = [[None] * size, [None] * size]  # by fence parity, then member

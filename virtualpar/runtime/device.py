@@ -25,6 +25,7 @@ from .config import TAG_HOST, ClusterConfig
 from .fence_kinds import fence_kind
 from .p2p import PointToPoint
 from .recorder import EventLog, FlightRecorder, OpTexts
+from ..transport.lazy import Lazy
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..mesh import Mesh
@@ -48,7 +49,7 @@ class VirtualDevice(PointToPoint):
         recorders: Mapping[int, FlightRecorder],
         clock: "DeviceClock",
         clocks: np.ndarray,
-        scratch: Mapping[int, np.ndarray] | None = None,
+        scratch: np.ndarray | None = None,
     ) -> None:
         self.rank = rank
         self.mesh = mesh
@@ -62,7 +63,9 @@ class VirtualDevice(PointToPoint):
         self._clock = clock
         self._clocks = clocks  # every endpoint's published modelled clock (shared memory)
         self._clock_mv = memoryview(clocks[rank : rank + 1])  # this device's slot (cheaper to store through)
-        self._scratch = scratch if scratch is not None else []  # every device's scratch region, for shm collectives
+        # every device's scratch region (shm collectives): row r of ``scratch`` is device r's, viewed on first use
+        self._scratch_table = scratch
+        self._scratch = Lazy(lambda r: scratch[r, : endpoint.layout.scratch_bytes]) if scratch is not None else []
         self._trace = config.trace
         self._texts = OpTexts()  # flight-recorder texts of recent sends and receives
         self._op_seq = 0

@@ -72,6 +72,12 @@ class GroupComm:
     def scratch(self, member: int) -> np.ndarray:
         return self._dev._scratch[self._ranks[member]]
 
+    def scratch_rows(self) -> np.ndarray | None:
+        span = self._fences.span if self._fences is not None else None
+        if span is None:
+            return None
+        return self._dev._scratch_table[span, : self.scratch_bytes]
+
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self._dev._endpoint._pool.array(shape, np.dtype(dtype))
 
@@ -128,10 +134,14 @@ class GroupComm:
         ep._bytes_mv[dst] += nbytes
         ep._msgs_mv[dst] += messages
 
-    def account_all(self, nbytes: int, messages: int = 1) -> None:
+    def account_all(self, nbytes: Any, messages: int = 1) -> None:
         if self._fences is not None:
             ep, peers = self._dev._endpoint, self._fences.peers
-            self.moved += nbytes * len(peers)
+            if type(nbytes) is int:
+                self.moved += nbytes * len(peers)
+            else:  # one count per member, in group order: ours is not counted
+                nbytes = nbytes[self._fences.others]
+                self.moved += int(nbytes.sum())
             ep._bytes_row[peers] += nbytes
             ep._msgs_row[peers] += messages
 

@@ -106,7 +106,8 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
     # every device's flight recorder (read in error reports) and scratch region, viewed on first use
     recorders = Lazy(lambda r: FlightRecorder(arena, layout, r))
     clocks = arena.view(layout.clocks_offset, layout.endpoints, np.float64)
-    scratch = Lazy(lambda r: arena.view(layout.scratch_offset(r), layout.scratch_bytes))
+    scratch = arena.view(layout.scratch_data_offset, layout.devices * layout.scratch_stride).reshape(
+        layout.devices, layout.scratch_stride)
     dev = VirtualDevice(args.rank, args.mesh, args.config, endpoint, recorders, args.clock, clocks, scratch)
     cmd = args.cmd
     cmd.send(("ready", os.getpid()))

@@ -74,7 +74,7 @@ COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6  # planes (DIGEST and CLOCK: +
 class FenceGroup:
     """One group as its member ``me`` fences in it: word indices, the members, their doorbells."""
 
-    __slots__ = ("kind", "ranks", "peers", "mine", "done", "bells", "mask", "_base", "_cols")
+    __slots__ = ("kind", "ranks", "peers", "others", "mine", "done", "bells", "mask", "_base", "_cols")
 
     def __init__(self, kind: int, ranks: Sequence[int], me: int, devices: int, doorbells: list[Any]) -> None:
         self.kind = kind
@@ -84,6 +84,7 @@ class FenceGroup:
         self.done = self._base + self.ranks[0]  # the leader's word in the ``done`` plane
         self.bells = [None if r == me else doorbells[r] for r in self.ranks]  # in group order
         self.peers = np.array([r for r in self.ranks if r != me], dtype=np.intp)  # to index per-peer counters
+        self.others = np.array([i for i, r in enumerate(self.ranks) if r != me], dtype=np.intp)  # their positions
         self.mask = rank_mask(self.ranks)  # for the wait board
         # the members' columns as one slice when they are evenly spaced (every group of one axis,
         # and of adjacent axes): a strided memoryview read costs one C loop, not a Python loop
@@ -91,6 +92,11 @@ class FenceGroup:
         step = r[1] - r[0] if len(r) > 1 else 1
         even = all(b - a == step for a, b in zip(r, r[1:]))
         self._cols = slice(r[0], r[-1] + 1, step) if even else list(r)
+
+    @property
+    def span(self) -> slice | None:
+        """The members' ranks as one slice when they are evenly spaced, else None."""
+        return self._cols if type(self._cols) is slice else None
 
     def words(self, plane: memoryview, first: int) -> Any:
         """The members' words of the plane that starts at word ``first`` of ``plane``, in group order
