@@ -48,7 +48,7 @@ from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
 from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_gather_column, ring_all_reduce_column,
-                                     tree_all_reduce_column, tree_broadcast_column)
+                                     tree_all_reduce_column, tree_all_reduce_links, tree_broadcast_column)
 
 __all__ = ["DeviceClock"]
 
@@ -153,10 +153,12 @@ class DeviceClock:
         """Charge the recursive-doubling all_reduce of ``nbytes`` over ``ranks`` entered at
         ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_all_reduce_column`, kept
         per group and size like :meth:`ring_all_reduce`: O(n) per call; the replay of every
-        member's messages cost ~1 ms of CPU per call per device at 64 devices).  Returns the new
+        member's messages cost ~1 ms of CPU per call per device at 64 devices; the route figures
+        it needs are kept per group, so a new size costs no route lookups).  Returns the new
         ``now``."""
-        key = (ranks, "tree", nbytes)
-        column = self._kept(key, lambda: tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes))
+        links = self._kept((ranks, "tree links"), lambda: tree_all_reduce_links(self.topology, ranks))
+        column = self._kept((ranks, "tree", nbytes),
+                            lambda: tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes, links))
         return self.advance_to(apply_delays(column, entry))
 
     def ring_all_gather(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:

@@ -35,7 +35,7 @@ from virtualpar.mesh.topology import Topology
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_all_gather_column",
            "tree_broadcast_column", "tree_children", "dissemination_column",
-           "tree_all_reduce_times", "tree_all_reduce_column", "apply_delays"]
+           "tree_all_reduce_times", "tree_all_reduce_column", "tree_all_reduce_links", "apply_delays"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
 
@@ -194,33 +194,38 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
     return _tree_replay(topology, ranks, np.array(entry, dtype=np.float64).reshape(-1, 1), nbytes)[:, 0].tolist()
 
 
-def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int) -> list[float]:
+def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """What :func:`tree_all_reduce_column` needs of the topology, which depends on the group and
+    not on the size: for each step in the order the column takes them back (the unfold, the
+    rounds from the last, the fold), the members it updates and the (latency, bandwidth) of the
+    messages they wait for.  Kept per group by the clock, so a new size costs only the steps'
+    arithmetic (~15 numpy operations), not ⌈log2 n⌉ + 2 route lookups."""
+    n = len(ranks)
+    if n == 1:
+        return []
+    rk = np.asarray(ranks)
+    p = 1 << (n.bit_length() - 1)
+    lo, hi, r = np.arange(n - p), np.arange(p, n), np.arange(p)
+    steps = [(lo, lo + p)]  # unfold: r < e sent to r + p, which waited
+    steps += [(r, r ^ (1 << k)) for k in range(p.bit_length() - 2, -1, -1)]  # the rounds, last first
+    steps.append((hi, lo))  # fold: r ≥ p sent to r − p
+    return [(a, b, *topology.figures_many(rk[a], rk[b])) for a, b in steps]
+
+
+def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int,
+                           links: list | None = None) -> list[float]:
     """Member ``me``'s row of the max-plus matrix of :func:`tree_all_reduce_times` (every step is
     a max of sums): ``exit[me] = max_q (entry[q] + row[q])``, via :func:`apply_delays` — O(n) per
     call once the row is kept.  The row is the unit vector of ``me`` taken back through the steps
     from the last, as :func:`_column` does for the ring: a step ``t'[r] = max(t[r] + a, t[q] + b)``
     maps ``u`` to ``u[r] = max(u'[r] + a, u'[j] + c)`` over the members j it feeds — O(n log n)
     in all (the forward replay of n unit vectors was O(n² log n): ~3 ms of a device's first call
-    at 128 devices)."""
+    at 128 devices).  ``links``: :func:`tree_all_reduce_links` of the group, if kept."""
     n = len(ranks)
     u = np.full(n, NEVER)
     u[me] = 0.0
-    if n == 1:
-        return u.tolist()
-    rk = np.asarray(ranks)
-
-    def T(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # message times a[i] -> b[i]
-        lat, bw = topology.figures_many(rk[a], rk[b])
-        return lat + (nbytes / bw if nbytes else 0.0)
-
-    p = 1 << (n.bit_length() - 1)
-    lo, hi = np.arange(n - p), np.arange(p, n)
-    u[lo] = np.maximum(u[lo], u[hi]) + T(lo, lo + p)  # unfold: r < e sent to r + p, which waited
-    r = np.arange(p)
-    for k in range(p.bit_length() - 2, -1, -1):  # the rounds, last first
-        q = r ^ (1 << k)
-        u[:p] = np.maximum(u[:p], u[q]) + T(r, q)
-    u[hi] = np.maximum(u[hi], u[lo]) + T(hi, lo)  # fold: r ≥ p sent to r − p
+    for a, b, latency, bandwidth in tree_all_reduce_links(topology, ranks) if links is None else links:
+        u[a] = np.maximum(u[a], u[b]) + (latency + (nbytes / bandwidth if nbytes else 0.0))
     return u.tolist()
 
 
