@@ -106,10 +106,10 @@ def test_the_line_only_aligns_a_device_later_than_the_op_timeout_delays_nobody()
     """The others wait the op timeout at the line, then begin: a run that needs nothing of the late
     device still succeeds, and the late one completes the line's fence when it comes, so the
     fences after it (a barrier in the next run) stay in step."""
-    with VirtualCluster(4, timeout=0.2) as cluster:
+    with VirtualCluster(4, timeout=0.3) as cluster:
         pids = cluster.run(lambda dev: os.getpid())
-        began = np.array(cluster.run(_began, _SlowerThanTheTimeout(pids[2], 0.6)))
-        assert np.delete(began, 2).max() < began[2] - 0.2  # they did not wait for device 2 to load
+        began = np.array(cluster.run(_began, _SlowerThanTheTimeout(pids[2], 1.0)))
+        assert np.delete(began, 2).max() < began[2] - 0.3  # they did not wait for device 2 to load
         assert len(set(cluster.run(_barrier_began, None))) == 4
         assert cluster.run(lambda dev: dev.rank) == [0, 1, 2, 3]
 
