@@ -71,7 +71,8 @@ def _observed(start_line: bool) -> tuple:
     with VirtualCluster({"x": 2, "y": 2}, start_line=start_line) as cluster:
         runs = [cluster.run(_program) for _ in range(3)]
         traffic = cluster.stats().total_bytes
-        events = sorted((e.rank, e.kind, e.name, e.seq, e.model_start, e.model_end, e.nbytes) for e in cluster.trace().events)
+        events = sorted((e.rank, e.kind, e.name, e.seq, e.model_start, e.model_end, e.nbytes)
+                        for e in cluster.trace().events)
         cluster.inject(1, 1, "raise")
         with pytest.raises(InjectedFault, match=r"injected fault on device 1 .* at op #7 \(barrier #4 "):
             cluster.run(_program)

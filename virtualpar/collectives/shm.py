@@ -191,6 +191,8 @@ def _copy_slices(rows: Any, b: list[int], dst: np.ndarray) -> None:
     q, rem = divmod(b[-1], n)
     step, item = rows.strides
     if rem:  # slice j < rem starts at item j(q+1) of row j
-        dst[: rem * (q + 1)].reshape(rem, q + 1)[...] = as_strided(rows, (rem, q + 1), (step + (q + 1) * item, item))
+        longer = as_strided(rows, (rem, q + 1), (step + (q + 1) * item, item))
+        dst[: rem * (q + 1)].reshape(rem, q + 1)[...] = longer
     if q:  # slice j >= rem starts at item jq + rem of row j
-        dst[rem * (q + 1) :].reshape(n - rem, q)[...] = as_strided(rows[rem:, rem * (q + 1) :], (n - rem, q), (step + q * item, item))
+        rest = as_strided(rows[rem:, rem * (q + 1) :], (n - rem, q), (step + q * item, item))
+        dst[rem * (q + 1) :].reshape(n - rem, q)[...] = rest

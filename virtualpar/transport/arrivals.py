@@ -14,11 +14,11 @@ rank) has completed.  A fence, the c-th of this member in this group::
     else: sleep until done[k][leader] >= c                            (the last one wakes me)
 
 Every member does O(1) work of its own plus one C-level read of the group's counts (a strided
-memoryview: the members of a group of one axis are evenly spaced ranks);
-only the last rings anybody: n−1 wake-ups per fence, longest waiter first (below).  The per-pair counters this replaced made
-every member store and load a word per peer, in Python, twice per fence — at 64 devices on two
-cores ~130 µs of CPU per member per fence once the caches had gone cold between wake-ups, most of
-a barrier's cost.  No wake-up is lost: of the members' (store, barrier, load) sequences, the one
+memoryview: the members of a group of one axis are evenly spaced ranks); only the last rings
+anybody: n−1 wake-ups per fence, longest waiter first (below).  The per-pair counters this
+replaced made every member store and load a word per peer, in Python, twice per fence — at 64
+devices on two cores ~130 µs of CPU per member per fence once the caches had gone cold between
+wake-ups, most of a barrier's cost.  No wake-up is lost: of the members' (store, barrier, load) sequences, the one
 whose barrier comes last in the global order loads after every store, so at least one member sees
 everybody and rings the rest (two may; the second ring is a harmless spurious wake-up).  The
 barrier is the lock-prefixed compare-and-swap of taking and dropping an uncontended private lock
