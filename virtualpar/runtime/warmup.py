@@ -17,16 +17,17 @@ user's repeated calls will take): a barrier, an all_reduce that fills a fence's 
 broadcast of one item, and — while they stay cheap — an all_gather of one item and an all_reduce
 through the shared scratch memory, of ``scratch_warm_bytes(devices, scratch_bytes,
 fence_payload_bytes)`` bytes, after which each device reads a byte of every page of that much of
-each peer's scratch (``_map_peers``).  Those cost each device a page fault per scratch page it writes
-and per peer whose scratch it reads, so they are bounded twice: the scratch the cluster warms
-(``WARM_SCRATCH_BYTES`` in all, so at most that much memory), and the cluster's size (neither
-above ``WARM_MAX_PEERS`` devices: at 256 devices mapping every peer's scratch took ~1.3–1.9 s of
-the cluster's time).  Shuffled mode pauses nothing in it (its seeded pauses are the user's
-ops').  Afterwards every trace of it is wiped, whether it succeeded or not: the device's modelled
-clock, op count, flight record, trace events, collective sequence numbers and message numbers
-here, and the traffic counters and published clocks in the driver once every device is done.  (A device that *died* in it keeps its flight record: that is
-what the driver reports, as "during the warm-up".)  A failure is raised by the first call, saying
-it was the warm-up's.  ``VirtualCluster(warm_up=False)`` skips it.
+each peer's scratch (``_map_peers``).  Those cost each device a page fault per scratch page it
+writes and per peer whose scratch it reads, so they are bounded twice: the scratch the cluster
+warms (``WARM_SCRATCH_BYTES`` in all, so at most that much memory), and the cluster's size
+(neither above ``WARM_MAX_PEERS`` devices: at 256 devices mapping every peer's scratch took
+~1.3–1.9 s of the cluster's time).  Shuffled mode pauses nothing in it (its seeded pauses are the
+user's ops').  Afterwards every trace of it is wiped, whether it succeeded or not: the device's
+modelled clock, op count, flight record, trace events, collective sequence numbers and message
+numbers here, and the traffic counters and published clocks in the driver once every device is
+done.  (A device that *died* in it keeps its flight record: that is what the driver reports, as
+"during the warm-up".)  A failure is raised by the first call, saying it was the warm-up's.
+``VirtualCluster(warm_up=False)`` skips it.
 """
 
 from __future__ import annotations
