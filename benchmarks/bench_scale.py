@@ -4,13 +4,14 @@ For every device count n, a fresh cluster: its start-up time, then (its inputs b
 before) in one run, for each op the *first* call, the *steady* time (best of the next three) and
 the *tenth* call, each the slowest device's time as it measured it, the devices lined up by the
 all_reduce that collects each time — what ``_mpi_scale.py`` measures under ``mpiexec -n n`` (which
-has no tenth).  The very first call (the barrier) also carries the skew with which the driver
-handed the run to the devices, as MPICH's carries what ``MPI_Init`` left unsynchronised.  ``start`` is the time until ``VirtualCluster()`` returned,
-``warm`` until the devices had also finished their start-up warm-up (runtime/warmup.py), which
-the first call that needs them waits for.  The table shows first and steady; the tenth is in ``--json`` and in the
-first-against-tenth targets.  Then the cluster's resident memory (sum of the
-devices' PSS, so shared pages count once) once started and after every op, and the time to close
-it.  At each size MPICH runs at, ``--rounds`` rounds (a fresh cluster, then a fresh ``mpiexec``):
+has no tenth).  The run begins at its start line (runtime/start_line.py), as MPICH's ranks
+leave ``MPI_Init`` together, so the very first call (the barrier) starts from the wave of
+wake-ups that line ends with, not from the driver's hand-out.  ``start`` is the time until
+``VirtualCluster()`` returned, ``warm`` until the devices had also finished their start-up warm-up
+(runtime/warmup.py), which the first call that needs them waits for.  The table shows first and
+steady; the tenth is in ``--json`` and in the first-against-tenth targets.  Then the cluster's
+resident memory (sum of the devices' PSS, so shared pages count once) once started and after
+every op, and the time to close it.  At each size MPICH runs at, ``--rounds`` rounds (a fresh cluster, then a fresh ``mpiexec``):
 the table shows the median of each figure, and a ratio against MPICH (in the table and in the
 targets) is the median of the per-round ratios, over the rounds whose MPICH run succeeded; a
 target with no MPICH figure at all is printed as SKIP, with MPICH's reason.  Every
