@@ -30,14 +30,6 @@ def rank_order_reduction(xs: list[np.ndarray], op: str) -> np.ndarray:
     return acc / len(xs) if op == "avg" else acc
 
 
-@pytest.fixture(params=[False, True], ids=["member by member", "strided rows"])
-def strided(request, monkeypatch):
-    """Both ways of reading the members' scratch: from how many members on the strided rows are
-    used is a matter of speed (``shm.STRIDED_MIN_MEMBERS``), so small groups test both."""
-    monkeypatch.setattr(shm, "STRIDED_MIN_MEMBERS", 2 if request.param else 1 << 30)
-    return request.param
-
-
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("scratch_bytes", [8, 24, 40, 4096])
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "avg"])

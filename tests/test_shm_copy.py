@@ -28,7 +28,7 @@ def _piece(rank: int, dim: int, length: int, dtype: str = "float64") -> np.ndarr
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("scratch_bytes", [GATHER_HEADER + 1, GATHER_HEADER + 40, 1 << 16])
 @pytest.mark.parametrize("dim", [0, 1, 2])
-def test_uneven_pieces_through_any_scratch_match_numpy_concatenate(n, scratch_bytes, dim):
+def test_uneven_pieces_through_any_scratch_match_numpy_concatenate(n, scratch_bytes, dim, strided):
     world = ThreadWorld(n, scratch_bytes=scratch_bytes)
     for lengths in ([2] * n, [r % 3 for r in range(n)], [0] * n, [7 * r + 1 for r in range(n)]):
         pieces = [_piece(r, dim, lengths[r]) for r in range(n)]
@@ -36,6 +36,19 @@ def test_uneven_pieces_through_any_scratch_match_numpy_concatenate(n, scratch_by
         want = np.concatenate(pieces, axis=dim)
         for g in got:
             assert g.shape == want.shape and g.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n", [2, 5])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_pieces_alike_are_gathered_in_one_strided_copy_as_numpy_concatenates_them(n, dim, strided):
+    """Every header alike (stamp, shape, dtype): the strided path copies all n pieces at once into
+    (before dim, n, after) blocks of the result; the same bytes as ``numpy.concatenate``."""
+    world = ThreadWorld(n, scratch_bytes=1 << 12)
+    for dtype in ("float64", "int8", "complex64"):
+        pieces = [_piece(r, dim, 3, dtype) for r in range(n)]
+        got = world.run(lambda c: shm.all_gather(c, pieces[c.rank], dim))
+        want = np.concatenate(pieces, axis=dim)
+        assert all(g.shape == want.shape and g.tobytes() == want.tobytes() for g in got)
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "complex128", "uint64"])
@@ -53,7 +66,7 @@ def test_a_non_contiguous_piece_is_gathered_by_value():
         np.testing.assert_array_equal(g, np.concatenate(pieces, axis=1))
 
 
-def test_pieces_that_differ_other_than_along_dim_are_refused_not_reinterpreted():
+def test_pieces_that_differ_other_than_along_dim_are_refused_not_reinterpreted(strided):
     """With the contract check off nothing else would notice: 2x6 and 3x4 hold as many bytes."""
     world = ThreadWorld(2, scratch_bytes=1 << 12)
     pieces = [np.ones((2, 6)), np.ones((3, 4))]
@@ -61,7 +74,7 @@ def test_pieces_that_differ_other_than_along_dim_are_refused_not_reinterpreted()
         world.run(lambda c: shm.all_gather(c, pieces[c.rank], 0))
 
 
-def test_pieces_of_another_dtype_are_refused_not_reinterpreted():
+def test_pieces_of_another_dtype_are_refused_not_reinterpreted(strided):
     """float64 against int64 (same size): the bytes of one read as the other."""
     world = ThreadWorld(2, scratch_bytes=1 << 12)
     pieces = [np.arange(3.0), np.arange(10, 13)]
@@ -80,7 +93,7 @@ def _out_of_order(dev):
     return got
 
 
-def test_members_in_different_calls_are_refused_with_the_contract_check_off():
+def test_members_in_different_calls_are_refused_with_the_contract_check_off(strided):
     """Device 0's all_gather met device 1's barrier at a fence: it read the piece device 1 had left
     in its scratch in the *previous* all_gather, silently."""
     with VirtualCluster(2, check_collectives=False, timeout=10) as cluster:
@@ -119,8 +132,9 @@ def _gather(dev, algorithm, group, lengths):
 
 @pytest.mark.parametrize("group", [None, "b", ("a", "b")])
 @pytest.mark.parametrize("hardware", ["h100-node", None])
-def test_shm_costs_exactly_what_the_ring_all_gather_costs_and_counts_the_same_bytes(group, hardware):
+def test_shm_costs_exactly_what_the_ring_all_gather_costs_and_counts_the_same_bytes(group, hardware, strided):
     _same_results_clocks_and_bytes(_gather, "ring", hardware, group, [5, 1, 9, 0, 3, 40])
+    _same_results_clocks_and_bytes(_gather, "ring", hardware, group, [6] * 6)  # alike: strided rows
 
 
 def _same_results_clocks_and_bytes(program, reference: str, hardware, *args) -> None:
@@ -161,7 +175,7 @@ def test_a_mismatched_all_gather_on_devices_is_a_collective_mismatch_by_default(
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("scratch_bytes", [GATHER_HEADER + 1, GATHER_HEADER + 40, 1 << 16])
 @pytest.mark.parametrize("dtype", ["float64", "bool", "int8", "complex64", "U3", "datetime64[s]"])
-def test_broadcast_through_any_scratch_gives_every_member_the_roots_array(n, scratch_bytes, dtype):
+def test_broadcast_through_any_scratch_gives_every_member_the_roots_array(n, scratch_bytes, dtype, strided):
     world = ThreadWorld(n, scratch_bytes=scratch_bytes)
     for root, shape in ((0, (3, 5)), (n - 1, (0, 4)), (n // 2, (7,))):
         xs = [(np.arange(int(np.prod(shape))).reshape(shape) * (r + 2)).astype(dtype) for r in range(n)]

@@ -8,6 +8,15 @@ why the runtime's contract check rides on the first fence, ``registry.FENCE_FIRS
 the head of the owner's scratch says what the bytes are (count, shape, and for a broadcast the
 dtype, which members other than the root do not know): the readers need no size exchange, and
 check shapes, dtypes and that every member is in the same call even with the contract check off.
+
+In groups of ``STRIDED_MIN_MEMBERS`` or more whose members are evenly spaced, every member's
+scratch is one strided view (``SharedComm.scratch_rows``): two compares check that every header
+is like ours, and one strided copy then gathers all n pieces (a header and a copy per member cost
+~3–5 µs of Python each).  512 KiB gathered, CPU per member, member by member → strided: 2 members
+120–156 → 127–177 µs, 8: 145–229 → 135–147, 16: 379–423 → 225–329, 64: 560–587 → 318–335
+(13.9 instead of 21.6–21.9 ms), 128: 920–954 → 383–471.  Headers that differ take the member by
+member path, which names the member.
+
 Both are charged to the modelled clock as the message algorithm real hardware would run (the ring
 all_gather, the binomial-tree broadcast) — exactly when the links are idle at entry, which they
 always are on a fully connected topology; where routes share links (ring, torus, hierarchical),
@@ -26,6 +35,7 @@ __all__ = ["all_gather", "broadcast", "usable", "GATHER_HEADER", "COPY_MIN_ROOM"
 
 
 GATHER_HEADER = 1024  # head of the owner's scratch: the call's stamp, byte count, shape and dtype (see _header)
+STRIDED_MIN_MEMBERS = 8  # from here evenly spaced members' headers and pieces are read as strided rows
 COPY_MIN_ROOM = 64 << 10  # the default takes these only with this much scratch beyond the header
 _DTYPE_AT = GATHER_HEADER - 32  # the header ends with the dtype's ``str`` (a broadcast's non-roots have no array)
 _MAX_DIMS = _DTYPE_AT // 8 - 3
@@ -56,13 +66,26 @@ def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
         return np.concatenate([x], axis=dim)
     cap = _room(comm, x, "all_gather", "ring")
     own = x.reshape(-1).view(np.uint8)
-    scratch = [comm.scratch(j) for j in range(n)]
+    mine = comm.scratch(r)
     stamp = comm.call_stamp(_ALL_GATHER, -1)
-    _write_header(scratch[r], stamp, x)
+    _write_header(mine, stamp, x)
     first = min(own.size, cap)
-    scratch[r][GATHER_HEADER : GATHER_HEADER + first] = own[:first]
+    mine[GATHER_HEADER : GATHER_HEADER + first] = own[:first]
     comm.fence()  # every header and first chunk is published (the contract check rides on this fence)
 
+    table = comm.scratch_rows() if n >= STRIDED_MIN_MEMBERS and own.size <= cap else None
+    if table is not None and _headers_alike(table, r, x.ndim):  # every piece is like ours, whole in its scratch
+        result = comm.empty(x.shape[:dim] + (n * x.shape[dim],) + x.shape[dim + 1 :], x.dtype)
+        if x.size:  # one strided copy: row j of the table is piece j, the result (pre, n, rest) in blocks
+            pre = int(np.prod(x.shape[:dim], dtype=np.int64))
+            rows = table[:, GATHER_HEADER : GATHER_HEADER + own.size].view(x.dtype)
+            result.reshape(pre, n, -1)[...] = rows.reshape(n, pre, -1).transpose(1, 0, 2)
+        comm.account_all(x.nbytes)
+        comm.model_ring_all_gather([x.nbytes] * n)
+        comm.fence()  # nobody reads our scratch any more: it may be reused
+        return result
+
+    scratch = [comm.scratch(j) for j in range(n)]
     shapes, sizes = [], []
     for j in range(n):
         size, shape, dtype = (x.nbytes, x.shape, x.dtype) if j == r else _read_header(scratch[j], stamp, "all_gather", j)
@@ -141,8 +164,11 @@ def broadcast(comm: SharedComm, x: np.ndarray | None, root: int = 0) -> np.ndarr
         comm.scratch(r)[:8].view(np.int64)[0] = stamp  # for the root to check that we are in its call
     comm.fence()  # the root's header and first chunk are published (the contract check rides on this fence)
     if r == root:  # a member that names another root (or is in another call) never reads ours: ask it
-        for j in range(n):
-            if j != root and int(comm.scratch(j)[:8].view(np.int64)[0]) != stamp:
+        table = comm.scratch_rows() if n >= STRIDED_MIN_MEMBERS else None
+        stamps = table[:, :8].view(np.int64)[:, 0] if table is not None else \
+            [int(comm.scratch(j)[:8].view(np.int64)[0]) for j in range(n)]
+        for j in np.flatnonzero(np.asarray(stamps) != stamp).tolist():
+            if j != root:
                 raise UsageError(f"broadcast: member {j} of the group is not in this call with root {root}: the "
                                  "members called different collectives, roots or groups, or in different orders, "
                                  "which the contract check (off here) would have named")
@@ -202,6 +228,15 @@ def _read_header(scratch: np.ndarray, stamp: int, name: str, j: int) -> tuple[in
                          "which the contract check (off here) would have named")
     kind = scratch[_DTYPE_AT:GATHER_HEADER].tobytes().rstrip(b"\0").decode()
     return int(head[1]), tuple(int(v) for v in head[3 : 3 + ndim]), np.dtype(kind)
+
+
+def _headers_alike(table: np.ndarray, r: int, ndim: int) -> bool:
+    """Do every member's header's stamp, byte count, shape and dtype equal member r's?  Two
+    compares over the strided rows of the members' scratch (the words between the shape and the
+    dtype are never written, so they are left out)."""
+    used = 8 * (3 + ndim)
+    return bool((table[:, :used] == table[r, :used]).all()) and \
+        bool((table[:, _DTYPE_AT:GATHER_HEADER] == table[r, _DTYPE_AT:GATHER_HEADER]).all())
 
 
 def usable(collective: str, scratch_bytes: int, itemsize: int) -> bool:
