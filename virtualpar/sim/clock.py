@@ -156,9 +156,11 @@ class DeviceClock:
         member's messages cost ~1 ms of CPU per call per device at 64 devices; the route figures
         it needs are kept per group, so a new size costs no route lookups).  Returns the new
         ``now``."""
-        links = self._kept((ranks, "tree links"), lambda: tree_all_reduce_links(self.topology, ranks))
-        column = self._kept((ranks, "tree", nbytes),
-                            lambda: tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes, links))
+        def compute() -> list[float]:  # on a miss only: the kept column costs no lookup of the links
+            links = self._kept((ranks, "tree links"), lambda: tree_all_reduce_links(self.topology, ranks))
+            return tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes, links)
+
+        column = self._kept((ranks, "tree", nbytes), compute)
         return self.advance_to(apply_delays(column, entry))
 
     def ring_all_gather(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
