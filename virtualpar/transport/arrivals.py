@@ -68,7 +68,7 @@ from .waitboard import FenceWait, rank_mask
 
 __all__ = ["ArrivalCounters", "FenceGroup"]
 
-COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6  # planes (DIGEST and CLOCK: + the fence's parity)
+COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6  # planes: entered, completed, digest, clock (+ parity), arrival
 
 
 class FenceGroup:

@@ -53,7 +53,7 @@ _PAGE = 4096
 RECORD_SLOTS = 64  # flight-recorder entries kept per device
 RECORD_BYTES = 256  # bytes per flight-recorder entry
 
-FENCE_PLANES = 7  # arrival words per (group kind, device): count, done, digest and clock of even/odd fences, arrival stamp
+FENCE_PLANES = 7  # arrival words per (group kind, device), see transport/arrivals.py
 FENCE_PAYLOAD_MAX = 8 << 10  # bytes a member's fence may carry (the one-fence all_reduce, collectives/shm.py) ...
 FENCE_PAYLOAD_BUDGET = 16 << 20  # ... and the bytes of all the slots together, at most, whatever the mesh
 
@@ -99,11 +99,8 @@ class Layout:
 
     @cached_property
     def arrivals_offset(self) -> int:
-        """The arrival words of fences (transport/arrivals.py): ``FENCE_PLANES`` planes of uint64,
-        each ``fence_kinds`` x ``devices``: [0] how many fences device r entered in its group of
-        kind k (written by r only), [1] the count the group whose leader is r has completed, [2, 3]
-        the digest r published at its even, odd fences, [4, 5] its modelled clock (float64), [6]
-        when it last arrived (``time.monotonic``, float64: the order the last member rings in)."""
+        """The arrival words of fences: ``FENCE_PLANES`` planes of 8-byte words, each ``fence_kinds``
+        x ``devices`` (what each plane holds: ``COUNT`` ... ``STAMP`` in transport/arrivals.py)."""
         return self.counters_offset + self.counters_bytes
 
     @cached_property
