@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fence_kinds import fence_kinds
-
 __all__ = ["wait_at_start_line"]
 
 
@@ -39,8 +37,8 @@ def wait_at_start_line(dev: Any, run: int) -> None:
     or after the op timeout (see the module doc); ``DeviceAborted`` if the cluster is aborted."""
     if dev.size == 1:
         return
-    arrivals = dev._endpoint.arrivals
-    grp = arrivals.group(fence_kinds(dev.mesh) - 1, range(dev.size))  # the whole mesh
+    arrivals, mesh = dev._endpoint.arrivals, dev._group(None)  # the whole mesh, as its collectives resolve it
+    grp = arrivals.group(mesh.kind, mesh.ranks)
     c = arrivals.arrive(grp)
     if arrivals.arrived(grp, c):
         return
