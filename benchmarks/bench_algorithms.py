@@ -16,7 +16,9 @@ of the time of the algorithm the default picks (``default_algorithm``) over the 
 same algorithm called without naming it; ``def/chosen`` (median over rounds of the default's time
 over its algorithm's) shows that path adds nothing beyond the noise of timing one thing twice —
 which on this VM reaches ±25% for a cell (it was the verdict until 2026-11-23, and then failed
-cells where the default *was* the best).  The table's per-algorithm times are medians over rounds.
+cells where the default *was* the best).  The table's per-algorithm times are medians over rounds.  An algorithm that refuses a size is shown
+as ``refused`` and left out of that cell's best: ``direct`` all_reduce refuses what would take more
+than 80% of the machine's memory (128 devices and 512 KiB here).
 
     python benchmarks/bench_algorithms.py --devices 2,4,8,16,32,64 --sizes 1024,8192,65536,524288,4194304
     python benchmarks/bench_algorithms.py --collective all_gather
@@ -35,6 +37,7 @@ import numpy as np
 from virtualpar import VirtualCluster
 from virtualpar.collectives import ALGORITHMS, default_algorithm
 from virtualpar.commands._args import positive_int, positive_ints
+from virtualpar.errors import UsageError
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 
@@ -62,22 +65,28 @@ def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5, col
     for n in devices:
         with VirtualCluster(n, timeout=120) as cluster:
             for nbytes in sizes:
+                runs = []  # the contenders that take this size: 'direct' refuses what the machine cannot hold
                 for algo in contenders:
-                    cluster.run(_timed, collective, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
+                    try:
+                        cluster.run(_timed, collective, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
+                        runs.append(algo)
+                    except UsageError:
+                        pass
                 per_round: list[dict[str, float]] = []
                 for k in range(rounds):
                     times = {}
-                    for i in range(len(contenders)):  # a rotated order each round
-                        algo = contenders[(i + k) % len(contenders)]
+                    for i in range(len(runs)):  # a rotated order each round
+                        algo = runs[(i + k) % len(runs)]
                         per_device = cluster.run(_timed, collective, nbytes // 8, algo, iters)
                         times[algo or "default"] = statistics.median(max(col) for col in zip(*per_device))
                     per_round.append(times)
-                row = {"collective": collective, "devices": n, "bytes": nbytes, "algorithms": list(algos),
+                ran = [a for a in algos if a in runs]
+                row = {"collective": collective, "devices": n, "bytes": nbytes, "algorithms": ran,
                        "s": {a: statistics.median(t[a] for t in per_round) for a in per_round[0]}}
-                row["best"] = min(algos, key=lambda a: row["s"][a])
+                row["best"] = min(ran, key=lambda a: row["s"][a])
                 piece = nbytes // n if collective == "all_gather" else nbytes
                 chosen = row["chosen"] = default_algorithm(collective, piece, n, shared_memory=True)
-                row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in algos) for t in per_round)
+                row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in ran) for t in per_round)
                 row["default_vs_chosen"] = statistics.median(t["default"] / t[chosen] for t in per_round)
                 rows.append(row)
     return rows
@@ -103,7 +112,7 @@ def main() -> None:
     print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*algos, "default"))
           + f" {'best':>7} {'chosen':>7} {'chosen/best':>12} {'def/chosen':>11}")
     for r in rows:
-        cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" for a in (*algos, "default"))
+        cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" if a in r["s"] else f"{'refused':>9}" for a in (*algos, "default"))
         flag = "" if r["chosen_vs_best"] <= 1.10 else "  <-- over 10%"
         print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['chosen']:>7} {r['chosen_vs_best']:12.2f}"
               f" {r['default_vs_chosen']:11.2f}{flag}")

@@ -88,3 +88,22 @@ def test_a_structured_array_is_refused_as_what_it_is():
             c.run(lambda dev: dev.all_gather(rec))
         got = c.run(lambda dev: (dev.send(rec, 1 - dev.rank), dev.recv(1 - dev.rank))[1])
     assert all(g.dtype == rec.dtype for g in got)
+
+
+def test_a_direct_all_reduce_the_machine_cannot_hold_is_refused_before_it_moves_a_byte(monkeypatch):
+    """Every member of a direct all_reduce holds the other n−1 arrays at once: 128 devices reducing
+    512 KiB took more than this machine's 24 GiB and the kernel killed a device.  The devices are
+    forked after the patch, so each sees a 1 MiB machine: 4 members of 64 KiB need ~2.3 MiB and
+    are refused alike, by name; 8 bytes pass, and so does the default algorithm at 64 KiB."""
+    from virtualpar.collectives import direct
+    monkeypatch.setattr(direct, "MACHINE_BYTES", 1 << 20)
+    with VirtualCluster(4, timeout=TIMEOUT) as c:
+        with pytest.raises(UsageError, match=r"device \d \(world=\d\): all_reduce on group .*: algorithm 'direct' would "
+                                             r"hold ~2.2 MiB at once \(each of the 4 members keeps the other 3 arrays "
+                                             r"of 65536 bytes .* more than 80% of this machine's 1.0 MiB; use the default"):
+            c.run(lambda dev: dev.all_reduce(np.ones(8192), algorithm="direct"))
+        small = c.run(lambda dev: dev.all_reduce(np.ones(1), algorithm="direct"))
+        large = c.run(lambda dev: dev.all_reduce(np.ones(8192)))
+    assert [s.tolist() for s in small] == [[4.0]] * 4
+    assert all((y == 4).all() for y in large)
+    assert direct.HELD_PER_TERM * 128 * 127 * (512 << 10) > 0.8 * (24 << 30)  # the case that was killed is refused

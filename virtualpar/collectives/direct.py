@@ -9,12 +9,18 @@ collective communication operations in MPICH", IJHPCA 2005.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from virtualpar.collectives.comm import Comm, sendrecv
 from virtualpar.collectives.ops import combine, finalize
+from virtualpar.errors import UsageError
 
-__all__ = ["all_reduce", "all_gather", "gather", "scatter", "all_to_all", "barrier"]
+__all__ = ["all_reduce", "all_gather", "gather", "scatter", "all_to_all", "barrier", "check_all_reduce_memory"]
+
+MACHINE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # the same on every device here
+HELD_PER_TERM = 3  # bytes of memory per byte of the n(n−1) terms in flight: measured, see below
 
 
 def _exchange_with_all(comm: Comm, x: np.ndarray) -> list[np.ndarray]:
@@ -47,6 +53,24 @@ def all_reduce(comm: Comm, x: np.ndarray, op: str = "sum") -> np.ndarray:
     for contribution in arrays[1:]:
         combine(op, acc, contribution)
     return finalize(op, acc, comm.size)
+
+
+def check_all_reduce_memory(where: str, n: int, nbytes: int) -> None:
+    """Refuse a direct all_reduce of ``nbytes`` over ``n`` members of one machine that would need
+    more than 80% of its memory.  Every member receives the n−1 other arrays before it adds them
+    (rank order, for the same bits everywhere), and a virtual cluster's transport takes a large
+    message as soon as it is offered, so the group holds ~n(n−1)·M bytes of terms at once —
+    ``HELD_PER_TERM`` times that measured with the buffers around them: 128 devices reducing
+    512 KiB needed more than this 24 GiB machine had, and the kernel killed a device.  The figures
+    are the same on every member, so every member refuses alike (no member waits for another)."""
+    need = HELD_PER_TERM * n * (n - 1) * nbytes
+    if need > 0.8 * MACHINE_BYTES:
+        def size(b: float) -> str:
+            return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+        raise UsageError(
+            f"{where}: algorithm 'direct' would hold ~{size(need)} at once (each of the {n} members keeps "
+            f"the other {n - 1} arrays of {nbytes} bytes until it has them all), more than 80% of this machine's "
+            f"{size(MACHINE_BYTES)}; use the default algorithm ('shm') or 'ring', which hold about one array each")
 
 
 def all_gather(comm: Comm, x: np.ndarray, dim: int = 0) -> np.ndarray:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..collectives import ALGORITHMS, FENCE_FIRST, default_algorithm
+from ..collectives.direct import check_all_reduce_memory as check_direct_memory
 from ..collectives.ops import check_op, premultiplies, premultiply
 from ..collectives.shm_copy import usable as shm_usable
 from ..errors import CollectiveMismatch, CollectiveTimeout, NonFiniteError, PayloadError, UsageError
@@ -146,6 +147,8 @@ class CollectiveSpec:
         if algo is None:  # every member sees the same shape, dtype and group: the same choice
             nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
             algo = default_algorithm(name, nbytes, n, shared_memory=shm_usable(name, dev._endpoint.layout.scratch_bytes, itemsize))
+        if name == "all_reduce" and algo == "direct" and isinstance(x, np.ndarray):
+            check_direct_memory(where, n, x.nbytes)
         spec = cls(name, axes, ranks, pos, algo, params, gdesc, kind)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
