@@ -10,6 +10,7 @@ import pytest
 
 from virtualpar import Mesh, VirtualCluster
 from virtualpar.cli import main
+from virtualpar.commands._args import parse_mesh
 from virtualpar.errors import ShardingError
 from virtualpar.tensor_parallel import MatMul, MatMulShardingPolicy
 from virtualpar.tensor_parallel.execute import TensorParallelOp
@@ -89,3 +90,13 @@ def test_explore_rows_run_every_candidate_right(capsys):
     assert main(["policies", "--mesh", "x=2,y=2", "--shape", "2,4,8,8", "--ffn", "--explore", "3"]) == 0
     out = capsys.readouterr().out
     assert "fastest modelled first" in out and out.count("yes ") == 3
+
+
+@pytest.mark.parametrize("mesh, hardware", [("x=4,y=4", "hardware h100-cluster;"), ("x=3,y=4", "hardware the mesh links;")])
+def test_a_mesh_larger_than_a_node_picks_hardware_that_fits_it(capsys, mesh, hardware):
+    """The default was one 8-GPU node, so any mesh past 8 devices failed unless --hardware was
+    given; now it is the tour's and run's rule: a cluster of nodes for a multiple of 8, else the
+    mesh's own links."""
+    assert main(["policies", "--mesh", mesh, "--shape", "24,8,24", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert f"mesh {parse_mesh(mesh)}, {hardware}" in out and "NO " not in out

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ._args import parse_mesh, positive_int
+from ._args import default_hardware, parse_mesh, positive_int
 
 __all__ = ["register", "format_rows"]
 
@@ -52,7 +52,8 @@ def _policies(args: argparse.Namespace) -> int:
     if len(args.shape) != want:
         print(f"virtualpar policies: --shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got {args.shape}", file=sys.stderr)
         return 2
-    with VirtualCluster(args.mesh, hardware=args.hardware) as cluster:
+    hardware = default_hardware(args.hardware, args.mesh.size)
+    with VirtualCluster(args.mesh, hardware=hardware) as cluster:
         if args.explore is not None:
             rows = explore_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype), limit=args.explore or None)
         else:
@@ -62,7 +63,7 @@ def _policies(args: argparse.Namespace) -> int:
     else:
         what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
         which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
-        print(f"# {what} = {args.shape}, {args.dtype}, mesh {args.mesh}, hardware {args.hardware}; {which}; "
+        print(f"# {what} = {args.shape}, {args.dtype}, mesh {args.mesh}, hardware {hardware or 'the mesh links'}; {which}; "
               "each measured on its second execute, weights resident; per device: the most any device sent, computed or "
               "held; host columns: all devices together; n/a: the policy cannot apply (why: below)")
         print(format_rows(rows))
@@ -74,7 +75,8 @@ def register(sub) -> None:
     p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"), help="mesh axes, e.g. x=2,y=4 (default)")
     p.add_argument("--shape", type=_shape, default=None, help="m,k,n (MatMul, default 1024,512,1024) or b,s,m,h with --ffn (default 8,128,1024,4096)")
     p.add_argument("--ffn", action="store_true", help="the FeedForward block instead of one MatMul")
-    p.add_argument("--hardware", default="h100-node", help="modelled hardware preset (laptop, h100-node, h100-cluster)")
+    p.add_argument("--hardware", default=None, help="modelled hardware preset (laptop, h100-node, h100-cluster); "
+                   "default: h100-node up to 8 devices, h100-cluster for multiples of 8, else the mesh's own links")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--json", action="store_true", help="the same rows as JSON, with the field names of PolicyRow")
     p.add_argument("--explore", type=positive_int, nargs="?", const=0, default=None, metavar="N",
