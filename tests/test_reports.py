@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from virtualpar import VirtualCluster
@@ -95,3 +96,23 @@ def test_a_failure_report_after_a_deadlock_says_why_its_timeline_is_empty():
         text = failure_report([c], info.value)
     assert "no op of the failed run completed, as in a deadlock" in text and "(no events)" not in text
     assert "op #1 recv from 1 tag=0 [failed" in text  # where each device was
+
+
+def test_traffic_past_sixteen_devices_prints_a_line_per_device_and_the_heaviest_pairs():
+    """A 64-device run printed a 64 x 64 matrix of ~700-character lines; past 16 devices it is a
+    line per device with its totals, and the heaviest pairs, worked out here by hand."""
+    from virtualpar.runtime.stats import TrafficStats
+    n = 20
+    b = np.zeros((n, n), np.int64)
+    b[3, 7], b[3, 8], b[5, 3] = 900, 100, 50
+    m = (b > 0).astype(np.int64) * 2
+    stats = TrafficStats(b, m, np.zeros(n, np.int64), np.zeros(n, np.int64), 0)
+    lines = stats.format().splitlines()
+    assert lines[0] == "20 devices, one line each (the src x dst matrix is TrafficStats.bytes)"
+    assert lines[1].split() == ["device", "sent", "B", "received", "B", "messages", "peers"]
+    assert lines[2 + 3].split() == ["3", "1000", "50", "4", "2"] and lines[2 + 7].split() == ["7", "0", "900", "0", "0"]
+    assert lines[-2] == "heaviest pairs: 3->7 900 B, 3->8 100 B, 5->3 50 B"
+    assert lines[-1].startswith("device-to-device 1050 B;") and len(lines) == 2 + n + 2
+    assert max(map(len, lines)) < 120
+    small = stats.format(matrix_up_to=n).splitlines()  # the matrix, as up to 16 devices by default
+    assert small[0].startswith("src\\dst") and small[1 + 3].split()[1 + 7] == "900"

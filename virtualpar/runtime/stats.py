@@ -10,6 +10,9 @@ from ..errors import UsageError
 
 __all__ = ["TrafficStats"]
 
+MATRIX_UP_TO = 16  # devices: a 16-column matrix of bytes is ~180 characters wide
+HEAVIEST = 8  # pairs listed under a per-device table
+
 
 @dataclass(frozen=True)
 class TrafficStats:
@@ -54,9 +57,24 @@ class TrafficStats:
             raise UsageError(f"TrafficStats: rank must be a device rank 0..{n - 1}, got {rank!r}")  # -1 was the last
         return int(rank)
 
-    def format(self) -> str:
+    def format(self, matrix_up_to: int = MATRIX_UP_TO) -> str:
+        """The bytes each device sent to each other as a src × dst matrix — up to ``matrix_up_to``
+        devices; beyond that a matrix row is wider than any terminal (64 devices: ~700 characters),
+        so one line per device instead (bytes sent and received, messages out, peers sent to) and
+        the heaviest pairs.  The whole matrix stays in :attr:`bytes`."""
         n = self.bytes.shape[0]
-        head = "src\\dst " + " ".join(f"{d:>10}" for d in range(n))
-        rows = [f"{s:>7} " + " ".join(f"{int(self.bytes[s, d]):>10}" for d in range(n)) for s in range(n)]
+        if n <= matrix_up_to:
+            head = "src\\dst " + " ".join(f"{d:>10}" for d in range(n))
+            rows = [f"{s:>7} " + " ".join(f"{int(self.bytes[s, d]):>10}" for d in range(n)) for s in range(n)]
+        else:
+            head = (f"{n} devices, one line each (the src x dst matrix is TrafficStats.bytes)\n"
+                    f"{'device':>7} {'sent B':>14} {'received B':>14} {'messages':>9} {'peers':>6}")
+            sent, received = self.bytes.sum(axis=1), self.bytes.sum(axis=0)
+            msgs, peers = self.messages.sum(axis=1), (self.bytes > 0).sum(axis=1)
+            rows = [f"{s:>7} {int(sent[s]):>14} {int(received[s]):>14} {int(msgs[s]):>9} {int(peers[s]):>6}" for s in range(n)]
+            order = np.argsort(-self.bytes, axis=None, kind="stable")[:HEAVIEST]
+            pairs = [f"{s}->{d} {int(self.bytes[s, d])} B" for s, d in zip(*np.unravel_index(order, self.bytes.shape))
+                     if self.bytes[s, d] > 0]
+            rows.append("heaviest pairs: " + (", ".join(pairs) if pairs else "none"))
         tail = f"device-to-device {self.total_bytes} B; host->device {int(self.host_to_device.sum())} B; device->host {int(self.device_to_host.sum())} B"
         return "\n".join([head, *rows, tail])
