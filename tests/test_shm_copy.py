@@ -236,3 +236,38 @@ def test_members_that_disagree_on_root_op_or_group_are_refused_with_the_check_of
     with VirtualCluster(Mesh(mesh), check_collectives=False, timeout=10) as cluster:
         with pytest.raises(UsageError, match="not in this call"):
             cluster.run(program)
+
+
+def _row_then_column(dev, n):
+    row = dev.all_gather(np.full(n, 1.0 + dev.rank), group="b", algorithm="shm")
+    col = dev.all_gather(np.full(n, 100.0 * (dev.rank + 1)), group="a", algorithm="shm")
+    return row, col
+
+
+def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in_another(monkeypatch, strided):
+    """Device 0 dawdles after the row all_gather's first fence, before copying device 1's piece
+    out of its scratch.  Device 1 has copied device 0's by then and moves on to its column group
+    {1, 3}, whose first round refills that scratch: the row call's last fence must hold it back,
+    or device 0 reads the column call's header (refused) or piece."""
+    import time
+
+    from virtualpar.runtime.group_comm import GroupComm
+
+    fence = GroupComm.fence
+    seen = {"fences": 0}
+
+    def slow_fence(self):
+        fence(self)
+        if self._dev.rank == 0:
+            seen["fences"] += 1
+            if seen["fences"] == 1:  # every header and piece is published
+                time.sleep(0.3)
+
+    monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
+    # (no warm-up: its fences would be the ones counted)
+    with VirtualCluster(Mesh({"a": 2, "b": 2}), start_method="fork", trace=False, warm_up=False) as cluster:
+        got = cluster.run(_row_then_column, 1000)
+    for rank, (row, col) in enumerate(got):
+        pair, column = (rank & ~1, rank | 1), (rank % 2, rank % 2 + 2)  # row groups {0, 1}, {2, 3}
+        np.testing.assert_array_equal(row, np.repeat([1.0 + r for r in pair], 1000))
+        np.testing.assert_array_equal(col, np.repeat([100.0 * (r + 1) for r in column], 1000))
