@@ -191,10 +191,11 @@ def test_all_gather(algo, n, dtype):
             assert [b * n for b in sent_k] == [(n - 1) * total] * n
 
 
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS["reduce_scatter"]))
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS)
-def test_reduce_scatter(n, dtype, op):
+def test_reduce_scatter(algo, n, dtype, op):
     if op == "avg" and dtype == np.int64:
         with pytest.raises(UsageError, match="int64"):
             reference.reduce_scatter(make_inputs(n, (4,), dtype), 0, op)
@@ -202,14 +203,16 @@ def test_reduce_scatter(n, dtype, op):
     cases = [((10,), 0), ((3,), 0), ((3, 8), 1), ((24,), 0)]
     inputs = [make_inputs(n, shape, dtype, op) for shape, _ in cases]
     copies = [[x.copy() for x in xs] for xs in inputs]
-    calls = [per_rank(ring.reduce_scatter, xs, dim, op) for xs, (_, dim) in zip(inputs, cases)]
+    calls = [per_rank(ALGORITHMS["reduce_scatter"][algo], xs, dim, op) for xs, (_, dim) in zip(inputs, cases)]
     outputs, sent, _ = run_cases(n, calls)
     for (shape, dim), xs, xs0, got, sent_k in zip(cases, inputs, copies, outputs, sent):
         assert_unmodified(xs, xs0)
         assert_matches(got, reference.reduce_scatter(xs, dim, op), dtype)
+        assert all(g.flags.c_contiguous for g in got)
         m = xs[0].nbytes
         piece = [k * m // shape[dim] for k in split_sizes(shape[dim], n)]
-        assert sent_k == [m - piece[r] if n > 1 else 0 for r in range(n)]  # all but its own piece
+        # the ring sends all but its own piece; shm's peers each read their own piece of ours: the same
+        assert sent_k == [m - piece[r] if n > 1 else 0 for r in range(n)]
         if shape[dim] % n == 0:
             assert [b * n for b in sent_k] == [(n - 1) * m] * n
 

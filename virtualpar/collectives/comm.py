@@ -77,8 +77,9 @@ class SharedComm(Comm, Protocol):
     * ``model_ring_all_reduce(chunk_nbytes)``: advance every member's modelled clock as the ring
       all_reduce over chunks of these sizes would (the algorithm real hardware runs; no message
       carries modelled time in a shared-memory algorithm); ``model_ring_all_gather(piece_nbytes)``
-      as the ring all_gather of pieces of these sizes would, ``model_tree_broadcast(root, nbytes)``
-      as the binomial-tree broadcast of ``nbytes`` from ``root``.
+      as the ring all_gather of pieces of these sizes would, ``model_ring_reduce_scatter(piece_nbytes)``
+      as the ring reduce_scatter, ``model_tree_broadcast(root, nbytes)`` as the binomial-tree
+      broadcast of ``nbytes`` from ``root``.
     """
 
     scratch_bytes: int
@@ -108,6 +109,8 @@ class SharedComm(Comm, Protocol):
     def model_tree_all_reduce(self, nbytes: int) -> None: ...
 
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None: ...
+
+    def model_ring_reduce_scatter(self, piece_nbytes: list[int]) -> None: ...
 
     def model_tree_broadcast(self, root: int, nbytes: int) -> None: ...
 

@@ -179,20 +179,11 @@ class ThreadComm:
             if peer != self.rank:
                 self.account(peer, nbytes if type(nbytes) is int else int(nbytes[peer]), messages)
 
-    def model_ring_all_reduce(self, chunk_nbytes: list[int]) -> None:
+    def _no_clock(self, *args: Any) -> None:
         """Threads keep no modelled clock: nothing to charge."""
 
-    def model_barrier(self) -> None:
-        """Threads keep no modelled clock: nothing to charge."""
-
-    def model_tree_all_reduce(self, nbytes: int) -> None:
-        """Threads keep no modelled clock: nothing to charge."""
-
-    def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:
-        """Threads keep no modelled clock: nothing to charge."""
-
-    def model_tree_broadcast(self, root: int, nbytes: int) -> None:
-        """Threads keep no modelled clock: nothing to charge."""
+    model_ring_all_reduce = model_barrier = model_tree_all_reduce = _no_clock
+    model_ring_all_gather = model_ring_reduce_scatter = model_tree_broadcast = _no_clock
 
 
 class ThreadWorld:

@@ -158,7 +158,10 @@ class GroupComm:
         self._charge("model_tree_broadcast", self._dev._clock.tree_broadcast, root, nbytes)
 
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None:
-        self._charge("model_ring_all_gather", self._dev._clock.ring_all_gather, piece_nbytes)
+        self._charge("model_ring_all_gather", self._dev._clock.ring_half, piece_nbytes, "all_gather")
+
+    def model_ring_reduce_scatter(self, piece_nbytes: list[int]) -> None:
+        self._charge("model_ring_reduce_scatter", self._dev._clock.ring_half, piece_nbytes, "reduce_scatter")
 
     def _charge(self, what: str, schedule: Callable[..., float], *args: Any) -> None:
         """Advance this device's modelled clock by ``schedule(ranks, entry clocks, *args)`` and publish it."""

@@ -47,7 +47,7 @@ import numpy as np
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
-from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_gather_column, ring_all_reduce_column,
+from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_reduce_column, ring_half_column,
                                      tree_all_reduce_column, tree_all_reduce_links, tree_broadcast_column)
 
 __all__ = ["DeviceClock"]
@@ -163,12 +163,13 @@ class DeviceClock:
         column = self._kept((ranks, "tree", nbytes), compute)
         return self.advance_to(apply_delays(column, entry))
 
-    def ring_all_gather(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
-        """Charge the ring all_gather of pieces of ``piece_nbytes`` over ``ranks`` entered at
-        ``entry`` without running it (:func:`~virtualpar.sim.schedules.ring_all_gather_column`, kept
-        like :meth:`ring_all_reduce`'s).  Returns the new ``now``."""
-        key = (ranks, "gather", tuple(piece_nbytes))
-        column = self._kept(key, lambda: ring_all_gather_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank)))
+    def ring_half(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int], half: str) -> float:
+        """Charge the ring all_gather (``half="all_gather"``) or reduce_scatter (``"reduce_scatter"``)
+        of pieces of ``piece_nbytes`` over ``ranks`` entered at ``entry`` without running it
+        (:func:`~virtualpar.sim.schedules.ring_half_column`, kept like :meth:`ring_all_reduce`'s).
+        Returns the new ``now``."""
+        key = (ranks, half, tuple(piece_nbytes))
+        column = self._kept(key, lambda: ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank), half))
         return self.advance_to(apply_delays(column, entry))
 
     def tree_broadcast(self, ranks: tuple[int, ...], entry: list[float], root: int, nbytes: int) -> float:

@@ -34,7 +34,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from virtualpar.mesh.topology import Topology
 
-__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_all_gather_column",
+__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column",
            "tree_broadcast_column", "tree_children", "dissemination_column",
            "tree_all_reduce_times", "tree_all_reduce_column", "tree_all_reduce_links", "apply_delays"]
 
@@ -80,12 +80,14 @@ def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbyte
     return _column(steps, [1] * steps.count, member, len(ranks))
 
 
-def ring_all_gather_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int) -> list[float]:
-    """Column ``member`` of the max-plus matrix of the ring all_gather over ``ranks``
-    (``collectives/ring.py``): the all-gather half of :func:`ring_all_reduce_column`, with the
-    pieces' own sizes (they may differ) — at step s member p sends piece (p−s) mod n to p+1.
-    n−1 steps, O(n²).  On a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
-    steps = _RingSteps(topology, ranks, piece_nbytes, "ring_all_gather_column", reduce_scatter=False)
+def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int,
+                     half: str) -> list[float]:
+    """Column ``member`` of the max-plus matrix of one half of the ring all_reduce over ``ranks``
+    (``collectives/ring.py``) run alone, with the pieces' own sizes (they may differ), n−1 steps,
+    O(n²): ``half="all_gather"``, the ring all_gather — at step s member p sends piece (p−s) mod n
+    to p+1; ``"reduce_scatter"``, the ring reduce_scatter — the partial of piece (p−s−1) mod n.  On
+    a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
+    steps = _RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half)
     return _column(steps, [1] * steps.count, member, len(ranks))
 
 
@@ -172,13 +174,13 @@ _STEP_BLOCK = 32  # rows of step times built at once: 64 KiB at 256 members, reu
 
 class _RingSteps:
     """``T[k][p]``: the time of the chunk member p sends to p+1 at step k of the ring all_reduce
-    (``Route.time`` from the cached route figures, elementwise: the same floats); without
-    ``reduce_scatter``, of its all-gather half alone (the ring all_gather).  Called with (lo, hi),
+    (``Route.time`` from the cached route figures, elementwise: the same floats); with ``half``
+    ("reduce_scatter" or "all_gather"), of that half alone (n−1 steps).  Called with (lo, hi),
     it gives rows lo..hi−1: the whole (2(n−1), n) table is 1 MiB at 256 members, and built at once
     its fresh pages cost a device ~4 ms of CPU in its first all_reduce."""
 
     def __init__(self, topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], caller: str,
-                 reduce_scatter: bool = True) -> None:
+                 half: str = "") -> None:
         n = len(ranks)
         if len(chunk_nbytes) != n:
             raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
@@ -186,7 +188,8 @@ class _RingSteps:
         self.latency, self.bandwidth = topology.figures_many(rk, np.roll(rk, -1))  # p -> p+1
         # reduce-scatter step s sends chunk p−s−1, all-gather step s chunk p−s: chunk (p − shift) mod n,
         # item n − shift + p of the sizes written twice, i.e. row n − shift of that array's n-wide windows
-        self.shift = np.concatenate([np.arange(n - 1) + 1, np.arange(n - 1)]) if reduce_scatter else np.arange(n - 1)
+        steps = np.arange(n - 1)
+        self.shift = {"": np.concatenate([steps + 1, steps]), "reduce_scatter": steps + 1, "all_gather": steps}[half]
         sizes = np.asarray(chunk_nbytes, dtype=np.float64)
         self._windows = sliding_window_view(np.concatenate([sizes, sizes]), n)
         self.count, self._n = len(self.shift), n
