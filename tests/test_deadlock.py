@@ -9,6 +9,7 @@ import pytest
 
 from virtualpar import VirtualCluster
 from virtualpar.errors import Deadlock
+from virtualpar.transport import waitboard as board
 
 from . import _deadlock_fns as fns
 
@@ -199,3 +200,35 @@ def test_the_scan_interval_grows_with_the_scan_cost_and_shrinks_to_confirm(monke
         watch.scan({0, 1})
         assert watch.every == deadlock.WATCH_EVERY
         watch._candidate = None
+
+
+class _TornBoard:
+    """A wait board read across a wake-up: ``GEN`` was 5 (asleep in a send to device 1) when the
+    scan began, and the words it then read mix a fence wait's kind with the send's peer under the
+    next sleep's ``GEN``."""
+
+    def __init__(self, words):
+        self.words = list(words)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self.words[key]
+        return 5 if key == board.GEN else self.words[key]
+
+
+def test_a_board_read_across_a_wake_up_counts_as_awake_not_as_a_wait():
+    """A fence entry naming kind 3 (a peer rank, read from the entry after) crashed the driver's
+    scan with an IndexError, in a sweep that alternated ring and shm reduce_scatters on 4 devices
+    (a 1-D mesh has two fence kinds).  Now the scan sees that GEN moved while it read."""
+    with VirtualCluster(2, timeout=10) as c:
+        watch = c._ctl.sup.watch
+        boards = watch._boards
+        torn = [board.FENCE, 3, 1, 3, 7, 0, 0]  # KIND PEER TAG MASK GEN POKE ACK
+        watch._boards = [_TornBoard(torn), _TornBoard([board.RECV, 0, 0, 0, 5, 0, 0])]
+        try:
+            snap = watch._read()
+            assert snap[0][board.KIND] == board.NONE and snap[1][board.KIND] == board.RECV
+            assert watch.dead_set({0, 1}, snap) == set()  # device 1 waits on device 0, which is awake
+        finally:
+            watch._boards = boards
+        assert c.run(lambda dev: dev.rank) == [0, 1]

@@ -47,7 +47,8 @@ import numpy as np
 from ..errors import Deadlock
 from ..mesh import Mesh
 from ..transport.shm import FENCE_PLANES, Layout, SharedArena, ring_control
-from ..transport.waitboard import ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, PEER, POKE, RECV, SEND, TAG, board_view
+from ..transport.waitboard import (ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, NONE, PEER, POKE, RECV, SEND, TAG,
+                                  board_view)
 from .fence_kinds import kind_axes
 from .recorder import FlightRecorder
 
@@ -85,7 +86,17 @@ class DeadlockWatch:
         self._heads = self._tails = self._replies = self._counts = None  # type: ignore[assignment]
 
     def _read(self) -> list[tuple[int, ...]]:
-        return [tuple(b[:ACK + 1]) for b in self._boards]
+        """Every device's board words, each entry read whole or marked awake (``KIND`` ``NONE``):
+        ``GEN`` is read before and after the other words, and a device writes them only while
+        awake, between two changes of ``GEN`` — so the same ``GEN`` twice means one wait's words
+        (a seqlock).  Read across a wake-up, an entry mixed two waits' words: a fence's kind read
+        with a later send's peer crashed the scan with an IndexError."""
+        out = []
+        for b in self._boards:
+            gen = b[GEN]
+            words = tuple(b[:ACK + 1])
+            out.append(words if words[GEN] == gen else (NONE,) + words[1:])
+        return out
 
     def _deps(self, d: int, entry: tuple[int, ...]) -> list[int]:
         kind = entry[KIND]
