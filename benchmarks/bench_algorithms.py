@@ -3,9 +3,10 @@
 For each device count n and message size, the steady time (median of a few calls, the slowest
 device's) of every algorithm (all_reduce: ``ring``, ``tree``, ``direct``, ``shm``; all_gather:
 ``ring``, ``direct``, ``shm``; broadcast from device 0: ``tree``, ``shm``; reduce_scatter:
-``ring``, ``shm``) and of the default choice (``algorithm=None``).  An all_gather's size is the
+``ring``, ``shm``; all_to_all: ``direct``, ``shm``) and of the default choice (``algorithm=None``).  An all_gather's size is the
 gathered array's, as nccl-tests counts it (each device contributes size / n), a reduce_scatter's
-the array each device reduces (each gets size / n back).  The default must never be more than 10% slower than the best algorithm
+the array each device reduces (each gets size / n back), an all_to_all's the array each device
+splits.  The default must never be more than 10% slower than the best algorithm
 for that (size, n); the thresholds in ``virtualpar/collectives/selection.py`` come from this sweep
 (see benchmarks/README.md).
 
@@ -25,6 +26,7 @@ than 80% of the machine's memory (128 devices and 512 KiB here).
     python benchmarks/bench_algorithms.py --collective all_gather
     python benchmarks/bench_algorithms.py --collective broadcast
     python benchmarks/bench_algorithms.py --collective reduce_scatter
+    python benchmarks/bench_algorithms.py --collective all_to_all
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from virtualpar.collectives import ALGORITHMS, default_algorithm
 from virtualpar.commands._args import positive_int, positive_ints
 from virtualpar.errors import UsageError
 
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
 
 
 def _timed(dev, collective: str, count: int, algorithm: str | None, iters: int) -> list[float]:
@@ -50,7 +52,8 @@ def _timed(dev, collective: str, count: int, algorithm: str | None, iters: int) 
         x = x if dev.rank == 0 else None
         call = dev.broadcast
     else:
-        call = {"all_reduce": dev.all_reduce, "all_gather": dev.all_gather, "reduce_scatter": dev.reduce_scatter}[collective]
+        call = {"all_reduce": dev.all_reduce, "all_gather": dev.all_gather, "reduce_scatter": dev.reduce_scatter,
+                "all_to_all": dev.all_to_all}[collective]
     out = []
     for _ in range(iters):
         dev.barrier()

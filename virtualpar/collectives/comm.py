@@ -79,7 +79,8 @@ class SharedComm(Comm, Protocol):
       carries modelled time in a shared-memory algorithm); ``model_ring_all_gather(piece_nbytes)``
       as the ring all_gather of pieces of these sizes would, ``model_ring_reduce_scatter(piece_nbytes)``
       as the ring reduce_scatter, ``model_tree_broadcast(root, nbytes)`` as the binomial-tree
-      broadcast of ``nbytes`` from ``root``.
+      broadcast of ``nbytes`` from ``root``, ``model_pairwise_all_to_all(piece_nbytes)`` as the
+      pairwise exchange of pieces of these sizes (``direct.all_to_all``).
     """
 
     scratch_bytes: int
@@ -111,6 +112,8 @@ class SharedComm(Comm, Protocol):
     def model_ring_all_gather(self, piece_nbytes: list[int]) -> None: ...
 
     def model_ring_reduce_scatter(self, piece_nbytes: list[int]) -> None: ...
+
+    def model_pairwise_all_to_all(self, piece_nbytes: list[int]) -> None: ...
 
     def model_tree_broadcast(self, root: int, nbytes: int) -> None: ...
 

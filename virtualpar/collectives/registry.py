@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from virtualpar.collectives import direct, ring, shm, shm_copy, shm_reduce_scatter, tree
+from virtualpar.collectives import direct, ring, shm, shm_all_to_all, shm_copy, shm_reduce_scatter, tree
 
 __all__ = ["ALGORITHMS", "DEFAULT_ALGORITHMS", "FENCE_FIRST"]
 
@@ -16,7 +16,7 @@ ALGORITHMS: dict[str, dict[str, Callable[..., object]]] = {
     "reduce": {"tree": tree.reduce},
     "gather": {"direct": direct.gather},
     "scatter": {"direct": direct.scatter},
-    "all_to_all": {"direct": direct.all_to_all},
+    "all_to_all": {"direct": direct.all_to_all, "shm": shm_all_to_all.all_to_all},
     "barrier": {"direct": direct.barrier, "shm": shm.barrier},
 }
 
@@ -35,4 +35,4 @@ DEFAULT_ALGORITHMS: dict[str, str] = {
 #: Algorithms whose first dependency on the peers is a ``fence()`` (before it a member at most writes
 #: its own scratch): the runtime's contract check rides on that fence instead of a fence of its own.
 FENCE_FIRST: frozenset[tuple[str, str]] = frozenset({("all_reduce", "shm"), ("all_gather", "shm"), ("broadcast", "shm"),
-                                                   ("reduce_scatter", "shm"), ("barrier", "shm")})
+                                                   ("reduce_scatter", "shm"), ("all_to_all", "shm"), ("barrier", "shm")})

@@ -18,7 +18,10 @@ the size, because all_gather pieces may differ in size, and only a broadcast's r
 while the group must agree.  A reduce_scatter runs ``shm`` in groups of 3 or more at every size
 (``--collective reduce_scatter``, 2026-11-26: 1.6–7.7× faster than the ring from 4 to 64
 devices, 1 KiB to 4 MiB) and in pairs from 64 KiB (1.4–2.0×); below that a pair's ring is one
-message each way and ties with the fence (0.051–0.059 against 0.056–0.059 ms, 9 rounds).  Every device of a group computes the same choice from the same shape,
+message each way and ties with the fence (0.051–0.059 against 0.056–0.059 ms, 9 rounds).  An
+all_to_all runs ``shm`` in every group of 2 or more (``--collective all_to_all``: 1.6–10× faster
+than the pairwise exchange from 4 to 64 devices at every size; pairs tie up to 64 KiB, 0.049
+against 0.052 ms at 8 bytes, and ``shm`` is 1.7–1.9× faster from 512 KiB).  Every device of a group computes the same choice from the same shape,
 dtype and group size, so the choice never splits a group.
 """
 
@@ -39,8 +42,8 @@ def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bo
     """
     if collective == "barrier" and shared_memory and size > 1:
         return "shm"  # one fence over shared counters, no messages
-    if collective in ("all_gather", "broadcast") and shared_memory and size > 1:
-        return "shm"  # copied straight out of the owner's scratch: 2 fences, no messages
+    if collective in ("all_gather", "broadcast", "all_to_all") and shared_memory and size > 1:
+        return "shm"  # copied straight out of the owner's scratch: 2 fences (or 1), no messages
     if collective == "reduce_scatter" and shared_memory and (size > 2 or size == 2 and nbytes >= SHM_MIN_BYTES):
         return "shm"  # a pair below 64 KiB: one message each way costs what a fence does
     if collective == "all_reduce":

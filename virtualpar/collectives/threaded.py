@@ -183,7 +183,7 @@ class ThreadComm:
         """Threads keep no modelled clock: nothing to charge."""
 
     model_ring_all_reduce = model_barrier = model_tree_all_reduce = _no_clock
-    model_ring_all_gather = model_ring_reduce_scatter = model_tree_broadcast = _no_clock
+    model_ring_all_gather = model_ring_reduce_scatter = model_tree_broadcast = model_pairwise_all_to_all = _no_clock
 
 
 class ThreadWorld:

@@ -163,6 +163,9 @@ class GroupComm:
     def model_ring_reduce_scatter(self, piece_nbytes: list[int]) -> None:
         self._charge("model_ring_reduce_scatter", self._dev._clock.ring_half, piece_nbytes, "reduce_scatter")
 
+    def model_pairwise_all_to_all(self, piece_nbytes: list[int]) -> None:
+        self._charge("model_pairwise_all_to_all", self._dev._clock.pairwise_exchange, piece_nbytes)
+
     def _charge(self, what: str, schedule: Callable[..., float], *args: Any) -> None:
         """Advance this device's modelled clock by ``schedule(ranks, entry clocks, *args)`` and publish it."""
         if self._entry is None:

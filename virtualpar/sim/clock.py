@@ -46,6 +46,7 @@ import numpy as np
 
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
+from virtualpar.sim.exchange import pairwise_exchange_column
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
 from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_reduce_column, ring_half_column,
                                      tree_all_reduce_column, tree_all_reduce_links, tree_broadcast_column)
@@ -170,6 +171,14 @@ class DeviceClock:
         Returns the new ``now``."""
         key = (ranks, half, tuple(piece_nbytes))
         column = self._kept(key, lambda: ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank), half))
+        return self.advance_to(apply_delays(column, entry))
+
+    def pairwise_exchange(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
+        """Charge the pairwise exchange (all_to_all) of pieces of ``piece_nbytes`` over ``ranks``
+        entered at ``entry`` without running it (:func:`~virtualpar.sim.exchange.pairwise_exchange_column`,
+        kept like :meth:`ring_all_reduce`'s).  Returns the new ``now``."""
+        key = (ranks, "exchange", tuple(piece_nbytes))
+        column = self._kept(key, lambda: pairwise_exchange_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank)))
         return self.advance_to(apply_delays(column, entry))
 
     def tree_broadcast(self, ranks: tuple[int, ...], entry: list[float], root: int, nbytes: int) -> float:
