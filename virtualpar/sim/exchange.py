@@ -29,13 +29,11 @@ def pairwise_exchange_column(topology: Topology, ranks: Sequence[int], piece_nby
     rk = np.asarray(ranks)
     sizes = np.asarray(piece_nbytes, dtype=np.float64)
 
-    def steps(lo: int, hi: int) -> np.ndarray:  # rows lo..hi−1: steps k = lo+1 .. hi
-        rows = []
-        for k in range(lo + 1, hi + 1):
-            latency, bandwidth = topology.figures_many(rk, np.roll(rk, -k))  # p -> p+k
-            size = np.roll(sizes, -k)  # the piece p sends at step k: for member p+k
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rows.append(latency + np.where(size > 0, size / bandwidth, 0.0))
-        return np.array(rows).reshape(hi - lo, n)
+    def steps(lo: int, hi: int) -> np.ndarray:  # rows lo..hi−1: steps k = lo+1 .. hi, one lookup for all
+        to = (np.arange(n) + np.arange(lo + 1, hi + 1)[:, None]) % n  # step k: p -> p+k, with its piece
+        latency, bandwidth = topology.figures_many(np.broadcast_to(rk, to.shape).ravel(), rk[to].ravel())
+        size = sizes[to]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return latency.reshape(to.shape) + np.where(size > 0, size / bandwidth.reshape(to.shape), 0.0)
 
     return _column(steps, list(range(1, n)), member, n)
