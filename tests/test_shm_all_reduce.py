@@ -8,7 +8,6 @@ real on the same topology, and against the closed form 2(n−1)(α + M/(nβ)).
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +20,8 @@ from virtualpar.errors import CollectiveTimeout, DeviceAborted, UsageError
 from virtualpar.mesh import Topology
 from virtualpar.sim import analytic
 from virtualpar.sim.schedules import ring_all_reduce_times
+
+from ._slow_reader import slow_reader_cluster
 
 
 def rank_order_reduction(xs: list[np.ndarray], op: str) -> np.ndarray:
@@ -268,22 +269,9 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     out of device 1's scratch.  Device 1 moves on to its column group {1, 3}, whose first chunk
     refills that scratch: the row call's last fence must hold it back until device 0 is done, or
     device 0 copies out device 1's column input instead of the row sums."""
-    from virtualpar.runtime.group_comm import GroupComm
-
-    fence = GroupComm.fence
-    seen = {"fences": 0}
-
-    def slow_fence(self):
-        fence(self)
-        if self._dev.rank == 0:  # the contract check rides on the algorithm's first fence
-            seen["fences"] += 1
-            if seen["fences"] == 2:  # the row all_reduce's reduced slices are published
-                time.sleep(0.3)
-
-    monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
     n = 2000  # 16 KB: past the fence slots (1000 items rode in one fence, and this test passed without
-    # the last fence); no warm-up: its fences would be the ones counted
-    with VirtualCluster(Mesh({"a": 2, "b": 2}), start_method="fork", trace=False, warm_up=False) as cluster:
+    # the last fence); the row all_reduce's second fence publishes its reduced slices
+    with slow_reader_cluster(monkeypatch, fence_number=2) as cluster:
         got = cluster.run(_row_then_column, n)
     for rank, (row, col) in enumerate(got):
         partner = rank ^ 1  # row groups {0, 1}, {2, 3}; column groups {0, 2}, {1, 3}

@@ -9,15 +9,15 @@ same topology.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from virtualpar import Mesh, VirtualCluster
 from virtualpar.collectives import ThreadWorld, default_algorithm, reference
 from virtualpar.collectives.shm_all_to_all import all_to_all
-from virtualpar.errors import CollectiveMismatch
+from virtualpar.errors import CollectiveMismatch, UsageError
+
+from ._slow_reader import slow_reader_cluster
 
 CASES = [((0,), 0, 0), ((1,), 0, 0), ((7,), 0, 0), ((17, 3), 0, 1), ((3, 17), 1, 0), ((4, 5, 6), 2, 1)]
 
@@ -76,22 +76,8 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     """Device 0 dawdles after the row call's first fence, before copying its piece (the first half)
     out of device 1's scratch; device 1 moves on to the whole-mesh call, which refills that scratch
     before any fence: the row call's last fence must hold it back."""
-    from virtualpar.runtime.group_comm import GroupComm
-
-    fence = GroupComm.fence
-    seen = {"fences": 0}
-
-    def slow_fence(self):
-        fence(self)
-        if self._dev.rank == 0:
-            seen["fences"] += 1
-            if seen["fences"] == 1:  # every member's array is in its scratch
-                time.sleep(0.3)
-
-    monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
     n = 2000
-    # (no warm-up: its fences would be the first ones counted)
-    with VirtualCluster(Mesh({"a": 2, "b": 2}), start_method="fork", trace=False, warm_up=False) as cluster:
+    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:  # every member's array is in its scratch
         got = cluster.run(_row_then_world, n)
     for rank, (row, world) in enumerate(got):
         pair = (rank & ~1, rank | 1)  # row groups {0, 1}, {2, 3}
@@ -156,3 +142,10 @@ def test_the_default_is_shm_in_every_group_of_two_or_more_and_without_scratch_th
             got = cluster.run(lambda dev: dev.all_to_all(np.full(4, float(dev.rank))))
             used = {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "all_to_all"}
         assert used == {algorithm} and [g.tolist() for g in got] == [[0.0, 1.0, 2.0, 3.0]] * 4
+
+
+def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
+    world = ThreadWorld(2, scratch_bytes=4)
+    with pytest.raises(UsageError, match=r"all_to_all algorithm 'shm' needs scratch memory of at least one float64 "
+                                         r"element per device, but the cluster has scratch_bytes=4; .* algorithm='direct'"):
+        world.run(lambda c: all_to_all(c, np.ones(4)))

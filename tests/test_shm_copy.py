@@ -17,6 +17,8 @@ from virtualpar.collectives import ThreadWorld, shm_copy as shm
 from virtualpar.collectives.shm_copy import COPY_MIN_ROOM, GATHER_HEADER
 from virtualpar.errors import UsageError
 
+from ._slow_reader import slow_reader_cluster
+
 
 def _piece(rank: int, dim: int, length: int, dtype: str = "float64") -> np.ndarray:
     shape = [3, 2, 4]
@@ -249,23 +251,7 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     out of its scratch.  Device 1 has copied device 0's by then and moves on to its column group
     {1, 3}, whose first round refills that scratch: the row call's last fence must hold it back,
     or device 0 reads the column call's header (refused) or piece."""
-    import time
-
-    from virtualpar.runtime.group_comm import GroupComm
-
-    fence = GroupComm.fence
-    seen = {"fences": 0}
-
-    def slow_fence(self):
-        fence(self)
-        if self._dev.rank == 0:
-            seen["fences"] += 1
-            if seen["fences"] == 1:  # every header and piece is published
-                time.sleep(0.3)
-
-    monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
-    # (no warm-up: its fences would be the ones counted)
-    with VirtualCluster(Mesh({"a": 2, "b": 2}), start_method="fork", trace=False, warm_up=False) as cluster:
+    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:  # every header and piece is published
         got = cluster.run(_row_then_column, 1000)
     for rank, (row, col) in enumerate(got):
         pair, column = (rank & ~1, rank | 1), (rank % 2, rank % 2 + 2)  # row groups {0, 1}, {2, 3}

@@ -10,8 +10,6 @@ for real on the same topology.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -19,8 +17,9 @@ from virtualpar import Mesh, VirtualCluster
 from virtualpar.collectives import ThreadWorld, default_algorithm
 from virtualpar.collectives.selection import SHM_MIN_BYTES
 from virtualpar.collectives.shm_reduce_scatter import reduce_scatter
-from virtualpar.errors import CollectiveMismatch
+from virtualpar.errors import CollectiveMismatch, UsageError
 
+from ._slow_reader import slow_reader_cluster
 from .test_shm_all_reduce import rank_order_reduction
 
 
@@ -101,22 +100,8 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     whole-mesh call, whose first chunk refills that scratch before any fence (all but device 1's
     quarter, so the first half too): the row call's last fence must hold it back, or device 0
     adds device 1's mesh-wide input instead of its row input."""
-    from virtualpar.runtime.group_comm import GroupComm
-
-    fence = GroupComm.fence
-    seen = {"fences": 0}
-
-    def slow_fence(self):
-        fence(self)
-        if self._dev.rank == 0:
-            seen["fences"] += 1
-            if seen["fences"] == 1:  # every member's input is in its scratch
-                time.sleep(0.3)
-
-    monkeypatch.setattr(GroupComm, "fence", slow_fence)  # fork: the devices inherit the patch
     n = 2000  # 16 KB: past the fence slots
-    # (no warm-up: its fences would be the first ones counted)
-    with VirtualCluster(Mesh({"a": 2, "b": 2}), start_method="fork", trace=False, warm_up=False) as cluster:
+    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:  # every member's input is in its scratch
         got = cluster.run(_row_then_world, n)
     for rank, (row, world) in enumerate(got):
         partner = rank ^ 1  # row groups {0, 1}, {2, 3}
@@ -172,3 +157,10 @@ def test_the_default_is_shm_but_for_small_pairs_and_without_scratch_the_ring():
         got = cluster.run(lambda dev: dev.reduce_scatter(np.ones(8)))
         assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "reduce_scatter"} == {"ring"}
     assert [g.tolist() for g in got] == [[4.0, 4.0]] * 4
+
+
+def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
+    world = ThreadWorld(2, scratch_bytes=4)
+    with pytest.raises(UsageError, match=r"reduce_scatter algorithm 'shm' needs scratch memory of at least one float64 "
+                                         r"element per device, but the cluster has scratch_bytes=4; .* algorithm='ring'"):
+        world.run(lambda c: reduce_scatter(c, np.ones(4)))

@@ -14,7 +14,7 @@ and a wake-up per member: at 128 devices and 64 KiB the exchange took 0.7–1.1 
 
 Along ``split_dim`` ≠ 0 the pieces are not contiguous: the array is laid out with ``split_dim``
 first (one copy), so that piece c is one block of the flattened array.  Arrays larger than the
-scratch go ``scratch_bytes`` at a time, two fences per round; those of at most
+scratch go ``scratch_bytes`` at a time, two fences per round (``shm_pieces.py``); those of at most
 ``fence_payload_bytes`` ride in one fence (``SharedComm.fence_exchange``), each member taking its
 piece of the n rows.  Groups of
 ``shm.STRIDED_MIN_MEMBERS`` or more evenly spaced members read every member's scratch as one
@@ -32,7 +32,7 @@ import numpy as np
 
 from virtualpar.collectives import shm
 from virtualpar.collectives.comm import SharedComm
-from virtualpar.errors import UsageError
+from virtualpar.collectives.shm_pieces import piece_rounds, round_count
 
 __all__ = ["all_to_all"]
 
@@ -52,7 +52,13 @@ def all_to_all(comm: SharedComm, x: np.ndarray, split_dim: int = 0, concat_dim: 
     if 0 < source.nbytes <= comm.fence_payload_bytes:  # one fence carries every member's array
         got[...], rounds = comm.fence_exchange(source)[:, e[r] : e[r + 1]], 1
     else:
-        rounds = _through_scratch(comm, source, e, got)
+        rounds = round_count(comm, source)
+        for lo, hi, terms in piece_rounds(comm, source, e, "all_to_all", "direct"):
+            if type(terms) is list:
+                for j, term in enumerate(terms):
+                    got[j, lo:hi] = term
+            else:
+                got[:, lo:hi] = terms
     blocks = got.reshape((n, b[r + 1] - b[r]) + front.shape[1:])  # block j, split_dim first
     if split_dim == concat_dim == 0:  # the blocks one after the other are the result
         result = blocks.reshape((n * (b[r + 1] - b[r]),) + front.shape[1:])
@@ -67,41 +73,3 @@ def all_to_all(comm: SharedComm, x: np.ndarray, split_dim: int = 0, concat_dim: 
     comm.model_pairwise_all_to_all(piece_nbytes)
     return result
 
-
-def _through_scratch(comm: SharedComm, source: np.ndarray, e: list[int], got: np.ndarray) -> int:
-    """Copy items [e[r], e[r+1]) of every member's ``source`` into row j of ``got``,
-    ``scratch_bytes`` at a time: copy in, fence, copy out, fence per round.  Returns the rounds."""
-    n, r = comm.size, comm.rank
-    itemsize = source.dtype.itemsize
-    capacity = comm.scratch_bytes // itemsize
-    if capacity < 1:
-        raise UsageError(
-            f"all_to_all algorithm 'shm' needs scratch memory of at least one {source.dtype} element per device, "
-            f"but the cluster has scratch_bytes={comm.scratch_bytes}; start it with a larger scratch_bytes "
-            "or choose algorithm='direct'")
-    table = comm.scratch_rows() if n >= shm.STRIDED_MIN_MEMBERS else None
-    if table is not None:
-        rows = table[:, : capacity * itemsize].view(source.dtype)
-    else:
-        rows = [comm.scratch(j)[: capacity * itemsize].view(source.dtype) for j in range(n)]
-    mine, total, rounds = rows[r], source.size, 0
-    for start in range(0, max(total, 1), capacity):  # an empty array still takes one (empty) round
-        m = min(capacity, total - start)
-        chunk = source[start : start + m]
-        lo, hi = min(max(e[r] - start, 0), m), min(max(e[r + 1] - start, 0), m)  # our piece, in this chunk
-        if table is not None:
-            mine[:m] = chunk  # our own piece too: one strided copy reads every row
-        else:
-            mine[:lo] = chunk[:lo]
-            mine[hi:m] = chunk[hi:]
-        comm.fence()  # every member's chunk is in its scratch (the contract check rides on the first)
-        if hi > lo:
-            dst = got[:, start + lo - e[r] : start + hi - e[r]]
-            if table is not None:
-                dst[...] = rows[:, lo:hi]
-            else:
-                for j in range(n):
-                    dst[j] = chunk[lo:hi] if j == r else rows[j][lo:hi]
-        comm.fence()  # nobody reads our scratch any more: it may be reused
-        rounds += 1
-    return rounds

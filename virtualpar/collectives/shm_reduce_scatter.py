@@ -18,7 +18,7 @@ through shared memory 50 ms.
 
 Along ``dim`` ≠ 0 the pieces are not contiguous: the array is laid out with ``dim`` first (one
 copy), so that piece c is one block of the flattened array, and the reduced piece is moved back.
-Arrays larger than the scratch go ``scratch_bytes`` at a time (two fences each); those of at most
+Arrays larger than the scratch go ``scratch_bytes`` at a time (two fences each, ``shm_pieces.py``); those of at most
 ``fence_payload_bytes`` ride in one fence (``SharedComm.fence_exchange``) and each member reduces
 its piece of the n rows.  Groups of ``shm.STRIDED_MIN_MEMBERS`` or more evenly spaced members read
 every member's scratch as one strided view, as the all_reduce does.  Every element is computed by
@@ -38,7 +38,7 @@ import numpy as np
 from virtualpar.collectives import shm
 from virtualpar.collectives.comm import SharedComm
 from virtualpar.collectives.ops import REDUCE_OPS, finalize
-from virtualpar.errors import UsageError
+from virtualpar.collectives.shm_pieces import piece_rounds, round_count
 
 __all__ = ["reduce_scatter"]
 
@@ -62,45 +62,12 @@ def reduce_scatter(comm: SharedComm, x: np.ndarray, dim: int = 0, op: str = "sum
         if out.size:
             shm._reduce_rows(ufunc, rows[:, e[r] : e[r + 1]], out)
     else:
-        rounds = _through_scratch(comm, source, e, out, ufunc)
+        rounds = round_count(comm, source)
+        for lo, hi, terms in piece_rounds(comm, source, e, "reduce_scatter", "ring"):
+            shm._reduce_rows(ufunc, terms, out[lo:hi])
     finalize(op, out, n)
     itemsize = x.dtype.itemsize
     comm.account_all(np.diff(e) * itemsize, messages=rounds)  # peer j read piece j of ours
     comm.model_ring_reduce_scatter([int(k) * itemsize for k in np.diff(e)])
     return np.ascontiguousarray(np.moveaxis(result, 0, dim)) if dim else result
 
-
-def _through_scratch(comm: SharedComm, source: np.ndarray, e: list[int], out: np.ndarray, ufunc: np.ufunc) -> int:
-    """Reduce items [e[r], e[r+1]) of every member's ``source`` into ``out``, ``scratch_bytes`` at a
-    time: copy in, fence, reduce, fence per round.  Returns the number of rounds."""
-    n, r = comm.size, comm.rank
-    itemsize = source.dtype.itemsize
-    capacity = comm.scratch_bytes // itemsize
-    if capacity < 1:
-        raise UsageError(
-            f"reduce_scatter algorithm 'shm' needs scratch memory of at least one {source.dtype} element per device, "
-            f"but the cluster has scratch_bytes={comm.scratch_bytes}; start it with a larger scratch_bytes "
-            "or choose algorithm='ring'")
-    table = comm.scratch_rows() if n >= shm.STRIDED_MIN_MEMBERS else None
-    if table is not None:
-        rows = table[:, : capacity * itemsize].view(source.dtype)
-    else:
-        rows = [comm.scratch(j)[: capacity * itemsize].view(source.dtype) for j in range(n)]
-    mine, total, rounds = rows[r], source.size, 0
-    for start in range(0, max(total, 1), capacity):  # an empty array still takes one (empty) round
-        m = min(capacity, total - start)
-        chunk = source[start : start + m]
-        lo, hi = min(max(e[r] - start, 0), m), min(max(e[r + 1] - start, 0), m)  # our piece, in this chunk
-        if table is not None:
-            mine[:m] = chunk  # our own piece too: the strided reduction reads it in place
-        else:
-            mine[:lo] = chunk[:lo]
-            mine[hi:m] = chunk[hi:]
-        comm.fence()  # every member's chunk is in its scratch (the contract check rides on the first)
-        if hi > lo:
-            dst = out[start + lo - e[r] : start + hi - e[r]]
-            terms = rows[:, lo:hi] if table is not None else [chunk[lo:hi] if j == r else rows[j][lo:hi] for j in range(n)]
-            shm._reduce_rows(ufunc, terms, dst)
-        comm.fence()  # nobody reads our scratch any more: it may be reused
-        rounds += 1
-    return rounds
