@@ -19,11 +19,12 @@ while the group must agree.  A reduce_scatter runs ``shm`` in groups of 3 or mor
 (``--collective reduce_scatter``, 2026-11-26: 1.5–8.8× faster than the ring from 4 to 64
 devices, 1 KiB to 4 MiB) and in pairs from 64 KiB (1.4–3.3×); below that a pair's ring is one
 message each way and ties with the fence or beats it (two runs of 9 rounds, 8 bytes to 8 KiB:
-0.051–0.059 against 0.056–0.059 ms, and 0.051–0.058 against 0.058–0.077).  An
-all_to_all runs ``shm`` in every group of 2 or more (``--collective all_to_all``: 1.6–10× faster
-than the pairwise exchange from 4 to 64 devices at every size; pairs tie up to 64 KiB, 0.049
-against 0.052 ms at 8 bytes, and ``shm`` is 1.7–1.9× faster from 512 KiB).  Every device of a group computes the same choice from the same shape,
-dtype and group size, so the choice never splits a group.
+0.051–0.059 against 0.056–0.059 ms, and 0.051–0.058 against 0.058–0.077).  An all_to_all runs
+``shm`` in every group of 2 or more (``--collective all_to_all``: 1.6–12.8× faster than the
+pairwise exchange from 4 to 64 devices at every size; pairs tie up to 64 KiB, 0.049 against
+0.052 ms at 8 bytes, and ``shm`` is 1.7–3.3× faster from 512 KiB).  Every device of a group
+computes the same choice from the same shape, dtype and group size, so the choice never splits a
+group.
 """
 
 from __future__ import annotations

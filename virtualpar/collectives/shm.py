@@ -62,7 +62,7 @@ from virtualpar.collectives.comm import SharedComm
 from virtualpar.collectives.ops import REDUCE_OPS, finalize
 from virtualpar.errors import UsageError
 
-__all__ = ["all_reduce", "barrier", "split_bounds", "RING_MIN_BYTES"]
+__all__ = ["all_reduce", "barrier", "split_bounds", "reduce_rows", "RING_MIN_BYTES"]
 
 RING_MIN_BYTES = 64 << 10  # from here a message all_reduce is bandwidth-bound (ring); below, the tree
 STRIDED_MIN_MEMBERS = 32  # from here evenly spaced members' scratch is reduced and copied out as strided rows
@@ -115,12 +115,12 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
 
         if hi > lo and table is not None:  # (fewer items than members leave some slices empty)
             out = flat[start + lo : start + hi]  # (not our scratch's slice r: it is one of the terms)
-            _reduce_rows(ufunc, rows[:, lo:hi], out)
+            reduce_rows(ufunc, rows[:, lo:hi], out)
             finalize(op, out, n)
             mine[lo:hi] = out  # published (nobody but us reads slice r of our scratch before this fence)
         elif hi > lo:
             acc = mine[lo:hi]  # slice r of our scratch holds no input: reduce straight into it
-            _reduce_rows(ufunc, [chunk[lo:hi] if j == r else rows[j][lo:hi] for j in range(n)], acc)
+            reduce_rows(ufunc, [chunk[lo:hi] if j == r else rows[j][lo:hi] for j in range(n)], acc)
             finalize(op, acc, n)
         comm.fence()  # every reduced slice is published
 
@@ -143,7 +143,7 @@ def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray
     rows = comm.fence_exchange(np.ascontiguousarray(x))
     result = comm.empty(x.shape, x.dtype)
     acc = result.reshape(-1)
-    _reduce_rows(ufunc, rows, acc)
+    reduce_rows(ufunc, rows, acc)
     finalize(op, acc, n)
     comm.account_all(nbytes)  # every peer read our whole array
     comm.model_tree_all_reduce(nbytes)
@@ -162,7 +162,7 @@ def barrier(comm: SharedComm) -> None:
     comm.model_barrier()
 
 
-def _reduce_rows(ufunc: np.ufunc, rows: Any, out: np.ndarray) -> None:
+def reduce_rows(ufunc: np.ufunc, rows: Any, out: np.ndarray) -> None:
     """``out = rows[0] ⊕ rows[1] ⊕ … ⊕ rows[n−1]``, strictly in row (rank) order, whatever n: the
     same bits on every path.  ``rows``: an (n, k) array, or a list of n arrays of k items."""
     if type(rows) is list:

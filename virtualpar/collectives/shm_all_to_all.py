@@ -14,11 +14,11 @@ and a wake-up per member: at 128 devices and 64 KiB the exchange took 0.7–1.1 
 
 Along ``split_dim`` ≠ 0 the pieces are not contiguous: the array is laid out with ``split_dim``
 first (one copy), so that piece c is one block of the flattened array.  Arrays larger than the
-scratch go ``scratch_bytes`` at a time, two fences per round (``shm_pieces.py``); those of at most
-``fence_payload_bytes`` ride in one fence (``SharedComm.fence_exchange``), each member taking its
-piece of the n rows.  Groups of
-``shm.STRIDED_MIN_MEMBERS`` or more evenly spaced members read every member's scratch as one
-strided view: one numpy copy takes piece r of all n members.  Every member's array must have the
+scratch go ``scratch_bytes`` at a time, two fences per round (the rounds of ``shm_pieces.py``);
+those of at most ``fence_payload_bytes`` ride in one fence (``SharedComm.fence_exchange``), each
+member taking its piece of the n rows.  Groups of ``shm.STRIDED_MIN_MEMBERS`` or more evenly
+spaced members read every member's scratch as one strided view: one numpy copy takes piece r of
+all n members.  Every member's array must have the
 same shape and dtype (the contract check, on by default, names a member whose call differs).
 
 Bytes are counted as if each read were a message: member j "sends" each peer r piece r of its
@@ -72,4 +72,3 @@ def all_to_all(comm: SharedComm, x: np.ndarray, split_dim: int = 0, concat_dim: 
     comm.account_all(np.asarray(piece_nbytes, np.int64), messages=rounds)  # peer j read piece j of ours
     comm.model_pairwise_all_to_all(piece_nbytes)
     return result
-

@@ -18,10 +18,11 @@ through shared memory 50 ms.
 
 Along ``dim`` ≠ 0 the pieces are not contiguous: the array is laid out with ``dim`` first (one
 copy), so that piece c is one block of the flattened array, and the reduced piece is moved back.
-Arrays larger than the scratch go ``scratch_bytes`` at a time (two fences each, ``shm_pieces.py``); those of at most
-``fence_payload_bytes`` ride in one fence (``SharedComm.fence_exchange``) and each member reduces
-its piece of the n rows.  Groups of ``shm.STRIDED_MIN_MEMBERS`` or more evenly spaced members read
-every member's scratch as one strided view, as the all_reduce does.  Every element is computed by
+Arrays larger than the scratch go ``scratch_bytes`` at a time (two fences each: the rounds of
+``shm_pieces.py``); those of at most ``fence_payload_bytes`` ride in one fence
+(``SharedComm.fence_exchange``) and each member reduces its piece of the n rows.  Groups of
+``shm.STRIDED_MIN_MEMBERS`` or more evenly spaced members read every member's scratch as one
+strided view, as the all_reduce does.  Every element is computed by
 one member in one order, so the result is the same from run to run; the ring adds in another
 order (starting after the piece's owner), so the two may differ in the last bit of a float sum.
 
@@ -60,14 +61,13 @@ def reduce_scatter(comm: SharedComm, x: np.ndarray, dim: int = 0, op: str = "sum
     if 0 < source.nbytes <= comm.fence_payload_bytes:  # one fence carries every member's array
         rows, rounds = comm.fence_exchange(source), 1
         if out.size:
-            shm._reduce_rows(ufunc, rows[:, e[r] : e[r + 1]], out)
+            shm.reduce_rows(ufunc, rows[:, e[r] : e[r + 1]], out)
     else:
         rounds = round_count(comm, source)
         for lo, hi, terms in piece_rounds(comm, source, e, "reduce_scatter", "ring"):
-            shm._reduce_rows(ufunc, terms, out[lo:hi])
+            shm.reduce_rows(ufunc, terms, out[lo:hi])
     finalize(op, out, n)
     itemsize = x.dtype.itemsize
     comm.account_all(np.diff(e) * itemsize, messages=rounds)  # peer j read piece j of ours
     comm.model_ring_reduce_scatter([int(k) * itemsize for k in np.diff(e)])
     return np.ascontiguousarray(np.moveaxis(result, 0, dim)) if dim else result
-

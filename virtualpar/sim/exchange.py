@@ -2,9 +2,9 @@
 
 In step k = 1 … n−1 member p sends its piece for p + k to p + k and receives from p − k
 (``sendrecv``), so it leaves the step at ``max(t_p + c_k[p], t_{p−k} + c_k[p−k])`` with
-``c_k[p] = α(p→p+k) + |piece_{p+k}|/β(p→p+k)``: a max-plus map like the ring's, with offset k at
-step k (``schedules._column``).  The shared-memory all_to_all, which moves no messages, is charged
-this way — exactly what the exchange would cost on links idle at entry.
+``c_k[p] = α(p→p+k) + |piece_{p+k}|/β(p→p+k)``: a max-plus map like the ring's, with offset k
+at step k (``schedules.max_plus_column``).  The shared-memory all_to_all, which moves no
+messages, is charged this way — exactly what the exchange would cost on links idle at entry.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from virtualpar.mesh.topology import Topology
-from virtualpar.sim.schedules import _column
+from virtualpar.sim.schedules import max_plus_column
 
 __all__ = ["pairwise_exchange_column"]
 
@@ -36,4 +36,4 @@ def pairwise_exchange_column(topology: Topology, ranks: Sequence[int], piece_nby
         with np.errstate(divide="ignore", invalid="ignore"):
             return latency.reshape(to.shape) + np.where(size > 0, size / bandwidth.reshape(to.shape), 0.0)
 
-    return _column(steps, list(range(1, n)), member, n)
+    return max_plus_column(steps, list(range(1, n)), member, n)

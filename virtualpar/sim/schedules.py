@@ -36,7 +36,7 @@ from virtualpar.mesh.topology import Topology
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column",
            "tree_broadcast_column", "tree_children", "dissemination_column",
-           "tree_all_reduce_times", "tree_all_reduce_column", "tree_all_reduce_links", "apply_delays"]
+           "tree_all_reduce_times", "tree_all_reduce_column", "tree_all_reduce_links", "apply_delays", "max_plus_column"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
 
@@ -77,7 +77,7 @@ def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbyte
     ~5 s of CPU per device for its first shared-memory all_reduce).
     """
     steps = _RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column")
-    return _column(steps, [1] * steps.count, member, len(ranks))
+    return max_plus_column(steps, [1] * steps.count, member, len(ranks))
 
 
 def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int,
@@ -88,7 +88,7 @@ def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Seq
     to p+1; ``"reduce_scatter"``, the ring reduce_scatter — the partial of piece (p−s−1) mod n.  On
     a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
     steps = _RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half)
-    return _column(steps, [1] * steps.count, member, len(ranks))
+    return max_plus_column(steps, [1] * steps.count, member, len(ranks))
 
 
 def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, member: int, nbytes: int) -> list[tuple[int, float]]:
@@ -148,10 +148,10 @@ def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) 
     offsets = [1 << k for k in range(max(n - 1, 0).bit_length())]
     rk = np.asarray(ranks)
     steps = np.array([topology.figures_many(rk, np.roll(rk, -k))[0] for k in offsets]).reshape(len(offsets), n)  # T(0) = α
-    return _column(lambda lo, hi: steps[lo:hi], offsets, member, n)
+    return max_plus_column(lambda lo, hi: steps[lo:hi], offsets, member, n)
 
 
-def _column(steps: Callable[[int, int], np.ndarray], offsets: Sequence[int], member: int, n: int) -> list[float]:
+def max_plus_column(steps: Callable[[int, int], np.ndarray], offsets: Sequence[int], member: int, n: int) -> list[float]:
     """Row ``member`` of ``A_K ⊗ … ⊗ A_1`` where step k's matrix maps ``t'_p = max(t_p + c_k[p],
     t_{p−o_k} + c_k[p−o_k])`` (member p's own message keeps it busy c_k[p]; the one from
     p − o_k arrives after c_k[p − o_k]).  Backwards from the last step: ``u'[q] = c_k[q] +
@@ -238,8 +238,8 @@ def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nb
     """Member ``me``'s row of the max-plus matrix of :func:`tree_all_reduce_times` (every step is
     a max of sums): ``exit[me] = max_q (entry[q] + row[q])``, via :func:`apply_delays` — O(n) per
     call once the row is kept.  The row is the unit vector of ``me`` taken back through the steps
-    from the last, as :func:`_column` does for the ring: a step ``t'[r] = max(t[r] + a, t[q] + b)``
-    maps ``u`` to ``u[r] = max(u'[r] + a, u'[j] + c)`` over the members j it feeds — O(n log n)
+    from the last, as :func:`max_plus_column` does for the ring: a step ``t'[r] = max(t[r] + a,
+    t[q] + b)`` maps ``u`` to ``u[r] = max(u'[r] + a, u'[j] + c)`` over the members j it feeds — O(n log n)
     in all (the forward replay of n unit vectors was O(n² log n): ~3 ms of a device's first call
     at 128 devices).  ``links``: :func:`tree_all_reduce_links` of the group, if kept."""
     n = len(ranks)
