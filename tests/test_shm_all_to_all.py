@@ -23,10 +23,10 @@ CASES = [((0,), 0, 0), ((1,), 0, 0), ((7,), 0, 0), ((17, 3), 0, 1), ((3, 17), 1,
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-@pytest.mark.parametrize("scratch_bytes", [8, 24, 40, 4096])
-def test_chunked_through_a_small_scratch_matches_numpy(n, scratch_bytes, strided):
-    rng = np.random.default_rng([n, scratch_bytes])
-    world = ThreadWorld(n, scratch_bytes=scratch_bytes)
+@pytest.mark.parametrize("per_member", [1, 3, 5, 128])  # items of scratch per member: rounds of 1 .. 128 items
+def test_chunked_through_a_small_scratch_matches_numpy(n, per_member, strided):
+    rng = np.random.default_rng([n, per_member])
+    world = ThreadWorld(n, scratch_bytes=8 * n * per_member + 7)  # (7 bytes short of one more item each)
     for shape, split_dim, concat_dim in CASES:
         xs = [rng.standard_normal(shape) for _ in range(n)]
         before = world.bytes.copy()
@@ -147,5 +147,5 @@ def test_the_default_is_shm_in_every_group_of_two_or_more_and_without_scratch_th
 def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
     world = ThreadWorld(2, scratch_bytes=4)
     with pytest.raises(UsageError, match=r"all_to_all algorithm 'shm' needs scratch memory of at least one float64 "
-                                         r"element per device, but the cluster has scratch_bytes=4; .* algorithm='direct'"):
+                                         r"element per member \(2 here\) per device, but the cluster has scratch_bytes=4; .* algorithm='direct'"):
         world.run(lambda c: all_to_all(c, np.ones(4)))

@@ -28,11 +28,11 @@ def pieces_of_the_sum(xs, op, dim):
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-@pytest.mark.parametrize("scratch_bytes", [8, 24, 40, 4096])
+@pytest.mark.parametrize("per_member", [1, 3, 5, 128])  # items of scratch per member: rounds of 1 .. 128 items
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "avg"])
-def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, scratch_bytes, op, strided):
-    rng = np.random.default_rng([n, scratch_bytes])
-    world = ThreadWorld(n, scratch_bytes=scratch_bytes)
+def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, per_member, op, strided):
+    rng = np.random.default_rng([n, per_member])
+    world = ThreadWorld(n, scratch_bytes=8 * n * per_member + 7)  # (7 bytes short of one more item each)
     for shape, dim in [((0,), 0), ((1,), 0), ((n - 1,), 0), ((7,), 0), ((17,), 0), ((3, 7), 1), ((5, 2, 3), 2)]:
         xs = [rng.uniform(0.5, 1.5, size=shape) for _ in range(n)]
         before = world.bytes.copy()
@@ -162,5 +162,24 @@ def test_the_default_is_shm_but_for_small_pairs_and_without_scratch_the_ring():
 def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
     world = ThreadWorld(2, scratch_bytes=4)
     with pytest.raises(UsageError, match=r"reduce_scatter algorithm 'shm' needs scratch memory of at least one float64 "
-                                         r"element per device, but the cluster has scratch_bytes=4; .* algorithm='ring'"):
+                                         r"element per member \(2 here\) per device, but the cluster has scratch_bytes=4; .* algorithm='ring'"):
         world.run(lambda c: reduce_scatter(c, np.ones(4)))
+
+
+def test_every_round_carries_part_of_every_piece():
+    """An array 3 times the scratch: 3 rounds, and every member reduces part of its piece in each
+    (consecutive chunks of the array left one member working per round once the array was n times
+    the scratch), fencing twice per round."""
+    from virtualpar.collectives.shm_pieces import piece_rounds, round_count
+
+    n, q = 4, 5  # 5 items of each piece per round
+    world = ThreadWorld(n, scratch_bytes=8 * n * q)
+    e = [0, 15, 30, 45, 60]
+
+    def body(c):
+        source = np.arange(60.0) + 100 * c.rank
+        parts = [(a, b) for a, b, _ in piece_rounds(c, source, e, "reduce_scatter", "ring")]
+        return parts, round_count(c, e, 8), c._fences
+
+    for parts, rounds, fences in world.run(body):
+        assert parts == [(0, 5), (5, 10), (10, 15)] and rounds == 3 and fences == 6

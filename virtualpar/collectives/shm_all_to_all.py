@@ -52,7 +52,7 @@ def all_to_all(comm: SharedComm, x: np.ndarray, split_dim: int = 0, concat_dim: 
     if 0 < source.nbytes <= comm.fence_payload_bytes:  # one fence carries every member's array
         got[...], rounds = comm.fence_exchange(source)[:, e[r] : e[r + 1]], 1
     else:
-        rounds = round_count(comm, source)
+        rounds = round_count(comm, e, source.dtype.itemsize)
         for lo, hi, terms in piece_rounds(comm, source, e, "all_to_all", "direct"):
             if type(terms) is list:
                 for j, term in enumerate(terms):

@@ -63,7 +63,7 @@ def reduce_scatter(comm: SharedComm, x: np.ndarray, dim: int = 0, op: str = "sum
         if out.size:
             shm.reduce_rows(ufunc, rows[:, e[r] : e[r + 1]], out)
     else:
-        rounds = round_count(comm, source)
+        rounds = round_count(comm, e, source.dtype.itemsize)
         for lo, hi, terms in piece_rounds(comm, source, e, "reduce_scatter", "ring"):
             shm.reduce_rows(ufunc, terms, out[lo:hi])
     finalize(op, out, n)
