@@ -16,6 +16,7 @@ from virtualpar import Mesh, VirtualCluster
 from virtualpar.collectives import REDUCE_OPS, ThreadWorld, default_algorithm, shm
 from virtualpar.collectives.selection import SHM_MIN_BYTES
 from virtualpar.collectives.shm import RING_MIN_BYTES
+from virtualpar.collectives.shm_copy import COPY_MIN_ROOM
 from virtualpar.errors import CollectiveTimeout, DeviceAborted, UsageError
 from virtualpar.mesh import Topology
 from virtualpar.sim import analytic
@@ -242,8 +243,10 @@ def _default_all_reduce(dev, n):
 
 
 def test_without_scratch_the_default_falls_back_to_messages():
+    """Without scratch, or with less than COPY_MIN_ROOM of it (where rounds of three fences over a
+    few items each cost far more than the ring), the default all_reduce sends messages."""
     big = SHM_MIN_BYTES // 8  # float64 elements: large enough for shm by size
-    for scratch, expected in ((0, "ring"), (4, "ring"), (8, "shm")):  # none, < one float64, one float64
+    for scratch, expected in ((0, "ring"), (8, "ring"), (COPY_MIN_ROOM - 1, "ring"), (COPY_MIN_ROOM, "shm")):
         with VirtualCluster(2, scratch_bytes=scratch) as cluster:
             assert cluster.run(_default_all_reduce, big) == [2.0, 2.0]
             ran = [dict(e.args)["algorithm"] for e in cluster.trace().events if e.kind == "collective"]

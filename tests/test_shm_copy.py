@@ -122,7 +122,8 @@ def test_a_scratch_without_room_for_the_header_is_a_usage_error_and_the_default_
     # the default wants room for rounds that are worth their two fences each
     assert not shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM - 1, 8)
     assert shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM, 8)
-    assert shm.usable("all_reduce", 8, 8) and not shm.usable("all_reduce", 7, 8)
+    for name in ("all_reduce", "reduce_scatter", "all_to_all"):  # likewise, for the same reason
+        assert shm.usable(name, COPY_MIN_ROOM, 8) and not shm.usable(name, COPY_MIN_ROOM - 1, 8)
 
 
 def _gather(dev, algorithm, group, lengths):
