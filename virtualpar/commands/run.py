@@ -17,6 +17,7 @@ import inspect
 import os
 import re
 import sys
+import time
 import traceback
 
 from ._args import default_hardware, output_file, parse_mesh, positive_float, positive_int
@@ -24,6 +25,7 @@ from ._args import default_hardware, output_file, parse_mesh, positive_float, po
 __all__ = ["register"]
 
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+ABORT_GRACE = 0.2  # seconds a failing MPI rank waits after printing why, before MPI_Abort tears the job down
 
 
 def _hardware(args: argparse.Namespace, size: int) -> str | None:
@@ -158,6 +160,7 @@ def _run_under_mpiexec(args: argparse.Namespace) -> int:
         print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
         _unlink_job_segments()
+        time.sleep(ABORT_GRACE)  # the launcher forwards our stderr; aborting at once lost it (1 run in ~20)
         MPI.COMM_WORLD.Abort(1)
         return 1  # (Abort may return before the launcher kills this rank: nothing more to do here)
     if got is not None:
