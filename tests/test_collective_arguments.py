@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from virtualpar import VirtualCluster
+from virtualpar import Mesh, VirtualCluster
 from virtualpar.collectives import reference
 from virtualpar.errors import CollectiveMismatch, UsageError
 
@@ -99,7 +99,7 @@ def test_a_direct_all_reduce_the_machine_cannot_hold_is_refused_before_it_moves_
     monkeypatch.setattr(direct, "MACHINE_BYTES", 1 << 20)
     with VirtualCluster(4, timeout=TIMEOUT) as c:
         with pytest.raises(UsageError, match=r"device \d \(world=\d\): all_reduce on group .*: algorithm 'direct' would "
-                                             r"hold ~2.2 MiB at once \(each of the 4 members keeps the other 3 arrays "
+                                             r"hold ~2.2 MiB at once \(each of 4 devices keeps 3 arrays "
                                              r"of 65536 bytes .* more than 80% of this machine's 1.0 MiB; use the default"):
             c.run(lambda dev: dev.all_reduce(np.ones(8192), algorithm="direct"))
         small = c.run(lambda dev: dev.all_reduce(np.ones(1), algorithm="direct"))
@@ -107,3 +107,31 @@ def test_a_direct_all_reduce_the_machine_cannot_hold_is_refused_before_it_moves_
     assert [s.tolist() for s in small] == [[4.0]] * 4
     assert all((y == 4).all() for y in large)
     assert direct.HELD_PER_TERM * 128 * 127 * (512 << 10) > 0.8 * (24 << 30)  # the case that was killed is refused
+    # the groups of a mesh axis call together: pairs on 4 devices hold 3 * 4 * 1 * 64 KiB = 768 KiB in all
+    monkeypatch.setattr(direct, "MACHINE_BYTES", 800 << 10)
+    with VirtualCluster(Mesh({"a": 2, "b": 2}), timeout=TIMEOUT) as c:
+        with pytest.raises(UsageError, match=r"on group b=.*would hold ~0.8 MiB at once \(each of 4 devices keeps 1 array "):
+            c.run(lambda dev: dev.all_reduce(np.ones(8192), group="b", algorithm="direct"))
+
+
+@pytest.mark.parametrize("files, limit", [
+    ({"/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/memory.max": "1073741824\n"}, 1 << 30),  # v2
+    ({"/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/memory.max": "max\n"}, None),  # v2, no limit
+    ({"/proc/self/cgroup": "4:memory:/api/x\n1:cpu:/\n", "/sys/fs/cgroup/memory/api/x/memory.limit_in_bytes": "2147483648"},
+     2 << 30),  # v1
+    ({}, None),  # no /proc
+])
+def test_the_machine_memory_is_the_lower_of_ram_and_the_cgroup_limit(monkeypatch, files, limit):
+    import io
+    import os
+
+    from virtualpar.collectives import direct
+
+    def fake_open(path, *args, **kwargs):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(direct, "open", fake_open, raising=False)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert direct._machine_bytes() == (ram if limit is None else min(ram, limit))

@@ -19,8 +19,34 @@ from virtualpar.errors import UsageError
 
 __all__ = ["all_reduce", "all_gather", "gather", "scatter", "all_to_all", "barrier", "check_all_reduce_memory"]
 
-MACHINE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # the same on every device here
-HELD_PER_TERM = 3  # bytes of memory per byte of the n(n−1) terms in flight: measured, see below
+HELD_PER_TERM = 3  # bytes of memory per byte of the terms in flight: measured, see check_all_reduce_memory
+
+
+def _machine_bytes() -> int:
+    """Physical memory, or the memory limit of this process's cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) if lower: the same for every device of a cluster (forked together)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return total
+    for hier, controllers, path in lines:
+        if hier == "0":
+            limit = f"/sys/fs/cgroup{path.rstrip('/')}/memory.max"
+        elif "memory" in controllers.split(","):
+            limit = f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            with open(limit) as f:
+                total = min(total, int(f.read()))
+        except (OSError, ValueError):  # no such file, or "max"
+            pass
+    return total
+
+
+MACHINE_BYTES: int | None = None  # _machine_bytes(), worked out on the first check
 
 
 def _exchange_with_all(comm: Comm, x: np.ndarray) -> list[np.ndarray]:
@@ -55,21 +81,27 @@ def all_reduce(comm: Comm, x: np.ndarray, op: str = "sum") -> np.ndarray:
     return finalize(op, acc, comm.size)
 
 
-def check_all_reduce_memory(where: str, n: int, nbytes: int) -> None:
-    """Refuse a direct all_reduce of ``nbytes`` over ``n`` members of one machine that would need
-    more than 80% of its memory.  Every member receives the n−1 other arrays before it adds them
-    (rank order, for the same bits everywhere), and a virtual cluster's transport takes a large
-    message as soon as it is offered, so the group holds ~n(n−1)·M bytes of terms at once —
-    ``HELD_PER_TERM`` times that measured with the buffers around them: 128 devices reducing
-    512 KiB needed more than this 24 GiB machine had, and the kernel killed a device.  The figures
-    are the same on every member, so every member refuses alike (no member waits for another)."""
-    need = HELD_PER_TERM * n * (n - 1) * nbytes
+def check_all_reduce_memory(where: str, n: int, nbytes: int, devices: int) -> None:
+    """Refuse a direct all_reduce of ``nbytes`` over groups of ``n`` members of a cluster of
+    ``devices`` on one machine that would need more than 80% of its memory (``MACHINE_BYTES``).
+    Every member receives the n−1 other arrays before it adds them (rank order, for the same bits
+    everywhere), and a virtual cluster's transport takes a large message as soon as it is offered,
+    so each member holds ~(n−1)·M bytes of terms at once, and all the groups of a mesh axis call
+    together: ``devices``·(n−1)·M in all, ``HELD_PER_TERM`` times that measured with the buffers
+    around them (128 devices reducing 512 KiB needed more than this 24 GiB machine had, and the
+    kernel killed a device).  The figures are the same on every member, so every member refuses
+    alike (no member waits for another)."""
+    global MACHINE_BYTES
+    if MACHINE_BYTES is None:
+        MACHINE_BYTES = _machine_bytes()
+    need = HELD_PER_TERM * devices * (n - 1) * nbytes
     if need > 0.8 * MACHINE_BYTES:
         def size(b: float) -> str:
             return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
         raise UsageError(
-            f"{where}: algorithm 'direct' would hold ~{size(need)} at once (each of the {n} members keeps "
-            f"the other {n - 1} arrays of {nbytes} bytes until it has them all), more than 80% of this machine's "
+            f"{where}: algorithm 'direct' would hold ~{size(need)} at once (each of {devices} devices keeps "
+            f"{n - 1} array{'s' if n > 2 else ''} of {nbytes} bytes from its group until it has them all), more than 80% "
+            f"of this machine's "
             f"{size(MACHINE_BYTES)}; use the default algorithm ('shm') or 'ring', which hold about one array each")
 
 

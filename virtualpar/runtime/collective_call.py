@@ -148,7 +148,7 @@ class CollectiveSpec:
             nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
             algo = default_algorithm(name, nbytes, n, shared_memory=shm_usable(name, dev._endpoint.layout.scratch_bytes, itemsize))
         if name == "all_reduce" and algo == "direct" and isinstance(x, np.ndarray):
-            check_direct_memory(where, n, x.nbytes)
+            check_direct_memory(where, n, x.nbytes, dev.size)
         spec = cls(name, axes, ranks, pos, algo, params, gdesc, kind)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
         spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
