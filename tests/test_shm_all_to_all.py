@@ -149,3 +149,13 @@ def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
     with pytest.raises(UsageError, match=r"all_to_all algorithm 'shm' needs scratch memory of at least one float64 "
                                          r"element per member \(2 here\) per device, but the cluster has scratch_bytes=4; .* algorithm='direct'"):
         world.run(lambda c: all_to_all(c, np.ones(4)))
+
+
+def test_the_default_exchanges_items_too_wide_for_one_per_member_in_the_scratch():
+    """Eight items of 9000 bytes, one per member, are 72 KB: more than a 64 KiB scratch, which the
+    default took for shm (which then refused); the default is the exchange there."""
+    with VirtualCluster(8, scratch_bytes=64 << 10, trace=True) as cluster:
+        got = cluster.run(lambda dev: dev.all_to_all(np.array([f"{dev.rank}>{j}" for j in range(8)], dtype="S9000")))
+        used = {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "all_to_all"}
+    assert used == {"direct"}
+    assert [g.tolist() for g in got] == [[f"{j}>{r}".encode() for j in range(8)] for r in range(8)]

@@ -120,10 +120,14 @@ def test_a_scratch_without_room_for_the_header_is_a_usage_error_and_the_default_
     with pytest.raises(UsageError, match="scratch memory of more than"):
         world.run(lambda c: shm.all_gather(c, np.ones(2), 0))
     # the default wants room for rounds that are worth their two fences each
-    assert not shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM - 1, 8)
-    assert shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM, 8)
+    assert not shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM - 1, 8, 4)
+    assert shm.usable("all_gather", GATHER_HEADER + COPY_MIN_ROOM, 8, 4)
     for name in ("all_reduce", "reduce_scatter", "all_to_all"):  # likewise, for the same reason
-        assert shm.usable(name, COPY_MIN_ROOM, 8) and not shm.usable(name, COPY_MIN_ROOM - 1, 8)
+        assert shm.usable(name, COPY_MIN_ROOM, 8, 4) and not shm.usable(name, COPY_MIN_ROOM - 1, 8, 4)
+    # and with room for what the algorithm needs: one item per member for these two, one in all else
+    assert shm.usable("all_reduce", COPY_MIN_ROOM, 9000, 8)
+    for name in ("reduce_scatter", "all_to_all"):
+        assert not shm.usable(name, COPY_MIN_ROOM, 9000, 8) and shm.usable(name, 72000, 9000, 8)
 
 
 def _gather(dev, algorithm, group, lengths):
@@ -191,7 +195,7 @@ def test_a_broadcast_scratch_without_room_for_the_header_is_a_usage_error_and_th
     world = ThreadWorld(2, scratch_bytes=GATHER_HEADER)
     with pytest.raises(UsageError, match="broadcast algorithm 'shm' needs scratch memory of more than"):
         world.run(lambda c: shm.broadcast(c, np.ones(2) if c.rank == 0 else None, 0))
-    assert not shm.usable("broadcast", GATHER_HEADER + 1, 8) and shm.usable("broadcast", GATHER_HEADER + COPY_MIN_ROOM, 8)
+    assert not shm.usable("broadcast", GATHER_HEADER + 1, 8, 4) and shm.usable("broadcast", GATHER_HEADER + COPY_MIN_ROOM, 8, 4)
 
 
 def _broadcast(dev, algorithm, group, root):

@@ -24,13 +24,16 @@ HELD_PER_TERM = 3  # bytes of memory per byte of the terms in flight: measured, 
 
 def _machine_bytes() -> int:
     """Physical memory, or the memory limit of this process's cgroup (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) if lower: the same for every device of a cluster (forked together)."""
+    ``memory.limit_in_bytes``) if lower: the same for every device of a cluster (forked together).
+    Only the process's own cgroup is read, where ``/proc/self/cgroup`` says it is mounted: a limit
+    set on a parent, or a cgroup the container cannot see by that path, leaves RAM."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
         return total
+    lines = [line for line in lines if len(line) == 3]  # hierarchy:controllers:path
     for hier, controllers, path in lines:
         if hier == "0":
             limit = f"/sys/fs/cgroup{path.rstrip('/')}/memory.max"

@@ -14,7 +14,7 @@ and a wake-up per member: at 128 devices and 64 KiB the exchange took 0.7–1.1 
 
 Along ``split_dim`` ≠ 0 the pieces are not contiguous: the array is laid out with ``split_dim``
 first (one copy), so that piece c is one block of the flattened array.  Arrays larger than the
-scratch go ``scratch_bytes`` at a time, two fences per round (the rounds of ``shm_pieces.py``);
+scratch go in rounds of scratch/n items of every piece, two fences each (``shm_pieces.py``);
 those of at most ``fence_payload_bytes`` ride in one fence (``SharedComm.fence_exchange``), each
 member taking its piece of the n rows.  Groups of ``shm.STRIDED_MIN_MEMBERS`` or more evenly
 spaced members read every member's scratch as one strided view: one numpy copy takes piece r of

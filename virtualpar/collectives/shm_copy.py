@@ -239,13 +239,15 @@ def _headers_alike(table: np.ndarray, r: int, ndim: int) -> bool:
         bool((table[:, _DTYPE_AT:GATHER_HEADER] == table[r, _DTYPE_AT:GATHER_HEADER]).all())
 
 
-def usable(collective: str, scratch_bytes: int, itemsize: int) -> bool:
+def usable(collective: str, scratch_bytes: int, itemsize: int, members: int) -> bool:
     """Does the default take ``collective``'s shared-memory algorithm with this much scratch per
-    device?  Only with ``COPY_MIN_ROOM`` of it (beyond the header, for the all_gather and the
-    broadcast): with a few bytes, rounds of two or three fences each took seconds where the
-    messages took a millisecond (a 64 KiB all_to_all on 4 devices with 64 bytes of scratch: 128
-    against 1.9 ms).  Named explicitly, the all_reduce, reduce_scatter and all_to_all run with one
-    item per member."""
+    device, items of ``itemsize`` bytes and a group of ``members``?  Only with ``COPY_MIN_ROOM``
+    of it (beyond the header, for the all_gather and the broadcast): with a few bytes, rounds of
+    two or three fences each took seconds where the messages took a millisecond (a 64 KiB
+    all_to_all on 4 devices with 64 bytes of scratch: 128 against 1.9 ms).  And with what the
+    algorithm needs: one item for the all_reduce, one per member for the reduce_scatter and the
+    all_to_all (``shm_pieces.py``; 8 members exchanging items of 9000 bytes, say, need 72 KB)."""
     if collective in ("all_gather", "broadcast"):
         return scratch_bytes >= GATHER_HEADER + COPY_MIN_ROOM
-    return scratch_bytes >= max(itemsize, COPY_MIN_ROOM)
+    need = itemsize * (members if collective in ("reduce_scatter", "all_to_all") else 1)
+    return scratch_bytes >= max(need, COPY_MIN_ROOM)

@@ -18,7 +18,7 @@ through shared memory 50 ms.
 
 Along ``dim`` ≠ 0 the pieces are not contiguous: the array is laid out with ``dim`` first (one
 copy), so that piece c is one block of the flattened array, and the reduced piece is moved back.
-Arrays larger than the scratch go ``scratch_bytes`` at a time (two fences each: the rounds of
+Arrays larger than the scratch go in rounds of scratch/n items of every piece (two fences each:
 ``shm_pieces.py``); those of at most ``fence_payload_bytes`` ride in one fence
 (``SharedComm.fence_exchange``) and each member reduces its piece of the n rows.  Groups of
 ``shm.STRIDED_MIN_MEMBERS`` or more evenly spaced members read every member's scratch as one

@@ -160,7 +160,7 @@ def _run_under_mpiexec(args: argparse.Namespace) -> int:
         print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}", file=sys.stderr,
               flush=True)
         _unlink_job_segments()
-        time.sleep(ABORT_GRACE)  # the launcher forwards our stderr; aborting at once lost it (1 run in ~20)
+        time.sleep(ABORT_GRACE)  # the launcher forwards our stderr; aborting at once lost it (~1 run in 50)
         MPI.COMM_WORLD.Abort(1)
         return 1  # (Abort may return before the launcher kills this rank: nothing more to do here)
     if got is not None:

@@ -146,7 +146,8 @@ class CollectiveSpec:
         algo = algorithm
         if algo is None:  # every member sees the same shape, dtype and group: the same choice
             nbytes, itemsize = (x.nbytes, x.itemsize) if isinstance(x, np.ndarray) else (0, 1)
-            algo = default_algorithm(name, nbytes, n, shared_memory=shm_usable(name, dev._endpoint.layout.scratch_bytes, itemsize))
+            shared = shm_usable(name, dev._endpoint.layout.scratch_bytes, itemsize, n)
+            algo = default_algorithm(name, nbytes, n, shared_memory=shared)
         if name == "all_reduce" and algo == "direct" and isinstance(x, np.ndarray):
             check_direct_memory(where, n, x.nbytes, dev.size)
         spec = cls(name, axes, ranks, pos, algo, params, gdesc, kind)

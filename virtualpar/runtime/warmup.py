@@ -69,8 +69,8 @@ def warm_up(dev: Any) -> None:
             dev.broadcast(small[:1] if dev.rank == 0 else None, timeout=timeout)  # (one page of one scratch)
             if n <= WARM_MAX_PEERS:  # (each device reads a page of every peer's scratch)
                 dev.all_gather(small[:1], timeout=timeout)
-            if big is not None:
-                dev.all_reduce(big, timeout=timeout)
+            if big is not None:  # (named: the default takes the ring below 64 KiB of scratch)
+                dev.all_reduce(big, algorithm="shm", timeout=timeout)
         if big is not None:
             _map_peers(dev, big_bytes)
     finally:
