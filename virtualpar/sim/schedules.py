@@ -34,9 +34,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from virtualpar.mesh.topology import Topology
 
-__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column",
-           "tree_broadcast_column", "tree_children", "dissemination_column",
-           "tree_all_reduce_times", "tree_all_reduce_column", "tree_all_reduce_links", "apply_delays", "max_plus_column"]
+__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column", "tree_children",
+           "tree_broadcast_column", "dissemination_column", "tree_all_reduce_times", "tree_all_reduce_column",
+           "tree_all_reduce_links", "apply_delays", "max_plus_column"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
 
@@ -215,22 +215,23 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
     return _tree_replay(topology, ranks, np.array(entry, dtype=np.float64).reshape(-1, 1), nbytes)[:, 0].tolist()
 
 
-def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[list[tuple], np.ndarray, np.ndarray]:
     """What :func:`tree_all_reduce_column` needs of the topology, which depends on the group and
-    not on the size: for each step in the order the column takes them back (the unfold, the
-    rounds from the last, the fold), the members it updates and the (latency, bandwidth) of the
-    messages they wait for.  Kept per group by the clock, so a new size costs only the steps'
-    arithmetic (~15 numpy operations), not ⌈log2 n⌉ + 2 route lookups."""
+    not on the size: the steps in the order the column takes them back (the unfold, the rounds from
+    the last, the fold), each as (members it updates: a slice, members they wait for, its messages'
+    span), and all the steps' (latency, bandwidth), end to end.  Kept per group by the clock: a new
+    size costs one division and three numpy operations per step, not ⌈log2 n⌉ + 2 route lookups."""
     n = len(ranks)
     if n == 1:
-        return []
+        return [], np.zeros(0), np.ones(0)
     rk = np.asarray(ranks)
     p = 1 << (n.bit_length() - 1)
-    lo, hi, r = np.arange(n - p), np.arange(p, n), np.arange(p)
-    steps = [(lo, lo + p)]  # unfold: r < e sent to r + p, which waited
-    steps += [(r, r ^ (1 << k)) for k in range(p.bit_length() - 2, -1, -1)]  # the rounds, last first
-    steps.append((hi, lo))  # fold: r ≥ p sent to r − p
-    return [(a, b, *topology.figures_many(rk[a], rk[b])) for a, b in steps]
+    steps = [(slice(0, n - p), slice(p, n))]  # unfold: r < e sent to r + p, which waited
+    steps += [(slice(0, p), np.arange(p) ^ (1 << k)) for k in range(p.bit_length() - 2, -1, -1)]  # rounds, last first
+    steps.append((slice(p, n), slice(0, n - p)))  # fold: r ≥ p sent to r − p
+    latency, bandwidth = topology.figures_many(*(np.concatenate([rk[step[i]] for step in steps]) for i in (0, 1)))
+    bounds = np.cumsum([0] + [rk[a].size for a, _ in steps]).tolist()
+    return [(a, b, lo, hi) for (a, b), lo, hi in zip(steps, bounds, bounds[1:])], latency, bandwidth
 
 
 def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int,
@@ -239,14 +240,16 @@ def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nb
     a max of sums): ``exit[me] = max_q (entry[q] + row[q])``, via :func:`apply_delays` — O(n) per
     call once the row is kept.  The row is the unit vector of ``me`` taken back through the steps
     from the last, as :func:`max_plus_column` does for the ring: a step ``t'[r] = max(t[r] + a,
-    t[q] + b)`` maps ``u`` to ``u[r] = max(u'[r] + a, u'[j] + c)`` over the members j it feeds — O(n log n)
-    in all (the forward replay of n unit vectors was O(n² log n): ~3 ms of a device's first call
-    at 128 devices).  ``links``: :func:`tree_all_reduce_links` of the group, if kept."""
-    n = len(ranks)
-    u = np.full(n, NEVER)
+    t[q] + b)`` maps ``u`` to ``u[r] = max(u'[r] + a, u'[j] + c)`` over the members j it feeds —
+    O(n log n) (the forward replay of n unit vectors, O(n² log n), cost ~3 ms of a first call at 128
+    devices).  ``links``: :func:`tree_all_reduce_links` of the group, if kept."""
+    steps, latency, bandwidth = tree_all_reduce_links(topology, ranks) if links is None else links
+    times = latency + (nbytes / bandwidth if nbytes else 0.0)  # every step's messages at once
+    u = np.full(len(ranks), NEVER)
     u[me] = 0.0
-    for a, b, latency, bandwidth in tree_all_reduce_links(topology, ranks) if links is None else links:
-        u[a] = np.maximum(u[a], u[b]) + (latency + (nbytes / bandwidth if nbytes else 0.0))
+    for a, b, lo, hi in steps:  # a view; b's items lie apart from it (a slice) or are copied
+        part = u[a]
+        np.add(np.maximum(part, u[b], out=part), times[lo:hi], out=part)
     return u.tolist()
 
 
