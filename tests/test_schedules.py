@@ -110,3 +110,23 @@ def test_clock_charge_is_cached_per_group_and_chunks_and_bounded(monkeypatch):
     for m in range(10):
         clock.ring_all_reduce(ranks, [0.0, 0.0], [m, m])
         assert len(clock._schedules) <= 3
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 33])
+@pytest.mark.parametrize("half", ["", "all_gather", "reduce_scatter"])
+def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
+    """ring_column skips the O(n²) walk when every step adds one time to every member (one
+    latency, one bandwidth, one chunk size); it must return exactly the walk's floats, and a ring
+    with one slower link, or one other chunk size, must still take (and match) the walk."""
+    from virtualpar.sim.max_plus import RingSteps, max_plus_column, ring_column
+
+    uniform = Topology.fully_connected(n, latency=2e-6, bandwidth=45e9)
+    for topo, chunks in ((uniform, [3000] * n), (uniform, [0] * n),
+                         (Topology.ring(n) if n > 2 else uniform, [3000] * n),
+                         (uniform, [3000] * (n - 1) + [3008])):
+        for me in range(n):
+            steps = RingSteps(topo, range(n), chunks, "test", half)
+            walk = max_plus_column(steps, [1] * steps.count, me, n)
+            assert ring_column(steps, me) == walk
+            if n > 1:
+                assert all(np.isfinite(walk))

@@ -3,7 +3,7 @@
 In step k = 1 … n−1 member p sends its piece for p + k to p + k and receives from p − k
 (``sendrecv``), so it leaves the step at ``max(t_p + c_k[p], t_{p−k} + c_k[p−k])`` with
 ``c_k[p] = α(p→p+k) + |piece_{p+k}|/β(p→p+k)``: a max-plus map like the ring's, with offset k
-at step k (``schedules.max_plus_column``).  The shared-memory all_to_all, which moves no
+at step k (``max_plus.max_plus_column``).  The shared-memory all_to_all, which moves no
 messages, is charged this way — exactly what the exchange would cost on links idle at entry.
 """
 
@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from virtualpar.mesh.topology import Topology
-from virtualpar.sim.schedules import max_plus_column
+from virtualpar.sim.max_plus import max_plus_column
 
 __all__ = ["pairwise_exchange_column"]
 

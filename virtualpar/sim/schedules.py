@@ -27,18 +27,16 @@ shared-memory all_reduce at 4 devices spent ~30 µs per call replaying the steps
 from __future__ import annotations
 
 from operator import add
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from virtualpar.mesh.topology import Topology
+from virtualpar.sim.max_plus import NEVER, RingSteps, max_plus_column, ring_column
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column", "tree_children",
            "tree_broadcast_column", "dissemination_column", "tree_all_reduce_times", "tree_all_reduce_column",
-           "tree_all_reduce_links", "apply_delays", "max_plus_column"]
-
-NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
+           "tree_all_reduce_links", "apply_delays", "max_plus_column", "NEVER"]
 
 
 def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int]) -> list[list[float]]:
@@ -53,7 +51,7 @@ def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbyte
     the closed form of :func:`~virtualpar.sim.analytic.ring_all_reduce`.
     """
     n = len(ranks)
-    steps = _RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_delays")
+    steps = RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_delays")
     steps = steps(0, steps.count).tolist()
     rows = []
     for q in range(n):
@@ -76,8 +74,7 @@ def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbyte
     step back, so entries agree with the matrix to rounding (a 64-device group: ~10 ms instead of
     ~5 s of CPU per device for its first shared-memory all_reduce).
     """
-    steps = _RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column")
-    return max_plus_column(steps, [1] * steps.count, member, len(ranks))
+    return ring_column(RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column"), member)
 
 
 def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int,
@@ -87,8 +84,7 @@ def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Seq
     O(n²): ``half="all_gather"``, the ring all_gather — at step s member p sends piece (p−s) mod n
     to p+1; ``"reduce_scatter"``, the ring reduce_scatter — the partial of piece (p−s−1) mod n.  On
     a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
-    steps = _RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half)
-    return max_plus_column(steps, [1] * steps.count, member, len(ranks))
+    return ring_column(RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half), member)
 
 
 def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, member: int, nbytes: int) -> list[tuple[int, float]]:
@@ -149,56 +145,6 @@ def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) 
     rk = np.asarray(ranks)
     steps = np.array([topology.figures_many(rk, np.roll(rk, -k))[0] for k in offsets]).reshape(len(offsets), n)  # T(0) = α
     return max_plus_column(lambda lo, hi: steps[lo:hi], offsets, member, n)
-
-
-def max_plus_column(steps: Callable[[int, int], np.ndarray], offsets: Sequence[int], member: int, n: int) -> list[float]:
-    """Row ``member`` of ``A_K ⊗ … ⊗ A_1`` where step k's matrix maps ``t'_p = max(t_p + c_k[p],
-    t_{p−o_k} + c_k[p−o_k])`` (member p's own message keeps it busy c_k[p]; the one from
-    p − o_k arrives after c_k[p − o_k]).  Backwards from the last step: ``u'[q] = c_k[q] +
-    max(u[q], u[q + o_k])``; numpy over the members (a 64-member ring: 126 steps in ~0.5 ms).
-    ``steps(lo, hi)`` gives rows lo..hi−1 of c; they are asked for ``_STEP_BLOCK`` at a time."""
-    u = np.full(n, NEVER)
-    u[member] = 0.0
-    members = np.arange(n)
-    shifted = {off: (members + off) % n for off in set(offsets)}
-    for hi in range(len(offsets), 0, -_STEP_BLOCK):
-        lo = max(hi - _STEP_BLOCK, 0)
-        block = steps(lo, hi)
-        for k in range(hi - 1, lo - 1, -1):
-            u = block[k - lo] + np.maximum(u, u[shifted[offsets[k]]])
-    return u.tolist()
-
-
-_STEP_BLOCK = 32  # rows of step times built at once: 64 KiB at 256 members, reused from the heap
-
-
-class _RingSteps:
-    """``T[k][p]``: the time of the chunk member p sends to p+1 at step k of the ring all_reduce
-    (``Route.time`` from the cached route figures, elementwise: the same floats); with ``half``
-    ("reduce_scatter" or "all_gather"), of that half alone (n−1 steps).  Called with (lo, hi),
-    it gives rows lo..hi−1: the whole (2(n−1), n) table is 1 MiB at 256 members, and built at once
-    its fresh pages cost a device ~4 ms of CPU in its first all_reduce."""
-
-    def __init__(self, topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], caller: str,
-                 half: str = "") -> None:
-        n = len(ranks)
-        if len(chunk_nbytes) != n:
-            raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
-        rk = np.asarray(ranks)
-        self.latency, self.bandwidth = topology.figures_many(rk, np.roll(rk, -1))  # p -> p+1
-        # reduce-scatter step s sends chunk p−s−1, all-gather step s chunk p−s: chunk (p − shift) mod n,
-        # item n − shift + p of the sizes written twice, i.e. row n − shift of that array's n-wide windows
-        steps = np.arange(n - 1)
-        self.shift = {"": np.concatenate([steps + 1, steps]), "reduce_scatter": steps + 1, "all_gather": steps}[half]
-        sizes = np.asarray(chunk_nbytes, dtype=np.float64)
-        self._windows = sliding_window_view(np.concatenate([sizes, sizes]), n)
-        self.count, self._n = len(self.shift), n
-
-    def __call__(self, lo: int, hi: int) -> np.ndarray:
-        sizes = self._windows[self._n - self.shift[lo:hi]]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            transfer = np.where(sizes > 0, sizes / self.bandwidth, 0.0)
-        return self.latency + transfer
 
 
 def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float], nbytes: int) -> list[float]:
