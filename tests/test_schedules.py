@@ -130,3 +130,21 @@ def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
             assert ring_column(steps, me) == walk
             if n > 1:
                 assert all(np.isfinite(walk))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 64])
+def test_a_uniform_tree_s_closed_form_column_is_the_walk_s_to_the_bit(n):
+    """tree_all_reduce_column adds one time log2 n times in a uniform group (a power of two, one
+    latency, one bandwidth); it must be the walk's floats exactly.  A group with a slower link,
+    or of 6 members (the fold), must be marked non-uniform and walk."""
+    from virtualpar.sim.schedules import tree_all_reduce_column, tree_all_reduce_links
+
+    topo = Topology.fully_connected(n, latency=2e-6, bandwidth=45e9)
+    steps, latency, bandwidth, uniform = links = tree_all_reduce_links(topo, range(n))
+    assert uniform == (n > 1)
+    for nbytes in (0, 8, 3000, 1 << 20):
+        for me in range(n):
+            walked = tree_all_reduce_column(topo, range(n), me, nbytes, (steps, latency, bandwidth, False))
+            assert tree_all_reduce_column(topo, range(n), me, nbytes, links) == walked
+    assert not tree_all_reduce_links(Topology.hierarchical(2, 4), range(8))[3]
+    assert not tree_all_reduce_links(Topology.fully_connected(6), range(6))[3]

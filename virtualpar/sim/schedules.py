@@ -161,15 +161,17 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
     return _tree_replay(topology, ranks, np.array(entry, dtype=np.float64).reshape(-1, 1), nbytes)[:, 0].tolist()
 
 
-def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[list[tuple], np.ndarray, np.ndarray]:
+def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[list[tuple], np.ndarray, np.ndarray, bool]:
     """What :func:`tree_all_reduce_column` needs of the topology, which depends on the group and
     not on the size: the steps in the order the column takes them back (the unfold, the rounds from
     the last, the fold), each as (members it updates: a slice, members they wait for, its messages'
-    span), and all the steps' (latency, bandwidth), end to end.  Kept per group by the clock: a new
-    size costs one division and three numpy operations per step, not ⌈log2 n⌉ + 2 route lookups."""
+    span); all the steps' (latency, bandwidth), end to end; and whether the group is *uniform*: a
+    power of two (no fold) with one latency and one bandwidth.  Kept per group by the clock: a new
+    size costs one division and three numpy operations per step (a uniform group: log2 n additions),
+    not ⌈log2 n⌉ + 2 route lookups."""
     n = len(ranks)
     if n == 1:
-        return [], np.zeros(0), np.ones(0)
+        return [], np.zeros(0), np.ones(0), False
     rk = np.asarray(ranks)
     p = 1 << (n.bit_length() - 1)
     steps = [(slice(0, n - p), slice(p, n))]  # unfold: r < e sent to r + p, which waited
@@ -177,7 +179,8 @@ def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[lis
     steps.append((slice(p, n), slice(0, n - p)))  # fold: r ≥ p sent to r − p
     latency, bandwidth = topology.figures_many(*(np.concatenate([rk[step[i]] for step in steps]) for i in (0, 1)))
     bounds = np.cumsum([0] + [rk[a].size for a, _ in steps]).tolist()
-    return [(a, b, lo, hi) for (a, b), lo, hi in zip(steps, bounds, bounds[1:])], latency, bandwidth
+    uniform = n == p and all(float(a.min()) == float(a.max()) for a in (latency, bandwidth))
+    return [(a, b, lo, hi) for (a, b), lo, hi in zip(steps, bounds, bounds[1:])], latency, bandwidth, uniform
 
 
 def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int,
@@ -188,8 +191,15 @@ def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nb
     from the last, as :func:`max_plus_column` does for the ring: a step ``t'[r] = max(t[r] + a,
     t[q] + b)`` maps ``u`` to ``u[r] = max(u'[r] + a, u'[j] + c)`` over the members j it feeds —
     O(n log n) (the forward replay of n unit vectors, O(n² log n), cost ~3 ms of a first call at 128
-    devices).  ``links``: :func:`tree_all_reduce_links` of the group, if kept."""
-    steps, latency, bandwidth = tree_all_reduce_links(topology, ranks) if links is None else links
+    devices).  ``links``: :func:`tree_all_reduce_links` of the group, if kept.  In a uniform group
+    every round adds one time T to every member, and after the log2 n rounds back every member has
+    a chain to ``me``: every entry is T added log2 n times (the same floats as the walk)."""
+    steps, latency, bandwidth, uniform = tree_all_reduce_links(topology, ranks) if links is None else links
+    if uniform:
+        total, step = 0.0, float(latency[0] + (nbytes / bandwidth[0] if nbytes else 0.0))
+        for _ in steps[1:-1]:  # the rounds (the unfold and the fold are empty)
+            total = total + step
+        return [total] * len(ranks)
     times = latency + (nbytes / bandwidth if nbytes else 0.0)  # every step's messages at once
     u = np.full(len(ranks), NEVER)
     u[me] = 0.0
