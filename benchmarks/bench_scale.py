@@ -5,8 +5,11 @@ before) in one run, for each op the *first* call, the *steady* time (best of the
 the *tenth* call, each the slowest device's time as it measured it, the devices lined up by the
 all_reduce that collects each time — what ``_mpi_scale.py`` measures under ``mpiexec -n n`` (which
 has no tenth).  The run begins at its start line (runtime/start_line.py), as MPICH's ranks
-leave ``MPI_Init`` together, so the very first call (the barrier) starts from the wave of
-wake-ups that line ends with, not from the driver's hand-out.  ``start`` is the time until
+leave ``MPI_Init`` together, and with one untimed call of the harness's own timing all_reduce, as
+``_mpi_scale.py`` begins with one of its own: the timing call is not an op under test, and its
+first call had run in the first barrier's exit wave (each woken device paid ~250 µs of CPU for a
+call it had never made before while the last ones still waited to leave the barrier: the first
+barrier read 3.0–3.9x its tenth at 16 devices, against 2.0–2.4x with the harness warm).  ``start`` is the time until
 ``VirtualCluster()`` returned, ``warm`` until the devices had also finished their start-up warm-up
 (runtime/warmup.py), which the first call that needs them waits for.  The table shows first and
 steady; the tenth is in ``--json`` and in the first-against-tenth targets.  Then the cluster's
@@ -106,6 +109,7 @@ def _device_ops(dev) -> dict[str, tuple[list[float], bool]]:
     own ``cluster.run`` instead measured the driver handing the run to 64 devices one by one:
     15-20 ms of skew between the first device's entry and the last's, more than a barrier.)"""
     out, inputs = {}, dev.state["bench_inputs"]
+    dev.all_reduce(np.array([0.0]), op="max")  # the harness's first timing call, untimed (see the docstring)
     for name in OPS:
         times, ok = [], True
         for _ in range(CALLS):
