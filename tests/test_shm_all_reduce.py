@@ -268,13 +268,13 @@ def _row_then_column(dev, n):
 
 
 def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in_another(monkeypatch):
-    """Device 0 dawdles after the row all_reduce's second fence, before copying the reduced slices
-    out of device 1's scratch.  Device 1 moves on to its column group {1, 3}, whose first chunk
-    refills that scratch: the row call's last fence must hold it back until device 0 is done, or
-    device 0 copies out device 1's column input instead of the row sums."""
+    """Device 1 dawdles after the row all_reduce's second fence, before copying the reduced chunk
+    out of the row's first member's scratch (device 0's).  Device 0 moves on to its column group
+    {0, 2}, whose first chunk refills that scratch: the row call's last fence must hold it back
+    until device 1 is done, or device 1 copies out device 0's column input instead of the row sums."""
     n = 2000  # 16 KB: past the fence slots (1000 items rode in one fence, and this test passed without
     # the last fence); the row all_reduce's second fence publishes its reduced slices
-    with slow_reader_cluster(monkeypatch, fence_number=2) as cluster:
+    with slow_reader_cluster(monkeypatch, fence_number=2, rank=1) as cluster:
         got = cluster.run(_row_then_column, n)
     for rank, (row, col) in enumerate(got):
         partner = rank ^ 1  # row groups {0, 1}, {2, 3}; column groups {0, 2}, {1, 3}
