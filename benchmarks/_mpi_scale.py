@@ -1,7 +1,8 @@
 """MPICH reference for ``bench_scale.py``; run as ``mpiexec -n N python _mpi_scale.py``.
 
-The same measurements as the virtualpar side: for each op, the *first* call after start-up and the
-*steady* time (best of the next three), each the slowest rank's time, as the issue defines them.
+The same measurements as the virtualpar side: for each op, the *first* call after start-up (and
+after one untimed call of the timing allreduce, as there) and the *steady* time (best of the next
+three), each the slowest rank's time, as the issue defines them.
 Prints one JSON object on rank 0's last line.  Not imported by virtualpar.
 """
 

@@ -117,15 +117,18 @@ def test_clock_charge_is_cached_per_group_and_chunks_and_bounded(monkeypatch):
 def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
     """ring_column skips the O(n²) walk when every step adds one time to every member (one
     latency, one bandwidth, one chunk size); it must return exactly the walk's floats, and a ring
-    with one slower link, or one other chunk size, must still take (and match) the walk."""
+    that crosses a slower link (two nodes of a hierarchy), or moves one other chunk size, must be
+    told apart and still match the walk."""
     from virtualpar.sim.max_plus import RingSteps, max_plus_column, ring_column
 
     uniform = Topology.fully_connected(n, latency=2e-6, bandwidth=45e9)
-    for topo, chunks in ((uniform, [3000] * n), (uniform, [0] * n),
-                         (Topology.ring(n) if n > 2 else uniform, [3000] * n),
-                         (uniform, [3000] * (n - 1) + [3008])):
+    cases = [(uniform, [3000] * n, True), (uniform, [0] * n, True), (uniform, [3000] * (n - 1) + [3008], False)]
+    if n % 2 == 0 and n > 2:  # two nodes: the ring crosses the slower inter-node link twice
+        cases.append((Topology.hierarchical(2, n // 2), [3000] * n, False))
+    for topo, chunks, closed in cases:
         for me in range(n):
             steps = RingSteps(topo, range(n), chunks, "test", half)
+            assert (steps.uniform() is not None) == (closed and n > 1)
             walk = max_plus_column(steps, [1] * steps.count, me, n)
             assert ring_column(steps, me) == walk
             if n > 1:

@@ -40,10 +40,12 @@ nM read and (n−1)M "received" per member, which for small M is cheaper than tw
 (at 64 devices on two cores a wake-up costs ~0.1 ms of CPU per member).  Every member computes
 every element in the same order, so all get the same bits, the same as the scratch path's.
 
-Arrays larger than the scratch go ``scratch_bytes`` at a time.  The third fence keeps a member from overwriting its scratch (in the next chunk or the next
-collective, possibly in another group) while a peer still reads it — which is also why the first
-copy in may come before any fence, and why the runtime's contract check can ride on the first
-fence (``registry.FENCE_FIRST``) instead of costing a fence of its own.
+Arrays larger than the scratch go ``scratch_bytes`` at a time.  The third fence keeps the first
+member from overwriting its scratch (in the next chunk or the next collective, possibly in another
+group) while a peer still copies the result out of it (after the second fence nobody reads any
+other member's) — which is also why the first copy in may come before any fence, and why the
+runtime's contract check can ride on the first fence (``registry.FENCE_FIRST``) instead of costing
+a fence of its own.
 
 Bytes moved are counted as if each read of a peer's slice were a message from that peer:
 member j "sends" each peer r slice r of its input and its own reduced slice j, i.e.

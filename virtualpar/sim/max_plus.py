@@ -71,7 +71,7 @@ class RingSteps:
         if len(chunk_nbytes) != n:
             raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
         if half not in ("", "reduce_scatter", "all_gather"):
-            raise ValueError(f"{caller}: half must be 'reduce_scatter' or 'all_gather', got {half!r}")
+            raise ValueError(f"{caller}: half must be '' (the whole ring), 'reduce_scatter' or 'all_gather', got {half!r}")
         rk = np.asarray(ranks)
         self.latency, self.bandwidth = topology.figures_many(rk, np.roll(rk, -1))  # p -> p+1
         self._half, self._sizes, self._windows = half, np.asarray(chunk_nbytes, dtype=np.float64), None

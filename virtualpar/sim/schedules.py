@@ -184,7 +184,7 @@ def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[lis
 
 
 def tree_all_reduce_column(topology: Topology, ranks: Sequence[int], me: int, nbytes: int,
-                           links: list | None = None) -> list[float]:
+                           links: tuple | None = None) -> list[float]:
     """Member ``me``'s row of the max-plus matrix of :func:`tree_all_reduce_times` (every step is
     a max of sums): ``exit[me] = max_q (entry[q] + row[q])``, via :func:`apply_delays` — O(n) per
     call once the row is kept.  The row is the unit vector of ``me`` taken back through the steps
