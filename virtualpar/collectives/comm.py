@@ -51,9 +51,10 @@ class SharedComm(Comm, Protocol):
     * ``scratch(member)``: a uint8 array of ``scratch_bytes`` — ``member``'s scratch region.  A
       member writes its own, and a region the algorithm hands to it in another member's between
       two fences that member is inside too (the all_reduce's reduced slice r, in the first
-      member's scratch); it may read any member's between two fences that bracket the writes.  ``scratch_rows()``: every member's region as the rows of one (n,
-      ``scratch_bytes``) uint8 view, in group order, when they lie at one stride in memory (a
-      group whose ranks are evenly spaced), so that one numpy call reads all of them; else None.
+      member's scratch); it may read any member's between two fences that bracket the writes.
+      ``scratch_rows()``: every member's region as the rows of one (n, ``scratch_bytes``) uint8
+      view, in group order, when they lie at one stride in memory (a group whose ranks are evenly
+      spaced), so that one numpy call reads all of them; else None.
     * ``empty(shape, dtype)``: a fresh array for a result (the runtime hands out recycled, already
       faulted-in memory: a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).
     * ``fence()``: returns once every member has called it as often as this one (a barrier that

@@ -133,7 +133,7 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
         flat[start : start + m] = rows[0][:m]
         sent += np.diff(b)  # peer j read slice j of our chunk, and our reduced slice
         sent += hi - lo
-        comm.fence()  # nobody reads our scratch any more: it may be reused
+        comm.fence()  # nobody reads the first member's scratch any more: it may be reused
     comm.account_all(sent * itemsize, messages=2 * ((total - 1) // capacity + 1 if total else 1))
     if total * itemsize < RING_MIN_BYTES:  # small: real hardware would run the tree (latency-bound)
         comm.model_tree_all_reduce(total * itemsize)
