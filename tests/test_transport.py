@@ -127,6 +127,45 @@ def test_pooled_buffers_start_half_a_page_past_a_page_boundary(pair):
     assert small.base is None
 
 
+def test_the_pool_reserve_serves_one_lease_of_any_size_up_to_its_own():
+    """A request that no idle buffer fits takes a prefix of the warm reserve (the same pages, half a
+    page past a boundary), one lease at a time; the reserve is free again when that lease's array
+    dies; a larger request, or one while it is lent, gets a fresh buffer."""
+    from virtualpar.transport.pool import BufferPool
+
+    pool = BufferPool()
+    pool.reserve(1 << 20)
+    home = pool._reserve.ctypes.data
+    assert pool.reserve_bytes == 1 << 20 and home % 4096 == 2048
+    a = pool.array((100_000,), np.dtype(np.float64))  # 800,000 bytes: a prefix of the reserve
+    b = pool.array((100_000,), np.dtype(np.float64))  # the reserve is lent: fresh
+    big = pool.array((200_000,), np.dtype(np.float64))  # 1.6 MB > the reserve: fresh
+    assert a.ctypes.data == home and b.ctypes.data != home and big.ctypes.data != home
+    a[:], b[:] = 1.0, 2.0
+    assert (a == 1.0).all() and (b == 2.0).all()  # no overlap
+    view = a[5:10]
+    del a
+    gc.collect()
+    c = pool.array((9_000,), np.dtype(np.float64))  # 72,000 bytes: a view of the lent one still lives
+    assert c.ctypes.data != home and (view == 1.0).all()
+    c_addr = c.ctypes.data
+    del view, c
+    gc.collect()
+    d = pool.array((9_000,), np.dtype(np.float64))  # c's buffer, idle now, fits exactly
+    e = pool.array((50_000,), np.dtype(np.float64))  # no idle buffer of 400,000 bytes: the reserve, free again
+    assert d.ctypes.data == c_addr and e.ctypes.data == home
+    raw = pool.raw(4096 * 20)  # the raw interface, as receives of pickles use it
+    assert raw.ctypes.data != home  # (lent to e)
+    del e
+    gc.collect()
+    raw2 = pool.raw(4096 * 20 + 1)
+    assert raw2.ctypes.data == home
+    pool.give_back(raw2)
+    assert pool.raw(70_000).ctypes.data == home
+    pool.reserve(1000)  # below min_bytes: no reserve
+    assert pool.reserve_bytes == 0
+
+
 def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndarray, np.ndarray, int]:
     """Drive two endpoints of a 4 KiB-ring pair through a random interleaving of sends, receives
     (some into ``out=``) and progress; returns (sent messages, received values, byte and message

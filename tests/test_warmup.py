@@ -14,7 +14,8 @@ import pytest
 
 from virtualpar import ClusterClosedError, DeviceDied, DeviceError, VirtualCluster
 from virtualpar.runtime import warmup, worker
-from virtualpar.runtime.warmup import WARM_MAX_PEERS, WARM_SCRATCH_BYTES, scratch_warm_bytes
+from virtualpar.runtime.warmup import (RESULT_RESERVE_BYTES, WARM_MAX_PEERS, WARM_RESULT_BYTES, WARM_SCRATCH_BYTES,
+                                       result_reserve_bytes, scratch_warm_bytes)
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -161,6 +162,27 @@ def test_the_warm_up_keeps_no_result_buffer():
     """Its scratch all_reduce's result is a size the user may never use: n of them held for nothing."""
     with VirtualCluster(4) as cluster:
         assert cluster.run(lambda dev: dev._endpoint._pool.idle_bytes) == [0] * 4
+
+
+def test_result_reserve_bytes_stays_within_its_budgets():
+    assert result_reserve_bytes(4) == RESULT_RESERVE_BYTES == 1 * MIB
+    assert result_reserve_bytes(256) == WARM_RESULT_BYTES // 256 == 256 * KIB
+    assert result_reserve_bytes(100) % 4096 == 0 and result_reserve_bytes(100) * 100 <= WARM_RESULT_BYTES
+
+
+def test_the_first_large_result_lands_in_the_warm_reserve():
+    """Each device's pool holds a faulted-in reserve after the warm-up (none without it), and a
+    first all_reduce of a size never seen before builds its result there: no fresh page faults."""
+    def first(dev):
+        pool = dev._endpoint._pool
+        home = None if pool._reserve is None else pool._reserve.ctypes.data
+        got = dev.all_reduce(np.full(40_000, 1.0))  # 320,000 bytes: shm, through the pool
+        return pool.reserve_bytes, got.ctypes.data == home, float(got.sum())
+
+    with VirtualCluster(4) as cluster:
+        assert cluster.run(first) == [(result_reserve_bytes(4), True, 160_000.0)] * 4
+    with VirtualCluster(4, warm_up=False) as cluster:
+        assert cluster.run(first) == [(0, False, 160_000.0)] * 4
 
 
 def _arena_rss(dev, name: str) -> int:

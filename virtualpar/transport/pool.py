@@ -2,7 +2,9 @@
 
 Receives without ``out=`` and the results of shared-memory collectives are built on buffers from
 this pool, so a loop that receives the same sizes over and over lands in memory that is already
-faulted in (a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).
+faulted in (a fresh large ``np.empty`` pays a page fault per 4 KiB on first touch).  A *reserve*,
+faulted in by the cluster's warm-up, serves the first request of a size the pool has no buffer
+for, so that the first call of a size lands in warm memory too.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class BufferPool:
     and every view of it are gone (numpy views keep their base array alive, and the base chain
     stops at the memoryview, so no view can outlive the lease).  At most ``max_bytes`` are kept
     idle, at most ``per_size`` buffers of one size; arrays under ``min_bytes`` are plain ``np.empty``.
+
+    The reserve (:meth:`reserve`) is one warm buffer, a prefix of which is lent to a request of any
+    size up to its own that no idle buffer fits, one lease at a time.  Why: a fresh buffer's page
+    faults were half of a cluster's first 512 KiB all_reduce — at 16 devices on 2 cores 130 faults,
+    ~0.5 ms of CPU per device, the call 9–11 ms against 5 ms with the result's buffer warm (later
+    calls of that size reuse the first one's buffer).
     """
 
     def __init__(self, max_bytes: int = 256 << 20, per_size: int = 2, min_bytes: int = 64 << 10) -> None:
@@ -54,6 +62,20 @@ class BufferPool:
         self.min_bytes = min_bytes
         self._idle: dict[int, list[np.ndarray]] = {}
         self.idle_bytes = 0
+        self._reserve: np.ndarray | None = None
+        self._lent: np.ndarray | None = None  # the reserve's prefix now in use, if any
+
+    def reserve(self, nbytes: int) -> None:
+        """Keep a buffer of ``nbytes``, its pages faulted in now, for requests of a size no idle
+        buffer fits (none below ``min_bytes``: those never come to the pool)."""
+        self._reserve = self._lent = None
+        if nbytes >= self.min_bytes:
+            self._reserve = mid_page(nbytes)
+            self._reserve.fill(0)  # every page faulted in here, not in a collective
+
+    @property
+    def reserve_bytes(self) -> int:
+        return 0 if self._reserve is None else self._reserve.size
 
     def raw(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of ``nbytes`` (warm if one is idle); hand it back with :meth:`give_back`."""
@@ -61,9 +83,16 @@ class BufferPool:
         if free:
             self.idle_bytes -= nbytes
             return free.pop()
+        spare = self._reserve
+        if spare is not None and self._lent is None and nbytes <= spare.size:
+            self._lent = spare[:nbytes]
+            return self._lent
         return mid_page(nbytes)
 
     def give_back(self, raw: np.ndarray) -> None:
+        if raw is self._lent and raw is not None:
+            self._lent = None  # the reserve is free again
+            return
         free = self._idle.setdefault(raw.size, [])
         if len(free) < self.per_size and self.idle_bytes + raw.size <= self.max_bytes:
             free.append(raw)
