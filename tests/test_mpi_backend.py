@@ -313,3 +313,66 @@ def test_virtualpars_own_algorithms_move_any_dtype_under_mpiexec(tmp_path):
     algorithms' messages now travel as bytes, as on the emulator (a 0-d array stays 0-d)."""
     emu, real = _both(tmp_path, ODD_DTYPES, 2)
     assert _results(real) == _results(emu) and "['ab', 'cde']" in emu and "2.5" in emu
+
+
+POSTING_ORDER = """
+import numpy as np
+from virtualpar import ANY_SOURCE, ANY_TAG
+
+def step(dev):
+    if dev.rank == 0:
+        for v in (1.0, 2.0, 3.0):
+            dev.send(np.full(2, v), 1, tag=7)
+        dev.send("x", 1, tag=9)
+        dev.send("y", 1, tag=9)
+        return None
+    a, b = dev.irecv(0, tag=7), dev.irecv(0, tag=7)
+    second, first = float(b.wait()[0]), float(a.wait()[0])  # waited on in reverse
+    third = float(dev.recv(0, tag=7)[0])
+    anything, nine = dev.irecv(ANY_SOURCE, tag=ANY_TAG), dev.irecv(0, tag=9)
+    while not nine.test():  # the first tag-9 message is the wildcard's: it was posted first
+        pass
+    return first, second, third, anything.wait(), nine.wait()
+"""
+
+
+def test_receives_take_messages_in_posting_order_on_both_backends(tmp_path):
+    """Under MPI an irecv took the message that was there when it was waited on or tested: two
+    receives of one source and tag waited on in reverse got each other's messages, and a test()
+    of a later receive took the message an earlier wildcard receive was owed."""
+    emu, real = _both(tmp_path, POSTING_ORDER, 2)
+    assert _results(real) == _results(emu)
+    assert "(1.0, 2.0, 3.0, 'x', 'y')" in emu
+
+
+POSTED_BEFORE_A_LARGE_SEND = """
+import numpy as np
+
+def step(dev):
+    peer = dev.rank ^ 1
+    req = dev.irecv(peer)
+    dev.send(np.full(1 << 20, float(dev.rank)), peer)  # 8 MiB: MPI's Send waits for the peer's receive
+    got = float(req.wait()[0])
+    req = dev.irecv(peer, tag=3)
+    sent = dev.isend(np.full(1 << 20, 3.0), peer, tag=3)
+    while not sent.test():  # as MPI_Test, it lets the posted receive take the peer's message
+        pass
+    got += float(req.wait()[0])
+    if dev.rank == 0:
+        early = dev.irecv(1, tag=5)
+        dev.barrier()  # device 1 sends before it enters the barrier
+        got = (got, float(early.wait()[-1]))
+    else:
+        dev.send(np.full(1 << 20, 5.0), 0, tag=5)
+        dev.barrier()
+    return got
+"""
+
+
+def test_a_posted_receive_takes_its_message_while_its_device_waits_on_something_else(tmp_path):
+    """Under MPI an irecv posted nothing until it was waited on, so a large send after it to a peer
+    doing the same (or a barrier the sender of a large message had not reached) waited until the
+    timeout; real MPI matches the posted receive meanwhile, as the emulator does."""
+    emu, real = _both(tmp_path, POSTED_BEFORE_A_LARGE_SEND, 2, "--timeout", "20")
+    assert _results(real) == _results(emu)
+    assert "(4.0, 5.0)" in emu and ": 3.0" in emu

@@ -35,7 +35,6 @@ from ..collectives.registry import ALGORITHMS
 from ..collectives.shm import RING_MIN_BYTES, split_bounds
 from ..errors import CollectiveMismatch, CollectiveTimeout, UsageError
 from .comm import MPIComm
-from .waiting import wait_for
 
 __all__ = ["MPICollectives"]
 
@@ -106,7 +105,7 @@ class MPICollectives:
         got = np.empty((len(ranks), 2))
         req = self._comm(group).Iallgather(mine, got)
         budget, deadline = self._deadline(timeout)
-        wait_for(req.Test, deadline, lambda: CollectiveTimeout(
+        self._wait(req.Test, deadline, lambda: CollectiveTimeout(
             f"{self.name}: {call} on group {ranks} did not complete within {budget:g} s: a member of the group has "
             "not entered it (under MPI the others cannot be read; on the emulator the error names them)",
             rank=self.rank, op=name))

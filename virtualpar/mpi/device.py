@@ -10,6 +10,9 @@ unchanged under ``mpiexec -n N python -m virtualpar run script.py:step --mesh dp
   modelled clock), then ``Send``/``Isend`` of the array itself; other objects are pickled.
   A blocking send to oneself is posted non-blocking and completed by the matching receive, so a
   device may message itself as on the emulator.
+* Receives match messages as MPI does, in posting order: the device keeps its posted receives
+  (``irecv``, and a blocking ``recv`` while it waits) and, whenever it waits on anything, probes
+  for them in posting order and hands a message to the earliest one it fits (``_match``).
 * Collectives map to MPI's own (:mod:`virtualpar.mpi.collectives`).
 * The modelled clock is the emulator's ``DeviceClock`` on the mesh's hardware: sends and receives
   are charged from the stamps exactly as on the emulator, compute from the roofline.
@@ -35,57 +38,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
     raise ImportError("the MPI backend needs mpi4py: pip install 'virtualpar[mpi]'") from exc
 
 from ..errors import P2PTimeout, UsageError
-from ..runtime.status import ANY_SOURCE, ANY_TAG, Status
+from ..runtime.status import ANY_SOURCE, ANY_TAG
 from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
+from .requests import RecvRequest, SendRequest
 from .waiting import DEFAULT_TIMEOUT, wait_for
 
 __all__ = ["MPIDevice", "collect"]
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
-
-
-class _SendRequest:
-    def __init__(self, dev: "MPIDevice", reqs: list[Any], dst: int, nbytes: int, stamp: float, t0: tuple,
-                 tag: int = 0) -> None:
-        self._dev, self._reqs, self._dst, self._nbytes, self._stamp, self._t0 = dev, reqs, dst, nbytes, stamp, t0
-        self._tag, self._done = tag, False
-
-    def wait(self, timeout: float | None = None) -> None:
-        if not self._done:
-            budget, deadline = self._dev._deadline(timeout)
-            wait_for(self.test, deadline, lambda: self._dev._p2p_timeout("send to", self._dst, self._tag, budget))
-            self._dev._clock.on_send_done(self._dst, self._nbytes, self._stamp)
-            self._dev._record("send", "send", *self._t0, self._nbytes, peer=self._dst)
-            self._done = True
-
-    def test(self) -> bool:
-        return self._done or all(r.Test() for r in self._reqs if not isinstance(r, np.ndarray))
-
-
-class _RecvRequest:
-    """An ``irecv`` under MPI: matched when waited on or tested (``test()`` probes for the message),
-    so against receives posted after it, posting order does not hold (on the emulator it does)."""
-
-    def __init__(self, fn: Any, probe: Any) -> None:
-        self._fn, self._probe, self._done, self._value = fn, probe, False, None
-        self._status = Status()
-
-    @property
-    def status(self) -> Status | None:
-        """Who sent the message, with which tag and size, once it arrived (as the emulator's)."""
-        return self._status if self._done else None
-
-    def wait(self, timeout: float | None = None) -> Any:
-        if not self._done:
-            self._value, self._done = self._fn(timeout, self._status), True
-        return self._value
-
-    def test(self) -> bool:
-        if not self._done and self._probe():  # (it never became true: a while-not-test loop spun forever)
-            self.wait()
-        return self._done
 
 
 class MPIDevice(MPICollectives):
@@ -116,7 +78,8 @@ class MPIDevice(MPICollectives):
                 ranks = mesh.group_of(self.rank, axes)
                 sub = self._comms[(axes, False)] = self.comm.Split(color=min(ranks), key=ranks.index(self.rank))
                 self._comms[(axes, True)] = sub.Dup()  # virtualpar's own algorithms' messages
-        self._to_self: list[_SendRequest] = []
+        self._to_self: list[SendRequest] = []
+        self._posted: list[RecvRequest] = []  # receives without a message yet, in posting order
         self.events: list[Event] = []
         self.sent_bytes = np.zeros(self.size, np.int64)  # per destination, algorithm messages included
         self.sent_messages = np.zeros(self.size, np.int64)
@@ -180,7 +143,7 @@ class MPIDevice(MPICollectives):
                                  peer=peer, seq=len(self.events), group=group))
 
     # -- point to point -----------------------------------------------------------------------------
-    def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> _SendRequest:
+    def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> SendRequest:
         dst, tag = self._peer(dst, tag, "dst")
         t0 = (self.wall, self._clock.now)
         # the bytes that travel, as on the emulator: an array's, or an object's pickle
@@ -194,7 +157,7 @@ class MPIDevice(MPICollectives):
             reqs = [self.comm.isend(("object", x, stamp, nbytes), dest=dst, tag=tag)]
         if dst != self.rank:  # as on the emulator: a message to oneself crosses no link, an object counts
             self._count(dst, nbytes)
-        return _SendRequest(self, reqs, dst, nbytes, stamp, t0, tag)
+        return SendRequest(self, reqs, dst, nbytes, stamp, t0, tag)
 
     def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
         """Under MPI a large send waits for its receive (the emulator buffers it; its
@@ -207,40 +170,78 @@ class MPIDevice(MPICollectives):
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Any = None) -> Any:
+        req = self.irecv(src, tag, out, timeout)
+        try:
+            value = req.wait()
+        except BaseException:  # a blocking receive that failed is no longer posted: it must not take a later message
+            if not req.done:
+                self._posted.remove(req)
+            raise
+        if status is not None:
+            status.source, status.tag, status.nbytes = req.status.source, req.status.tag, req.status.nbytes
+        return value
+
+    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> RecvRequest:
         src, tag = self._peer(src, tag, "src")
-        wall0, model0 = self.wall, self._clock.now
+        req = RecvRequest(self, src, tag, out, timeout)
+        self._posted.append(req)
+        return req
+
+    def _complete(self, goal: RecvRequest, timeout: float | None) -> None:
+        """Match messages to the pending receives until ``goal`` has one (``P2PTimeout`` past ``timeout``)."""
         budget, deadline = self._deadline(timeout)
+        wait_for(lambda: self._match(goal), deadline, lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
+
+    def _wait(self, done: Any, deadline: float, on_timeout: Any) -> None:
+        """``wait_for(done)``, taking messages for the posted receives meanwhile, as MPI matches a
+        posted ``Irecv`` while its process waits on anything: a large send after an ``irecv`` to a
+        peer doing the same waits for the peer's receive, which would otherwise not be taken
+        until the peer waited on it."""
+        def poll() -> bool:
+            if self._posted:
+                self._match(None)
+            return done()
+
+        wait_for(poll, deadline, on_timeout)
+
+    def _match(self, goal: RecvRequest | None) -> bool:
+        """Take at most one message for the receives posted up to ``goal`` (all, for None): the
+        first that one of them, in posting order, finds waiting, for the earliest posted receive it
+        fits (MPI's matching rule; that receive may come before the one that found it, never
+        after).  Returns whether ``goal`` has its message."""
         st = MPI.Status()
-        which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
-        wait_for(lambda: self.comm.Iprobe(status=st, **which), deadline,
-                 lambda: self._p2p_timeout("recv from", src, tag, budget))
-        head = self.comm.recv(source=st.Get_source(), tag=st.Get_tag())  # the message probed
-        source = st.Get_source()
+        for req in self._posted:
+            if self.comm.Iprobe(status=st, **req.which):
+                source, tag = st.Get_source(), st.Get_tag()
+                self._take(next(r for r in self._posted if r.fits(source, tag)), source, tag)
+                break
+            if req is goal:
+                break
+        return goal is not None and goal.done
+
+    def _take(self, req: RecvRequest, source: int, tag: int) -> None:
+        """Receive the next message from ``source`` with ``tag`` (probed: it has arrived) into ``req``."""
+        head = self.comm.recv(source=source, tag=tag)
+        self._posted.remove(req)
         if head[0] == "object":
             value, stamp, nbytes = head[1:]  # the pickle's bytes, as the emulator's receive charges them
         else:
+            out = req.out
             fits = out is not None and out.shape == tuple(head[1]) and out.dtype == np.dtype(head[2])
             value = out if fits else np.empty(head[1], np.dtype(head[2]))
-            self.comm.Recv(value, source=source, tag=st.Get_tag())
+            self.comm.Recv(value, source=source, tag=tag)
             nbytes, stamp = value.nbytes, head[3]
             if out is not None and not fits:
                 np.copyto(out, value)
                 value = out
-        if status is not None:
-            status.source, status.tag, status.nbytes = source, st.Get_tag(), nbytes
+        req.value, req.done = value, True
+        req._status.source, req._status.tag, req._status.nbytes = source, tag, nbytes
         self._clock.on_recv(source, nbytes, stamp)
         if source == self.rank:
-            for req in self._to_self:
-                req.wait()
+            for sent in self._to_self:
+                sent.wait()
             self._to_self.clear()
-        self._record("recv", "recv", wall0, model0, nbytes, peer=source)
-        return value
-
-    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> _RecvRequest:
-        src, tag = self._peer(src, tag, "src")
-        which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
-        return _RecvRequest(lambda t, st: self.recv(src, tag, out, timeout if t is None else t, status=st),
-                            lambda: self.comm.Iprobe(**which))
+        self._record("recv", "recv", *req.t0, nbytes, peer=source)
 
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
                  timeout: float | None = None) -> Any:
