@@ -30,7 +30,8 @@ def _mpiexec() -> str | None:
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py"])
+@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
+                                  "in_place.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -45,7 +46,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     expect = {"p2p_and_collectives.py": f"total {n * (n + 1) // 2}", "tutorial.py": "gathered pi 3.14159",
               "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}",
               "contexts.py": "rank 1 b got on b a got on a",
-              "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0] count 3"}
+              "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0] count 3",
+              "in_place.py": f"rank 0 Reduce_scatter_block [{n * (n - 1) / 2}, {n * (n - 1) / 2 + n}]"}
     assert expect[prog] in emu.stdout
 
 
@@ -134,10 +136,13 @@ def test_abort_cannot_be_caught_by_the_script(tmp_path):
     assert emu.returncode == 3 and "swallowed" not in emu.stdout and "MPI_Abort(comm, 3)" in emu.stderr
 
 
-def test_in_place_outside_reduce_says_so(tmp_path):
+def test_in_place_where_mpi_does_not_define_it_says_so(tmp_path):
     """It failed inside the facade: "'InPlace' object has no attribute 'reshape'"."""
     prog = tmp_path / "inplace.py"
-    prog.write_text("from mpi4py import MPI\nimport numpy as np\nbuf = np.zeros(MPI.COMM_WORLD.size)\n"
-                    "MPI.COMM_WORLD.Allgather(MPI.IN_PLACE, buf)\n")
+    prog.write_text("from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\n"
+                    "comm.Gather(MPI.IN_PLACE, np.zeros(2), root=0)\n")  # IN_PLACE on rank 1, not the root
     emu = _emulate(str(prog), 2)
-    assert emu.returncode == 1 and "MPI.IN_PLACE is emulated for Reduce and Allreduce only" in emu.stderr
+    assert emu.returncode == 1 and "Gather: MPI.IN_PLACE is the root's (rank 0) alone; rank 1" in emu.stderr
+    prog.write_text("from mpi4py import MPI\nMPI.COMM_WORLD.Bcast(MPI.IN_PLACE)\n")
+    emu = _emulate(str(prog), 2)
+    assert emu.returncode == 1 and "MPI.IN_PLACE is not a buffer here" in emu.stderr

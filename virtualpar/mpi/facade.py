@@ -23,8 +23,9 @@ import numpy as np
 
 from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
+from .facade_buffers import BufferCollectives
 from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
-                           Request, Status, _buf, _COLL, _fill, _SPAN, _layout, _place, context_of)
+                           Request, Status, _buf, _COLL, _fill, _SPAN, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -39,7 +40,7 @@ class MPIAbort(VirtualParError):
     ranks are stopped and the job exits with ``errorcode``, as under ``mpiexec``."""
 
 
-class Comm:
+class Comm(BufferCollectives):
     """A communicator: ``ranks`` (device ranks, in this communicator's order) and a tag range."""
 
     def __init__(self, dev: Any, ranks: tuple[int, ...], ctx: int) -> None:
@@ -168,51 +169,6 @@ class Comm:
     def alltoall(self, objs: Any) -> list[Any]:
         everything = self.allgather(list(objs))
         return [everything[r][self.rank] for r in range(self.size)]
-
-    # -- collectives on buffers ---------------------------------------------------------------------
-    def Bcast(self, buf: Any, root: int = 0) -> None:
-        arr = _buf(buf)
-        np.copyto(arr, self.bcast(np.array(arr) if self.rank == root else None, root))
-
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
-        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
-        out = self.reduce(np.array(src), op, root)
-        if out is not None:
-            np.copyto(_buf(recvbuf), out)
-
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
-        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
-        np.copyto(_buf(recvbuf), self.allreduce(np.array(src), op))
-
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        parts = self.gather(np.array(_buf(sendbuf)).reshape(-1), root)
-        if parts is not None:
-            _place(parts, recvbuf, self.size)
-
-    Gatherv = Gather
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        _place(self.allgather(np.array(_buf(sendbuf)).reshape(-1)), recvbuf, self.size)
-
-    Allgatherv = Allgather
-
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        pieces = None
-        if self.rank == root:
-            flat = np.array(_buf(sendbuf)).reshape(-1)
-            counts, displs = _layout(sendbuf, self.size, flat.size)
-            pieces = [flat[d:d + c] for c, d in zip(counts, displs)]
-        np.copyto(_buf(recvbuf).reshape(-1), self.scatter(pieces, root))
-
-    Scatterv = Scatter
-
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        pieces = np.array_split(np.array(_buf(sendbuf)).reshape(-1), self.size)
-        np.copyto(_buf(recvbuf).reshape(-1), np.concatenate(self.alltoall(pieces)))
-
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
-        total = self.allreduce(np.array(_buf(sendbuf)).reshape(-1), op)
-        np.copyto(_buf(recvbuf).reshape(-1), np.array_split(total, self.size)[self.rank])
 
     # -- new communicators --------------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> "Comm":

@@ -48,9 +48,10 @@ DOUBLE, FLOAT, INT, LONG = Datatype("DOUBLE", np.float64), Datatype("FLOAT", np.
 def _buf(spec: Any) -> np.ndarray:
     """The array of a buffer spec: ``arr``, ``[arr, MPI.DOUBLE]``, or ``[arr, count, MPI.DOUBLE]``
     (the first ``count`` elements, as mpi4py takes them)."""
-    if spec is IN_PLACE:  # reached only where the facade does not emulate it
-        raise NotImplementedError("MPI.IN_PLACE is emulated for Reduce and Allreduce only; pass a send buffer "
-                                  "and a receive buffer here, or run this program under real MPI")
+    if spec is IN_PLACE:  # reached only where MPI does not define it (facade_buffers.py takes it where it does)
+        raise ValueError("MPI.IN_PLACE is not a buffer here: it stands for a send buffer (Reduce, Allreduce, "
+                         "Gather(v), Allgather(v), Alltoall, Reduce_scatter_block) or the root's receive "
+                         "buffer of Scatter(v)")
     if isinstance(spec, (list, tuple)):
         if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
             return np.asarray(spec[0]).reshape(-1)[: int(spec[1])]

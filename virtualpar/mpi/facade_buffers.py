@@ -1,0 +1,94 @@
+"""The facade's collectives on buffers (``Bcast``, ``Reduce``, ``Gather``, ...): mpi4py's
+upper-case calls, built on the communicator's pickle-based lower-case ones (virtualpar/mpi/facade.py).
+
+``MPI.IN_PLACE`` works where MPI defines it: as the send buffer of ``Reduce`` and ``Allreduce``
+(the input is the receive buffer), ``Gather(v)`` at the root and ``Allgather(v)`` (a rank's own
+piece is already in the receive buffer, at its displacement), ``Alltoall`` and
+``Reduce_scatter_block`` (the input is the receive buffer), and as the root's receive buffer of
+``Scatter(v)`` (it keeps its piece in the send buffer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .facade_types import IN_PLACE, SUM, Op, _buf, _layout, _place
+
+__all__ = ["BufferCollectives"]
+
+
+class BufferCollectives:
+    """Mixed into ``facade.Comm``, whose ``rank``, ``size`` and lower-case collectives these use."""
+
+    rank: int
+    size: int
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        arr = _buf(buf)
+        np.copyto(arr, self.bcast(np.array(arr) if self.rank == root else None, root))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
+        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
+        out = self.reduce(np.array(src), op, root)
+        if out is not None:
+            np.copyto(_buf(recvbuf), out)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
+        np.copyto(_buf(recvbuf), self.allreduce(np.array(src), op))
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """``sendbuf=IN_PLACE`` at the root: its piece is already in ``recvbuf``, at its displacement."""
+        mine = self._in_place(recvbuf, "Gather", root) if sendbuf is IN_PLACE else _buf(sendbuf)
+        parts = self.gather(np.array(mine).reshape(-1), root)
+        if parts is not None:
+            _place(parts, recvbuf, self.size)
+
+    Gatherv = Gather
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        """``sendbuf=IN_PLACE``: every rank's piece is already in ``recvbuf``, at its displacement."""
+        mine = self._in_place(recvbuf, "Allgather") if sendbuf is IN_PLACE else _buf(sendbuf)
+        _place(self.allgather(np.array(mine).reshape(-1)), recvbuf, self.size)
+
+    Allgatherv = Allgather
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """``recvbuf=IN_PLACE`` at the root: it keeps its piece where it is in ``sendbuf``."""
+        pieces = None
+        if self.rank == root:
+            flat = np.array(_buf(sendbuf)).reshape(-1)
+            counts, displs = _layout(sendbuf, self.size, flat.size)
+            pieces = [flat[d:d + c] for c, d in zip(counts, displs)]
+        elif recvbuf is IN_PLACE:
+            self._in_place(None, "Scatter", root)
+        piece = self.scatter(pieces, root)
+        if recvbuf is not IN_PLACE:
+            np.copyto(_buf(recvbuf).reshape(-1), piece)
+
+    Scatterv = Scatter
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        """``sendbuf=IN_PLACE``: the pieces to send are in ``recvbuf``, which the received ones replace."""
+        pieces = np.array_split(np.array(_buf(recvbuf if sendbuf is IN_PLACE else sendbuf)).reshape(-1), self.size)
+        np.copyto(_buf(recvbuf).reshape(-1), np.concatenate(self.alltoall(pieces)))
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """``sendbuf=IN_PLACE``: the input is ``recvbuf`` (every rank's block), and this rank's
+        reduced block goes to its start."""
+        flat = _buf(recvbuf).reshape(-1)
+        total = self.allreduce(np.array(flat if sendbuf is IN_PLACE else _buf(sendbuf)).reshape(-1), op)
+        mine = np.array_split(total, self.size)[self.rank]
+        flat[:mine.size] = mine
+
+    def _in_place(self, recvbuf: Any, call: str, root: int | None = None) -> np.ndarray:
+        """This rank's own piece of ``recvbuf`` for an ``IN_PLACE`` send (its displacement and
+        count in a v-spec, else an equal share); only the root may pass ``IN_PLACE`` to a rooted call."""
+        if root is not None and self.rank != root:
+            raise ValueError(f"{call}: MPI.IN_PLACE is the root's (rank {root}) alone; rank {self.rank} passes "
+                             "its own buffer")
+        flat = _buf(recvbuf).reshape(-1)
+        counts, displs = _layout(recvbuf, self.size, flat.size)
+        return flat[displs[self.rank]:displs[self.rank] + counts[self.rank]]
