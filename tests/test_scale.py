@@ -185,6 +185,25 @@ def test_bench_scale_runs_and_judges_what_it_measured():
     assert result["mpich"] == {} and result["targets"] == []  # no size with a target was run
 
 
+def test_bench_scale_shows_first_against_tenth_at_128_and_256_without_judging_it():
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("bench_scale", os.path.join(root, "benchmarks", "bench_scale.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    times = {op: 0.01 for op in bench.OPS}
+    row = {"devices": 128, "correct": True, "first_s": dict(times, all_gather_512KiB=0.05), "steady_s": times,
+           "tenth_s": times}
+    checks = bench.targets([row], {}, {}, None)
+    assert ("every collective correct at 128", True, "checked on every device") in checks
+    info = [(ok, value) for name, ok, value in checks if name.startswith("first call against the tenth at 128")]
+    assert info == [("INFO", "barrier 1.0x all_reduce_8KiB 1.0x all_reduce_512KiB 1.0x all_gather_512KiB 5.0x "
+                             "broadcast_512KiB 1.0x")]
+    assert bench._status("INFO") == "INFO" and bench._status(None) == "SKIP" and bench._status(False) == "FAIL"
+
+
 def test_bench_scale_judges_mpich_targets_on_the_median_of_paired_rounds():
     import importlib.util
     import os
