@@ -161,9 +161,41 @@ def test_the_pool_reserve_serves_one_lease_of_any_size_up_to_its_own():
     raw2 = pool.raw(4096 * 20 + 1)
     assert raw2.ctypes.data == home
     pool.give_back(raw2)
-    assert pool.raw(70_000).ctypes.data == home
+    raw3 = pool.raw(70_000)
+    assert raw3.ctypes.data == home
+    pool.give_back(raw3)
+    lease = pool.array((50_000,), np.dtype(np.float64))  # 400,000 bytes: no idle buffer that size, the reserve
+    assert lease.ctypes.data == home
+    del lease
+    gc.collect()  # the reserve comes back as the reserve, not also as an idle 400,000-byte buffer:
+    again = pool.array((50_000,), np.dtype(np.float64))
+    other = pool.array((20_000,), np.dtype(np.float64))
+    lo, hi = sorted([(again.ctypes.data, again.nbytes), (other.ctypes.data, other.nbytes)])
+    assert again.ctypes.data == home and lo[0] + lo[1] <= hi[0]  # no two live arrays on one buffer
     pool.reserve(1000)  # below min_bytes: no reserve
     assert pool.reserve_bytes == 0
+
+
+def test_a_reset_gives_back_a_partly_received_pickles_buffer():
+    """A reset dropped partial receives with their raw buffers: the reserve, lent to a pickle,
+    stayed lent for the rest of the cluster's life."""
+    import types
+
+    from virtualpar.transport.channel import KIND_ARRAY, KIND_PICKLE
+    from virtualpar.transport.pool import BufferPool
+    from virtualpar.transport.receiving import Receiving
+
+    ep_ = Receiving.__new__(Receiving)
+    ep_._pool = BufferPool()
+    ep_._pool.reserve(1 << 20)
+    home = ep_._pool._reserve.ctypes.data
+    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE), target=ep_._pool.raw(100_000), buf=b"")
+    array = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_ARRAY), target=np.empty(9), buf=b"")
+    ep_._partial = {1: pickled, 2: array}
+    assert pickled.target.ctypes.data == home
+    ep_._drop_partial()
+    assert ep_._partial == {} and pickled.buf is None and array.buf == b""  # an array's buffer is its lease's
+    assert ep_._pool.raw(200_000).ctypes.data == home and ep_._pool.idle_bytes == 0
 
 
 def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndarray, np.ndarray, int]:

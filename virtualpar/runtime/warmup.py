@@ -89,7 +89,6 @@ def warm_up(dev: Any) -> None:
         if big is not None:
             _map_peers(dev, big_bytes)
         _warm_reductions()
-        dev._endpoint._pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing
         dev._endpoint._pool.reserve(result_reserve_bytes(n))
     finally:
         dev._endpoint.shuffle = shuffle
@@ -131,3 +130,4 @@ def _forget(dev: Any) -> None:
     dev._last_op = ""
     dev._group_seq.clear()
     dev._endpoint.renumber()
+    dev._endpoint._pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing

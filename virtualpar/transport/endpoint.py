@@ -278,7 +278,7 @@ class Endpoint(Receiving):
         self._posted.clear()
         self._posted_any.clear()
         self._unexpected.clear()
-        self._partial.clear()
+        self._drop_partial()
         for ch in self._out.values():
             ch.sync_local(producer=True)
         for ch in self._in.values():

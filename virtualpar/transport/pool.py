@@ -67,7 +67,9 @@ class BufferPool:
 
     def reserve(self, nbytes: int) -> None:
         """Keep a buffer of ``nbytes``, its pages faulted in now, for requests of a size no idle
-        buffer fits (none below ``min_bytes``: those never come to the pool)."""
+        buffer fits (none below ``min_bytes``: those never come to the pool).  A lease of the
+        previous reserve still out comes back as an ordinary buffer (the warm-up sets the reserve
+        once, before any lease)."""
         self._reserve = self._lent = None
         if nbytes >= self.min_bytes:
             self._reserve = mid_page(nbytes)
@@ -90,7 +92,7 @@ class BufferPool:
         return mid_page(nbytes)
 
     def give_back(self, raw: np.ndarray) -> None:
-        if raw is self._lent and raw is not None:
+        if raw is self._lent:
             self._lent = None  # the reserve is free again
             return
         free = self._idle.setdefault(raw.size, [])

@@ -154,6 +154,16 @@ class Receiving:
                 req.buf = req.out_bytes if target is out else byte_view(target)
         return req
 
+    def _drop_partial(self) -> None:
+        """Forget the partly received messages (a reset), giving back their pickles' raw buffers
+        (one may be the pool's reserve, which would otherwise stay lent for good)."""
+        for req in self._partial.values():
+            header = req.header
+            if req.target is not None and header is not None and header.kind & 0xFF == KIND_PICKLE:
+                req.buf = None
+                self._pool.give_back(req.target)
+        self._partial.clear()
+
     def _finish(self, req: RecvRequest, data: Any = None) -> None:
         header = req.header
         if header is not None and header.kind & 0xFF == KIND_PICKLE:
