@@ -376,3 +376,37 @@ def test_a_posted_receive_takes_its_message_while_its_device_waits_on_something_
     emu, real = _both(tmp_path, POSTED_BEFORE_A_LARGE_SEND, 2, "--timeout", "20")
     assert _results(real) == _results(emu)
     assert "(4.0, 5.0)" in emu and ": 3.0" in emu
+
+
+SELF_AND_BAD_OUT = """
+import numpy as np
+
+def step(dev):
+    me = dev.rank
+    dev.send(np.full(4, 1.0), me, tag=1)  # to oneself: deferred until received
+    dev.send(np.full(4, 2.0), me, tag=2)
+    later = dev.irecv(me, tag=2)
+    first = float(dev.recv(me, tag=1)[0])  # its wait takes the tag-2 message too, for the irecv
+    sends = [e.kind for e in getattr(dev, "events", []) if e.kind == "send"]
+    out = (first, float(later.wait()[0]), len(sends) in (0, 2))  # the emulator keeps no events list
+    if me == 0:
+        dev.send(np.arange(6.0), 1, tag=3)
+        dev.send("hello", 1, tag=4)
+        return out
+    bad = dev.irecv(0, tag=3, out=np.empty(4))
+    said = dev.recv(0, tag=4)  # its wait takes the tag-3 message for ``bad``: the error is bad's
+    try:
+        bad.wait()
+    except Exception as exc:
+        return out + (said, type(exc).__name__, str(exc))
+    return out + (said, "no error")
+"""
+
+
+def test_self_sends_are_recorded_once_and_a_bad_out_is_its_own_receives_error(tmp_path):
+    """Under MPI a deferred send to oneself completed inside a nested wait was recorded twice, and
+    an irecv whose out= did not fit raised a ValueError from whichever wait took its message."""
+    emu, real = _both(tmp_path, SELF_AND_BAD_OUT, 2)
+    assert _results(real) == _results(emu)
+    assert "(1.0, 2.0, True)" in emu and ("(1.0, 2.0, True, 'hello', 'UsageError', 'recv buffer has shape (4,) "
+                                          "and dtype float64, but the message holds shape (6,) and dtype float64')") in emu

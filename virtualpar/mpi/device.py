@@ -174,7 +174,7 @@ class MPIDevice(MPICollectives):
         try:
             value = req.wait()
         except BaseException:  # a blocking receive that failed is no longer posted: it must not take a later message
-            if not req.done:
+            if req in self._posted:
                 self._posted.remove(req)
             raise
         if status is not None:
@@ -213,34 +213,46 @@ class MPIDevice(MPICollectives):
         for req in self._posted:
             if self.comm.Iprobe(status=st, **req.which):
                 source, tag = st.Get_source(), st.Get_tag()
-                self._take(next(r for r in self._posted if r.fits(source, tag)), source, tag)
+                owner = self._first_fitting(source, tag)
+                while owner is not req:  # an earlier receive: owed the first message of this source *it* fits,
+                    req = owner  # which may have come before the one found (another tag)
+                    self.comm.Iprobe(status=st, source=source, tag=req.which["tag"])  # (finds one at least)
+                    tag = st.Get_tag()
+                    owner = self._first_fitting(source, tag)  # never later than req: it moves back, then stops
+                self._take(owner, source, tag)
                 break
             if req is goal:
                 break
         return goal is not None and goal.done
 
+    def _first_fitting(self, source: int, tag: int) -> RecvRequest:
+        return next(r for r in self._posted if r.fits(source, tag))
+
     def _take(self, req: RecvRequest, source: int, tag: int) -> None:
         """Receive the next message from ``source`` with ``tag`` (probed: it has arrived) into ``req``."""
         head = self.comm.recv(source=source, tag=tag)
         self._posted.remove(req)
+        out, error = req.out, None
         if head[0] == "object":
             value, stamp, nbytes = head[1:]  # the pickle's bytes, as the emulator's receive charges them
+            if out is not None:
+                error = UsageError("recv(out=...) needs an array message, but the sender sent a pickled object")
         else:
-            out = req.out
-            fits = out is not None and out.shape == tuple(head[1]) and out.dtype == np.dtype(head[2])
-            value = out if fits else np.empty(head[1], np.dtype(head[2]))
-            self.comm.Recv(value, source=source, tag=tag)
+            shape, dtype = tuple(head[1]), np.dtype(head[2])
+            fits = out is not None and out.shape == shape and out.dtype == dtype
+            value = out if fits else np.empty(shape, dtype)
+            self.comm.Recv(value, source=source, tag=tag)  # (taken in any case: the next message must not find it)
             nbytes, stamp = value.nbytes, head[3]
-            if out is not None and not fits:
-                np.copyto(out, value)
-                value = out
-        req.value, req.done = value, True
+            if out is not None and not fits:  # the emulator's check, raised by this receive's wait()
+                error = UsageError(f"recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, but the message "
+                                   f"holds shape {shape} and dtype {dtype}")
+        req.value, req.error, req.done = value, error, True
         req._status.source, req._status.tag, req._status.nbytes = source, tag, nbytes
         self._clock.on_recv(source, nbytes, stamp)
         if source == self.rank:
-            for sent in self._to_self:
+            deferred, self._to_self = self._to_self, []  # (a nested wait may take another message to ourselves)
+            for sent in deferred:
                 sent.wait()
-            self._to_self.clear()
         self._record("recv", "recv", *req.t0, nbytes, peer=source)
 
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,

@@ -28,6 +28,8 @@ class SendRequest:
         if not self._done:
             budget, deadline = self._dev._deadline(timeout)
             wait_for(self.test, deadline, lambda: self._dev._p2p_timeout("send to", self._dst, self._tag, budget))
+            if self._done:  # completed inside test(): a message to ourselves it took waited on this send
+                return
             self._dev._clock.on_send_done(self._dst, self._nbytes, self._stamp)
             self._dev._record("send", "send", *self._t0, self._nbytes, peer=self._dst)
             self._done = True
@@ -37,6 +39,8 @@ class SendRequest:
             return True
         if self._dev._posted:  # MPI progresses posted receives while a process tests a send (MPIDevice._wait)
             self._dev._match(None)
+            if self._done:
+                return True
         return all(r.Test() for r in self._reqs if not isinstance(r, np.ndarray))
 
 
@@ -50,7 +54,7 @@ class RecvRequest:
     def __init__(self, dev: "MPIDevice", src: int, tag: int, out: np.ndarray | None, timeout: float | None) -> None:
         self._dev, self.src, self.tag, self.out, self._timeout = dev, src, tag, out, timeout
         self.which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
-        self.done, self.value = False, None
+        self.done, self.value, self.error = False, None, None
         self.t0 = (dev.wall, dev._clock.now)  # as on the emulator, the event starts when the receive is posted
         self._status = Status()
 
@@ -65,6 +69,8 @@ class RecvRequest:
     def wait(self, timeout: float | None = None) -> Any:
         if not self.done:
             self._dev._complete(self, self._timeout if timeout is None else timeout)
+        if self.error is not None:  # raised by the receive it belongs to, whichever wait took its message
+            raise self.error
         return self.value
 
     def test(self) -> bool:
