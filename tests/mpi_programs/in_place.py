@@ -52,3 +52,25 @@ print(f"rank {rank} Alltoall {swap.tolist()}", flush=True)
 block = np.arange(2.0 * size) + rank
 comm.Reduce_scatter_block(MPI.IN_PLACE, block, op=MPI.SUM)
 print(f"rank {rank} Reduce_scatter_block {block[:2].tolist()}", flush=True)
+
+# displacements neither back to back nor increasing, and an empty piece
+counts = [r % 3 for r in range(size)]
+displs, end = [0] * size, 0
+for r in reversed(range(size)):
+    displs[r], end = end, end + counts[r] + 1
+gapped = np.full(end, -1.0)
+gapped[displs[rank]:displs[rank] + counts[rank]] = rank + 0.25
+comm.Allgatherv(MPI.IN_PLACE, [gapped, (counts, displs), MPI.DOUBLE])
+print(f"rank {rank} Allgatherv gapped {gapped.tolist()}", flush=True)
+
+# [buf, count, type]: a collective's count is per rank; the buffers are longer than the collective
+counted = np.full(2 * size + 3, -1.0)
+counted[2 * rank:2 * rank + 2] = rank
+comm.Allgather(MPI.IN_PLACE, [counted, 2, MPI.DOUBLE])
+print(f"rank {rank} Allgather counted {counted.tolist()}", flush=True)
+swapped = np.append(np.arange(2.0 * size) + 100 * rank, -1.0)
+comm.Alltoall(MPI.IN_PLACE, [swapped, 2, MPI.DOUBLE])
+print(f"rank {rank} Alltoall counted {swapped.tolist()}", flush=True)
+blocks = np.append(np.arange(2.0 * size) + rank, [-1.0, -1.0])
+comm.Reduce_scatter_block(MPI.IN_PLACE, [blocks, 2, MPI.DOUBLE], op=MPI.SUM)
+print(f"rank {rank} Reduce_scatter_block counted {blocks.tolist()}", flush=True)

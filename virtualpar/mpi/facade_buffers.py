@@ -5,7 +5,8 @@ upper-case calls, built on the communicator's pickle-based lower-case ones (virt
 (the input is the receive buffer), ``Gather(v)`` at the root and ``Allgather(v)`` (a rank's own
 piece is already in the receive buffer, at its displacement), ``Alltoall`` and
 ``Reduce_scatter_block`` (the input is the receive buffer), and as the root's receive buffer of
-``Scatter(v)`` (it keeps its piece in the send buffer).
+``Scatter(v)`` (it keeps its piece in the send buffer).  In a ``[buf, count, type]`` spec of a
+collective's gathered, scattered or exchanged buffer the count is per rank, as MPI reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .facade_types import IN_PLACE, SUM, Op, _buf, _layout, _place
+from .facade_types import IN_PLACE, SUM, Op, _buf, _layout, _place, _region
 
 __all__ = ["BufferCollectives"]
 
@@ -59,7 +60,7 @@ class BufferCollectives:
         """``recvbuf=IN_PLACE`` at the root: it keeps its piece where it is in ``sendbuf``."""
         pieces = None
         if self.rank == root:
-            flat = np.array(_buf(sendbuf)).reshape(-1)
+            flat = np.array(_region(sendbuf, self.size))
             counts, displs = _layout(sendbuf, self.size, flat.size)
             pieces = [flat[d:d + c] for c, d in zip(counts, displs)]
         elif recvbuf is IN_PLACE:
@@ -72,13 +73,13 @@ class BufferCollectives:
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         """``sendbuf=IN_PLACE``: the pieces to send are in ``recvbuf``, which the received ones replace."""
-        pieces = np.array_split(np.array(_buf(recvbuf if sendbuf is IN_PLACE else sendbuf)).reshape(-1), self.size)
-        np.copyto(_buf(recvbuf).reshape(-1), np.concatenate(self.alltoall(pieces)))
+        pieces = np.array_split(np.array(_region(recvbuf if sendbuf is IN_PLACE else sendbuf, self.size)), self.size)
+        np.copyto(_region(recvbuf, self.size), np.concatenate(self.alltoall(pieces)))
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """``sendbuf=IN_PLACE``: the input is ``recvbuf`` (every rank's block), and this rank's
         reduced block goes to its start."""
-        flat = _buf(recvbuf).reshape(-1)
+        flat = _region(recvbuf, self.size) if sendbuf is IN_PLACE else _buf(recvbuf).reshape(-1)
         total = self.allreduce(np.array(flat if sendbuf is IN_PLACE else _buf(sendbuf)).reshape(-1), op)
         mine = np.array_split(total, self.size)[self.rank]
         flat[:mine.size] = mine
@@ -89,6 +90,6 @@ class BufferCollectives:
         if root is not None and self.rank != root:
             raise ValueError(f"{call}: MPI.IN_PLACE is the root's (rank {root}) alone; rank {self.rank} passes "
                              "its own buffer")
-        flat = _buf(recvbuf).reshape(-1)
+        flat = _region(recvbuf, self.size)
         counts, displs = _layout(recvbuf, self.size, flat.size)
         return flat[displs[self.rank]:displs[self.rank] + counts[self.rank]]

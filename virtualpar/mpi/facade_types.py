@@ -59,6 +59,25 @@ def _buf(spec: Any) -> np.ndarray:
     return spec
 
 
+def _region(spec: Any, size: int) -> np.ndarray:
+    """The elements a collective spans in the buffer of ``spec``, flat: with ``[buf, count, type]``
+    the first ``count·size`` (a collective's count is per rank, as MPI reads it; ``_buf`` reads a
+    point-to-point count, of the whole message), otherwise the whole buffer."""
+    if spec is IN_PLACE:
+        _buf(spec)  # says where IN_PLACE does not belong
+    flat = np.asarray(spec[0] if isinstance(spec, (list, tuple)) else spec).reshape(-1)
+    count = _per_rank(spec)
+    return flat if count is None else flat[: count * size]
+
+
+def _per_rank(spec: Any) -> int | None:
+    """The count of a ``[buf, count, type]`` spec, else None."""
+    if isinstance(spec, (list, tuple)) and len(spec) == 3 and isinstance(spec[1], (int, np.integer)) \
+            and not isinstance(spec[1], bool):
+        return int(spec[1])
+    return None
+
+
 def _fill(target: np.ndarray, value: Any) -> None:
     """A received message into a receive buffer: MPI lets the buffer be larger (``Get_count``
     says how much came) and calls a longer message an error (truncation), never a reshape."""
@@ -121,10 +140,12 @@ PROC_NULL = -2
 
 def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
     """(counts, displacements) of a v-buffer spec: ``[buf, counts]``, ``[buf, counts, displs]``,
-    ``[buf, (counts, displs), type]`` or ``[buf, counts, displs, type]``; equal pieces otherwise."""
+    ``[buf, (counts, displs), type]`` or ``[buf, counts, displs, type]``; equal pieces otherwise
+    (``[buf, count, type]``: ``count`` each)."""
     extra = [a for a in spec[1:] if not isinstance(a, Datatype)] if isinstance(spec, (list, tuple)) else []
-    if not extra:
-        counts = [total // size] * size
+    if not extra or _per_rank(spec) is not None:  # equal pieces: of the count per rank, if given
+        count = _per_rank(spec)
+        counts = [total // size if count is None else count] * size
         return counts, [sum(counts[:i]) for i in range(size)]
     if len(extra) == 1 and isinstance(extra[0], tuple) and len(extra[0]) == 2 and not np.isscalar(extra[0][0]):
         extra = list(extra[0])
@@ -136,7 +157,7 @@ def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
 
 def _place(parts: list[np.ndarray], recvbuf: Any, size: int) -> None:
     """Write the ranks' flat ``parts`` into ``recvbuf`` at the displacements its spec gives."""
-    flat = _buf(recvbuf).reshape(-1)
+    flat = _region(recvbuf, size)
     _, displs = _layout(recvbuf, size, flat.size)
     if not isinstance(recvbuf, (list, tuple)) or len([a for a in recvbuf[1:] if not isinstance(a, Datatype)]) == 0:
         displs = [sum(p.size for p in parts[:i]) for i in range(size)]  # plain Gather: back to back
