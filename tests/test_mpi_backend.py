@@ -387,8 +387,11 @@ def step(dev):
     dev.send(np.full(4, 2.0), me, tag=2)
     later = dev.irecv(me, tag=2)
     first = float(dev.recv(me, tag=1)[0])  # its wait takes the tag-2 message too, for the irecv
+    dev.send(np.full(1 << 17, 5.0), me, tag=5)  # 1 MiB each: under MPI neither completes before its receive
+    dev.send(np.full(1 << 17, 6.0), me, tag=6)
+    big = float(dev.recv(me, tag=5, timeout=10)[0]) + float(dev.recv(me, tag=6, timeout=10)[0])
     sends = [e.kind for e in getattr(dev, "events", []) if e.kind == "send"]
-    out = (first, float(later.wait()[0]), len(sends) in (0, 2))  # the emulator keeps no events list
+    out = (first, float(later.wait()[0]), big, len(sends) in (0, 4))  # the emulator keeps no events list
     if me == 0:
         dev.send(np.arange(6.0), 1, tag=3)
         dev.send("hello", 1, tag=4)
@@ -404,9 +407,10 @@ def step(dev):
 
 
 def test_self_sends_are_recorded_once_and_a_bad_out_is_its_own_receives_error(tmp_path):
-    """Under MPI a deferred send to oneself completed inside a nested wait was recorded twice, and
+    """Under MPI a deferred send to oneself completed inside a nested wait was recorded twice, a
+    receive from oneself waited on every deferred send to oneself (two large ones timed out), and
     an irecv whose out= did not fit raised a ValueError from whichever wait took its message."""
     emu, real = _both(tmp_path, SELF_AND_BAD_OUT, 2)
     assert _results(real) == _results(emu)
-    assert "(1.0, 2.0, True)" in emu and ("(1.0, 2.0, True, 'hello', 'UsageError', 'recv buffer has shape (4,) "
+    assert "(1.0, 2.0, 11.0, True)" in emu and ("(1.0, 2.0, 11.0, True, 'hello', 'UsageError', 'recv buffer has shape (4,) "
                                           "and dtype float64, but the message holds shape (6,) and dtype float64')") in emu

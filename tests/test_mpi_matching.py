@@ -1,4 +1,4 @@
-"""How ``MPIDevice`` hands arriving messages to its posted receives (virtualpar/mpi/device.py),
+"""How ``MPIDevice`` hands arriving messages to its posted receives (virtualpar/mpi/matching.py),
 against MPI's matching rule, on a scripted stand-in for the communicator: each message goes to the
 earliest posted receive it fits, and one source's messages are taken in the order they arrived.
 The races these pin down depend on when messages arrive between two probes, which a real

@@ -12,7 +12,8 @@ unchanged under ``mpiexec -n N python -m virtualpar run script.py:step --mesh dp
   device may message itself as on the emulator.
 * Receives match messages as MPI does, in posting order: the device keeps its posted receives
   (``irecv``, and a blocking ``recv`` while it waits) and, whenever it waits on anything, probes
-  for them in posting order and hands a message to the earliest one it fits (``_match``).
+  for them in posting order and hands a message to the earliest one it fits
+  (:mod:`virtualpar.mpi.matching`).
 * Collectives map to MPI's own (:mod:`virtualpar.mpi.collectives`).
 * The modelled clock is the emulator's ``DeviceClock`` on the mesh's hardware: sends and receives
   are charged from the stamps exactly as on the emulator, compute from the roofline.
@@ -42,15 +43,16 @@ from ..runtime.status import ANY_SOURCE, ANY_TAG
 from ..sim.hardware import dtype_name
 from ..trace.event import Event
 from .collectives import MPICollectives
+from .matching import ReceiveMatching
 from .requests import RecvRequest, SendRequest
-from .waiting import DEFAULT_TIMEOUT, wait_for
+from .waiting import DEFAULT_TIMEOUT
 
 __all__ = ["MPIDevice", "collect"]
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
 
 
-class MPIDevice(MPICollectives):
+class MPIDevice(MPICollectives, ReceiveMatching):
     """One MPI process as a device of ``mesh`` (whose size must be the world's)."""
 
     def __init__(self, mesh: Any, comm: Any = None, hardware: Any = None, timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -186,74 +188,6 @@ class MPIDevice(MPICollectives):
         req = RecvRequest(self, src, tag, out, timeout)
         self._posted.append(req)
         return req
-
-    def _complete(self, goal: RecvRequest, timeout: float | None) -> None:
-        """Match messages to the pending receives until ``goal`` has one (``P2PTimeout`` past ``timeout``)."""
-        budget, deadline = self._deadline(timeout)
-        wait_for(lambda: self._match(goal), deadline, lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
-
-    def _wait(self, done: Any, deadline: float, on_timeout: Any) -> None:
-        """``wait_for(done)``, taking messages for the posted receives meanwhile, as MPI matches a
-        posted ``Irecv`` while its process waits on anything: a large send after an ``irecv`` to a
-        peer doing the same waits for the peer's receive, which would otherwise not be taken
-        until the peer waited on it."""
-        def poll() -> bool:
-            if self._posted:
-                self._match(None)
-            return done()
-
-        wait_for(poll, deadline, on_timeout)
-
-    def _match(self, goal: RecvRequest | None) -> bool:
-        """Take at most one message for the receives posted up to ``goal`` (all, for None): the
-        first that one of them, in posting order, finds waiting, for the earliest posted receive it
-        fits (MPI's matching rule; that receive may come before the one that found it, never
-        after).  Returns whether ``goal`` has its message."""
-        st = MPI.Status()
-        for req in self._posted:
-            if self.comm.Iprobe(status=st, **req.which):
-                source, tag = st.Get_source(), st.Get_tag()
-                owner = self._first_fitting(source, tag)
-                while owner is not req:  # an earlier receive: owed the first message of this source *it* fits,
-                    req = owner  # which may have come before the one found (another tag)
-                    self.comm.Iprobe(status=st, source=source, tag=req.which["tag"])  # (finds one at least)
-                    tag = st.Get_tag()
-                    owner = self._first_fitting(source, tag)  # never later than req: it moves back, then stops
-                self._take(owner, source, tag)
-                break
-            if req is goal:
-                break
-        return goal is not None and goal.done
-
-    def _first_fitting(self, source: int, tag: int) -> RecvRequest:
-        return next(r for r in self._posted if r.fits(source, tag))
-
-    def _take(self, req: RecvRequest, source: int, tag: int) -> None:
-        """Receive the next message from ``source`` with ``tag`` (probed: it has arrived) into ``req``."""
-        head = self.comm.recv(source=source, tag=tag)
-        self._posted.remove(req)
-        out, error = req.out, None
-        if head[0] == "object":
-            value, stamp, nbytes = head[1:]  # the pickle's bytes, as the emulator's receive charges them
-            if out is not None:
-                error = UsageError("recv(out=...) needs an array message, but the sender sent a pickled object")
-        else:
-            shape, dtype = tuple(head[1]), np.dtype(head[2])
-            fits = out is not None and out.shape == shape and out.dtype == dtype
-            value = out if fits else np.empty(shape, dtype)
-            self.comm.Recv(value, source=source, tag=tag)  # (taken in any case: the next message must not find it)
-            nbytes, stamp = value.nbytes, head[3]
-            if out is not None and not fits:  # the emulator's check, raised by this receive's wait()
-                error = UsageError(f"recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, but the message "
-                                   f"holds shape {shape} and dtype {dtype}")
-        req.value, req.error, req.done = value, error, True
-        req._status.source, req._status.tag, req._status.nbytes = source, tag, nbytes
-        self._clock.on_recv(source, nbytes, stamp)
-        if source == self.rank:
-            deferred, self._to_self = self._to_self, []  # (a nested wait may take another message to ourselves)
-            for sent in deferred:
-                sent.wait()
-        self._record("recv", "recv", *req.t0, nbytes, peer=source)
 
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
                  timeout: float | None = None) -> Any:

@@ -1,0 +1,100 @@
+"""How ``MPIDevice`` hands messages to its posted receives: MPI's matching rule, applied lazily.
+
+Under MPI a posted ``Irecv`` takes a message as it arrives; ``MPIDevice`` posts no MPI receive
+(its arrays travel as a pickled header, then the array, whose size the header gives), so it keeps
+its posted receives (``irecv``, and a blocking ``recv`` while it waits) in posting order and,
+whenever it waits on or tests anything, probes for them in posting order: a message found goes to
+the earliest posted receive it fits — unless that receive is owed an earlier message of the same
+source (another tag, arrived between two probes), which it takes first.  One source's messages
+are so taken in their arrival order, each by the receive MPI would give it to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import UsageError
+from .requests import RecvRequest
+from .waiting import wait_for
+
+__all__ = ["ReceiveMatching"]
+
+
+class ReceiveMatching:
+    """Mixed into ``MPIDevice`` (its ``comm``, ``rank``, clock, records and deferred self-sends)."""
+
+    _posted: list[RecvRequest]
+
+    def _complete(self, goal: RecvRequest, timeout: float | None) -> None:
+        """Match messages to the pending receives until ``goal`` has one (``P2PTimeout`` past ``timeout``)."""
+        budget, deadline = self._deadline(timeout)
+        wait_for(lambda: self._match(goal), deadline, lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
+
+    def _wait(self, done: Any, deadline: float, on_timeout: Any) -> None:
+        """``wait_for(done)``, taking messages for the posted receives meanwhile, as MPI matches a
+        posted ``Irecv`` while its process waits on anything: a large send after an ``irecv`` to a
+        peer doing the same waits for the peer's receive, which would otherwise not be taken
+        until the peer waited on it."""
+        def poll() -> bool:
+            if self._posted:
+                self._match(None)
+            return done()
+
+        wait_for(poll, deadline, on_timeout)
+
+    def _match(self, goal: RecvRequest | None) -> bool:
+        """Take at most one message for the receives posted up to ``goal`` (all, for None): the
+        first that one of them, in posting order, finds waiting, for the earliest posted receive it
+        fits (MPI's matching rule; that receive may come before the one that found it, never
+        after).  Returns whether ``goal`` has its message."""
+        st = MPI.Status()
+        for req in self._posted:
+            if self.comm.Iprobe(status=st, **req.which):
+                source, tag = st.Get_source(), st.Get_tag()
+                owner = self._first_fitting(source, tag)
+                while owner is not req:  # an earlier receive: owed the first message of this source *it* fits,
+                    req = owner  # which may have come before the one found (another tag)
+                    self.comm.Iprobe(status=st, source=source, tag=req.which["tag"])  # (finds one at least)
+                    tag = st.Get_tag()
+                    owner = self._first_fitting(source, tag)  # never later than req: it moves back, then stops
+                self._take(owner, source, tag)
+                break
+            if req is goal:
+                break
+        return goal is not None and goal.done
+
+    def _first_fitting(self, source: int, tag: int) -> RecvRequest:
+        return next(r for r in self._posted if r.fits(source, tag))
+
+    def _take(self, req: RecvRequest, source: int, tag: int) -> None:
+        """Receive the next message from ``source`` with ``tag`` (probed: it has arrived) into ``req``."""
+        head = self.comm.recv(source=source, tag=tag)
+        self._posted.remove(req)
+        out, error = req.out, None
+        if head[0] == "object":
+            value, stamp, nbytes = head[1:]  # the pickle's bytes, as the emulator's receive charges them
+            if out is not None:
+                error = UsageError("recv(out=...) needs an array message, but the sender sent a pickled object")
+        else:
+            shape, dtype = tuple(head[1]), np.dtype(head[2])
+            fits = out is not None and out.shape == shape and out.dtype == dtype
+            value = out if fits else np.empty(shape, dtype)
+            self.comm.Recv(value, source=source, tag=tag)  # (taken in any case: the next message must not find it)
+            nbytes, stamp = value.nbytes, head[3]
+            if out is not None and not fits:  # the emulator's check, raised by this receive's wait()
+                error = UsageError(f"recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, but the message "
+                                   f"holds shape {shape} and dtype {dtype}")
+        req.value, req.error, req.done = value, error, True
+        req._status.source, req._status.tag, req._status.nbytes = source, tag, nbytes
+        self._clock.on_recv(source, nbytes, stamp)
+        if source == self.rank:  # complete the deferred sends to ourselves that this receive let finish
+            deferred, self._to_self = self._to_self, []  # (a nested wait may take another message to ourselves)
+            for sent in deferred:
+                if sent.test():
+                    sent.wait()
+                else:  # another message to ourselves, not received yet: waiting on it would wait forever
+                    self._to_self.append(sent)
+        self._record("recv", "recv", *req.t0, nbytes, peer=source)
