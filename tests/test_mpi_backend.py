@@ -362,20 +362,24 @@ def step(dev):
         early = dev.irecv(1, tag=5)
         dev.barrier()  # device 1 sends before it enters the barrier
         got = (got, float(early.wait()[-1]))
-    else:
-        dev.send(np.full(1 << 20, 5.0), 0, tag=5)
-        dev.barrier()
+        two, one = dev.irecv(1, tag=2), dev.irecv(1, tag=1)
+        return got, float(two.wait()[0]), float(one.wait()[-1])  # two's wait takes one's message
+    dev.send(np.full(1 << 20, 5.0), 0, tag=5)
+    dev.barrier()
+    dev.send(np.full(1 << 20, 1.0), 0, tag=1)  # waits for device 0 to take it, before tag 2 goes
+    dev.send(np.full(1, 2.0), 0, tag=2)
     return got
 """
 
 
 def test_a_posted_receive_takes_its_message_while_its_device_waits_on_something_else(tmp_path):
     """Under MPI an irecv posted nothing until it was waited on, so a large send after it to a peer
-    doing the same (or a barrier the sender of a large message had not reached) waited until the
-    timeout; real MPI matches the posted receive meanwhile, as the emulator does."""
+    doing the same (or a barrier the sender of a large message had not reached, or a wait on a
+    receive posted before it) waited until the timeout; real MPI matches every posted receive
+    meanwhile, as the emulator does."""
     emu, real = _both(tmp_path, POSTED_BEFORE_A_LARGE_SEND, 2, "--timeout", "20")
     assert _results(real) == _results(emu)
-    assert "(4.0, 5.0)" in emu and ": 3.0" in emu
+    assert "((4.0, 5.0), 2.0, 1.0)" in emu and ": 3.0" in emu
 
 
 SELF_AND_BAD_OUT = """
@@ -410,7 +414,7 @@ def test_self_sends_are_recorded_once_and_a_bad_out_is_its_own_receives_error(tm
     """Under MPI a deferred send to oneself completed inside a nested wait was recorded twice, a
     receive from oneself waited on every deferred send to oneself (two large ones timed out), and
     an irecv whose out= did not fit raised a ValueError from whichever wait took its message."""
-    emu, real = _both(tmp_path, SELF_AND_BAD_OUT, 2)
+    emu, real = _both(tmp_path, SELF_AND_BAD_OUT, 2, "--timeout", "20")
     assert _results(real) == _results(emu)
     assert "(1.0, 2.0, 11.0, True)" in emu and ("(1.0, 2.0, 11.0, True, 'hello', 'UsageError', 'recv buffer has shape (4,) "
                                           "and dtype float64, but the message holds shape (6,) and dtype float64')") in emu

@@ -146,3 +146,15 @@ def test_in_place_where_mpi_does_not_define_it_says_so(tmp_path):
     prog.write_text("from mpi4py import MPI\nMPI.COMM_WORLD.Bcast(MPI.IN_PLACE)\n")
     emu = _emulate(str(prog), 2)
     assert emu.returncode == 1 and "MPI.IN_PLACE is not a buffer here" in emu.stderr
+
+
+def test_a_buffer_that_does_not_split_into_equal_blocks_says_so(tmp_path):
+    """Three entries over two ranks: mpi4py raises; the facade gave uneven blocks (Reduce_scatter_block
+    in place: wrong sums) or a numpy broadcast error (Alltoall)."""
+    prog = tmp_path / "blocks.py"
+    for call in ("comm.Alltoall(MPI.IN_PLACE, np.zeros(3))", "comm.Reduce_scatter_block(MPI.IN_PLACE, np.zeros(3))",
+                 "comm.Allgather(MPI.IN_PLACE, np.zeros(3))"):
+        prog.write_text(f"from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\n{call}\n")
+        emu = _emulate(str(prog), 2)
+        assert emu.returncode == 1, call
+        assert "cannot infer count, number of entries 3 is not a multiple of required number of blocks 2" in emu.stderr, call

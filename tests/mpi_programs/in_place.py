@@ -74,3 +74,7 @@ print(f"rank {rank} Alltoall counted {swapped.tolist()}", flush=True)
 blocks = np.append(np.arange(2.0 * size) + rank, [-1.0, -1.0])
 comm.Reduce_scatter_block(MPI.IN_PLACE, [blocks, 2, MPI.DOUBLE], op=MPI.SUM)
 print(f"rank {rank} Reduce_scatter_block counted {blocks.tolist()}", flush=True)
+sent = np.append(np.arange(2.0 * size) * (rank + 1), -1.0)
+mine = np.zeros(2)
+comm.Reduce_scatter_block([sent, 2, MPI.DOUBLE], mine, op=MPI.SUM)  # not in place: 2 per rank from the send buffer
+print(f"rank {rank} Reduce_scatter_block sent counted {mine.tolist()}", flush=True)

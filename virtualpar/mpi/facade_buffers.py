@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .facade_types import IN_PLACE, SUM, Op, _buf, _layout, _place, _region
+from .facade_types import IN_PLACE, SUM, Op, _blocks, _buf, _layout, _place, _region
 
 __all__ = ["BufferCollectives"]
 
@@ -73,14 +73,16 @@ class BufferCollectives:
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         """``sendbuf=IN_PLACE``: the pieces to send are in ``recvbuf``, which the received ones replace."""
-        pieces = np.array_split(np.array(_region(recvbuf if sendbuf is IN_PLACE else sendbuf, self.size)), self.size)
+        pieces = np.split(np.array(_blocks(_region(recvbuf if sendbuf is IN_PLACE else sendbuf, self.size), self.size)),
+                          self.size)
         np.copyto(_region(recvbuf, self.size), np.concatenate(self.alltoall(pieces)))
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """``sendbuf=IN_PLACE``: the input is ``recvbuf`` (every rank's block), and this rank's
         reduced block goes to its start."""
         flat = _region(recvbuf, self.size) if sendbuf is IN_PLACE else _buf(recvbuf).reshape(-1)
-        total = self.allreduce(np.array(flat if sendbuf is IN_PLACE else _buf(sendbuf)).reshape(-1), op)
+        source = _blocks(flat if sendbuf is IN_PLACE else _region(sendbuf, self.size), self.size)
+        total = self.allreduce(np.array(source), op)
         mine = np.array_split(total, self.size)[self.rank]
         flat[:mine.size] = mine
 

@@ -70,6 +70,18 @@ def _region(spec: Any, size: int) -> np.ndarray:
     return flat if count is None else flat[: count * size]
 
 
+def _blocks(flat: np.ndarray, size: int) -> np.ndarray:
+    """``flat``, which must split into ``size`` equal blocks (mpi4py's message when it does not)."""
+    _check_blocks(flat.size, size)
+    return flat
+
+
+def _check_blocks(entries: int, size: int) -> None:
+    if entries % size:
+        raise ValueError(f"message: cannot infer count, number of entries {entries} is not a multiple of "
+                         f"required number of blocks {size}")
+
+
 def _per_rank(spec: Any) -> int | None:
     """The count of a ``[buf, count, type]`` spec, else None."""
     if isinstance(spec, (list, tuple)) and len(spec) == 3 and isinstance(spec[1], (int, np.integer)) \
@@ -145,6 +157,8 @@ def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
     extra = [a for a in spec[1:] if not isinstance(a, Datatype)] if isinstance(spec, (list, tuple)) else []
     if not extra or _per_rank(spec) is not None:  # equal pieces: of the count per rank, if given
         count = _per_rank(spec)
+        if count is None:
+            _check_blocks(total, size)
         counts = [total // size if count is None else count] * size
         return counts, [sum(counts[:i]) for i in range(size)]
     if len(extra) == 1 and isinstance(extra[0], tuple) and len(extra[0]) == 2 and not np.isscalar(extra[0][0]):

@@ -3,10 +3,11 @@
 Under MPI a posted ``Irecv`` takes a message as it arrives; ``MPIDevice`` posts no MPI receive
 (its arrays travel as a pickled header, then the array, whose size the header gives), so it keeps
 its posted receives (``irecv``, and a blocking ``recv`` while it waits) in posting order and,
-whenever it waits on or tests anything, probes for them in posting order: a message found goes to
-the earliest posted receive it fits — unless that receive is owed an earlier message of the same
-source (another tag, arrived between two probes), which it takes first.  One source's messages
-are so taken in their arrival order, each by the receive MPI would give it to.
+whenever it waits on or tests anything, probes for all of them in posting order: a message found
+goes to the earliest posted receive it fits — unless that receive's own probe finds another
+message first (an earlier one of the same source, with another tag, arrived between two probes),
+which it takes instead.  One source's messages are so taken in their arrival order, each by the
+receive MPI would give it to.
 """
 
 from __future__ import annotations
@@ -29,42 +30,41 @@ class ReceiveMatching:
     _posted: list[RecvRequest]
 
     def _complete(self, goal: RecvRequest, timeout: float | None) -> None:
-        """Match messages to the pending receives until ``goal`` has one (``P2PTimeout`` past ``timeout``)."""
+        """Match messages to the posted receives until ``goal`` has one (``P2PTimeout`` past ``timeout``)."""
         budget, deadline = self._deadline(timeout)
-        wait_for(lambda: self._match(goal), deadline, lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
+        self._wait(lambda: goal.done, deadline, lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
 
     def _wait(self, done: Any, deadline: float, on_timeout: Any) -> None:
-        """``wait_for(done)``, taking messages for the posted receives meanwhile, as MPI matches a
-        posted ``Irecv`` while its process waits on anything: a large send after an ``irecv`` to a
-        peer doing the same waits for the peer's receive, which would otherwise not be taken
-        until the peer waited on it."""
+        """``wait_for(done)``, taking messages for every posted receive meanwhile, as MPI matches a
+        posted ``Irecv`` while its process waits on anything (a receive waited on before one posted
+        after it, a large send after an ``irecv`` to a peer doing the same, a collective the sender
+        of a large message has not reached)."""
         def poll() -> bool:
             if self._posted:
-                self._match(None)
+                self._match()
             return done()
 
         wait_for(poll, deadline, on_timeout)
 
-    def _match(self, goal: RecvRequest | None) -> bool:
-        """Take at most one message for the receives posted up to ``goal`` (all, for None): the
-        first that one of them, in posting order, finds waiting, for the earliest posted receive it
-        fits (MPI's matching rule; that receive may come before the one that found it, never
-        after).  Returns whether ``goal`` has its message."""
+    def _match(self) -> bool:
+        """Take at most one message for the posted receives: the first that one of them, probed in
+        posting order, finds waiting — for the earliest posted receive it fits, unless that
+        receive's own probe finds another message first (an earlier one of that source, arrived
+        between the probes, or of another source), which it takes instead: MPI's matching rule.
+        Returns whether a message was taken."""
         st = MPI.Status()
         for req in self._posted:
             if self.comm.Iprobe(status=st, **req.which):
                 source, tag = st.Get_source(), st.Get_tag()
                 owner = self._first_fitting(source, tag)
-                while owner is not req:  # an earlier receive: owed the first message of this source *it* fits,
-                    req = owner  # which may have come before the one found (another tag)
-                    self.comm.Iprobe(status=st, source=source, tag=req.which["tag"])  # (finds one at least)
-                    tag = st.Get_tag()
+                while owner is not req:  # an earlier receive: what is its own first message?
+                    req = owner
+                    self.comm.Iprobe(status=st, **req.which)  # (finds one at least: the one it fits)
+                    source, tag = st.Get_source(), st.Get_tag()
                     owner = self._first_fitting(source, tag)  # never later than req: it moves back, then stops
                 self._take(owner, source, tag)
-                break
-            if req is goal:
-                break
-        return goal is not None and goal.done
+                return True
+        return False
 
     def _first_fitting(self, source: int, tag: int) -> RecvRequest:
         return next(r for r in self._posted if r.fits(source, tag))
@@ -90,6 +90,7 @@ class ReceiveMatching:
         req.value, req.error, req.done = value, error, True
         req._status.source, req._status.tag, req._status.nbytes = source, tag, nbytes
         self._clock.on_recv(source, nbytes, stamp)
+        self._record("recv", "recv", *req.t0, nbytes, peer=source)
         if source == self.rank:  # complete the deferred sends to ourselves that this receive let finish
             deferred, self._to_self = self._to_self, []  # (a nested wait may take another message to ourselves)
             for sent in deferred:
@@ -97,4 +98,3 @@ class ReceiveMatching:
                     sent.wait()
                 else:  # another message to ourselves, not received yet: waiting on it would wait forever
                     self._to_self.append(sent)
-        self._record("recv", "recv", *req.t0, nbytes, peer=source)

@@ -38,7 +38,7 @@ class SendRequest:
         if self._done:
             return True
         if self._dev._posted:  # MPI progresses posted receives while a process tests a send (MPIDevice._wait)
-            self._dev._match(None)
+            self._dev._match()
             if self._done:
                 return True
         return all(r.Test() for r in self._reqs if not isinstance(r, np.ndarray))
@@ -75,5 +75,5 @@ class RecvRequest:
 
     def test(self) -> bool:
         if not self.done:
-            self._dev._match(self)
+            self._dev._match()
         return self.done
