@@ -176,26 +176,25 @@ def test_the_pool_reserve_serves_one_lease_of_any_size_up_to_its_own():
     assert pool.reserve_bytes == 0
 
 
-def test_a_reset_gives_back_a_partly_received_pickles_buffer():
+def test_a_reset_gives_back_a_partly_received_pickles_buffer(pair):
     """A reset dropped partial receives with their raw buffers: the reserve, lent to a pickle,
     stayed lent for the rest of the cluster's life."""
     import types
 
     from virtualpar.transport.channel import KIND_ARRAY, KIND_PICKLE
-    from virtualpar.transport.pool import BufferPool
-    from virtualpar.transport.receiving import Receiving
 
-    ep_ = Receiving.__new__(Receiving)
-    ep_._pool = BufferPool()
-    ep_._pool.reserve(1 << 20)
-    home = ep_._pool._reserve.ctypes.data
-    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE), target=ep_._pool.raw(100_000), buf=b"")
+    a, b = pair
+    b._pool.reserve(1 << 20)
+    home = b._pool._reserve.ctypes.data
+    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE), target=b._pool.raw(100_000), buf=b"")
     array = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_ARRAY), target=np.empty(9), buf=b"")
-    ep_._partial = {1: pickled, 2: array}
+    b._partial.update({0: pickled, 1: array})
     assert pickled.target.ctypes.data == home
-    ep_._drop_partial()
-    assert ep_._partial == {} and pickled.buf is None and array.buf == b""  # an array's buffer is its lease's
-    assert ep_._pool.raw(200_000).ctypes.data == home and ep_._pool.idle_bytes == 0
+    b.reset()
+    assert b._partial == {} and pickled.buf is None and pickled.target is None
+    assert array.buf == b""  # an array's buffer goes back through its own lease
+    assert b._pool.raw(200_000).ctypes.data == home and b._pool.idle_bytes == 0
+    assert _xfer(pair, np.arange(5.0)).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]  # and the pair still works
 
 
 def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndarray, np.ndarray, int]:

@@ -162,6 +162,7 @@ class Receiving:
             if req.target is not None and header is not None and header.kind & 0xFF == KIND_PICKLE:
                 req.buf = None
                 self._pool.give_back(req.target)
+                req.target = None
         self._partial.clear()
 
     def _finish(self, req: RecvRequest, data: Any = None) -> None:
