@@ -75,6 +75,8 @@ class Comm(BufferCollectives):
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
         if source == PROC_NULL:
+            if status is not None:
+                status._from_nowhere()
             return None
         st = _DevStatus()
         value = self._dev.recv(self._peer(source), tag=self._tag(tag), status=st)
@@ -83,6 +85,8 @@ class Comm(BufferCollectives):
         return value
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        if isinstance(obj, np.ndarray):  # mpi4py pickles at once: the array may change before the wait
+            obj = obj.copy()
         return Request(None if dest == PROC_NULL else self._dev.isend(obj, self._peer(dest), tag=self._tag(tag)), self)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -102,6 +106,8 @@ class Comm(BufferCollectives):
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         if source == PROC_NULL:
+            if status is not None:
+                status._from_nowhere()
             return
         _fill(_buf(buf), self.recv(source=source, tag=tag, status=status))
 
@@ -110,15 +116,15 @@ class Comm(BufferCollectives):
                                                                      tag=self._tag(tag)), self)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        out = _buf(buf)  # (checked before the receive is posted: a refused buffer must not leave one behind)
         return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self,
-                       out=_buf(buf))
+                       out=out)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:
-        req = self.Irecv(recvbuf, source, recvtag) if source != PROC_NULL else None
+        req = self.Irecv(recvbuf, source, recvtag)  # (from PROC_NULL: complete at once, its status says so)
         self.Send(sendbuf, dest, sendtag)
-        if req is not None:
-            req.wait(status)
+        req.wait(status)
 
     # -- collectives on objects: through the root, in rank order ------------------------------------
     def _to_root(self, obj: Any, root: int) -> list[Any] | None:
@@ -142,20 +148,21 @@ class Comm(BufferCollectives):
 
     Barrier = barrier
 
+    # (parameter names as mpi4py's: a call by keyword, ``scatter(sendobj=...)``, works on both)
     def bcast(self, obj: Any, root: int = 0) -> Any:
         return self._from_root(obj, root)
 
-    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        return self._to_root(obj, root)
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        return self._to_root(sendobj, root)
 
-    def allgather(self, obj: Any) -> list[Any]:
-        return self._from_root(self._to_root(obj, 0), 0)
+    def allgather(self, sendobj: Any) -> list[Any]:
+        return self._from_root(self._to_root(sendobj, 0), 0)
 
-    def scatter(self, objs: Any, root: int = 0) -> Any:
-        return self._from_root(list(objs) if self.rank == root else None, root, per_rank=True)
+    def scatter(self, sendobj: Any, root: int = 0) -> Any:
+        return self._from_root(list(sendobj) if self.rank == root else None, root, per_rank=True)
 
-    def reduce(self, obj: Any, op: Op = SUM, root: int = 0) -> Any:
-        parts = self._to_root(obj, root)
+    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
+        parts = self._to_root(sendobj, root)
         if parts is None:
             return None
         acc = parts[0]
@@ -163,11 +170,11 @@ class Comm(BufferCollectives):
             acc = op.fn(acc, p)
         return acc
 
-    def allreduce(self, obj: Any, op: Op = SUM) -> Any:
-        return self._from_root(self.reduce(obj, op, 0), 0)
+    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
+        return self._from_root(self.reduce(sendobj, op, 0), 0)
 
-    def alltoall(self, objs: Any) -> list[Any]:
-        everything = self.allgather(list(objs))
+    def alltoall(self, sendobj: Any) -> list[Any]:
+        everything = self.allgather(list(sendobj))
         return [everything[r][self.rank] for r in range(self.size)]
 
     # -- new communicators --------------------------------------------------------------------------
@@ -201,7 +208,9 @@ class Cartcomm(Comm):
     def __init__(self, dev: Any, ranks: tuple[int, ...], ctx: int, dims: list[int], periods: Any) -> None:
         super().__init__(dev, ranks, ctx)
         self.dims = dims
-        self.periods = list(periods) if periods is not None else [False] * len(dims)
+        if periods is None or isinstance(periods, (bool, int, np.bool_, np.integer)):  # one for every dimension
+            periods = [bool(periods)] * len(dims)
+        self.periods = [int(bool(p)) for p in periods]  # as mpi4py's Get_topo gives them: 1 or 0
 
     def Get_coords(self, rank: int) -> list[int]:
         return [int(c) for c in np.unravel_index(rank, self.dims)]
@@ -223,10 +232,13 @@ class Cartcomm(Comm):
 
         return moved(-disp), moved(disp)
 
-    def Sub(self, remain_dims: list[bool]) -> Comm:
+    def Sub(self, remain_dims: list[bool]) -> "Cartcomm":
+        """The cartesian communicator of the kept dimensions through this rank (its Shift works too)."""
         here = self.Get_coords(self.rank)
         color = sum(c * 1000 ** i for i, (c, keep) in enumerate(zip(here, remain_dims)) if not keep)
-        return self.Split(color, self.rank)
+        sub = self.Split(color, self.rank)
+        kept = [i for i, keep in enumerate(remain_dims) if keep]
+        return Cartcomm(self._dev, sub._ranks, sub._ctx, [self.dims[i] for i in kept], [self.periods[i] for i in kept])
 
 
 

@@ -14,7 +14,7 @@ from ..runtime.status import ANY_SOURCE, ANY_TAG
 __all__ = ["Op", "Datatype", "Status", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
            "DOUBLE", "FLOAT", "INT", "LONG", "PROC_NULL"]
 
-_SPAN = 1 << 20  # device tags per communicator: user tags below _COLL, collectives at _COLL
+_SPAN = 1 << 30  # device tags per communicator: user tags below _COLL (MPICH's TAG_UB is 2**29 - 1), collectives at _COLL
 _COLL = _SPAN - 1
 IN_PLACE = type("InPlace", (), {"__repr__": lambda self: "MPI.IN_PLACE"})()
 
@@ -54,9 +54,17 @@ def _buf(spec: Any) -> np.ndarray:
                          "buffer of Scatter(v)")
     if isinstance(spec, (list, tuple)):
         if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
-            return np.asarray(spec[0]).reshape(-1)[: int(spec[1])]
-        return spec[0]
-    return spec
+            return _contiguous(spec[0]).reshape(-1)[: int(spec[1])]
+        return _contiguous(spec[0])
+    return _contiguous(spec)
+
+
+def _contiguous(buf: Any) -> Any:
+    """``buf``, refused as mpi4py refuses it unless it is contiguous: a flattened copy of a strided
+    view would take the data, and the view would never see it."""
+    if isinstance(buf, np.ndarray) and not (buf.flags.c_contiguous or buf.flags.f_contiguous):
+        raise BufferError("ndarray is not contiguous")
+    return buf
 
 
 def _region(spec: Any, size: int) -> np.ndarray:
@@ -65,7 +73,7 @@ def _region(spec: Any, size: int) -> np.ndarray:
     point-to-point count, of the whole message), otherwise the whole buffer."""
     if spec is IN_PLACE:
         _buf(spec)  # says where IN_PLACE does not belong
-    flat = np.asarray(spec[0] if isinstance(spec, (list, tuple)) else spec).reshape(-1)
+    flat = np.asarray(_contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec)).reshape(-1)
     count = _per_rank(spec)
     return flat if count is None else flat[: count * size]
 
@@ -103,6 +111,10 @@ class Status:
     def __init__(self) -> None:
         self.source, self.tag, self.count = ANY_SOURCE, ANY_TAG, 0
 
+    def _from_nowhere(self) -> None:
+        """What MPI reports for a receive from ``PROC_NULL``: source PROC_NULL, any tag, nothing."""
+        self.source, self.tag, self.count = PROC_NULL, ANY_TAG, 0
+
     def Get_source(self) -> int:
         return self.source
 
@@ -121,30 +133,40 @@ class Request:
         self._inner, self._comm, self._out, self._value, self._done = inner, comm, out, None, inner is None
 
     def wait(self, status: Status | None = None) -> Any:
+        """Complete the call; the received object (lower-case ``wait``, as mpi4py's)."""
         if not self._done:
             self._value = self._inner.wait()
             self._done = True
             if self._out is not None and self._value is not self._out and isinstance(self._value, np.ndarray):
                 _fill(self._out, self._value)
+        if status is not None:
             st = getattr(self._inner, "status", None)
-            if status is not None and st is not None:
+            if self._inner is None:
+                status._from_nowhere()
+            elif st is not None:
                 status.source, status.tag, status.count = self._comm._local(st.source), st.tag % _SPAN, st.nbytes
         return self._value
 
-    Wait = wait
+    def Wait(self, status: Status | None = None) -> bool:
+        """Complete the call (its buffer is filled); True, as mpi4py's ``Request.Wait``."""
+        self.wait(status)
+        return True
 
-    def test(self) -> tuple[bool, Any]:
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
         done = self._done or self._inner.test()
-        return done, (self.wait() if done else None)
+        return done, (self.wait(status) if done else None)
 
-    def Test(self) -> bool:
-        return self.test()[0]
+    def Test(self, status: Status | None = None) -> bool:
+        return self.test(status)[0]
 
     @staticmethod
-    def waitall(requests: list["Request"]) -> list[Any]:
-        return [r.wait() for r in requests]
+    def waitall(requests: list["Request"], statuses: list[Status] | None = None) -> list[Any]:
+        return [r.wait(None if statuses is None else statuses[i]) for i, r in enumerate(requests)]
 
-    Waitall = waitall
+    @staticmethod
+    def Waitall(requests: list["Request"], statuses: list[Status] | None = None) -> bool:
+        Request.waitall(requests, statuses)
+        return True
 
 
 PROC_NULL = -2
@@ -190,9 +212,10 @@ class AbortJob(BaseException):
 
 def context_of(parent: int, splits: int, color: int) -> int:
     """A new communicator's tag context, the same on every member (they agree on all three) and
-    distinct from its siblings' (a hash over 40 bits; ``(ctx*131 + splits*17 + color) % 4000``
-    gave Split(color=17) and a later Dup the same context, so their messages crossed)."""
+    distinct from its siblings' (a hash over 32 bits, so that context · ``_SPAN`` + tag stays below
+    the device's 2**63; ``(ctx*131 + splits*17 + color) % 4000`` gave Split(color=17) and a later
+    Dup the same context, so their messages crossed)."""
     import hashlib
 
-    digest = hashlib.blake2b(f"{parent}/{splits}/{color}".encode(), digest_size=5).digest()
+    digest = hashlib.blake2b(f"{parent}/{splits}/{color}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") + 1
