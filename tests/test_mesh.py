@@ -157,8 +157,9 @@ def test_mesh_index():
     assert hash(idx) == hash(MeshIndex(("dp", "tp"), (1, 2)))
     back = pickle.loads(pickle.dumps(idx))
     assert back == idx and back.axis_names == idx.axis_names and str(back) == "(dp=1, tp=2)"
-    with pytest.raises(AttributeError, match=r"unknown mesh axis 'pp'; this index has axes \('dp', 'tp'\)"):
+    with pytest.raises(AttributeError, match=r"unknown mesh axis 'pp'; this index has axes \('dp', 'tp'\)") as info:
         idx.pp
+    assert isinstance(info.value, MeshError) and not hasattr(idx, "pp") and getattr(idx, "pp", 7) == 7
     with pytest.raises(MeshError, match=r"unknown mesh axis 'pp'"):
         idx["pp"]
     with pytest.raises(AttributeError):

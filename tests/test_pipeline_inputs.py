@@ -82,6 +82,15 @@ def test_an_inferred_virtual_count_is_explained_as_such():
             cluster.execute(op, np.ones((4, 2)), np.ones((4, 2)))
 
 
+def test_a_virtual_count_a_schedule_does_not_take_says_which_it_does():
+    from virtualpar.pipeline.schedules import SCHEDULES
+
+    with pytest.raises(UsageError, match=r"zbv does not take virtual=1; zbv takes virtual=2"):
+        SCHEDULES["zbv"](2, 4, 1)
+    with pytest.raises(UsageError, match=r"1f1b does not take virtual=2; use interleaved_1f1b or looped_bfs .* or zbv"):
+        SCHEDULES["1f1b"](2, 4, 2)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_step_that_fails_anywhere_updates_nothing(rank):
     """Each device stepped its optimizer when its own part ended: a fault on another device after

@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand.  virtualpar's own errors (bad input, a device that raised, a deadlock)
     print as one named message, with the device's remote traceback when there is one, and exit 1;
-    anything else is a bug and keeps its Python traceback."""
+    Ctrl-C prints one line and exits 130, as a shell reports SIGINT; anything else is a bug and
+    keeps its Python traceback."""
     from .errors import VirtualParError
 
     args = build_parser().parse_args(argv)
@@ -34,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         cause = f"{exc.__cause__}\n\n" if exc.__cause__ is not None else ""
         print(f"{cause}virtualpar {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: the command's clusters are closed on the way out; no traceback
+        print(f"virtualpar {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

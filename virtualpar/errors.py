@@ -9,6 +9,7 @@ Hierarchy::
 
     VirtualParError
     ├── MeshError (also ValueError)            bad mesh axes / shapes / names
+    │   └── UnknownAxisError (also AttributeError)  ``index.pp`` without an axis pp
     ├── ShardingError (also ValueError)        a tensor that cannot be laid out as asked
     ├── UsageError (also ValueError)           bad arguments to a device call (root, dst, group, out=)
     ├── PayloadError (also TypeError)          a payload that is not an array / cannot be pickled
@@ -33,6 +34,7 @@ __all__ = [
     "Deadlock",
     "VirtualParError",
     "MeshError",
+    "UnknownAxisError",
     "ShardingError",
     "UsageError",
     "PayloadError",
@@ -86,6 +88,11 @@ class VirtualParError(Exception):
 
 class MeshError(VirtualParError, ValueError):
     """A mesh that cannot exist: unknown or duplicate axis names, shapes not matching the device count."""
+
+
+class UnknownAxisError(MeshError, AttributeError):
+    """``index.pp`` on a mesh without an axis ``pp``: the user's mistake, named as one (an
+    ``AttributeError`` too, so that ``hasattr`` and ``getattr(index, name, default)`` still work)."""
 
 
 class ShardingError(VirtualParError, ValueError):

@@ -10,7 +10,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from virtualpar.errors import MeshError
+from virtualpar.errors import MeshError, UnknownAxisError
 
 __all__ = ["MeshIndex"]
 
@@ -56,7 +56,7 @@ class MeshIndex:
                 return self._coords[self._names.index(name)]
             except ValueError:
                 pass
-        raise AttributeError(f"unknown mesh axis {name!r}; this index has axes {self._names}")
+        raise UnknownAxisError(f"unknown mesh axis {name!r}; this index has axes {self._names}")
 
     def __getitem__(self, key: str | int) -> int:
         if isinstance(key, str):

@@ -42,7 +42,9 @@ def _check(name: str, ranks: int, microbatches: int, virtual: int, allowed_virtu
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"{name}: {what} must be a positive int, got {v!r}")
     if not allowed_virtual(virtual):
-        raise UsageError(f"{name} does not take virtual={virtual}; use interleaved_1f1b or looped_bfs for chunks per rank")
+        hint = "zbv takes virtual=2 (two chunks per rank, in a V)" if name == "zbv" else \
+            "use interleaved_1f1b or looped_bfs (any number of chunks per rank) or zbv (two)"
+        raise UsageError(f"{name} does not take virtual={virtual}; {hint}")
 
 
 def gpipe(ranks: int, microbatches: int, virtual: int = 1) -> tuple[Schedule, Placement]:
