@@ -58,10 +58,20 @@ def test_weights_placed_on_a_closed_cluster_must_be_placed_again():
     op = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", Mesh({"x": 2}))), ((m, k), (k, n)), (m, n), weights=(1,))
     for _ in range(3):  # CPython often gives the next cluster the closed one's id
         with VirtualCluster(Mesh({"x": 2})) as c:
-            with pytest.raises(ShardingError, match=r"expected 2 arrays \(inputs \[0, 1\]\), got 1"):
+            with pytest.raises(ShardingError, match=r"expected 2 arrays \(inputs \[0, 1\]\), got 1; the weights \(inputs "
+                                                    r"\[1\]\) are not on this cluster: call place_weights"):
                 c.execute(op, a)
             op.place_weights(c, b)
             np.testing.assert_allclose(c.execute(op, a), a @ b, rtol=1e-13)
+
+
+def test_an_op_on_a_cluster_of_another_mesh_names_the_mesh_not_the_array_count():
+    """It said 'expected 2 arrays (inputs [0, 1]), got 1': the count is checked after the mesh now."""
+    op = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", Mesh({"x": 2, "y": 2}))), ((8, 8), (8, 4)), (8, 4),
+                          weights=(1,))
+    with VirtualCluster(Mesh({"x": 4})) as c:
+        with pytest.raises(ShardingError, match=r"dim 1 names mesh axis 'y'; the mesh \(x=4\) has axes \('x',\)"):
+            c.execute(op, np.ones((8, 8)))
 
 
 def test_cli_json_rows(capsys):

@@ -124,9 +124,12 @@ class TensorParallelOp:
         n_in = len(self.shapes)
         placed = cluster in self.placed_on
         positions = [i for i in range(n_in) if not (placed and i in self.weights)]
-        if len(arrays) != len(positions):
-            raise ShardingError(f"execute: expected {len(positions)} arrays (inputs {positions}), got {len(arrays)}")
-        check_layer("execute", self.layer, self.shapes, self.out_shape, cluster.mesh)
+        check_layer("execute", self.layer, self.shapes, self.out_shape, cluster.mesh)  # (the mesh first: a wrong one
+        if len(arrays) != len(positions):                                     # explains a wrong count too)
+            unplaced = f"; the weights (inputs {sorted(self.weights)}) are not on this cluster: call " \
+                f"place_weights(cluster, ...) first, or pass every input" if self.weights and not placed else ""
+            raise ShardingError(f"execute: expected {len(positions)} arrays (inputs {positions}), got {len(arrays)}"
+                                f"{unplaced}")
         layouts = self.layer.input_layouts()
         for i, x in zip(positions, arrays):
             x = np.asarray(x)
