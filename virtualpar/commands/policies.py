@@ -11,7 +11,7 @@ from ._args import default_hardware, parse_mesh, positive_int
 __all__ = ["register", "format_rows"]
 
 _HEAD = ("policy", "ok", "collectives", "dev<->dev B", "host->devs B", "devs->host B", "FLOPs/dev",
-         "peak B/dev", "wall s", "model s", "closed-form s")
+         "peak B/dev", "wall s", "model s", "comm+FLOP s")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -37,6 +37,9 @@ def format_rows(rows) -> str:
     lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(_HEAD))) for c in cells]
     lines.append("")
     lines += [f"{r.policy}: {r.error or r.layouts}" for r in rows]
+    lines.append("comm+FLOP s: the closed form the explorer ranks by (each collective's steps·α + bytes/β, FLOPs at "
+                 "peak); model s also charges each kernel's memory traffic (the roofline), which small shapes are "
+                 "bound by")
     if any(not r.matches_closed_form and not r.error for r in rows):
         lines.append("* measured bytes or FLOPs differ from the policy's closed form")
     return "\n".join(lines)
