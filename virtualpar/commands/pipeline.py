@@ -30,9 +30,10 @@ def register(sub) -> None:
                    help="pipeline devices (default 4, or 2 for schedules with 2 chunks per device)")
     p.add_argument("--virtual", type=positive_int, default=None,
                    help="model chunks per device (default: the schedule's, 1 or 2); the MLP is cut into stages x virtual")
-    p.add_argument("--microbatches", type=positive_int, default=8)
-    p.add_argument("--steps", type=positive_int, default=3)
-    p.add_argument("--batch", type=positive_int, default=64)
+    p.add_argument("--microbatches", type=positive_int, default=8, help="microbatches per step (default 8)")
+    p.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
+    p.add_argument("--batch", type=positive_int, default=64,
+                   help="samples per step, split into the microbatches (default 64)")
     p.add_argument("--hardware", default="h100-node", help="modelled hardware preset")
     p.add_argument("--no-check", action="store_true", help="float32, no comparison with one process")
     p.add_argument("--unit-costs", action="store_true", help="model F=1, B=2 time units on free links (textbook grid)")

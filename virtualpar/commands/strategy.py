@@ -48,11 +48,12 @@ def _strategy(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("strategy", help="simulate a training strategy of the unified work->worker scheme")
     p.add_argument("name", help="ddp, fsdp, gpipe, looped, fs_looped or cuckoo")
-    p.add_argument("--workers", type=positive_int, default=4)
-    p.add_argument("--stages", type=positive_int, default=4)
-    p.add_argument("--batches", type=positive_int, default=8)
+    p.add_argument("--workers", type=positive_int, default=4, help="devices that run the work (default 4)")
+    p.add_argument("--stages", type=positive_int, default=4, help="model stages (default 4)")
+    p.add_argument("--batches", type=positive_int, default=8, help="(micro)batches in the step (default 8)")
     p.add_argument("--group-size", type=positive_int, default=None, help="looped strategies: workers per batch group")
-    p.add_argument("--policy", choices=("oldest-batch", "oldest-stage"), default="oldest-batch")
+    p.add_argument("--policy", choices=("oldest-batch", "oldest-stage"), default="oldest-batch",
+                   help="which ready work a free worker takes first (default oldest-batch)")
     p.add_argument("--max-activations", type=positive_int, default=None, help="per-worker cap (1F1B emerges from gpipe)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     p.set_defaults(func=_strategy)
