@@ -59,7 +59,7 @@ def test_cli_entry_point_and_module_run(tmp_path):
 
 def test_run_command_runs_a_scripts_function_on_every_device(tmp_path):
     script = tmp_path / "step.py"
-    script.write_text("import numpy as np\n\ndef step(dev):\n"
+    script.write_text("import numpy as np\n\nlimit = 3\n\ndef step(dev):\n"
                       "    return float(dev.all_reduce(np.full(2, dev.index.tp + 1.0), group='tp')[0])\n")
     done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "--mesh", "dp=2,tp=2"],
                           capture_output=True, text=True, timeout=120)
@@ -68,7 +68,13 @@ def test_run_command_runs_a_scripts_function_on_every_device(tmp_path):
     assert len(lines) == 4 and all(": 3.0" in line for line in lines)
     bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:nope"], capture_output=True, text=True,
                          timeout=120)
-    assert bad.returncode != 0 and "has no function 'nope'; it defines ['step']" in bad.stderr
+    assert bad.returncode != 0 and "has no function 'nope'; its functions: ['step']" in bad.stderr
+    value = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:limit"], capture_output=True,
+                           text=True, timeout=120)  # it said "has no function 'limit'", which it has, as an int
+    assert value.returncode != 0 and "defines 'limit' as int, not a function; its functions: ['step']" in value.stderr
+    mpi = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", f"{script}:step"],
+                         capture_output=True, text=True, timeout=120)
+    assert mpi.returncode == 2 and f"(to run step(dev) from {script} on every device, drop --mpi)" in mpi.stderr
 
 
 def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own_errors(tmp_path, capsys):

@@ -88,7 +88,8 @@ def _load(target: str):
     module = _import(path)
     fn = getattr(module, func, None)
     if not callable(fn):
-        raise SystemExit(f"virtualpar run: {path} has no function {func!r}; it defines {_functions(module)}")
+        what = f"has no function {func!r}" if fn is None else f"defines {func!r} as {type(fn).__name__}, not a function"
+        raise SystemExit(f"virtualpar run: {path} {what}; its functions: {_functions(module)}")
     return fn
 
 
@@ -101,7 +102,10 @@ def _run_mpi(args: argparse.Namespace) -> int:
 
     path = args.target
     if not os.path.exists(path):
-        print(f"virtualpar run --mpi: no such file {path!r}", file=sys.stderr)
+        file, _, func = path.rpartition(":")
+        hint = f" (to run {func}(dev) from {file} on every device, drop --mpi)" if file.endswith(".py") and \
+            os.path.exists(file) else ""
+        print(f"virtualpar run --mpi: no such file {path!r}{hint}", file=sys.stderr)
         return 2
     if args.mesh is not None:
         print("virtualpar run --mpi: --mesh does not apply: an mpi4py program sees COMM_WORLD and splits it "
