@@ -201,3 +201,13 @@ def test_ctrl_c_ends_a_run_in_one_line_and_leaves_nothing_behind(tmp_path):
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "virtualpar run: interrupted"
     assert "Traceback" not in err
     assert not sorted(set(os.listdir("/dev/shm")) - before)
+
+
+def test_run_timeout_ends_a_run_whose_devices_are_busy_in_their_own_code(tmp_path):
+    """No op times out while every device sleeps in the user's function: only a run timeout can end it."""
+    script = tmp_path / "step.py"
+    script.write_text("import time\n\ndef sleepy(dev):\n    time.sleep(1000)\n")
+    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:sleepy", "-n", "2", "--run-timeout", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "virtualpar run: RunTimeout" in done.stderr
+    assert 'step.py", line 4, in sleepy' in done.stderr  # where each device was

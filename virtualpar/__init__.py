@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from .errors import (ClusterClosedError, CollectiveMismatch, CollectiveTimeout, DeviceAborted, DeviceDied,
                      DeviceError, InjectedFault, MeshError, NonFiniteError, P2PTimeout, PayloadError,
-                     RunTimeout, Deadlock, ShardingError, UnmatchedMessages, UsageError, VirtualParError)
+                     RunTimeout, Deadlock, ShardingError, UnknownAxisError, UnmatchedMessages, UsageError,
+                     VirtualParError)
 from .device import Device
 from .mesh import Mesh, MeshIndex, Topology
 from .runtime import VirtualCluster, VirtualDevice
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Mesh", "MeshIndex", "Topology", "VirtualCluster", "VirtualDevice", "VirtualChannel", "Device",
     "ANY_SOURCE", "ANY_TAG", "Status",
-    "VirtualParError", "MeshError", "ShardingError", "UsageError", "PayloadError", "DeviceError",
+    "VirtualParError", "MeshError", "UnknownAxisError", "ShardingError", "UsageError", "PayloadError", "DeviceError",
     "DeviceDied", "DeviceAborted", "CollectiveTimeout", "CollectiveMismatch", "P2PTimeout",
     "RunTimeout", "Deadlock", "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError",
     "__version__",

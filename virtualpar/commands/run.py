@@ -114,7 +114,8 @@ def _run_mpi(args: argparse.Namespace) -> int:
     args.n = args.n or 2
     mesh = Mesh({"world": args.n})
     try:
-        with VirtualCluster(mesh, hardware=_hardware(args, args.n), timeout=args.timeout) as cluster:
+        with VirtualCluster(mesh, hardware=_hardware(args, args.n), timeout=args.timeout,
+                            run_timeout=args.run_timeout) as cluster:
             outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
             for out, err, _ in outputs:
                 sys.stdout.write(out)
@@ -213,6 +214,7 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--stats", action="store_true", default=args.stats)
         late.add_argument("--trace", type=output_file, default=args.trace)
         late.add_argument("--timeout", type=positive_float, default=args.timeout)
+        late.add_argument("--run-timeout", type=positive_float, default=args.run_timeout)
         late.parse_args(args.script_args, namespace=args)
     if any(v in os.environ for v in _MPI_ENV):
         return _run_under_mpiexec(args)
@@ -224,7 +226,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), timeout=args.timeout) as cluster:
+    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), timeout=args.timeout,
+                        run_timeout=args.run_timeout) as cluster:
         results = cluster.run(fn)
         _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
     return 0
@@ -242,6 +245,9 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="FILE.json", type=output_file, default=None, help="write every device's events as a Chrome trace")
     p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
                    help="seconds any one op may wait (default 60), emulated or under mpiexec: then a named error")
+    p.add_argument("--run-timeout", type=positive_float, default=None, metavar="S",
+                   help="seconds the whole run may take on the emulator (default: no limit): a device busy in its "
+                        "own code past it, where no op times out, ends the run in a RunTimeout")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
