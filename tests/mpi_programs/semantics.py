@@ -51,3 +51,11 @@ try:
     comm.Sendrecv(np.ones(4), dest=right, recvbuf=grid[:, :2], source=left)
 except BufferError as exc:
     print(f"rank {rank} strided receive buffer: BufferError", flush=True)  # (refused before anything is sent)
+
+# a Fortran-ordered buffer travels in memory order, as MPI sends bytes
+sent = np.asfortranarray(np.arange(6.0).reshape(2, 3) + 10 * rank)
+landed = np.zeros((3, 2), order="F")
+comm.Sendrecv(sent, dest=right, recvbuf=landed, source=left)
+column = np.zeros(6)
+comm.Sendrecv(sent, dest=right, recvbuf=column, source=left)
+print(f"rank {rank} Fortran order {landed.tolist()} {column.tolist()}", flush=True)

@@ -25,7 +25,7 @@ from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_buffers import BufferCollectives
 from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
-                           Request, Status, _buf, _COLL, _fill, _SPAN, context_of)
+                           Request, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -102,7 +102,7 @@ class Comm(BufferCollectives):
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         if dest == PROC_NULL:
             return
-        self._dev.send(np.ascontiguousarray(_buf(buf)), self._peer(dest), tag=self._tag(tag))
+        self._dev.send(_wire(buf), self._peer(dest), tag=self._tag(tag))
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         if source == PROC_NULL:
@@ -112,7 +112,7 @@ class Comm(BufferCollectives):
         _fill(_buf(buf), self.recv(source=source, tag=tag, status=status))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        return Request(None if dest == PROC_NULL else self._dev.isend(np.array(_buf(buf)), self._peer(dest),
+        return Request(None if dest == PROC_NULL else self._dev.isend(np.array(_wire(buf)), self._peer(dest),
                                                                      tag=self._tag(tag)), self)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:

@@ -43,7 +43,7 @@ class BufferCollectives:
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """``sendbuf=IN_PLACE`` at the root: its piece is already in ``recvbuf``, at its displacement."""
         mine = self._in_place(recvbuf, "Gather", root) if sendbuf is IN_PLACE else _buf(sendbuf)
-        parts = self.gather(np.array(mine).reshape(-1), root)
+        parts = self.gather(np.array(mine).reshape(-1, order="A"), root)
         if parts is not None:
             _place(parts, recvbuf, self.size)
 
@@ -52,7 +52,7 @@ class BufferCollectives:
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         """``sendbuf=IN_PLACE``: every rank's piece is already in ``recvbuf``, at its displacement."""
         mine = self._in_place(recvbuf, "Allgather") if sendbuf is IN_PLACE else _buf(sendbuf)
-        _place(self.allgather(np.array(mine).reshape(-1)), recvbuf, self.size)
+        _place(self.allgather(np.array(mine).reshape(-1, order="A")), recvbuf, self.size)
 
     Allgatherv = Allgather
 
@@ -67,7 +67,7 @@ class BufferCollectives:
             self._in_place(None, "Scatter", root)
         piece = self.scatter(pieces, root)
         if recvbuf is not IN_PLACE:
-            np.copyto(_buf(recvbuf).reshape(-1), piece)
+            np.copyto(_buf(recvbuf).reshape(-1, order="A"), piece)
 
     Scatterv = Scatter
 
@@ -80,7 +80,7 @@ class BufferCollectives:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """``sendbuf=IN_PLACE``: the input is ``recvbuf`` (every rank's block), and this rank's
         reduced block goes to its start."""
-        flat = _region(recvbuf, self.size) if sendbuf is IN_PLACE else _buf(recvbuf).reshape(-1)
+        flat = _region(recvbuf, self.size) if sendbuf is IN_PLACE else _buf(recvbuf).reshape(-1, order="A")
         source = _blocks(flat if sendbuf is IN_PLACE else _region(sendbuf, self.size), self.size)
         total = self.allreduce(np.array(source), op)
         mine = np.array_split(total, self.size)[self.rank]

@@ -14,7 +14,7 @@ from ..runtime.status import ANY_SOURCE, ANY_TAG
 __all__ = ["Op", "Datatype", "Status", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
            "DOUBLE", "FLOAT", "INT", "LONG", "PROC_NULL"]
 
-_SPAN = 1 << 30  # device tags per communicator: user tags below _COLL (MPICH's TAG_UB is 2**29 - 1), collectives at _COLL
+_SPAN = 1 << 30  # device tags per communicator: user tags below _COLL (MPICH's TAG_UB: 2**29 - 1), collectives at _COLL
 _COLL = _SPAN - 1
 IN_PLACE = type("InPlace", (), {"__repr__": lambda self: "MPI.IN_PLACE"})()
 
@@ -54,9 +54,16 @@ def _buf(spec: Any) -> np.ndarray:
                          "buffer of Scatter(v)")
     if isinstance(spec, (list, tuple)):
         if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
-            return _contiguous(spec[0]).reshape(-1)[: int(spec[1])]
+            return _contiguous(spec[0]).reshape(-1, order="A")[: int(spec[1])]
         return _contiguous(spec[0])
     return _contiguous(spec)
+
+
+def _wire(buf: Any) -> np.ndarray:
+    """What a buffer send puts on the wire, as MPI sends bytes in memory order: a C-ordered array as
+    it is, a Fortran-ordered one flattened in memory order (every flattening here uses ``order="A"``)."""
+    arr = np.asarray(_buf(buf))
+    return arr if arr.flags.c_contiguous else arr.reshape(-1, order="A")
 
 
 def _contiguous(buf: Any) -> Any:
@@ -73,7 +80,8 @@ def _region(spec: Any, size: int) -> np.ndarray:
     point-to-point count, of the whole message), otherwise the whole buffer."""
     if spec is IN_PLACE:
         _buf(spec)  # says where IN_PLACE does not belong
-    flat = np.asarray(_contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec)).reshape(-1)
+    array = np.asarray(_contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec))
+    flat = array.reshape(-1, order="A")  # in memory order, a view
     count = _per_rank(spec)
     return flat if count is None else flat[: count * size]
 
@@ -101,7 +109,7 @@ def _per_rank(spec: Any) -> int | None:
 def _fill(target: np.ndarray, value: Any) -> None:
     """A received message into a receive buffer: MPI lets the buffer be larger (``Get_count``
     says how much came) and calls a longer message an error (truncation), never a reshape."""
-    flat, got = target.reshape(-1), np.asarray(value).reshape(-1)
+    flat, got = target.reshape(-1, order="A"), np.asarray(value).reshape(-1, order="A")  # (memory order)
     if got.size > flat.size:
         raise ValueError(f"message truncated: {got.size} elements arrived for a buffer of {flat.size} (MPI_ERR_TRUNCATE)")
     flat[: got.size] = got
