@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from ._shm import left_behind
+
 STEP = '''
 import numpy as np
 
@@ -128,7 +130,7 @@ def test_a_failing_rank_under_mpiexec_aborts_the_job_naming_the_device(tmp_path)
     # every rank raises; whichever reaches MPI_Abort first is the one named
     assert re.search(r"device ([01]) \(world=\1\) raised", out.stderr), out.stderr
     assert "all_reduce(algorithm='shm') is not available under MPI; choose from ['direct', 'ring', 'tree']" in out.stderr
-    left = sorted(set(os.listdir("/dev/shm")) - before)
+    left = left_behind(before)
     assert not left, f"the aborted job left shared memory behind: {left}"  # MPICH's, removed before MPI_Abort
 
 
@@ -242,7 +244,7 @@ def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said
     assert out.returncode != 0
     assert re.search(said, out.stderr), out.stderr
     assert "UnboundLocalError" not in out.stderr  # the aborting rank went on to report a result it had not
-    assert not sorted(set(os.listdir("/dev/shm")) - before)
+    assert not left_behind(before)
 
 
 @pytest.mark.parametrize("fn, want", [("only_dp0", ["3.0", "3.0", "None", "None"]), ("polled", ["3.0", "None", "None", "None"]),
@@ -418,3 +420,22 @@ def test_self_sends_are_recorded_once_and_a_bad_out_is_its_own_receives_error(tm
     assert _results(real) == _results(emu)
     assert "(1.0, 2.0, 11.0, True)" in emu and ("(1.0, 2.0, 11.0, True, 'hello', 'UsageError', 'recv buffer has shape (4,) "
                                           "and dtype float64, but the message holds shape (6,) and dtype float64')") in emu
+
+
+def test_the_leak_check_reports_a_new_segment_only_when_no_process_maps_it():
+    """Another session's MPICH job on a shared machine has its segment mapped while it runs: that
+    one is not ours to report (a whole-/dev/shm comparison failed on it); an unmapped one is."""
+    import mmap
+
+    before = set(os.listdir("/dev/shm"))
+    name = f"virtualpar-leakcheck-{os.getpid()}"
+    path = os.path.join("/dev/shm", name)
+    with open(path, "wb") as f:
+        f.write(b"\0" * 4096)
+    try:
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
+            assert name not in left_behind(before) and mapped[0] == 0
+        assert name in left_behind(before)
+    finally:
+        os.unlink(path)
+    assert name not in left_behind(before)
