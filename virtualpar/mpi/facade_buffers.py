@@ -73,15 +73,17 @@ class BufferCollectives:
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         """``sendbuf=IN_PLACE``: the pieces to send are in ``recvbuf``, which the received ones replace."""
-        pieces = np.split(np.array(_blocks(_region(recvbuf if sendbuf is IN_PLACE else sendbuf, self.size), self.size)),
-                          self.size)
+        source = _region(recvbuf if sendbuf is IN_PLACE else sendbuf, self.size)
+        _blocks(source.size, self.size)
+        pieces = np.split(np.array(source), self.size)
         np.copyto(_region(recvbuf, self.size), np.concatenate(self.alltoall(pieces)))
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """``sendbuf=IN_PLACE``: the input is ``recvbuf`` (every rank's block), and this rank's
         reduced block goes to its start."""
         flat = _region(recvbuf, self.size) if sendbuf is IN_PLACE else _buf(recvbuf).reshape(-1, order="A")
-        source = _blocks(flat if sendbuf is IN_PLACE else _region(sendbuf, self.size), self.size)
+        source = flat if sendbuf is IN_PLACE else _region(sendbuf, self.size)
+        _blocks(source.size, self.size)
         total = self.allreduce(np.array(source), op)
         mine = np.array_split(total, self.size)[self.rank]
         flat[:mine.size] = mine

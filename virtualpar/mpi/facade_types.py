@@ -48,15 +48,21 @@ DOUBLE, FLOAT, INT, LONG = Datatype("DOUBLE", np.float64), Datatype("FLOAT", np.
 def _buf(spec: Any) -> np.ndarray:
     """The array of a buffer spec: ``arr``, ``[arr, MPI.DOUBLE]``, or ``[arr, count, MPI.DOUBLE]``
     (the first ``count`` elements, as mpi4py takes them)."""
-    if spec is IN_PLACE:  # reached only where MPI does not define it (facade_buffers.py takes it where it does)
-        raise ValueError("MPI.IN_PLACE is not a buffer here: it stands for a send buffer (Reduce, Allreduce, "
-                         "Gather(v), Allgather(v), Alltoall, Reduce_scatter_block) or the root's receive "
-                         "buffer of Scatter(v)")
-    if isinstance(spec, (list, tuple)):
-        if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
-            return _contiguous(spec[0]).reshape(-1, order="A")[: int(spec[1])]
-        return _contiguous(spec[0])
-    return _contiguous(spec)
+    count = _per_rank(spec)
+    return _contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec) if count is None else _flat(spec)[:count]
+
+
+def _region(spec: Any, size: int) -> np.ndarray:
+    """The elements a collective spans in the buffer of ``spec``, flat: with ``[buf, count, type]``
+    the first ``count·size`` (a collective's count is per rank, as MPI reads it; ``_buf`` reads a
+    point-to-point count, of the whole message), otherwise the whole buffer."""
+    count = _per_rank(spec)
+    return _flat(spec) if count is None else _flat(spec)[: count * size]
+
+
+def _flat(spec: Any) -> np.ndarray:
+    """The whole array of ``spec`` as a flat view in memory order (as MPI moves its bytes)."""
+    return np.asarray(_contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec)).reshape(-1, order="A")
 
 
 def _wire(buf: Any) -> np.ndarray:
@@ -67,32 +73,20 @@ def _wire(buf: Any) -> np.ndarray:
 
 
 def _contiguous(buf: Any) -> Any:
-    """``buf``, refused as mpi4py refuses it unless it is contiguous: a flattened copy of a strided
-    view would take the data, and the view would never see it."""
+    """``buf``, refused as mpi4py refuses it unless it is contiguous (a flattened copy of a strided
+    view would take the data, and the view would never see it), or ``IN_PLACE`` where MPI does not
+    define it (facade_buffers.py takes it where it does)."""
+    if buf is IN_PLACE:
+        raise ValueError("MPI.IN_PLACE is not a buffer here: it stands for a send buffer (Reduce, Allreduce, "
+                         "Gather(v), Allgather(v), Alltoall, Reduce_scatter_block) or the root's receive "
+                         "buffer of Scatter(v)")
     if isinstance(buf, np.ndarray) and not (buf.flags.c_contiguous or buf.flags.f_contiguous):
         raise BufferError("ndarray is not contiguous")
     return buf
 
 
-def _region(spec: Any, size: int) -> np.ndarray:
-    """The elements a collective spans in the buffer of ``spec``, flat: with ``[buf, count, type]``
-    the first ``count·size`` (a collective's count is per rank, as MPI reads it; ``_buf`` reads a
-    point-to-point count, of the whole message), otherwise the whole buffer."""
-    if spec is IN_PLACE:
-        _buf(spec)  # says where IN_PLACE does not belong
-    array = np.asarray(_contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec))
-    flat = array.reshape(-1, order="A")  # in memory order, a view
-    count = _per_rank(spec)
-    return flat if count is None else flat[: count * size]
-
-
-def _blocks(flat: np.ndarray, size: int) -> np.ndarray:
-    """``flat``, which must split into ``size`` equal blocks (mpi4py's message when it does not)."""
-    _check_blocks(flat.size, size)
-    return flat
-
-
-def _check_blocks(entries: int, size: int) -> None:
+def _blocks(entries: int, size: int) -> None:
+    """Refuse ``entries`` that do not split into ``size`` equal blocks, with mpi4py's message."""
     if entries % size:
         raise ValueError(f"message: cannot infer count, number of entries {entries} is not a multiple of "
                          f"required number of blocks {size}")
@@ -188,7 +182,7 @@ def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
     if not extra or _per_rank(spec) is not None:  # equal pieces: of the count per rank, if given
         count = _per_rank(spec)
         if count is None:
-            _check_blocks(total, size)
+            _blocks(total, size)
         counts = [total // size if count is None else count] * size
         return counts, [sum(counts[:i]) for i in range(size)]
     if len(extra) == 1 and isinstance(extra[0], tuple) and len(extra[0]) == 2 and not np.isscalar(extra[0][0]):
