@@ -17,11 +17,10 @@ After a successful run the rings must be empty: what is left is reported as ``Un
 device at start-up and gathered by the first call that needs the devices (``check_open``).
 
 A command may be *posted* (``post``): sent without waiting for its reply, which the device still
-sends, in order, on its pipe.  The next reply read from that device first takes the posted ones
-(``settle``); a posted command that failed fails the command being answered, with its own error,
-once that command's replies are read too (so the pipes stay in step), and the cluster is reset;
-one that nothing reads before ``close`` is logged as a warning there.
-``cluster.put(..., block=False)`` posts; a pipeline step puts its batch that way and runs at once.
+sends, in order, on its pipe.  The next reply read from that device, and any reset, first takes the
+posted ones (``settle``); one that failed fails the command being answered, with its own error, once
+that command's replies are read too (so the pipes stay in step), and the cluster is reset; one that
+nothing reads before ``close`` is logged.  ``cluster.put(..., block=False)`` posts (a pipeline step).
 """
 
 from __future__ import annotations
@@ -227,7 +226,11 @@ class ClusterControl:
 
     # -- the two ends of a failure ------------------------------------------------------------------
     def reset(self) -> None:
-        """Forget everything in flight after a failed command; every device is idle in its loop."""
+        """Forget everything in flight after a failed command, posted commands settled first (their
+        errors held): a put a busy device had not read yet was lost with the zeroed rings."""
+        for r in sorted(self.posted):
+            if (failed := self.settle(r)) is not None:
+                self.held[r] = failed
         self._heads[:] = 0
         self._tails[:] = 0
         self._arrivals[:] = 0  # fence counts of a collective that never finished
@@ -236,9 +239,6 @@ class ClusterControl:
         for r in range(self.size):
             self.send(r, ("reset",))
         for r in range(self.size):
-            failed = self.settle(r)  # another device's posted command: its error is still to be raised
-            if failed is not None:
-                self.held[r] = failed
             self.finish(r, self._reply(r, "the 'reset' command"), "the 'reset' command")
 
     def fatal_shutdown(self, reason: str) -> None:
