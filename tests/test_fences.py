@@ -141,3 +141,32 @@ def test_a_call_validated_before_does_not_let_a_wrong_one_through(wrong, error):
     with VirtualCluster(2, timeout=30) as c:
         with pytest.raises(error):
             c.run(_cached_then_wrong, wrong)
+
+
+def _strided_and_scalar_inputs(dev) -> list:
+    """Small all_reduces whose inputs are not C-contiguous (or are 0-d) ride a fence as they are:
+    the payload slot takes them flattened in C order; repeated, so the kept slot views are used."""
+    base = np.arange(24.0).reshape(4, 6) * (dev.rank + 1)
+    out = []
+    for _ in range(2):
+        for group in (None, ("a", "c")):
+            out.append(dev.all_reduce(base.T, group=group).tolist())  # Fortran order
+            out.append(dev.all_reduce(base[::2, ::3], group=group).tolist())  # strided
+            out.append(float(dev.all_reduce(np.full((), dev.rank + 1, np.float32), group=group)))  # 0-d
+            out.append(dev.all_reduce(np.arange(3, dtype=np.int16) + dev.rank, group=group, op="max").tolist())
+    return out
+
+
+def test_non_contiguous_and_0d_inputs_ride_a_fence_as_numpy_reduces_them():
+    mesh = Mesh(MESH)
+    with VirtualCluster(mesh, timeout=30) as c:
+        got = c.run(_strided_and_scalar_inputs)
+    base = np.arange(24.0).reshape(4, 6)
+    for r in range(mesh.size):
+        want = []
+        for group in (None, ("a", "c")):
+            members = mesh.group_of(r, mesh.axes(group))
+            total = sum(m + 1 for m in members)
+            want += [(base.T * total).tolist(), (base[::2, ::3] * total).tolist(), float(total),
+                     (np.arange(3) + max(members)).tolist()]
+        assert got[r] == want * 2

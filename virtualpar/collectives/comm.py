@@ -65,9 +65,9 @@ class SharedComm(Comm, Protocol):
       of its first fence and the group — the same on every member of the same call and, but for a
       hash collision, different for any other (it stamps a header, so a reader can tell a header
       another call left).
-    * ``fence_exchange(x)``: a fence that carries ``x`` (C-contiguous, at most
-      ``fence_payload_bytes``, which may be 0) from every member: returns an (n, x.size) array
-      whose row j is member j's ``x``, valid until this member's next fence.
+    * ``fence_exchange(x)``: a fence that carries ``x`` (at most ``fence_payload_bytes``, which
+      may be 0) from every member: returns an (n, x.size) array whose row j is member j's ``x``
+      flattened in C order, valid until this member's next fence.
     * ``model_tree_all_reduce(nbytes)``: likewise, as the recursive-doubling all_reduce
       (``tree.all_reduce``) of ``nbytes`` would — what runs for small messages.
     * ``model_barrier()``: advance every member's modelled clock as the dissemination barrier

@@ -115,17 +115,18 @@ class GroupComm:
         return self._dev._endpoint.arrivals.payload_bytes if self._fences is not None else 0
 
     def fence_exchange(self, x: np.ndarray) -> np.ndarray:
-        """``fence()`` carrying ``x`` (C-contiguous, at most ``fence_payload_bytes``) in this
-        member's fence slot (transport/arrivals.py): returns every member's ``x`` as rows of an
+        """``fence()`` carrying ``x`` (at most ``fence_payload_bytes``) in this member's fence slot
+        (transport/arrivals.py): returns every member's ``x``, flattened in C order, as rows of an
         (n, x.size) array in group order, valid until this member's next fence."""
         arrivals, grp = self._dev._endpoint.arrivals, self._fences
         if x.nbytes > self.fence_payload_bytes:
             raise UsageError(f"{self._dev.name}: a fence carries at most {self.fence_payload_bytes} bytes "
                              f"per member, not {x.nbytes}", rank=self._dev.rank)
         c = arrivals.next_fence(grp)
-        arrivals.payload_slot(grp, c)[: x.nbytes] = x.reshape(-1).view(np.uint8)
+        mine, rows = arrivals.payload_views(grp, c, x.dtype, x.size)
+        mine[...] = x.reshape(-1)
         self.fence()
-        return arrivals.payloads(grp, c, x.dtype, x.size)
+        return rows if rows is not None else arrivals.payloads(grp, c, x.dtype, x.size)
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         dst = self._ranks[peer]

@@ -69,6 +69,7 @@ from .waitboard import FenceWait, rank_mask
 __all__ = ["ArrivalCounters", "FenceGroup"]
 
 COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6  # planes: entered, completed, digest, clock (+ parity), arrival
+_VIEWS_KEPT = 64  # payload views and expected digests kept per device: a handful per group and call in use
 
 
 class FenceGroup:
@@ -118,10 +119,11 @@ class ArrivalCounters:
         self._me, self._devices, self._bells = me, D, doorbells
         self._groups: dict[int, FenceGroup] = {}
         self._fence = threading.Lock()
-        self._expect: tuple = (None, b"")  # (digest, members) -> that digest repeated, as bytes
+        self._expect: dict[tuple[int, int], bytes] = {}  # (digest, members) -> that digest repeated, as bytes
         P = layout.fence_payload_bytes
         self.payload_bytes = P
         self._slots = arena.view(layout.payloads_offset, 2 * K * D * P).reshape(2, K, D, P) if P else None
+        self._views: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def group(self, kind: int, ranks: Sequence[int]) -> FenceGroup:
         """The group of ``kind`` (its members ``ranks``, this device among them), kept per kind."""
@@ -161,9 +163,24 @@ class ArrivalCounters:
         """The number of the fence of ``grp`` this member enters next."""
         return self._w[grp.mine] + 1
 
-    def payload_slot(self, grp: FenceGroup, c: int) -> np.ndarray:
-        """This member's slot (uint8, ``payload_bytes``) for what it carries into fence ``c`` of ``grp``."""
-        return self._slots[c & 1, grp.kind, self._me]
+    def payload_views(self, grp: FenceGroup, c: int, dtype: np.dtype, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """For fence ``c`` of ``grp`` carrying ``count`` items of ``dtype`` from each member: this
+        member's slot, a 1-d array to fill before the fence, and every member's slot as rows
+        (members, count) in group order to read after it (valid until this member enters fence
+        ``c`` + 1) — or None for members not evenly spaced, whose rows :meth:`payloads` copies
+        after the fence.  Views of fixed memory, so they are kept per (parity, kind, dtype,
+        count): a repeated small all_reduce makes none (five numpy indexing calls, ~1.5 µs warm;
+        paired blocks of barrier + one-float all_reduce in one cluster ran 5–6% faster at 2, 4 and
+        8 devices, and no measurably so at 64, where the wake-ups dominate)."""
+        key = (c & 1, grp.kind, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            slots, nbytes = self._slots[c & 1, grp.kind], count * dtype.itemsize
+            rows = slots[grp._cols, :nbytes].view(dtype) if grp.span is not None else None
+            if len(self._views) >= _VIEWS_KEPT:
+                self._views.clear()
+            views = self._views[key] = (slots[self._me, :nbytes].view(dtype), rows)
+        return views
 
     def payloads(self, grp: FenceGroup, c: int, dtype: np.dtype, count: int) -> np.ndarray:
         """After fence ``c`` of ``grp``: the first ``count`` items of every member's slot as
@@ -179,9 +196,13 @@ class ArrivalCounters:
         """After fence ``c``, which published digests: the members whose digest differs from ``digest``."""
         theirs = grp.words(self._w, (DIGEST + (c & 1)) * self._plane)
         if type(theirs) is memoryview:  # compared as bytes: 64-bit ints would each be a new object
-            if (digest, len(theirs)) != self._expect[0]:
-                self._expect = ((digest, len(theirs)), digest.to_bytes(8, sys.byteorder) * len(theirs))
-            if theirs.tobytes() == self._expect[1]:
+            key = (digest, len(theirs))  # (kept per call: a loop alternates the digests of its calls)
+            expect = self._expect.get(key)
+            if expect is None:
+                if len(self._expect) >= _VIEWS_KEPT:
+                    self._expect.clear()
+                expect = self._expect[key] = digest.to_bytes(8, sys.byteorder) * len(theirs)
+            if theirs.tobytes() == expect:
                 return []
         return [r for r, d in zip(grp.ranks, theirs) if d != digest]
 
