@@ -23,9 +23,11 @@ def _no_dev(x):
 
 def test_run_checks_the_function_in_the_driver():
     with VirtualCluster(2) as c:
-        with pytest.raises(UsageError, match=r"_no_dev\(\) cannot be called as _no_dev\(dev, \*args, \*\*kwargs\).*"
-                                             r"def _no_dev\(dev, \.\.\.\)"):
+        with pytest.raises(UsageError, match=r"_no_dev\(\) cannot be called as _no_dev\(dev, \*args, \*\*kwargs\) with "
+                                             r"1 argument and no keywords given .*def _no_dev\(dev, \.\.\.\)"):
             c.run(_no_dev, 1)  # was "raised TypeError in virtualpar code" on every device
+        with pytest.raises(UsageError, match=r"with 0 arguments and keywords \['a', 'b'\] given"):
+            c.run(_no_dev, b=1, a=2)
         with pytest.raises(UsageError, match="cluster.run needs a function fn"):
             c.run("step")
         with pytest.raises(PayloadError, match="uses the cluster c itself, which stays in the driver"):

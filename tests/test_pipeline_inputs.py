@@ -66,7 +66,7 @@ def test_arguments_of_the_wrong_kind_are_named():
     with pytest.raises(UsageError, match="stages must be an int, got '2'"):
         Pipeline.balanced(model, "2")
     s, p = build("gpipe", 2, 2)
-    with pytest.raises(UsageError, match=r"gives no figure for stage\(s\) \[1\] of 2"):
+    with pytest.raises(UsageError, match=r"gives no figure for stage \[1\] of 2"):
         simulate(s, p, 2).memory({0: 10.0})
     with pytest.raises(UsageError, match=r"a \(schedule, Placement\) pair, got tuple"):
         PipelinedOperation(Pipeline(model, [1]), (s,), 2)

@@ -175,7 +175,7 @@ def test_costs_that_would_time_the_wrong_thing_are_refused(capsys):
                            ({"F": -1.0}, r"costs\['F'\] must be a finite number >= 0, got -1.0"),
                            ({"B": float("nan")}, r"costs\['B'\] must be a finite number >= 0, got nan"),
                            ({"F": True}, r"costs\['F'\] must be a finite number >= 0, got True"),
-                           ({"F": {0: 1.0}}, r"costs\['F'\] gives no cost for stage\(s\) \[1\] of 2")):
+                           ({"F": {0: 1.0}}, r"costs\['F'\] gives no cost for stage \[1\] of 2")):
         with pytest.raises(UsageError, match=message):
             simulate(sched, placement, 2, costs=costs)
     # per-stage costs covering every stage time each stage by its own cost

@@ -116,3 +116,11 @@ def test_traffic_past_sixteen_devices_prints_a_line_per_device_and_the_heaviest_
     assert max(map(len, lines)) < 120
     small = stats.format(matrix_up_to=n).splitlines()  # the matrix, as up to 16 devices by default
     assert small[0].startswith("src\\dst") and small[1 + 3].split()[1 + 7] == "900"
+
+
+def test_counted_nouns_agree_with_their_number():
+    from virtualpar._words import counted, plural
+
+    assert [counted(n, "op") for n in (0, 1, 2)] == ["0 ops", "1 op", "2 ops"]
+    assert counted(1, "model chunk") == "1 model chunk" and counted(3, "model chunk") == "3 model chunks"
+    assert plural(1, "was", "were") == "was" and plural(2, "was", "were") == "were"

@@ -116,8 +116,10 @@ def test_trace_sorting_filter_names_and_span():
     assert len(t.filter(kind="send")) == 2
     assert {e.kind for e in t.filter(kind=("send", "recv"), rank=0)} == {"send", "recv"}
     assert t.filter(rank=0).device_names == t.device_names
-    with pytest.raises(ValueError, match="unknown kind"):
+    with pytest.raises(ValueError, match=r"unknown kind \['sends'\]"):
         t.filter(kind="sends")
+    with pytest.raises(ValueError, match=r"unknown kinds \['a', 'b'\]"):
+        t.filter(kind=("b", "a", "send"))
     assert t.span("model") == pytest.approx(5 * MS)
     assert t.span("wall") == pytest.approx(10 * MS)
     assert t.bounds("wall") == pytest.approx((0.1, 0.1 + 10 * MS))

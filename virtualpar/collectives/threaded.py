@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from virtualpar._words import counted
 from virtualpar.collectives.comm import call_stamp
 from virtualpar.errors import (
     CollectiveTimeout,
@@ -279,7 +280,7 @@ class ThreadWorld:
             raise exc
         if check_unmatched and (left := self.unmatched()):
             raise UnmatchedMessages(
-                f"{len(left)} message(s) sent and never received (src, dst, payload): {left}",
+                f"{counted(len(left), 'message')} sent and never received (src, dst, payload): {left}",
                 messages=left,
             )
         return results

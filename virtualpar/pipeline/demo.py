@@ -7,6 +7,7 @@ from typing import TextIO
 import numpy as np
 
 from .. import nn
+from .._words import counted
 from ..errors import UsageError
 from .executor import PipelinedOperation
 from .partition import Pipeline
@@ -61,7 +62,7 @@ def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, 
     model = seed_mlp(dtype)
     stages = devices * virtual
     if not 1 <= stages <= len(model):
-        raise UsageError(f"{schedule} on {devices} devices with {virtual} model chunk(s) each needs {stages} stages, but "
+        raise UsageError(f"{schedule} on {devices} devices with {counted(virtual, 'model chunk')} each needs {stages} stages, but "
                          f"the MLP has {len(model)} layers to cut; use at most {len(model) // virtual} devices")
     pipe = Pipeline.balanced(model, stages, by="params")
     costs = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0} if unit else None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Iterable, Mapping
 
+from .._words import plural
 from ..errors import UsageError
 from .actions import COMPUTE, Action, Schedule
 from .placement import Placement
@@ -56,8 +57,8 @@ def check_costs(costs: Mapping[str, Any] | None, where: str, stages: int | None 
         if per_stage and stages is None:
             raise UsageError(f"{where}costs[{kind!r}] must be a number, got a mapping")
         if per_stage and set(range(stages)) - set(c):
-            raise UsageError(f"{where}costs[{kind!r}] gives no cost for stage(s) "
-                             f"{sorted(set(range(stages)) - set(c))} of {stages}")
+            missing = sorted(set(range(stages)) - set(c))
+            raise UsageError(f"{where}costs[{kind!r}] gives no cost for {plural(len(missing), 'stage')} {missing} of {stages}")
         for v in (c.values() if per_stage else [c]):
             if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
                 raise UsageError(f"{where}costs[{kind!r}] must be a finite number >= 0, got {v!r}")
@@ -126,8 +127,9 @@ class Simulation:
         """Per stage, (time, bytes) steps: params + grads + optimizer state + stashed activations."""
         for name, given in (("params", params), ("grads", grads), ("optimizer", optimizer), ("activation", activation)):
             if given is not None and set(range(self.stages)) - set(given):
-                raise UsageError(f"Simulation.memory: {name} gives no figure for stage(s) "
-                                 f"{sorted(set(range(self.stages)) - set(given))} of {self.stages}")
+                missing = sorted(set(range(self.stages)) - set(given))
+                raise UsageError(f"Simulation.memory: {name} gives no figure for {plural(len(missing), 'stage')} "
+                                 f"{missing} of {self.stages}")
         grads = grads or params
         optimizer = optimizer or {s: 0.0 for s in params}
         activation = activation or {s: 1.0 for s in params}

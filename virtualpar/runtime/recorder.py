@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .._words import counted
 from ..trace.event import Event
 from ..transport.shm import RECORD_BYTES, RECORD_SLOTS, Layout, SharedArena
 
@@ -227,8 +228,8 @@ def merged_trace(replies: list[tuple[list[Event], int]], names: dict[int, str], 
 
     full = {r: dropped for r, (_, dropped) in enumerate(replies) if dropped}
     if full:
-        where = ", ".join(f"device {r} dropped {n}" for r, n in full.items())
-        warnings.warn(f"trace: {where} event(s) past the {cap} a device keeps; the trace holds only the first "
+        where = ", ".join(f"device {r} dropped {counted(n, 'event')}" for r, n in full.items())
+        warnings.warn(f"trace: {where} past the {cap} a device keeps; the trace holds only the first "
                       f"{cap} of each: read it with cluster.trace(clear=True) between phases to keep them all",
                       RuntimeWarning, stacklevel=3)
     return Trace([e for evs, _ in replies for e in evs], device_names=names)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Callable
 
+from .._words import counted, plural
 from ..errors import PayloadError, UsageError
 
 __all__ = ["dumps_call", "resident", "ByValue"]
@@ -64,8 +65,9 @@ def _check_callable(name: str, fn: Any, args: tuple, kwargs: dict) -> None:
     try:
         sig.bind(None, *args, **kwargs)
     except TypeError as exc:
-        raise UsageError(f"{name}() cannot be called as {name}(dev, *args, **kwargs) with the {len(args)} argument(s) "
-                         f"and {sorted(kwargs) or 'no'} keyword(s) given ({exc}); every device calls it with itself "
+        keywords = f"{plural(len(kwargs), 'keyword')} {sorted(kwargs)}" if kwargs else "no keywords"
+        raise UsageError(f"{name}() cannot be called as {name}(dev, *args, **kwargs) with {counted(len(args), 'argument')} "
+                         f"and {keywords} given ({exc}); every device calls it with itself "
                          f"first: def {getattr(fn, '__name__', 'fn')}(dev, ...)") from None
 
 

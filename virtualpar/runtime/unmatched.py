@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from .._words import counted, plural
 from ..errors import UnmatchedMessages
 from ..transport.leftovers import UNFINISHED_RECEIVE, merge_ends
 
@@ -29,7 +30,8 @@ def report_unmatched(ctl: Any, found: list[tuple]) -> None:
         sent = [f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found if desc != UNFINISHED_RECEIVE]
         posted = [f"  device {d} <- {'any device' if s < 0 else f'device {s}'}, {'any tag' if t < 0 else f'tag {t}'}: "
                   f"{desc}" for s, d, t, desc in found if desc == UNFINISHED_RECEIVE]
-        head = [f"{len(sent)} message(s) were sent and never received"] if sent else []
-        head += [f"{len(posted)} receive(s) were posted and never completed"] if posted else []
+        head = [f"{counted(len(sent), 'message')} {plural(len(sent), 'was', 'were')} sent and never received"] if sent else []
+        head += [f"{counted(len(posted), 'receive')} {plural(len(posted), 'was', 'were')} posted and never completed"] \
+            if posted else []
         raise UnmatchedMessages(f"{' and '.join(head)} by the end of the run:\n" + "\n".join(sent + posted),
                                 messages=found)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import blas_threads
+from .._words import counted
 from ..errors import PayloadError, UsageError
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
@@ -185,7 +186,7 @@ class _Handlers:
             due = min(dev._faults) - dev._run_ops_from
             dev._faults.clear()
             raise UsageError(f"{dev.name}: a fault injected at op {due} of this run did not fire: the run ended after "
-                             f"{dev.op_seq - dev._run_ops_from} op(s)", rank=dev.rank, index=str(dev.index))
+                             f"{counted(dev.op_seq - dev._run_ops_from, 'op')}", rank=dev.rank, index=str(dev.index))
         try:  # fail here, with a clear message, rather than in cmd.send
             pickle.dumps(result)
         except Exception as exc:

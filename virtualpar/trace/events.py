@@ -26,6 +26,7 @@ from numbers import Integral
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from virtualpar._words import plural
 from virtualpar.errors import UsageError
 from virtualpar.trace.event import KINDS, Event, check_clock
 
@@ -125,7 +126,7 @@ class Trace:
             kinds = {kind} if isinstance(kind, str) else set(kind)
             bad = sorted(kinds - _KIND_SET)
             if bad:
-                raise UsageError(f"Trace.filter: unknown kind(s) {bad}; expected some of {KINDS}")
+                raise UsageError(f"Trace.filter: unknown {plural(len(bad), 'kind')} {bad}; expected some of {KINDS}")
         ranks = None if rank is None else ({int(rank)} if isinstance(rank, Integral) else {int(r) for r in rank})
         kept = [e for e in self._events
                 if (kinds is None or e.kind in kinds)
