@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import networkx as nx
 import numpy as np
@@ -316,3 +317,17 @@ def test_a_recv_timeout_names_its_budget_peer_tag_and_op():
         assert (err.rank, err.peer, err.tag, err.op_seq) == (1, 0, 4, 2)
         mine = err.flight_records[1][-1]
         assert mine.state == "started" and mine.text == "recv from 0 tag=4"
+
+
+def test_event_log_keeps_wall_times_since_t0_and_counts_what_the_cap_drops():
+    log = EventLog(rank=1, cap=2, t0=100.0)
+    before = time.monotonic()
+    log.keep("collective", "barrier", before, 1.0, 2.0, 7, (0, ((0, 1), None, None, "shm"), 1))
+    log.keep("send", "send", before, 2.0, 3.0, 8, (8, 0, None))
+    log.keep("recv", "recv", before, 3.0, 4.0, 9, (8, 0, None))  # past the cap
+    assert len(log) == 2 and log.dropped == 1
+    first, second = list(log)
+    assert (first.kind, first.name, first.seq, first.model_start, first.model_end) == ("collective", "barrier", 7, 1.0, 2.0)
+    assert first.wall_start == pytest.approx(before - 100.0) and before - 100.0 <= first.wall_end <= time.monotonic() - 100.0
+    assert (second.kind, second.nbytes, second.peer) == ("send", 8, 0)
+    assert EventLog(rank=0).cap is None  # no cap unless given

@@ -204,7 +204,7 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, x: Any, timeout: 
     model1 = dev._clock.now
     dev._recorder.finish(slot, model1)
     if trace:
-        dev._collective_event(spec.name, wall0, model0, model1, comm.moved, spec.traced, seq)
+        dev._events.keep("collective", spec.name, wall0, model0, model1, dev._op_seq, (comm.moved, spec.traced, seq))
     return result
 
 

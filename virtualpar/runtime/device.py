@@ -76,7 +76,7 @@ class VirtualDevice(PointToPoint):
         self._groups: dict[Any, GroupInfo] = {}  # resolved group spellings (see _group)
         self._specs: dict[tuple, Any] = {}  # validated collective calls (CollectiveSpec.build)
         self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
-        self._events = EventLog(rank)
+        self._events = EventLog(rank, config.max_events, config.t0)
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -235,29 +235,15 @@ class VirtualDevice(PointToPoint):
     def _publish_clock(self) -> None:
         self._clock_mv[0] = self._clock.now
 
-    def _log(self, kind: str, name: str, wall0: float, model0: float, model1: float, fields: Any) -> None:
-        """Keep one trace event (``fields``: a dict, or the raw tuple of a message or a collective,
-        see ``EventLog``), unless the log is full."""
-        events = self._events
-        if len(events._raw) >= self.config.max_events:
-            events.dropped += 1
-            return
-        t0 = self.config.t0
-        events.add(kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, self._op_seq, fields)
-
     def _message_event(self, kind: str, wall0: float, model0: float, model1: float, nbytes: int, peer: int,
                        flow: tuple[int, int, int, int] | None) -> None:
-        """``_event`` for a send or receive, without building a fields dict."""
-        self._log(kind, kind, wall0, model0, model1, (nbytes, peer, flow))
-
-    def _collective_event(self, name: str, wall0: float, model0: float, model1: float, nbytes: int,
-                          traced: tuple, group_seq: int) -> None:
-        """``_event`` for a collective: its fixed fields come prepared with its cached spec."""
-        self._log("collective", name, wall0, model0, model1, (nbytes, traced, group_seq))
+        """``_event`` for a send or receive, without building a fields dict (``EventLog`` builds it when read)."""
+        self._events.keep(kind, kind, wall0, model0, model1, self._op_seq, (nbytes, peer, flow))
 
     def _event(self, kind: str, name: str, wall0: float, model0: float, model1: float, **fields: Any) -> None:
+        """Keep one trace event, if the trace is on (a collective keeps its own: ``run_collective``)."""
         if self.config.trace:
-            self._log(kind, name, wall0, model0, model1, fields)
+            self._events.keep(kind, name, wall0, model0, model1, self._op_seq, fields)
 
     # -- host channel (used by the worker loop) -----------------------------------------------------
     def _from_host(self) -> Any:

@@ -188,14 +188,28 @@ class EventLog:
     become the event's fields when read.
     """
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, cap: int | None = None, t0: float = 0.0) -> None:
         self.rank = rank
+        self.cap = cap  # at most this many events (the device's max_events); None: no cap
+        self.t0 = t0  # wall times are kept as seconds since this (the cluster's start)
         self._raw: list[tuple[str, str, float, float, float, float, int, dict[str, Any]]] = []
         self.dropped = 0  # events not kept because the log was full (the device's max_events)
 
     def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
             seq: int, fields: dict[str, Any] | tuple) -> None:
         self._raw.append((kind, name, wall_start, wall_end, model_start, model_end, seq, fields))
+
+    def keep(self, kind: str, name: str, wall0: float, model0: float, model1: float, seq: int,
+             fields: dict[str, Any] | tuple) -> None:
+        """Keep the event of an op that began at ``time.monotonic()`` = ``wall0`` and ends now,
+        unless the log holds ``cap`` already (then count it as dropped): the one call an op's
+        path makes to record itself."""
+        raw = self._raw
+        if self.cap is not None and len(raw) >= self.cap:
+            self.dropped += 1
+            return
+        t0 = self.t0
+        raw.append((kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, seq, fields))
 
     def __len__(self) -> int:
         return len(self._raw)
