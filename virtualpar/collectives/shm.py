@@ -31,7 +31,11 @@ every group of one mesh axis).  There every member's scratch is one strided (n, 
 rank order.  That path copies our own slice into our scratch too (the reduction reads it in place)
 and reduces into the result, then publishes it: M/n more copying.  CPU per member for 512 KiB,
 member by member → strided: 8 members 189–239 → 224–273 µs, 32: ~500 both, 64: 594–710 → 527–576,
-128: ~990 → ~705 (measured when the reduced slices were still copied out of n regions).
+128: ~990 → ~705 (measured when the reduced slices were still copied out of n regions).  Both
+paths in one cluster, swapped in paired blocks (2026-11-26), the strided one took of the time, at
+16 members: 0.97, 0.99, 0.96, 0.93 and 0.89 for 512 KiB, 0.84–0.97 for 16 and 64 KiB, 0.99 for
+4 MiB (and the reduce_scatter 0.93–0.95, the all_to_all 0.94–0.97, which share the threshold);
+at 12 members 1.01 and 1.01; at 8, 1.02–1.04: so it starts at 16.
 
 Small arrays (at most ``fence_payload_bytes``, 8 KiB on most meshes) skip the scratch: each member
 carries its whole array into a single fence (``fence_exchange``) and reduces all n of them itself,
@@ -71,7 +75,7 @@ from virtualpar.errors import UsageError
 __all__ = ["all_reduce", "barrier", "split_bounds", "reduce_rows", "RING_MIN_BYTES"]
 
 RING_MIN_BYTES = 64 << 10  # from here a message all_reduce is bandwidth-bound (ring); below, the tree
-STRIDED_MIN_MEMBERS = 32  # from here evenly spaced members' scratch is reduced and copied out as strided rows
+STRIDED_MIN_MEMBERS = 16  # from here evenly spaced members' scratch is reduced and copied out as strided rows
 
 
 def split_bounds(m: int, n: int) -> list[int]:
