@@ -170,8 +170,8 @@ class ArrivalCounters:
         ``c`` + 1) — or None for members not evenly spaced, whose rows :meth:`payloads` copies
         after the fence.  Views of fixed memory, so they are kept per (parity, kind, dtype,
         count): a repeated small all_reduce makes none (five numpy indexing calls, ~1.5 µs warm;
-        paired blocks of barrier + one-float all_reduce in one cluster ran 5–6% faster at 2, 4 and
-        8 devices, and no measurably so at 64, where the wake-ups dominate)."""
+        paired blocks of barrier + one-float all_reduce in one cluster ran 4–8% faster at 2, 4 and
+        8 devices, and not measurably so at 64, where the wake-ups dominate)."""
         key = (c & 1, grp.kind, dtype, count)
         views = self._views.get(key)
         if views is None:
