@@ -151,7 +151,7 @@ def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray
     """The one-fence all_reduce of an array small enough to ride in a fence (module docstring)."""
     ufunc, n, nbytes = REDUCE_OPS[op].ufunc, comm.size, x.nbytes
     rows = comm.fence_exchange(x)
-    result = np.empty(x.shape, x.dtype)  # (a fence's few KiB: below the receive pool's smallest buffer)
+    result = comm.empty(x.shape, x.dtype)
     acc = result.reshape(-1)
     reduce_rows(ufunc, rows, acc)
     finalize(op, acc, n)
