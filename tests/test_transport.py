@@ -59,6 +59,31 @@ def test_random_traffic_arrives_intact_in_order(monkeypatch, ring_bytes, cross_m
             assert c.run(exchange, seed) == [0] * n
 
 
+def exchange_by_tag(dev, seed: int):
+    """``exchange``, but each device receives the highest tag's messages first (FIFO per source
+    and tag still holds): in strict mode a send's offer then waits while later ones are taken."""
+    plan = _plan(seed, dev.size)
+    sends = [dev.isend(_payload(sz, k, i), d, tag) for s, d, tag, sz, k, i in plan if s == dev.rank]
+    bad = 0
+    for s, d, tag, sz, k, i in sorted(plan, key=lambda m: (-m[2], m[5])):
+        if d == dev.rank:
+            y, x = dev.recv(s, tag), _payload(sz, k, i)
+            bad += not (y == x if k == 2 else isinstance(y, np.ndarray) and y.shape == x.shape and np.array_equal(y, x))
+    for req in sends:
+        req.wait()
+    return bad
+
+
+@pytest.mark.parametrize("ring_bytes,cross_memory,n", [(4096, True, 3), (65536, False, 4), (8192, True, 5)])
+def test_random_traffic_in_strict_mode_received_tag_by_tag(monkeypatch, ring_bytes, cross_memory, n):
+    monkeypatch.setattr(waiting, "_WAKE_SLICE", 60.0)
+    if not cross_memory:
+        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)
+    with VirtualCluster(n, ring_bytes=ring_bytes, eager_limit=0, timeout=20) as c:
+        for seed in range(2):
+            assert c.run(exchange_by_tag, seed) == [0] * n
+
+
 def _collectives(dev):
     x = np.arange(6.0) + dev.rank
     return (dev.all_reduce(x).tolist(), dev.all_gather(x[:2]).tolist(), dev.broadcast(x if dev.rank == 1 else None, root=1).tolist())
@@ -278,3 +303,54 @@ def test_fast_path_keeps_fifo_matching_and_counters_of_the_general_path(monkeypa
         expected = sum(m.nbytes if isinstance(m, np.ndarray) else 0 for _, m in sent)
         assert msgs[1] == len(sent) and nbytes[1] >= expected  # pickles count their pickled size
     assert results[0][2][1] == results[1][2][1] and results[0][3][1] == results[1][3][1]
+
+
+def _reversed_receives(dev, count: int):
+    """Device 0 isends ``count`` large messages to device 1, one tag each, arrays and pickles in
+    turn; device 1 receives them last tag first.  Before any receive is posted, strict mode must
+    leave the sends that went as offers unfinished."""
+    def payload(i):
+        return np.full(1000, float(i)) if i % 2 == 0 else {"i": i, "b": bytes(9000)}
+
+    if dev.rank == 0:
+        reqs = [dev.isend(payload(i), 1, tag=i) for i in range(count)]
+        dev.barrier()
+        early = sum(r.test() for r in reqs)
+        dev.barrier()
+        for r in reqs:
+            r.wait()
+        return early
+    dev.barrier()
+    dev.barrier()
+    bad = 0
+    for i in reversed(range(count)):
+        got, want = dev.recv(0, tag=i), payload(i)
+        bad += not (np.array_equal(got, want) if i % 2 == 0 else got == want)
+    return bad
+
+
+@pytest.mark.parametrize("count", [2, 10])
+@pytest.mark.parametrize("read", ["cross memory", "refused", "refused at first"])
+def test_strict_mode_completes_sends_in_the_order_their_receives_come(monkeypatch, count, read):
+    """MPI's rendezvous sends complete as their receives are posted, in any order.  Offers used to
+    wait in line on their channel, so a receive posted for a later tag found nothing and strict
+    mode named a deadlock in a correct program.  With more sends than offer slots (7) the rest are
+    streamed; a refused offer (the kernel will not let the receiver read) is streamed behind a
+    header of its own, after later offers — whether the refusals are permanent or a transient one."""
+    from virtualpar.transport.channel import OFFER_SLOTS
+
+    if read == "refused":
+        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)  # EPERM: permanent
+    elif read == "refused at first":  # a transient error on every other read
+        calls = []
+        real = rendezvous.read_remote
+
+        def flaky(*args):
+            calls.append(1)
+            return 14 if len(calls) % 2 else real(*args)  # EFAULT, not permanent: the next offer is tried
+
+        monkeypatch.setattr(rendezvous, "read_remote", flaky)
+    with VirtualCluster(2, eager_limit=0, timeout=20) as c:
+        early, bad = c.run(_reversed_receives, count)
+    assert bad == 0
+    assert early == max(0, count - OFFER_SLOTS)  # the streamed ones finish without their receive

@@ -82,17 +82,17 @@ class VirtualCluster:
     all_reduce reduces straight out of its peers' scratch, ``scratch_bytes`` at a time); 0 turns
     them off.  Pages are backed only when first used.
     ``abort_grace``: seconds to wait for the other devices after a failure before killing them.
-    ``run_timeout``: seconds one whole ``run`` may take; None (the default) means no limit, because
-    user code may legitimately compute for a long time.  ``timeout`` bounds each op, so a device
-    waiting on a peer always gives up; a device busy in its own code with nobody waiting on it is
-    bounded only by ``run_timeout``.  When it expires, the stacks of the devices still running are
-    taken, those devices are killed, the cluster shuts down, and ``run`` raises ``RunTimeout``.
+    ``run_timeout``: seconds one whole ``run`` may take; None (the default): no limit, as user code
+    may compute for long.  (``timeout`` bounds each op, so a device waiting on a peer always gives
+    up.)  When it expires, the stacks of the devices still running are taken, those devices are
+    killed, the cluster shuts down, and ``run`` raises ``RunTimeout``.
     ``detect_deadlocks``: the driver watches what blocked devices wait for and raises ``Deadlock``
     within tens of milliseconds when they wait on each other with nothing in flight (on by default;
     see runtime/deadlock.py).  The op ``timeout`` stays the backstop.
     ``eager_limit``: strict mode.  None (default): channels buffer sends.  An int: a send of more
     than this many bytes completes only once its matching receive is posted (0: every send), so a
-    program that only works because channels buffer deadlocks here, visibly (MPI's eager limit).
+    program that only works because channels buffer deadlocks here, visibly (MPI's eager limit);
+    receives may come in any order (7 such sends per device pair wait at once; more are buffered).
     ``shuffle``: an int seed turns on shuffled mode: seeded random pauses before sends and receives
     (transport/shuffle.py), so races show up in tests and the seed reproduces the perturbation.
     ``bind``: run every device on its own share of the cores (on by default; runtime/binding.py).

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import Deadlock
 from ..mesh import Mesh
+from ..transport.channel import OFFER_SLOTS, offer_slot
 from ..transport.shm import FENCE_PLANES, Layout, SharedArena, ring_control
 from ..transport.waitboard import (ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, NONE, PEER, POKE, RECV, SEND, TAG,
                                   board_view)
@@ -72,7 +73,7 @@ class DeadlockWatch:
         self._bells = doorbells
         # numpy views of the shared words, indexed [src, dst]: built in O(1), read only when needed
         ctrl = ring_control(arena, layout)
-        self._heads, self._tails, self._replies = ctrl[:, :n, 0], ctrl[:, :n, 8], ctrl[:n, :n, 9]
+        self._heads, self._tails, self._replies = ctrl[:, :n, 0], ctrl[:, :n, 8], ctrl[:n, :n, 9 : 9 + OFFER_SLOTS]
         words = arena.view(layout.arrivals_offset, FENCE_PLANES * layout.fence_kinds * n, np.uint64)
         self._counts = words.reshape(FENCE_PLANES, layout.fence_kinds, n)[0]  # fences entered [kind, rank]
         self._candidate: tuple | None = None
@@ -136,7 +137,7 @@ class DeadlockWatch:
         token = entry[MASK]
         if entry[KIND] != SEND or not token or not 0 <= entry[PEER] < self.n:
             return False
-        return int(self._replies[d, entry[PEER]]) >> 1 == token
+        return int(self._replies[d, entry[PEER], offer_slot(token)]) >> 1 == token
 
     def reset(self) -> None:
         """Forget the candidate (a new round of replies begins)."""

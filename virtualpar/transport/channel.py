@@ -32,12 +32,20 @@ from typing import NamedTuple
 
 from .shm import Layout, SharedArena
 
-__all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS", "pack_header"]
+__all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS", "FLAG_RESENT",
+           "OFFER_SLOTS", "offer_slot", "pack_header"]
 
 KIND_ARRAY = 1  # raw bytes of a C-contiguous numpy array
 KIND_PICKLE = 2  # a pickled Python object
 FLAG_CONTROL = 0x100  # runtime control traffic: not counted as data, costs no modelled time
 FLAG_RENDEZVOUS = 0x200  # the payload stays in the sender's memory; the receiver reads it from there
+FLAG_RESENT = 0x400  # the streamed payload of an offer the receiver could not read (same seq as the offer)
+OFFER_SLOTS = 7  # rendezvous offers a channel holds at once: one answer word each, in the consumer's line
+
+
+def offer_slot(token: int) -> int:
+    """The answer word of an offer's token (its low 3 bits: see ``rendezvous.new_offer``)."""
+    return token & 7
 
 _FIXED = struct.Struct("<IIqQdQII16s")
 assert _FIXED.size == 64
@@ -127,7 +135,7 @@ class VirtualChannel:
         self._head = arena.word_at(layout.head_offset(src, dst))
         self._tail = arena.word_at(layout.tail_offset(src, dst))
         self._want = arena.word_at(layout.want_offset(src, dst))  # producer: "post me when you free room"
-        self._reply = arena.word_at(layout.reply_offset(src, dst))
+        self._reply = arena.bytes_at(layout.reply_offset(src, dst), 8 * OFFER_SLOTS).cast("Q")  # one per offer slot
         self._ring = arena.bytes_at(layout.ring_offset(src, dst), layout.ring_bytes)
         self._local = 0  # this side's own counter (head for the producer, tail for the consumer)
 
@@ -205,9 +213,9 @@ class VirtualChannel:
         self._local += n
         self._head[0] = self._local
 
-    def reply(self) -> int:
-        """The consumer's answer to this producer's last rendezvous offer."""
-        return self._reply[0]
+    def reply(self, slot: int) -> int:
+        """The consumer's answer to this producer's last rendezvous offer in ``slot``."""
+        return self._reply[slot]
 
     # -- consumer side ------------------------------------------------------------------------
     def readable(self) -> int:
@@ -256,9 +264,10 @@ class VirtualChannel:
         self._local += n
         self._tail[0] = self._local
 
-    def answer(self, value: int) -> None:
-        """Publish this consumer's answer to the producer's rendezvous offer."""
-        self._reply[0] = value
+    def answer(self, token: int, refused: bool = False) -> None:
+        """Publish this consumer's answer to the producer's rendezvous offer ``token``: taken
+        (``token << 1``), or to be streamed through the ring (``token << 1 | 1``)."""
+        self._reply[offer_slot(token)] = token << 1 | refused
 
     # -- both -----------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -267,7 +276,11 @@ class VirtualChannel:
         self._head[0] = 0
         self._tail[0] = 0
         self._want[0] = 0
-        self._reply[0] = 0
+        self._clear_replies()
+
+    def _clear_replies(self) -> None:
+        for slot in range(OFFER_SLOTS):
+            self._reply[slot] = 0
 
     def sync_local(self, producer: bool) -> None:
         """Re-read this side's counter from shared memory (after the driver reset the ring)."""
@@ -275,4 +288,4 @@ class VirtualChannel:
         if producer:
             self._want[0] = 0
         else:
-            self._reply[0] = 0  # the consumer owns the reply word; a stale answer must not match
+            self._clear_replies()  # the consumer owns the reply words; a stale answer must not match

@@ -27,7 +27,9 @@ every non-control send of more than ``eager_limit`` bytes goes by rendezvous, an
 takes an offer only once a matching receive is posted (until then it is an *unexpected* message
 whose payload stays with the sender), so the send completes only when its receive exists.  A
 program that relies on the channels buffering then blocks, as on a cluster with small eager
-buffers, and deadlock detection names it.  Zero-byte payloads stay eager.
+buffers, and deadlock detection names it.  Offers do not wait in line: up to ``OFFER_SLOTS`` (7)
+per channel await their receives at once, taken in whatever order the receives come (further
+large sends to that peer are streamed, i.e. buffered).  Zero-byte payloads stay eager.
 
 Matching is FIFO per (source, tag); a message that arrives before its receive is posted waits in an
 *unexpected* queue (already in private memory, so the ring keeps flowing).  Receive buffers the
@@ -46,11 +48,11 @@ from typing import Any, Callable
 import numpy as np
 
 from .arrivals import ArrivalCounters
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, VirtualChannel
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, VirtualChannel, offer_slot
 from .leftovers import UNFINISHED_RECEIVE
 from .payload import encode
 from .receiving import CHUNK, Receiving
-from .rendezvous import take_offer
+from .rendezvous import collect_answers, new_offer, take_offer
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
 from .lazy import Lazy
@@ -80,8 +82,10 @@ class Endpoint(Receiving):
         self._out = Lazy(lambda p: VirtualChannel(arena, layout, me, p))
         self._in = Lazy(lambda p: VirtualChannel(arena, layout, p, me))
         self._sendq: Lazy = Lazy(lambda p: deque())  # per destination, FIFO
+        self._offers: Lazy = Lazy(lambda p: {})  # per destination: offer slot -> rendezvous send not answered yet
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
+        self._refused: dict[tuple[int, int], RecvRequest] = {}  # (source, seq): offers to be streamed (rendezvous.py)
         # How progress finds the sources with unread bytes: every inbound ring's head against its
         # tail, as two strided memoryviews compared in C (~0.4 µs for 64 sources; a Python loop
         # over the channels cost ~25 µs at 64 devices once the caches had gone cold between
@@ -152,8 +156,6 @@ class Endpoint(Receiving):
                 nbytes >= (RENDEZVOUS_MIN or self._rdv_min) or self._sendq[dst]
                 or self._out[dst].writable() < nbytes + 2048)):  # header + a possible end-of-ring skip
             req.kind |= FLAG_RENDEZVOUS
-            self._token += 1
-            req.token = self._token
         self._sendq[dst].append(req)
         self._busy.add(dst)
         self._push(dst)
@@ -212,12 +214,17 @@ class Endpoint(Receiving):
     def _push(self, dst: int) -> None:
         q = self._sendq[dst]
         ch = self._out[dst]
+        offers = self._offers[dst]
         published = False
         try:
+            if offers:
+                collect_answers(self, dst, ch, offers, q)
             while q:
                 req = q[0]
                 if req.state == SEND_NEW:
                     rdv = req.kind & FLAG_RENDEZVOUS
+                    if rdv:
+                        rdv = new_offer(self, req, offers)
                     addr = req.payload.ctypes.data if rdv else 0
                     small = req.padded if not rdv and req.padded <= self._small else 0
                     if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,
@@ -226,16 +233,11 @@ class Endpoint(Receiving):
                             continue  # room appeared before the consumer could see the flag
                         return
                     published = True
-                    req.state = SEND_OFFERED if rdv else SEND_STREAM
-                if req.state == SEND_OFFERED:
-                    answer = ch.reply()
-                    if answer == req.token << 1:
-                        req.done = True
+                    if rdv:  # done once the receiver answers (collect_answers): the next may go now
+                        req.state = SEND_OFFERED
+                        offers[offer_slot(req.token)] = req
                         q.popleft()
                         continue
-                    if answer != (req.token << 1) | 1:
-                        return  # the receiver has not taken it yet
-                    self._offer_to[dst] = False  # it cannot read our memory: stream this and later ones
                     req.state = SEND_STREAM
                 while req.written < req.padded:
                     room = ch.writable()
@@ -255,7 +257,8 @@ class Endpoint(Receiving):
                     published = True
                 req.done = True
                 q.popleft()
-            self._busy.discard(dst)
+            if not offers:
+                self._busy.discard(dst)
             if ch._want[0]:
                 ch._want[0] = 0  # nothing left to write: stop asking for posts
         finally:
@@ -274,6 +277,8 @@ class Endpoint(Receiving):
         """Forget all in-flight state (after the driver zeroed the rings)."""
         for q in self._sendq.values():
             q.clear()
+        for offers in self._offers.values():
+            offers.clear()
         self._busy.clear()
         self._posted.clear()
         self._posted_any.clear()

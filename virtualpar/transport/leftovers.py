@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .channel import FLAG_RENDEZVOUS, KIND_PICKLE
+from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, KIND_PICKLE
 from .requests import SEND_NEW
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,8 +38,8 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
                      " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS else " (partly received)")
             out.append((src, me, tag, desc + state))
     for dst, q in ep._sendq.items():
-        for req in q:  # once its header left, its receiver lists it too (merge_ends keeps one)
-            where = IN_FLIGHT if req.state != SEND_NEW else "not yet sent"
+        for req in (*ep._offers.get(dst, {}).values(), *q):  # once its header left, its receiver lists it too
+            where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else "not yet sent"
             out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
                                           "(its bytes move only while the sender waits or sends)"))
     return out

@@ -9,7 +9,9 @@ receives, finish them.
 * otherwise the payload is copied out in ``CHUNK`` pieces as it arrives, the request staying the
   channel's *partial* receive in between, and the producer is rung after each piece only while it
   asks for room (:mod:`.want_room`);
-* a rendezvous offer is taken out of the sender's memory (:mod:`.rendezvous`).
+* a rendezvous offer is taken out of the sender's memory (:mod:`.rendezvous`); if that fails, its
+  payload comes later, streamed behind a ``FLAG_RESENT`` header that names the offer's message
+  number, and is copied out as above into the receive the offer matched.
 
 A message the endpoint sends itself never touches a ring: ``deliver_to_self`` matches it exactly as
 a frame from a peer (to the earliest-posted receive that takes it, a specific one or a wildcard
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PayloadError, UsageError
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
 from .payload import byte_view, check_out, header_dtype, plain_array
 from .rendezvous import take_offer
 from .requests import RecvRequest
@@ -60,12 +62,14 @@ class Receiving:
                     freed = True
                     if header is None:
                         continue  # an end-of-ring marker
+                    if header.kind & FLAG_RESENT:  # an offer we could not read, streamed: its receive waits
+                        self._partial[src] = self._refused.pop((src, header.seq))
+                        continue
                     req = self._match(src, header)
                     if header.kind & FLAG_RENDEZVOUS:
-                        take_offer(self, ch, req)
-                        if req.done or req.expect == 0:
-                            continue  # taken, or held (strict mode) until a receive is posted
-                    elif req.expect == 0:
+                        take_offer(self, ch, req)  # taken, held (strict mode) or to come streamed
+                        continue
+                    if req.expect == 0:
                         self._finish(req)
                         continue
                     elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
@@ -155,15 +159,17 @@ class Receiving:
         return req
 
     def _drop_partial(self) -> None:
-        """Forget the partly received messages (a reset), giving back their pickles' raw buffers
-        (one may be the pool's reserve, which would otherwise stay lent for good)."""
-        for req in self._partial.values():
+        """Forget the partly received messages and those still to be streamed (a reset), giving
+        back their pickles' raw buffers (one may be the pool's reserve, which would otherwise stay
+        lent for good)."""
+        for req in (*self._partial.values(), *self._refused.values()):
             header = req.header
             if req.target is not None and header is not None and header.kind & 0xFF == KIND_PICKLE:
                 req.buf = None
                 self._pool.give_back(req.target)
                 req.target = None
         self._partial.clear()
+        self._refused.clear()
 
     def _finish(self, req: RecvRequest, data: Any = None) -> None:
         header = req.header

@@ -1,18 +1,26 @@
-"""The receiver's side of a rendezvous: copy a large payload straight out of the sender's memory.
+"""Rendezvous: a large payload copied by its receiver straight out of the sender's memory.
 
 MPI's eager/rendezvous split: payloads the ring cannot hold (and those of ``RENDEZVOUS_FLOOR`` =
 64 KiB or more that would have to wait for room) are not copied into the ring.  The sender writes
 only a header with its pid, the payload's address and a token (``SEND_OFFERED``); the receiver's
 progress engine calls :func:`take_offer`, which copies the payload with ``process_vm_readv`` into
 its final buffer (one copy instead of two, and no dependence on both processes being on a core at
-once), writes ``token << 1`` into the channel's reply word and rings the sender, whose send then
-completes.
+once), writes ``token << 1`` into the channel's answer word for the offer's slot and rings the
+sender, whose send then completes.
+
+A channel holds up to ``OFFER_SLOTS`` (7) offers at once, each answered in a word of its own, so
+later messages do not wait behind an offer nobody has taken yet: in strict mode the receiver takes
+an offer only once its receive is posted, and receives may be posted in any order (MPI's rendezvous
+sends complete in whatever order their receives come).  With every slot taken, a further large send
+to that peer is streamed through the ring instead.
 
 If the kernel refuses (another OS, a ptrace policy), the receiver answers ``(token << 1) | 1`` and
-the payload is streamed through the ring after all (the sender goes ``SEND_STREAM``): the fast path
-is never a requirement.  A refusal the kernel will always repeat (``PERMANENT_ERRORS``) makes this
-endpoint stream every later offer too.  As with MPI's rendezvous, the sender must not modify the
-array between ``isend`` and ``wait``.
+the sender streams the payload through the ring after all, behind a header of its own
+(``FLAG_RESENT``, carrying the offer's message number, which routes it to the receive the offer
+matched: other headers may have been written since the offer): the fast path is never a
+requirement.  A refusal the kernel will always repeat (``PERMANENT_ERRORS``) makes this endpoint
+stream every later offer too.  As with MPI's rendezvous, the sender must not modify the array
+between ``isend`` and ``wait``.
 """
 
 from __future__ import annotations
@@ -22,23 +30,25 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .channel import FLAG_CONTROL
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, OFFER_SLOTS
 from .payload import byte_view
+from .requests import SEND_NEW
 from .shm import PERMANENT_ERRORS, read_remote
 
 if TYPE_CHECKING:  # pragma: no cover
     from .channel import VirtualChannel
     from .endpoint import Endpoint
-    from .requests import RecvRequest
+    from .requests import RecvRequest, SendRequest
 
-__all__ = ["take_offer"]
+__all__ = ["take_offer", "new_offer", "collect_answers"]
 
 log = logging.getLogger(__name__)
 
 
 def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None:
     """Copy the offered payload of ``req`` out of its sender's memory (``req`` completes), or ask
-    for it through the ring (``req`` becomes ``ep``'s partial receive from that sender)."""
+    for it through the ring (``req`` then waits, by its message number, for its ``FLAG_RESENT``
+    frame)."""
     h = req.header
     assert h is not None
     limit = ep.eager_limit
@@ -50,7 +60,7 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
         req.target = ep._pool.raw(h.nbytes)
     err = read_remote(h.pid, h.addr, req.target, h.nbytes) if ep._can_read else errno.EPERM
     if not err:
-        ch.answer(h.token << 1)
+        ch.answer(h.token)
         ep._bells[req.src].release()
         ep._finish(req)
         return
@@ -60,6 +70,36 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
                  ep.me, req.src, os.strerror(err))
     req.expect = (h.nbytes + 7) & ~7
     req.buf = byte_view(req.target) if h.nbytes else None
-    ch.answer((h.token << 1) | 1)
+    ep._refused[(req.src, h.seq)] = req
+    ch.answer(h.token, refused=True)
     ep._bells[req.src].release()
-    ep._partial[req.src] = req
+
+
+def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int:
+    """The sender's side: give ``req`` a free offer slot of its channel and a fresh token (the slot
+    in its low 3 bits): ``FLAG_RENDEZVOUS``; with every slot holding an offer not answered yet,
+    make it an eager message, streamed through the ring: 0."""
+    for slot in range(OFFER_SLOTS):
+        if slot not in offers:
+            ep._token += 1
+            req.token = ep._token << 3 | slot
+            return FLAG_RENDEZVOUS
+    req.kind &= ~FLAG_RENDEZVOUS
+    return 0
+
+
+def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict[int, "SendRequest"], queue) -> None:
+    """The sender's side: finish every offer to ``dst`` its receiver has taken; queue every one it
+    could not read to be streamed, behind a ``FLAG_RESENT`` header (and stream later ones at once)."""
+    for slot, req in list(offers.items()):
+        answer = ch.reply(slot)
+        if answer >> 1 != req.token:
+            continue  # not answered yet (or the slot still shows an earlier offer's answer)
+        del offers[slot]
+        if answer & 1:
+            ep._offer_to[dst] = False  # it cannot read our memory: stream this and later ones
+            req.kind ^= FLAG_RENDEZVOUS | FLAG_RESENT
+            req.state = SEND_NEW
+            queue.append(req)
+        else:
+            req.done = True

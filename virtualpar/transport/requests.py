@@ -3,8 +3,9 @@
 A small send that fits the ring whole is written while it is posted and gets a
 :class:`SentRequest`, already done.  Any other :class:`SendRequest` starts in ``SEND_NEW`` until its header is in the ring.  An eager message
 then goes ``SEND_STREAM`` (its payload is copied into the ring) and is done when the last byte is
-in; a rendezvous offer goes ``SEND_OFFERED`` and is done when the receiver answers that it copied
-the payload, or goes ``SEND_STREAM`` if the receiver could not read the sender's memory.
+in; a rendezvous offer goes ``SEND_OFFERED`` (out of the send queue, into its channel's offer
+slots) and is done when the receiver answers that it copied the payload, or is queued again, to be
+streamed, if the receiver could not read the sender's memory (see rendezvous.py).
 
 A :class:`RecvRequest` is posted by ``irecv``, or created by the progress engine for a message
 nobody has asked for yet (an *unexpected* one, which a later ``irecv`` adopts).

@@ -13,8 +13,8 @@ cache line)::
     [counters: bytes, messages, control bytes — one int64 matrix each, endpoint x endpoint]
     [arrival words (fences of shared-memory collectives): per group kind and device, see Layout]
     [flight recorders: one per device]
-    [ring control: a producer line (head, want-room flag) and a consumer line (tail, rendezvous
-     reply) per channel]
+    [ring control: a producer line (head, want-room flag) and a consumer line (tail, seven
+     rendezvous answers) per channel]
     [ring data: one ring of ``ring_bytes`` per directed channel src != dst]
     [scratch: ``scratch_bytes`` per device, page aligned, for shared-memory collectives]
     [fence payloads: a small slot per (fence parity, group kind, device), see Layout]
@@ -132,7 +132,8 @@ class Layout:
         return self.head_offset(src, dst) + 8
 
     def reply_offset(self, src: int, dst: int) -> int:
-        """uint64 in the consumer's line: its answer to the last rendezvous offer (see rendezvous.py)."""
+        """The consumer's line after its tail: seven uint64, its answers to the rendezvous offers in
+        each of the channel's offer slots (see rendezvous.py)."""
         return self.tail_offset(src, dst) + 8
 
     @cached_property
