@@ -63,6 +63,21 @@ def test_seed_mlp_trains_under_every_schedule_exactly_as_one_process(name):
     assert losses[-1] < losses[0]
 
 
+def test_every_schedule_runs_in_strict_mode():
+    """With every send waiting for its receive (``eager_limit=0``), as above MPI's eager limit.
+    zbv's sends to one peer cross tags: its receives come in another order than its sends, which
+    strict mode used to call a deadlock (one rendezvous offer per channel at a time)."""
+    x, y = _data(16, 256)
+    ref_losses, _ = nn.reference_train(seed_mlp(), [(x, y)], nn.mse_loss, nn.SGD(0.05), 2, 8)
+    for name in SCHEDULES:
+        two = name in ("interleaved_1f1b", "looped_bfs", "zbv")
+        pipe, ranks = (Pipeline(seed_mlp(), cuts=[1, 2, 3]), 2) if two else (Pipeline(seed_mlp(), cuts=[2, 4, 6]), 4)
+        op = PipelinedOperation(pipe, name, microbatches=8, optimizer=nn.SGD(0.05))
+        with VirtualCluster(ranks, eager_limit=0, timeout=20) as cluster:
+            losses = [cluster.execute(op, x, y) for _ in range(2)]
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-9, err_msg=name)
+
+
 def test_adam_and_a_data_parallel_axis_match_the_reference():
     x, y = _data(16, 16, seed=3)
     ref_losses, ref_state = nn.reference_train(deep_mlp(4), [(x, y)], nn.mse_loss, nn.Adam(0.01), 3, 4)
