@@ -14,6 +14,7 @@ import virtualpar.transport.endpoint as ep
 import virtualpar.transport.rendezvous as rendezvous
 import virtualpar.transport.waiting as waiting
 from virtualpar import VirtualCluster
+from virtualpar.errors import Deadlock
 from virtualpar.transport.endpoint import Endpoint
 from virtualpar.transport.requests import SentRequest
 from virtualpar.transport.shm import Layout, SharedArena
@@ -352,5 +353,42 @@ def test_strict_mode_completes_sends_in_the_order_their_receives_come(monkeypatc
         monkeypatch.setattr(rendezvous, "read_remote", flaky)
     with VirtualCluster(2, eager_limit=0, timeout=20) as c:
         early, bad = c.run(_reversed_receives, count)
-    assert bad == 0
-    assert early == max(0, count - OFFER_SLOTS)  # the streamed ones finish without their receive
+        assert bad == 0
+        assert early == max(0, count - OFFER_SLOTS)  # the streamed ones finish without their receive
+        # still strict after the refusals: a send still waits for its receive (one refusal used to
+        # make every later send to that peer eager, for good)
+        with pytest.raises(Deadlock, match="device 0 waits send to 1 .* device 1 waits send to 0"):
+            c.run(_both_send_first)
+
+
+def _both_send_first(dev):
+    """Unsafe: both devices send before they receive, which only buffering lets through."""
+    dev.send(np.ones(1000), 1 - dev.rank, tag=1)
+    return dev.recv(1 - dev.rank, tag=1)
+
+
+def _send_large_twice(dev):
+    """Two 1 MiB messages from device 0 (offers: the 64 KiB ring cannot hold them); then whether
+    device 0 would still offer the next one."""
+    for i in range(2):
+        if dev.rank == 0:
+            dev.send(np.full(1 << 17, float(i)), 1)
+        else:
+            assert (dev.recv(0) == i).all()
+    return dev._endpoint._offer_to[1] if dev.rank == 0 else None
+
+
+@pytest.mark.parametrize("errno_, offers_later", [(14, True), (1, False)])
+def test_only_a_refusal_for_good_stops_the_offers(monkeypatch, errno_, offers_later):
+    """A transient error (EFAULT) streams that one message; EPERM, which the kernel will repeat,
+    makes the sender stream its later large messages at once (no offer, no refusal, no round trip)."""
+    calls = []
+    real = rendezvous.read_remote
+
+    def first_fails(*args):
+        calls.append(1)
+        return errno_ if len(calls) == 1 else real(*args)
+
+    monkeypatch.setattr(rendezvous, "read_remote", first_fails)
+    with VirtualCluster(2, ring_bytes=1 << 16, timeout=20) as c:
+        assert c.run(_send_large_twice)[0] is offers_later

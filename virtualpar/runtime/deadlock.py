@@ -137,7 +137,7 @@ class DeadlockWatch:
         token = entry[MASK]
         if entry[KIND] != SEND or not token or not 0 <= entry[PEER] < self.n:
             return False
-        return int(self._replies[d, entry[PEER], offer_slot(token)]) >> 1 == token
+        return int(self._replies[d, entry[PEER], offer_slot(token)]) >> 2 == token
 
     def reset(self) -> None:
         """Forget the candidate (a new round of replies begins)."""

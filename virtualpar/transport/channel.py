@@ -214,7 +214,8 @@ class VirtualChannel:
         self._head[0] = self._local
 
     def reply(self, slot: int) -> int:
-        """The consumer's answer to this producer's last rendezvous offer in ``slot``."""
+        """The consumer's answer to the rendezvous offer this producer made last in ``slot``
+        (see :meth:`answer`)."""
         return self._reply[slot]
 
     # -- consumer side ------------------------------------------------------------------------
@@ -264,10 +265,11 @@ class VirtualChannel:
         self._local += n
         self._tail[0] = self._local
 
-    def answer(self, token: int, refused: bool = False) -> None:
+    def answer(self, token: int, refused: bool = False, for_good: bool = False) -> None:
         """Publish this consumer's answer to the producer's rendezvous offer ``token``: taken
-        (``token << 1``), or to be streamed through the ring (``token << 1 | 1``)."""
-        self._reply[offer_slot(token)] = token << 1 | refused
+        (``token << 2``), or to be streamed through the ring (``| 1``), and so will every later
+        one from this producer (``| 2``: the kernel will always refuse)."""
+        self._reply[offer_slot(token)] = token << 2 | for_good << 1 | refused
 
     # -- both -----------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -152,9 +152,9 @@ class Endpoint(Receiving):
                 return SentRequest(dst, tag, nbytes, stamp, seq)
         self._count(dst, nbytes, control)
         req = SendRequest(self, dst, tag, kind, payload, view, dtype, shape, seq, stamp)
-        if self._offer_to[dst] and (strict or nbytes >= RENDEZVOUS_FLOOR and (
+        if strict or self._offer_to[dst] and nbytes >= RENDEZVOUS_FLOOR and (
                 nbytes >= (RENDEZVOUS_MIN or self._rdv_min) or self._sendq[dst]
-                or self._out[dst].writable() < nbytes + 2048)):  # header + a possible end-of-ring skip
+                or self._out[dst].writable() < nbytes + 2048):  # header + a possible end-of-ring skip
             req.kind |= FLAG_RENDEZVOUS
         self._sendq[dst].append(req)
         self._busy.add(dst)

@@ -35,7 +35,8 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
             h = req.header
             desc = "pickled object" if h and h.kind & 0xFF == KIND_PICKLE else f"array{h.shape} {np.dtype(h.dtype)}" if h else "?"
             state = (" sent to itself" if src == me else "" if req.done else
-                     " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS else " (partly received)")
+                     " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS and not req.expect else
+                     " (partly received)")
             out.append((src, me, tag, desc + state))
     for dst, q in ep._sendq.items():
         for req in (*ep._offers.get(dst, {}).values(), *q):  # once its header left, its receiver lists it too

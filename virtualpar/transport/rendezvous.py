@@ -5,7 +5,7 @@ MPI's eager/rendezvous split: payloads the ring cannot hold (and those of ``REND
 only a header with its pid, the payload's address and a token (``SEND_OFFERED``); the receiver's
 progress engine calls :func:`take_offer`, which copies the payload with ``process_vm_readv`` into
 its final buffer (one copy instead of two, and no dependence on both processes being on a core at
-once), writes ``token << 1`` into the channel's answer word for the offer's slot and rings the
+once), writes ``token << 2`` into the channel's answer word for the offer's slot and rings the
 sender, whose send then completes.
 
 A channel holds up to ``OFFER_SLOTS`` (7) offers at once, each answered in a word of its own, so
@@ -14,13 +14,15 @@ an offer only once its receive is posted, and receives may be posted in any orde
 sends complete in whatever order their receives come).  With every slot taken, a further large send
 to that peer is streamed through the ring instead.
 
-If the kernel refuses (another OS, a ptrace policy), the receiver answers ``(token << 1) | 1`` and
+If the kernel refuses (another OS, a ptrace policy), the receiver answers ``token << 2 | 1`` and
 the sender streams the payload through the ring after all, behind a header of its own
 (``FLAG_RESENT``, carrying the offer's message number, which routes it to the receive the offer
 matched: other headers may have been written since the offer): the fast path is never a
-requirement.  A refusal the kernel will always repeat (``PERMANENT_ERRORS``) makes this endpoint
-stream every later offer too.  As with MPI's rendezvous, the sender must not modify the array
-between ``isend`` and ``wait``.
+requirement.  A refusal the kernel will always repeat (``PERMANENT_ERRORS``) makes the receiver
+refuse every later offer without trying, and says so (``| 2``): the sender then streams its
+later large messages at once — except in strict mode, where every send above the limit stays an
+offer, held until its receive is posted, whether or not its payload can be read in place.  As
+with MPI's rendezvous, the sender must not modify the array between ``isend`` and ``wait``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, OFFER_SLOTS
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, OFFER_SLOTS, offer_slot
 from .payload import byte_view
 from .requests import SEND_NEW
 from .shm import PERMANENT_ERRORS, read_remote
@@ -71,14 +73,18 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     req.expect = (h.nbytes + 7) & ~7
     req.buf = byte_view(req.target) if h.nbytes else None
     ep._refused[(req.src, h.seq)] = req
-    ch.answer(h.token, refused=True)
+    ch.answer(h.token, refused=True, for_good=not ep._can_read)
     ep._bells[req.src].release()
 
 
 def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int:
     """The sender's side: give ``req`` a free offer slot of its channel and a fresh token (the slot
     in its low 3 bits): ``FLAG_RENDEZVOUS``; with every slot holding an offer not answered yet,
-    make it an eager message, streamed through the ring: 0."""
+    make it an eager message, streamed through the ring: 0.  A token, once given, is kept (while
+    ``req`` waits for room its slot stays free: the sends behind it in the queue cannot take it),
+    so that a wait that published it on the wait board keeps naming the offer that goes out."""
+    if req.token and offer_slot(req.token) not in offers:
+        return FLAG_RENDEZVOUS
     for slot in range(OFFER_SLOTS):
         if slot not in offers:
             ep._token += 1
@@ -90,14 +96,16 @@ def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest
 
 def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict[int, "SendRequest"], queue) -> None:
     """The sender's side: finish every offer to ``dst`` its receiver has taken; queue every one it
-    could not read to be streamed, behind a ``FLAG_RESENT`` header (and stream later ones at once)."""
+    could not read to be streamed, behind a ``FLAG_RESENT`` header (and, if it never will, later
+    ones at once, outside strict mode)."""
     for slot, req in list(offers.items()):
         answer = ch.reply(slot)
-        if answer >> 1 != req.token:
+        if answer >> 2 != req.token:
             continue  # not answered yet (or the slot still shows an earlier offer's answer)
         del offers[slot]
-        if answer & 1:
-            ep._offer_to[dst] = False  # it cannot read our memory: stream this and later ones
+        if answer & 1:  # it could not read our memory: stream this one (and, if for good, later ones)
+            if answer & 2:
+                ep._offer_to[dst] = False
             req.kind ^= FLAG_RENDEZVOUS | FLAG_RESENT
             req.state = SEND_NEW
             queue.append(req)

@@ -249,7 +249,8 @@ class SharedArena:
 
 def ring_control(arena: SharedArena, layout: Layout) -> np.ndarray:
     """Every channel's two control lines as one uint64 array ``[src, dst, word]``: word 0 is the
-    head, 1 the want-room flag, 8 the tail, 9 the rendezvous reply (see ``Layout.head_offset``)."""
+    head, 1 the want-room flag, 8 the tail, 9-15 the answers to rendezvous offers (see
+    ``Layout.head_offset``)."""
     E = layout.endpoints
     return arena.view(layout.ring_ctrl_offset, E * E * 16, np.uint64).reshape(E, E, 16)
 
