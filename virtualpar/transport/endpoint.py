@@ -178,7 +178,8 @@ class Endpoint(Receiving):
         return self._seq[dst] + 1
 
     def irecv(self, src: int | None, tag: int | None, out: np.ndarray | None = None) -> RecvRequest:
-        if self.shuffle is not None and (tag is None or tag >= 0):  # user receives (the runtime's own tags are negative)
+        # user receives: the runtime's own tags are negative (a range is the mpi4py facade's ANY_TAG)
+        if self.shuffle is not None and (tag is None or type(tag) is range or tag >= 0):
             self.shuffle.pause()
         if src is None or tag is None or type(tag) is range:  # any source / any tag (transport/wildcard.py)
             return irecv_any(self, src, tag, out)
