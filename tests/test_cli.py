@@ -129,6 +129,33 @@ def test_run_takes_the_op_timeout(tmp_path, capsys):
         assert "argument --timeout: must be a number of seconds > 0" in capsys.readouterr().err
 
 
+_UNSAFE_RING = ("import numpy as np\n\ndef ring(dev):\n    right, left = (dev.rank + 1) % dev.size, (dev.rank - 1) % dev.size\n"
+                "    dev.send(np.full(1000, float(dev.rank)), right)\n    return float(dev.recv(left)[0])\n")
+_UNSAFE_MPI = ("from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\nr, n = comm.Get_rank(), comm.Get_size()\n"
+               "comm.send(np.full(1000, float(r)), dest=(r + 1) % n)\nprint(comm.recv(source=(r - 1) % n)[0])\n")
+
+
+@pytest.mark.parametrize("mpi", [False, True])
+def test_run_in_strict_mode_names_the_deadlock_that_buffering_hides(tmp_path, capsys, mpi):
+    """Everybody sends right, then receives from the left: buffered it passes, with --eager-limit 0
+    (each send waits for its receive, as above MPI's eager limit) it is the named cycle, for a
+    function on the devices and for an unmodified mpi4py script alike; --shuffle takes a seed."""
+    script = tmp_path / "unsafe.py"
+    script.write_text(_UNSAFE_MPI if mpi else _UNSAFE_RING)
+    target = ["--mpi", str(script)] if mpi else [f"{script}:ring"]
+    assert main(["run", "-n", "3", *target]) == 0
+    assert main(["run", "-n", "3", "--shuffle", "5", *target]) == 0
+    capsys.readouterr()
+    assert main(["run", "-n", "3", "--eager-limit", "0", *target]) == 1
+    err = capsys.readouterr().err
+    assert "Deadlock: deadlock (a cycle of waits): device 0 waits send to 1 (tag 0) ← device 1 waits send to 2" in err
+    assert main(["run", "-n", "3", "--eager-limit", "16384", *target]) == 0  # 8000 bytes: eager again
+    for option, bad in (("--eager-limit", "-1"), ("--shuffle", "x")):
+        with pytest.raises(SystemExit):
+            main(["run", "-n", "3", option, bad, *target])
+        assert f"argument {option}: must be an int >= 0" in capsys.readouterr().err
+
+
 def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file"]
+__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file",
+           "natural_int"]
 
 
 def positive_int(text: str) -> int:
@@ -16,6 +17,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
+def natural_int(text: str) -> int:
+    """A byte count or seed given on the command line: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
     return value
 
 

@@ -7,7 +7,10 @@ function ships to the devices by value, so it may use anything the script define
 mpi4py (:mod:`virtualpar.mpi.device`), and rank 0 prints what the emulator would.  ``--stats`` adds
 the bytes each device sent to each other, ``--trace FILE.json`` writes the Chrome trace (under MPI
 the bytes of MPI's own collectives are MPI's business and not counted; those of p2p and of
-virtualpar's algorithms chosen with ``algorithm=`` are)."""
+virtualpar's algorithms chosen with ``algorithm=`` are).  ``--eager-limit BYTES`` (strict mode:
+a send of more than BYTES completes only once its receive is posted, so a program that relies on
+buffering ends in a named ``Deadlock``) and ``--shuffle SEED`` (seeded pauses before sends and
+receives, so races show up) are modes of the emulator, with or without ``--mpi``."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import sys
 import time
 import traceback
 
-from ._args import default_hardware, output_file, parse_mesh, positive_float, positive_int
+from ._args import default_hardware, natural_int, output_file, parse_mesh, positive_float, positive_int
 
 __all__ = ["register"]
 
@@ -114,8 +117,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
     args.n = args.n or 2
     mesh = Mesh({"world": args.n})
     try:
-        with VirtualCluster(mesh, hardware=_hardware(args, args.n), timeout=args.timeout,
-                            run_timeout=args.run_timeout) as cluster:
+        with VirtualCluster(mesh, hardware=_hardware(args, args.n), **_cluster_options(args)) as cluster:
             outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
             for out, err, _ in outputs:
                 sys.stdout.write(out)
@@ -131,6 +133,10 @@ def _run_mpi(args: argparse.Namespace) -> int:
         print(f"virtualpar run --mpi: {type(exc).__name__}: {text}", file=sys.stderr)
         return exc.errorcode if isinstance(exc, MPIAbort) else 1
     return max(code for _, _, code in outputs)
+
+
+def _cluster_options(args: argparse.Namespace) -> dict:
+    return dict(timeout=args.timeout, run_timeout=args.run_timeout, eager_limit=args.eager_limit, shuffle=args.shuffle)
 
 
 def _mpi_tags(text: str) -> str:
@@ -215,8 +221,14 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--trace", type=output_file, default=args.trace)
         late.add_argument("--timeout", type=positive_float, default=args.timeout)
         late.add_argument("--run-timeout", type=positive_float, default=args.run_timeout)
+        late.add_argument("--eager-limit", type=natural_int, default=args.eager_limit)
+        late.add_argument("--shuffle", type=natural_int, default=args.shuffle)
         late.parse_args(args.script_args, namespace=args)
     if any(v in os.environ for v in _MPI_ENV):
+        if args.eager_limit is not None or args.shuffle is not None:
+            print("virtualpar run: --eager-limit and --shuffle are modes of the emulator; under mpiexec the MPI "
+                  "library decides (MPICH: MPIR_CVAR_CH3_EAGER_MAX_MSG_SIZE)", file=sys.stderr)
+            return 2
         return _run_under_mpiexec(args)
     from .. import Mesh, VirtualCluster
 
@@ -226,8 +238,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), timeout=args.timeout,
-                        run_timeout=args.run_timeout) as cluster:
+    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **_cluster_options(args)) as cluster:
         results = cluster.run(fn)
         _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
     return 0
@@ -248,6 +259,13 @@ def register(sub) -> None:
     p.add_argument("--run-timeout", type=positive_float, default=None, metavar="S",
                    help="seconds the whole run may take on the emulator (default: no limit): a device busy in its "
                         "own code past it, where no op times out, ends the run in a RunTimeout")
+    p.add_argument("--eager-limit", type=natural_int, default=None, metavar="BYTES",
+                   help="strict mode: a send of more than BYTES waits for its matching receive (0: every send), as "
+                        "above MPI's eager limit, so a program that only works because channels buffer ends in a "
+                        "named Deadlock")
+    p.add_argument("--shuffle", type=natural_int, default=None, metavar="SEED",
+                   help="shuffled mode: seeded random pauses before sends and receives, so a result that depends "
+                        "on arrival order changes across seeds")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
