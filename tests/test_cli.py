@@ -156,6 +156,16 @@ def test_run_in_strict_mode_names_the_deadlock_that_buffering_hides(tmp_path, ca
         assert f"argument {option}: must be an int >= 0" in capsys.readouterr().err
 
 
+def test_run_under_mpiexec_refuses_the_emulators_modes(tmp_path, capsys, monkeypatch):
+    """Strict and shuffled mode are the emulator's: under mpiexec they would be silently ignored."""
+    script = tmp_path / "unsafe.py"
+    script.write_text(_UNSAFE_RING)
+    monkeypatch.setenv("PMI_RANK", "0")  # what mpiexec sets: the command then runs on MPI, not devices
+    for option in ("--eager-limit", "--shuffle"):
+        assert main(["run", f"{script}:ring", option, "0"]) == 2
+        assert "are modes of the emulator; under mpiexec the MPI library decides" in capsys.readouterr().err
+
+
 def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"
