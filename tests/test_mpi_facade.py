@@ -31,7 +31,7 @@ def _mpiexec() -> str | None:
 
 
 @pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
-                                  "in_place.py", "semantics.py"])
+                                  "in_place.py", "semantics.py", "scans.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -48,7 +48,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
               "contexts.py": "rank 1 b got on b a got on a",
               "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0] count 3",
               "in_place.py": f"rank 0 Reduce_scatter_block [{n * (n - 1) / 2}, {n * (n - 1) / 2 + n}]",
-              "semantics.py": "rank 0 isend took [2.0, 2.0, 2.0, 2.0] tag ok"}
+              "semantics.py": "rank 0 isend took [2.0, 2.0, 2.0, 2.0] tag ok",
+              "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}"}
     assert expect[prog] in emu.stdout
 
 

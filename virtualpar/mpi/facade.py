@@ -177,6 +177,25 @@ class Comm(BufferCollectives):
         everything = self.allgather(list(sendobj))
         return [everything[r][self.rank] for r in range(self.size)]
 
+    def scan(self, sendobj: Any, op: Op = SUM) -> Any:
+        """Rank i gets ``x_0 op x_1 op … op x_i`` (reduced left to right at rank 0)."""
+        return self._from_root(self._prefixes(sendobj, op, inclusive=True), 0, per_rank=True)
+
+    def exscan(self, sendobj: Any, op: Op = SUM) -> Any:
+        """Rank i gets ``x_0 op … op x_{i−1}``; rank 0 gets None (MPI leaves it undefined)."""
+        return self._from_root(self._prefixes(sendobj, op, inclusive=False), 0, per_rank=True)
+
+    def _prefixes(self, sendobj: Any, op: Op, inclusive: bool) -> list[Any] | None:
+        """At rank 0: every rank's prefix reduction, in rank order (None elsewhere)."""
+        parts = self._to_root(sendobj, 0)
+        if parts is None:
+            return None
+        running, acc = [], None
+        for i, part in enumerate(parts):
+            acc = part if i == 0 else op.fn(acc, part)
+            running.append(acc)
+        return running if inclusive else [None] + running[:-1]
+
     # -- new communicators --------------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> "Comm":
         self._splits += 1
@@ -187,6 +206,14 @@ class Comm(BufferCollectives):
 
     def Dup(self) -> "Comm":
         return self.Split(0, self.rank)
+
+    def Free(self) -> None:
+        """Release a communicator made by ``Split``, ``Dup`` or ``Create_cart``: nothing to release
+        here (it owns no resource but its tags).  Freeing ``COMM_WORLD`` or ``COMM_SELF`` is an
+        error in MPI, and here."""
+        if self._ctx in (0, 1):
+            raise ValueError(f"rank {self.rank}: MPI_Comm_free of {'COMM_SELF' if self._ctx == 0 else 'COMM_WORLD'} "
+                             "is erroneous (MPI_ERR_COMM): only communicators the program created are freed")
 
     def Create_cart(self, dims: list[int], periods: Any = None, reorder: bool = False) -> "Cartcomm":
         self._splits += 1

@@ -3,10 +3,11 @@ upper-case calls, built on the communicator's pickle-based lower-case ones (virt
 
 ``MPI.IN_PLACE`` works where MPI defines it: as the send buffer of ``Reduce`` and ``Allreduce``
 (the input is the receive buffer), ``Gather(v)`` at the root and ``Allgather(v)`` (a rank's own
-piece is already in the receive buffer, at its displacement), ``Alltoall`` and
-``Reduce_scatter_block`` (the input is the receive buffer), and as the root's receive buffer of
-``Scatter(v)`` (it keeps its piece in the send buffer).  In a ``[buf, count, type]`` spec of a
-collective's gathered, scattered or exchanged buffer the count is per rank, as MPI reads it.
+piece is already in the receive buffer, at its displacement), ``Alltoall``,
+``Reduce_scatter_block``, ``Scan`` and ``Exscan`` (the input is the receive buffer), and as the
+root's receive buffer of ``Scatter(v)`` (it keeps its piece in the send buffer).  In a
+``[buf, count, type]`` spec of a collective's gathered, scattered or exchanged buffer the count is
+per rank, as MPI reads it.
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ class BufferCollectives:
         total = self.allreduce(np.array(source), op)
         mine = np.array_split(total, self.size)[self.rank]
         flat[:mine.size] = mine
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """``sendbuf=IN_PLACE``: the input is ``recvbuf``."""
+        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
+        np.copyto(_buf(recvbuf), self.scan(np.array(src), op))
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """``sendbuf=IN_PLACE``: the input is ``recvbuf``; rank 0's ``recvbuf`` is left as it is."""
+        src = _buf(recvbuf) if sendbuf is IN_PLACE else _buf(sendbuf)
+        out = self.exscan(np.array(src), op)
+        if out is not None:
+            np.copyto(_buf(recvbuf), out)
 
     def _in_place(self, recvbuf: Any, call: str, root: int | None = None) -> np.ndarray:
         """This rank's own piece of ``recvbuf`` for an ``IN_PLACE`` send (its displacement and
