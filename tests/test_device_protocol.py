@@ -84,7 +84,8 @@ class FakeDevice:
     def send(self, *a, **k):
         raise AssertionError("no peers")
 
-    recv = isend = irecv = sendrecv = all_gather = reduce_scatter = broadcast = reduce = gather = scatter = all_to_all = send
+    recv = isend = irecv = ssend = issend = sendrecv = send
+    all_gather = reduce_scatter = broadcast = reduce = gather = scatter = all_to_all = send
     barrier = matmul = send
 
 

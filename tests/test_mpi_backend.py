@@ -439,3 +439,35 @@ def test_the_leak_check_reports_a_new_segment_only_when_no_process_maps_it():
     finally:
         os.unlink(path)
     assert name not in left_behind(before)
+
+
+SYNCHRONOUS = """
+import numpy as np
+
+def step(dev):
+    if dev.rank == 0:
+        a, b = dev.issend(np.arange(3.0), 1, tag=1), dev.issend({"k": 2}, 1, tag=2)
+        dev.barrier()
+        early = (a.test(), b.test())  # nobody has posted their receives yet
+        dev.barrier()
+        a.wait()
+        b.wait()
+        dev.ssend(np.ones(2), 1, tag=3)
+        return early, float(dev.recv(1, tag=4)[0])
+    dev.barrier()
+    dev.barrier()
+    if dev.rank == 1:
+        two, one = dev.recv(0, tag=2), dev.recv(0, tag=1)  # in reverse: each completes its own issend
+        three = dev.recv(0, tag=3)
+        dev.ssend(np.full(1, 9.0), 0, tag=4)
+        return two, one.tolist(), three.tolist()
+    return None
+"""
+
+
+def test_synchronous_sends_wait_for_their_receives_on_both_backends(tmp_path):
+    """An issend is not complete before its receive is posted, however small (MPI's Issend), and
+    issends to one peer complete in whatever order their receives come."""
+    emu, real = _both(tmp_path, SYNCHRONOUS, 3)
+    assert _results(real) == _results(emu)
+    assert "((False, False), 9.0)" in emu and "({'k': 2}, [0.0, 1.0, 2.0], [1.0, 1.0])" in emu

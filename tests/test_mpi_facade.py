@@ -31,7 +31,7 @@ def _mpiexec() -> str | None:
 
 
 @pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
-                                  "in_place.py", "semantics.py", "scans.py"])
+                                  "in_place.py", "semantics.py", "scans.py", "synchronous.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -49,7 +49,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
               "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0] count 3",
               "in_place.py": f"rank 0 Reduce_scatter_block [{n * (n - 1) / 2}, {n * (n - 1) / 2 + n}]",
               "semantics.py": "rank 0 isend took [2.0, 2.0, 2.0, 2.0] tag ok",
-              "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}"}
+              "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}",
+              "synchronous.py": "rank 0 issends done before their receives: (False, False)"}
     assert expect[prog] in emu.stdout
 
 
@@ -60,6 +61,13 @@ def test_a_deadlocked_program_is_named_not_hung():
     assert "Deadlock" in emu.stderr and "device 0 waits recv from 1 (tag 0)" in emu.stderr
     # what the ranks printed before they blocked is shown, as mpiexec shows it (it was dropped)
     assert _lines(emu.stdout) == ["rank 0 waits for 1", "rank 1 waits for 0"]
+
+
+def test_an_ssend_ring_is_named_as_the_deadlock_it_is_under_any_mpi():
+    """Every rank ssends right, then receives: MPICH hangs there; the emulator names the cycle."""
+    emu = _emulate("synchronous.py", 3, "--unsafe")
+    assert emu.returncode == 1 and "never gets here" not in emu.stdout
+    assert "Deadlock" in emu.stderr and "device 0 waits send to 1 (tag 0) ← device 1 waits send to 2" in emu.stderr
 
 
 @pytest.mark.parametrize("prog, n, lines, error", [

@@ -69,6 +69,15 @@ class Device(Protocol):
         """Start a ``recv``; returns a request whose ``wait()`` returns the message (its ``status``: who sent it)."""
         ...
 
+    def ssend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        """A synchronous ``send`` (MPI's ``Ssend``): returns only once a matching receive has taken ``x``, whatever
+        its size, so a program that completes with it does not rely on buffering."""
+        ...
+
+    def issend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Any:
+        """Start an ``ssend`` (MPI's ``Issend``); its request completes once a matching receive has taken ``x``."""
+        ...
+
     def sendrecv(self, x: Any, dst: int, src: int, sendtag: int = 0, recvtag: int | None = None,
                  timeout: float | None = None) -> Any:
         """Send ``x`` to ``dst`` and receive from ``src`` at once (MPI's ``Sendrecv``; a ring of them never

@@ -146,17 +146,29 @@ class MPIDevice(MPICollectives, ReceiveMatching):
 
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> SendRequest:
+        return self._isend(x, dst, tag, False)
+
+    def issend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> SendRequest:
+        """MPI's ``Issend``: complete once the matching receive took the message."""
+        return self._isend(x, dst, tag, True)
+
+    def ssend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        """MPI's ``Ssend`` (to this process itself with no receive posted: ``P2PTimeout``)."""
+        self._isend(x, dst, tag, True).wait(timeout)
+
+    def _isend(self, x: Any, dst: int, tag: int, sync: bool) -> SendRequest:
         dst, tag = self._peer(dst, tag, "dst")
         t0 = (self.wall, self._clock.now)
         # the bytes that travel, as on the emulator: an array's, or an object's pickle
         nbytes = x.nbytes if isinstance(x, np.ndarray) else len(pickle.dumps(x, protocol=5))
         stamp = self._clock.on_send(dst, nbytes)
+        post, post_array = (self.comm.issend, self.comm.Issend) if sync else (self.comm.isend, self.comm.Isend)
         if isinstance(x, np.ndarray):
             x = np.ascontiguousarray(x)
-            reqs = [self.comm.isend(("array", x.shape, x.dtype.str, stamp), dest=dst, tag=tag),
-                    self.comm.Isend(x, dest=dst, tag=tag), x]  # the array stays referenced until done
+            reqs = [post(("array", x.shape, x.dtype.str, stamp), dest=dst, tag=tag),
+                    post_array(x, dest=dst, tag=tag), x]  # the array stays referenced until done
         else:
-            reqs = [self.comm.isend(("object", x, stamp, nbytes), dest=dst, tag=tag)]
+            reqs = [post(("object", x, stamp, nbytes), dest=dst, tag=tag)]
         if dst != self.rank:  # as on the emulator: a message to oneself crosses no link, an object counts
             self._count(dst, nbytes)
         return SendRequest(self, reqs, dst, nbytes, stamp, t0, tag)

@@ -2,8 +2,9 @@
 
 ``virtualpar run --mpi -n 4 prog.py`` runs ``prog.py`` on every device with ``mpi4py`` and
 ``mpi4py.MPI`` resolving to :func:`module_for` a device.  Point-to-point calls become the device's
-own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``); collectives are
-built here from point-to-point messages in a fixed order (the root gathers in rank order, reduces
+own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``; ``ssend`` waits for
+its receive, as MPI's); collectives are built (:mod:`.facade_objects`, :mod:`.facade_buffers`)
+from point-to-point messages in a fixed order (the root gathers in rank order, reduces
 left to right, and sends the result back), so every rank gets the same bits.  A communicator's
 messages carry its own tag range (a context hashed from its parent's and its Split), so collectives
 and other communicators never mix with user messages, even with ``ANY_TAG``: it is received as any
@@ -24,6 +25,7 @@ import numpy as np
 from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_buffers import BufferCollectives
+from .facade_objects import ObjectCollectives
 from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
                            Request, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
 
@@ -40,7 +42,7 @@ class MPIAbort(VirtualParError):
     ranks are stopped and the job exits with ``errorcode``, as under ``mpiexec``."""
 
 
-class Comm(BufferCollectives):
+class Comm(ObjectCollectives, BufferCollectives):
     """A communicator: ``ranks`` (device ranks, in this communicator's order) and a tag range."""
 
     def __init__(self, dev: Any, ranks: tuple[int, ...], ctx: int) -> None:
@@ -89,6 +91,16 @@ class Comm(BufferCollectives):
             obj = obj.copy()
         return Request(None if dest == PROC_NULL else self._dev.isend(obj, self._peer(dest), tag=self._tag(tag)), self)
 
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Returns once the matching receive has taken ``obj`` (MPI's synchronous send)."""
+        if dest != PROC_NULL:
+            self._dev.ssend(obj, self._peer(dest), tag=self._tag(tag))
+
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        if isinstance(obj, np.ndarray):
+            obj = obj.copy()
+        return Request(None if dest == PROC_NULL else self._dev.issend(obj, self._peer(dest), tag=self._tag(tag)), self)
+
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self)
 
@@ -115,6 +127,14 @@ class Comm(BufferCollectives):
         return Request(None if dest == PROC_NULL else self._dev.isend(np.array(_wire(buf)), self._peer(dest),
                                                                      tag=self._tag(tag)), self)
 
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        if dest != PROC_NULL:
+            self._dev.ssend(_wire(buf), self._peer(dest), tag=self._tag(tag))
+
+    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        return Request(None if dest == PROC_NULL else self._dev.issend(np.array(_wire(buf)), self._peer(dest),
+                                                                      tag=self._tag(tag)), self)
+
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         out = _buf(buf)  # (checked before the receive is posted: a refused buffer must not leave one behind)
         return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self,
@@ -125,76 +145,6 @@ class Comm(BufferCollectives):
         req = self.Irecv(recvbuf, source, recvtag)  # (from PROC_NULL: complete at once, its status says so)
         self.Send(sendbuf, dest, sendtag)
         req.wait(status)
-
-    # -- collectives on objects: through the root, in rank order ------------------------------------
-    def _to_root(self, obj: Any, root: int) -> list[Any] | None:
-        tag = self._ctx * _SPAN + _COLL
-        if self.rank != root:
-            self._dev.send(obj, self._ranks[root], tag=tag)
-            return None
-        return [obj if r == root else self._dev.recv(self._ranks[r], tag=tag) for r in range(self.size)]
-
-    def _from_root(self, obj: Any, root: int, per_rank: bool = False) -> Any:
-        tag = self._ctx * _SPAN + _COLL
-        if self.rank == root:
-            for r in range(self.size):
-                if r != root:
-                    self._dev.send(obj[r] if per_rank else obj, self._ranks[r], tag=tag)
-            return obj[root] if per_rank else obj
-        return self._dev.recv(self._ranks[root], tag=tag)
-
-    def barrier(self) -> None:
-        self._from_root(self._to_root(None, 0), 0)
-
-    Barrier = barrier
-
-    # (parameter names as mpi4py's: a call by keyword, ``scatter(sendobj=...)``, works on both)
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self._from_root(obj, root)
-
-    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
-        return self._to_root(sendobj, root)
-
-    def allgather(self, sendobj: Any) -> list[Any]:
-        return self._from_root(self._to_root(sendobj, 0), 0)
-
-    def scatter(self, sendobj: Any, root: int = 0) -> Any:
-        return self._from_root(list(sendobj) if self.rank == root else None, root, per_rank=True)
-
-    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
-        parts = self._to_root(sendobj, root)
-        if parts is None:
-            return None
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = op.fn(acc, p)
-        return acc
-
-    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
-        return self._from_root(self.reduce(sendobj, op, 0), 0)
-
-    def alltoall(self, sendobj: Any) -> list[Any]:
-        everything = self.allgather(list(sendobj))
-        return [everything[r][self.rank] for r in range(self.size)]
-
-    def scan(self, sendobj: Any, op: Op = SUM) -> Any:
-        """Rank i gets ``x_0 op x_1 op … op x_i`` (reduced left to right at rank 0)."""
-        return self._from_root(self._prefixes(sendobj, op, inclusive=True), 0, per_rank=True)
-
-    def exscan(self, sendobj: Any, op: Op = SUM) -> Any:
-        """Rank i gets ``x_0 op … op x_{i−1}``; rank 0 gets None (MPI leaves it undefined)."""
-        return self._from_root(self._prefixes(sendobj, op, inclusive=False), 0, per_rank=True)
-
-    def _prefixes(self, sendobj: Any, op: Op, inclusive: bool) -> list[Any] | None:
-        """At rank 0: every rank's prefix reduction, in rank order (None elsewhere)."""
-        parts = self._to_root(sendobj, 0)
-        if parts is None:
-            return None
-        running, acc = [], None
-        for i, part in enumerate(parts):
-            acc = part if i == 0 else op.fn(acc, part)
-            running.append(acc)
-        return running if inclusive else [None] + running[:-1]
 
     # -- new communicators --------------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> "Comm":

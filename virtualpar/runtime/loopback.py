@@ -31,22 +31,22 @@ def _copy(x: Any) -> Any:
     return pickle.loads(dumps_by_value(x))  # a class the run brought by value, too
 
 
-def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False) -> None:
-    """Queue a copy of ``x`` for this device's own receive.  In strict mode (``eager_limit``) a
-    blocking send above the limit waits for its receive, and only this device could post it after
-    the send returns: raised at once, as MPI would hang there."""
-    slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag))
+def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool = False) -> None:
+    """Queue a copy of ``x`` for this device's own receive.  A blocking send that must wait for its
+    receive (``ssend``; in strict mode, a send above ``eager_limit``) completes only if that
+    receive is already posted: else only this device could post it, after the send returned, so it
+    is raised at once, as MPI would hang there."""
+    slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag, "ssend" if sync else "send"))
     copy = _copy(x)
     limit = dev._endpoint.eager_limit
-    if blocking and limit is not None:
-        nbytes = x.nbytes if plain_array(x) else len(dumps_by_value(x))
-        if nbytes > limit:
-            dev._recorder.finish(slot, dev.clock, failed=True)
-            raise UsageError(f"{dev.name}: send to itself (tag {tag}) of {nbytes} bytes at op #{dev.op_seq} is above "
-                             f"eager_limit={limit}: it waits for its receive, which only this device could post "
-                             "once the send returned, so it would wait forever (use isend, then recv)",
-                             rank=dev.rank, tag=tag)
-    dev._endpoint.deliver_to_self(tag, copy)
+    must_match = blocking and (sync or limit is not None)
+    nbytes = (x.nbytes if plain_array(x) else len(dumps_by_value(x))) if must_match else 0
+    if not dev._endpoint.deliver_to_self(tag, copy, posted_only=must_match and (sync or nbytes > limit)):
+        dev._recorder.finish(slot, dev.clock, failed=True)
+        verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")
+        raise UsageError(f"{dev.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op #{dev.op_seq} is {why}: "
+                         "it waits for its receive, none is posted, and only this device could post one once the "
+                         "send returned, so it would wait forever (use isend, then recv)", rank=dev.rank, tag=tag)
     dev._recorder.finish(slot, dev.clock)
 
 

@@ -52,16 +52,31 @@ class PointToPoint:
 
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
+        return self._isend(x, dst, tag, timeout, False)
+
+    def issend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
+        """Start a *synchronous* send (MPI's ``Issend``): complete only once a matching receive has
+        taken ``x``, whatever its size and ``eager_limit`` (to this device itself: at once, as ``isend``)."""
+        return self._isend(x, dst, tag, timeout, True)
+
+    def ssend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
+        """Send ``x`` and return only once a matching receive has taken it (MPI's ``Ssend``): a
+        program that completes with ``ssend`` in place of ``send`` does not rely on buffering."""
+        if type(dst) is int and dst == self.rank and type(tag) is int:
+            return send_to_self(self, x, tag, blocking=True, sync=True)
+        self._isend(x, dst, tag, timeout, True).wait()
+
+    def _isend(self, x: Any, dst: int, tag: int, timeout: float | None, sync: bool) -> Request:
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
                 send_to_self(self, x, tag)
                 return SelfSend(tag)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.send(x, dst, tag))
+        slot = self._begin_op(*self._texts.send(x, dst, tag, "ssend" if sync else "send"))
         wall0 = time.monotonic()
         deadline = wall0 + budget
-        inner, flow = self._post_send_or_fail(x, dst, tag, slot)  # posting a large message takes a while
+        inner, flow = self._post_send_or_fail(x, dst, tag, slot, sync)  # posting a large message takes a while
         return Request(self, inner, "send", dst, tag, deadline, None, slot, flow, budget, wall0)
 
     def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
@@ -181,18 +196,19 @@ class PointToPoint:
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UsageError(f"{self.name}: recv(out=...) needs a writeable C-contiguous array")
 
-    def _post_send(self, x: Any, dst: int, tag: int) -> tuple[Any, tuple[int, int, int, int] | None]:
+    def _post_send(self, x: Any, dst: int, tag: int, sync: bool = False) -> tuple[Any, tuple[int, int, int, int] | None]:
         """Stamp and post one message; returns (transport request, trace flow id or None).  A flow
         id is (src, dst, message number, resets), formatted only when the trace is read."""
         flow = None
         if self._trace:  # the flow id links the send and recv events of one message in a trace
             flow = (self.rank, dst, self._endpoint.next_seq(dst), self._endpoint.resets)
-        return self._endpoint.isend(x, dst, tag, on_send=self._clock.on_send), flow
+        return self._endpoint.isend(x, dst, tag, on_send=self._clock.on_send, sync=sync), flow
 
-    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int) -> tuple[Any, tuple[int, int, int, int] | None]:
+    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int,
+                           sync: bool = False) -> tuple[Any, tuple[int, int, int, int] | None]:
         """``_post_send`` for a user-level op: a send that cannot be posted is recorded as failed."""
         try:
-            return self._post_send(x, dst, tag)
+            return self._post_send(x, dst, tag, sync)
         except BaseException:
             self._recorder.finish(slot, self._clock.now, failed=True)
             raise

@@ -143,21 +143,21 @@ class OpTexts:
         self._sends: dict[tuple, tuple[str, bytes]] = {}
         self._recvs: dict[tuple, tuple[str, bytes]] = {}
 
-    def send(self, x: Any, dst: int, tag: int) -> tuple[str, bytes]:
-        """``send to {dst} tag={tag} {describe_payload(x)}``, and its encoding."""
+    def send(self, x: Any, dst: int, tag: int, verb: str = "send") -> tuple[str, bytes]:
+        """``send to {dst} tag={tag} {describe_payload(x)}`` (or ``ssend``), and its encoding."""
         if isinstance(x, np.ndarray):
-            key: tuple = (dst, tag, x.shape, x.dtype)
+            key: tuple = (dst, tag, x.shape, x.dtype, verb)
             entry = self._sends.get(key)
             if entry is None:
-                text = f"send to {dst} tag={tag} {describe_payload(x)}"
+                text = f"{verb} to {dst} tag={tag} {describe_payload(x)}"
                 if x.dtype.names is not None:
                     return text, text.encode("utf-8", "replace")
                 entry = self._keep(self._sends, key, text)
             return entry
-        key = (dst, tag, type(x))
+        key = (dst, tag, type(x), verb)
         entry = self._sends.get(key)
         if entry is None:
-            entry = self._keep(self._sends, key, f"send to {dst} tag={tag} {describe_payload(x)}")
+            entry = self._keep(self._sends, key, f"{verb} to {dst} tag={tag} {describe_payload(x)}")
         return entry
 
     def recv(self, src: int, tag: int) -> tuple[str, bytes]:

@@ -33,13 +33,14 @@ from typing import NamedTuple
 from .shm import Layout, SharedArena
 
 __all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS", "FLAG_RESENT",
-           "OFFER_SLOTS", "offer_slot", "pack_header"]
+           "FLAG_SYNC", "OFFER_SLOTS", "offer_slot", "pack_header"]
 
 KIND_ARRAY = 1  # raw bytes of a C-contiguous numpy array
 KIND_PICKLE = 2  # a pickled Python object
 FLAG_CONTROL = 0x100  # runtime control traffic: not counted as data, costs no modelled time
 FLAG_RENDEZVOUS = 0x200  # the payload stays in the sender's memory; the receiver reads it from there
 FLAG_RESENT = 0x400  # the streamed payload of an offer the receiver could not read (same seq as the offer)
+FLAG_SYNC = 0x800  # a synchronous send (MPI's Ssend): an offer taken only once its receive is posted
 OFFER_SLOTS = 7  # rendezvous offers a channel holds at once: one answer word each, in the consumer's line
 
 

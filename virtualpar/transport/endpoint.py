@@ -48,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .arrivals import ArrivalCounters
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, VirtualChannel, offer_slot
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_SYNC, VirtualChannel, offer_slot
 from .leftovers import UNFINISHED_RECEIVE
 from .payload import encode
 from .receiving import CHUNK, Receiving
@@ -130,8 +130,9 @@ class Endpoint(Receiving):
 
     # -- posting ----------------------------------------------------------------------------------
     def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False,
-              on_send: Callable[[int, int], float] | None = None) -> SendRequest | SentRequest:
-        """Post ``obj`` to ``dst``, stamped ``stamp`` or ``on_send(dst, nbytes)`` (modelled departure)."""
+              on_send: Callable[[int, int], float] | None = None, sync: bool = False) -> SendRequest | SentRequest:
+        """Post ``obj`` to ``dst``, stamped ``stamp`` or ``on_send(dst, nbytes)`` (modelled departure);
+        ``sync``: done only once a matching receive has taken it (MPI's ``Issend``), whatever its size."""
         if self.shuffle is not None and not control:
             self.shuffle.pause()
         kind, payload, view, dtype, shape = encode(obj)
@@ -142,7 +143,9 @@ class Endpoint(Receiving):
         if control:
             kind |= FLAG_CONTROL
         limit = self.eager_limit
-        strict = limit is not None and nbytes > limit and not control and nbytes > 0
+        strict = not control and (sync or limit is not None and nbytes > limit and nbytes > 0)
+        if sync:
+            kind |= FLAG_SYNC
         if nbytes <= self._small and not self._sendq[dst] and not strict:
             # The eager fast path: nothing queued ahead of it (FIFO) and a small payload, so the
             # whole frame goes into the ring now, published with one store, or not at all.
@@ -226,6 +229,8 @@ class Endpoint(Receiving):
                     rdv = req.kind & FLAG_RENDEZVOUS
                     if rdv:
                         rdv = new_offer(self, req, offers)
+                        if rdv is None:
+                            return  # a synchronous send waits for a free slot: it must stay an offer
                     addr = req.payload.ctypes.data if rdv else 0
                     small = req.padded if not rdv and req.padded <= self._small else 0
                     if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,

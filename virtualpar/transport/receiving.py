@@ -184,9 +184,10 @@ class Receiving:
         req.buf = req.target = None
         req.done = True
 
-    def deliver_to_self(self, tag: int, value: Any) -> None:
+    def deliver_to_self(self, tag: int, value: Any, posted_only: bool = False) -> bool:
         """A message to this endpoint itself (``value`` already a private copy), matched as a frame
-        from a peer would be (see the module doc)."""
+        from a peer would be (see the module doc); with ``posted_only``, only to a receive already
+        posted (else nothing happens: False)."""
         array = plain_array(value)
         kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
         size = value.nbytes if array else len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))  # as a peer's
@@ -198,9 +199,12 @@ class Receiving:
             req = wild
         elif posted:
             req = posted.popleft()
+        elif posted_only:
+            return False
         else:
             req = RecvRequest(self, self.me, tag)
             self._order += 1
             req.order = self._order
             self._unexpected[key].append(req)
         req.header, req.value, req.done = header, value, True
+        return True

@@ -9,10 +9,11 @@ once), writes ``token << 2`` into the channel's answer word for the offer's slot
 sender, whose send then completes.
 
 A channel holds up to ``OFFER_SLOTS`` (7) offers at once, each answered in a word of its own, so
-later messages do not wait behind an offer nobody has taken yet: in strict mode the receiver takes
-an offer only once its receive is posted, and receives may be posted in any order (MPI's rendezvous
+later messages do not wait behind an offer nobody has taken yet: in strict mode, and for a
+synchronous send (``FLAG_SYNC``, MPI's ``Ssend``, of any size, even empty), the receiver takes an
+offer only once its receive is posted, and receives may be posted in any order (MPI's rendezvous
 sends complete in whatever order their receives come).  With every slot taken, a further large send
-to that peer is streamed through the ring instead.
+to that peer is streamed through the ring instead; a synchronous one waits for a slot.
 
 If the kernel refuses (another OS, a ptrace policy), the receiver answers ``token << 2 | 1`` and
 the sender streams the payload through the ring after all, behind a header of its own
@@ -32,7 +33,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, OFFER_SLOTS, offer_slot
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, OFFER_SLOTS, offer_slot
 from .payload import byte_view
 from .requests import SEND_NEW
 from .shm import PERMANENT_ERRORS, read_remote
@@ -54,13 +55,13 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     h = req.header
     assert h is not None
     limit = ep.eager_limit
-    if limit is not None and h.nbytes > limit and not h.kind & FLAG_CONTROL:
+    if (h.kind & FLAG_SYNC or limit is not None and h.nbytes > limit) and not h.kind & FLAG_CONTROL:
         held = ep._unexpected.get((req.src, req.tag))
         if held and held[-1] is req:
-            return  # strict mode: no receive is posted yet; Endpoint.irecv takes it when one is
-    if req.target is None:
+            return  # strict mode or Ssend: no receive is posted yet; Endpoint.irecv takes it when one is
+    if req.target is None and h.nbytes:  # (an empty Ssend reads nothing)
         req.target = ep._pool.raw(h.nbytes)
-    err = read_remote(h.pid, h.addr, req.target, h.nbytes) if ep._can_read else errno.EPERM
+    err = 0 if not h.nbytes else read_remote(h.pid, h.addr, req.target, h.nbytes) if ep._can_read else errno.EPERM
     if not err:
         ch.answer(h.token)
         ep._bells[req.src].release()
@@ -77,10 +78,11 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     ep._bells[req.src].release()
 
 
-def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int:
+def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int | None:
     """The sender's side: give ``req`` a free offer slot of its channel and a fresh token (the slot
     in its low 3 bits): ``FLAG_RENDEZVOUS``; with every slot holding an offer not answered yet,
-    make it an eager message, streamed through the ring: 0.  A token, once given, is kept (while
+    make it an eager message, streamed through the ring: 0 — or, for a synchronous send, which
+    must stay an offer, None: it waits for a slot.  A token, once given, is kept (while
     ``req`` waits for room its slot stays free: the sends behind it in the queue cannot take it),
     so that a wait that published it on the wait board keeps naming the offer that goes out."""
     if req.token and offer_slot(req.token) not in offers:
@@ -90,6 +92,8 @@ def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest
             ep._token += 1
             req.token = ep._token << 3 | slot
             return FLAG_RENDEZVOUS
+    if req.kind & FLAG_SYNC:
+        return None
     req.kind &= ~FLAG_RENDEZVOUS
     return 0
 

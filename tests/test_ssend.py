@@ -1,0 +1,101 @@
+"""Synchronous sends (MPI's ``Ssend``/``Issend``): complete only once a matching receive has taken
+the message, whatever its size and whatever ``eager_limit`` — so a program that completes with
+them does not rely on buffering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from virtualpar import VirtualCluster
+from virtualpar.errors import Deadlock, UsageError
+
+TIMEOUT = 30.0
+
+
+def _ring(dev, sync: bool):
+    """Everybody sends right, then receives from the left: only buffering lets it through."""
+    right, left = (dev.rank + 1) % dev.size, (dev.rank - 1) % dev.size
+    (dev.ssend if sync else dev.send)(np.full(2, float(dev.rank)), right)
+    return float(dev.recv(left)[0])
+
+
+def test_an_ssend_ring_is_the_deadlock_a_send_ring_hides(no_leaks):
+    with VirtualCluster(3, timeout=TIMEOUT) as c:
+        assert c.run(_ring, False) == [2.0, 0.0, 1.0]
+        with pytest.raises(Deadlock, match=r"device 0 waits send to 1 \(tag 0\) ← device 1 waits send to 2"):
+            c.run(_ring, True)
+        assert c.run(_ring, False) == [2.0, 0.0, 1.0]  # the cluster stays usable
+
+
+def _pending_until_received(dev, payload):
+    if dev.rank == 0:
+        req = dev.issend(payload, 1, tag=5)
+        dev.barrier()
+        before = req.test()
+        dev.barrier()
+        req.wait()
+        return before
+    dev.barrier()
+    dev.barrier()
+    got = dev.recv(0, tag=5)
+    return got.shape if isinstance(got, np.ndarray) else got
+
+
+@pytest.mark.parametrize("payload", [np.ones(1), np.empty((0, 3)), np.ones(1 << 17), {"a": 1}],
+                         ids=["8 bytes", "empty", "1 MiB", "object"])
+def test_an_issend_completes_only_once_its_receive_took_it(payload):
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        before, got = c.run(_pending_until_received, payload)
+    assert before is False
+    assert got == (payload.shape if isinstance(payload, np.ndarray) else payload)
+
+
+def _many(dev, count: int, order: str):
+    if dev.rank == 0:
+        reqs = [dev.issend(np.full(3, float(i)), 1, tag=i) for i in range(count)]
+        for r in reqs:
+            r.wait()
+        return None
+    tags = range(count) if order == "forward" else reversed(range(count))
+    return [float(dev.recv(0, tag=t)[0]) for t in tags]
+
+
+@pytest.mark.parametrize("count, order", [(3, "reverse"), (7, "reverse"), (12, "forward")])
+def test_issends_to_one_peer_complete_as_their_receives_come(count, order):
+    """Up to 7 wait for their receives at once, taken in any order; more wait for one of them to
+    finish (MPI has no such bound: 8 or more received in reverse would be a Deadlock here)."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        got = c.run(_many, count, order)[1]
+    assert got == [float(t) for t in (range(count) if order == "forward" else reversed(range(count)))]
+
+
+def _to_itself(dev, posted: bool):
+    req = dev.irecv(dev.rank, tag=2) if posted else None
+    dev.ssend(np.arange(2.0), dev.rank, tag=2)
+    return req.wait().tolist()
+
+
+def test_an_ssend_to_itself_needs_its_receive_posted_first():
+    """MPI completes it then, and hangs otherwise: here the hang is an error at once."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        assert c.run(_to_itself, True) == [[0.0, 1.0]] * 2
+        with pytest.raises(UsageError, match=r"ssend to itself \(tag 2\) of 16 bytes at op #\d+ is synchronous: it "
+                                             "waits for its receive, none is posted"):
+            c.run(_to_itself, False)
+        assert c.run(_to_itself, True) == [[0.0, 1.0]] * 2  # nothing was left queued
+
+
+def _strict_and_sync(dev):
+    """In strict mode, an ssend below the limit still waits: the two are independent."""
+    if dev.rank == 0:
+        req = dev.issend(np.ones(1), 1)
+        dev.barrier()
+        return req.test(), req.wait()
+    dev.barrier()
+    return None, dev.recv(0).tolist()
+
+
+def test_an_issend_below_the_eager_limit_still_waits_for_its_receive():
+    with VirtualCluster(2, eager_limit=1 << 20, timeout=TIMEOUT) as c:
+        assert c.run(_strict_and_sync) == [(False, None), (None, [1.0])]
