@@ -61,13 +61,30 @@ def _many(dev, count: int, order: str):
     return [float(dev.recv(0, tag=t)[0]) for t in tags]
 
 
-@pytest.mark.parametrize("count, order", [(3, "reverse"), (7, "reverse"), (12, "forward")])
+@pytest.mark.parametrize("count, order", [(3, "reverse"), (12, "reverse"), (12, "forward")])
 def test_issends_to_one_peer_complete_as_their_receives_come(count, order):
-    """Up to 7 wait for their receives at once, taken in any order; more wait for one of them to
-    finish (MPI has no such bound: 8 or more received in reverse would be a Deadlock here)."""
+    """Up to 7 wait as offers in the channel's slots; the rest travel eagerly and are done when
+    their receiver says a receive took them — in any order, as MPI's (8 or more received in
+    reverse were a false Deadlock while the 8th waited for a slot)."""
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         got = c.run(_many, count, order)[1]
     assert got == [float(t) for t in (range(count) if order == "forward" else reversed(range(count)))]
+
+
+def _overtaken(dev):
+    """Eight issends, then a plain send with another tag, which the receiver takes first."""
+    if dev.rank == 0:
+        reqs = [dev.issend(np.full(2, float(i)), 1, tag=i) for i in range(8)]
+        dev.send("hello", 1, tag=99)
+        for r in reqs:
+            r.wait()
+        return None
+    return [dev.recv(0, tag=99)] + [float(dev.recv(0, tag=t)[0]) for t in reversed(range(8))]
+
+
+def test_a_send_after_many_issends_is_not_held_behind_them():
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        assert c.run(_overtaken)[1] == ["hello"] + [float(t) for t in reversed(range(8))]
 
 
 def _to_itself(dev, posted: bool):
@@ -86,13 +103,37 @@ def test_an_ssend_to_itself_needs_its_receive_posted_first():
         assert c.run(_to_itself, True) == [[0.0, 1.0]] * 2  # nothing was left queued
 
 
+def _issend_to_itself(dev, wait_first: bool):
+    req = dev.issend(np.ones(2), np.int64(dev.rank), tag=np.int64(3))  # numpy ints: the same call
+    if wait_first:
+        req.wait()
+    before = req.test()
+    got = dev.recv(dev.rank, tag=3).tolist()
+    req.wait()
+    return before, req.test(), got
+
+
+def test_an_issend_to_itself_is_done_once_its_own_receive_took_it():
+    """MPI's Issend to oneself completes when the receive comes; waiting first hangs under MPI,
+    and is an error here (it was complete at once, and an ssend with numpy ints skipped the check)."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        assert c.run(_issend_to_itself, False) == [(False, True, [1.0, 1.0])] * 2
+        with pytest.raises(UsageError, match=r"issend to itself \(tag 3\): no receive of this device has taken it"):
+            c.run(_issend_to_itself, True)
+        with pytest.raises(UsageError, match=r"ssend to itself \(tag 3\) of 16 bytes .* is synchronous"):
+            c.run(lambda dev: dev.ssend(np.ones(2), np.int64(dev.rank), tag=np.int64(3)))
+
+
 def _strict_and_sync(dev):
     """In strict mode, an ssend below the limit still waits: the two are independent."""
     if dev.rank == 0:
         req = dev.issend(np.ones(1), 1)
         dev.barrier()
-        return req.test(), req.wait()
+        before = req.test()
+        dev.barrier()
+        return before, req.wait()
     dev.barrier()
+    dev.barrier()  # (the receive comes only after device 0 has looked)
     return None, dev.recv(0).tolist()
 
 

@@ -336,10 +336,9 @@ def test_strict_mode_completes_sends_in_the_order_their_receives_come(monkeypatc
     """MPI's rendezvous sends complete as their receives are posted, in any order.  Offers used to
     wait in line on their channel, so a receive posted for a later tag found nothing and strict
     mode named a deadlock in a correct program.  With more sends than offer slots (7) the rest are
-    streamed; a refused offer (the kernel will not let the receiver read) is streamed behind a
-    header of its own, after later offers — whether the refusals are permanent or a transient one."""
-    from virtualpar.transport.channel import OFFER_SLOTS
-
+    streamed, and still done only once a receive took them (their receiver says so); a refused
+    offer (the kernel will not let the receiver read) is streamed behind a header of its own, after
+    later offers — whether the refusals are permanent or a transient one."""
     if read == "refused":
         monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)  # EPERM: permanent
     elif read == "refused at first":  # a transient error on every other read
@@ -354,7 +353,7 @@ def test_strict_mode_completes_sends_in_the_order_their_receives_come(monkeypatc
     with VirtualCluster(2, eager_limit=0, timeout=20) as c:
         early, bad = c.run(_reversed_receives, count)
         assert bad == 0
-        assert early == max(0, count - OFFER_SLOTS)  # the streamed ones finish without their receive
+        assert early == 0  # none finished before its receive was posted, streamed or not
         # still strict after the refusals: a send still waits for its receive (one refusal used to
         # make every later send to that peer eager, for good)
         with pytest.raises(Deadlock, match="device 0 waits send to 1 .* device 1 waits send to 0"):

@@ -92,7 +92,7 @@ class VirtualCluster:
     ``eager_limit``: strict mode.  None (default): channels buffer sends.  An int: a send of more
     than this many bytes completes only once its matching receive is posted (0: every send), so a
     program that only works because channels buffer deadlocks here, visibly (MPI's eager limit);
-    receives may come in any order (7 such sends per device pair wait at once; more are buffered).
+    receives may come in any order, as in MPI (``dev.ssend`` is the same check for one send).
     ``shuffle``: an int seed turns on shuffled mode: seeded random pauses before sends and receives
     (transport/shuffle.py), so races show up in tests and the seed reproduces the perturbation.
     ``bind``: run every device on its own share of the cores (on by default; runtime/binding.py).

@@ -31,23 +31,26 @@ def _copy(x: Any) -> Any:
     return pickle.loads(dumps_by_value(x))  # a class the run brought by value, too
 
 
-def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool = False) -> None:
-    """Queue a copy of ``x`` for this device's own receive.  A blocking send that must wait for its
-    receive (``ssend``; in strict mode, a send above ``eager_limit``) completes only if that
-    receive is already posted: else only this device could post it, after the send returned, so it
-    is raised at once, as MPI would hang there."""
+def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool = False) -> "SelfSend":
+    """Queue a copy of ``x`` for this device's own receive; returns the send's request.  A blocking
+    send that must wait for its receive (``ssend``; in strict mode, a send above ``eager_limit``)
+    completes only if that receive is already posted: else only this device could post it, after
+    the send returned, so it is raised at once, as MPI would hang there.  An ``issend``'s request
+    is done once a receive took the message."""
     slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag, "ssend" if sync else "send"))
     copy = _copy(x)
     limit = dev._endpoint.eager_limit
     must_match = blocking and (sync or limit is not None)
     nbytes = (x.nbytes if plain_array(x) else len(dumps_by_value(x))) if must_match else 0
-    if not dev._endpoint.deliver_to_self(tag, copy, posted_only=must_match and (sync or nbytes > limit)):
+    msg = dev._endpoint.deliver_to_self(tag, copy, posted_only=must_match and (sync or nbytes > limit))
+    if msg is None:
         dev._recorder.finish(slot, dev.clock, failed=True)
         verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")
         raise UsageError(f"{dev.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op #{dev.op_seq} is {why}: "
                          "it waits for its receive, none is posted, and only this device could post one once the "
                          "send returned, so it would wait forever (use isend, then recv)", rank=dev.rank, tag=tag)
     dev._recorder.finish(slot, dev.clock)
+    return SelfSend(tag, msg if sync and not blocking else None)
 
 
 def would_wait_forever(dev: Any, inner: Any, tag: int) -> UsageError:
@@ -60,18 +63,23 @@ def would_wait_forever(dev: Any, inner: Any, tag: int) -> UsageError:
 
 
 class SelfSend:
-    """What ``isend`` to oneself returns: complete at once (the message is already queued)."""
+    """What ``isend`` to oneself returns: complete at once (the message is already queued); for an
+    ``issend``, once a receive of this device took the message (``msg``: its receive request, which a
+    receive claims), and waiting before that is an error at once, as only this device could take it."""
 
     status = None
 
-    def __init__(self, tag: int) -> None:
-        self._tag = tag
+    def __init__(self, tag: int, msg: Any = None) -> None:
+        self._tag, self._msg = tag, msg
 
     def test(self) -> bool:
-        return True
+        return self._msg is None or self._msg.claimed
 
     def wait(self, timeout: float | None = None) -> None:
+        if not self.test():
+            raise UsageError(f"issend to itself (tag {self._tag}): no receive of this device has taken it, and only "
+                             "this device could, so waiting would wait forever (post the receive first)", tag=self._tag)
         return None
 
     def __repr__(self) -> str:
-        return f"<Request send self tag={self._tag} done>"
+        return f"<Request send self tag={self._tag} {'done' if self.test() else 'pending'}>"

@@ -56,22 +56,20 @@ class PointToPoint:
 
     def issend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start a *synchronous* send (MPI's ``Issend``): complete only once a matching receive has
-        taken ``x``, whatever its size and ``eager_limit`` (to this device itself: at once, as ``isend``)."""
+        taken ``x``, whatever its size and ``eager_limit``."""
         return self._isend(x, dst, tag, timeout, True)
 
     def ssend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
         """Send ``x`` and return only once a matching receive has taken it (MPI's ``Ssend``): a
         program that completes with ``ssend`` in place of ``send`` does not rely on buffering."""
-        if type(dst) is int and dst == self.rank and type(tag) is int:
-            return send_to_self(self, x, tag, blocking=True, sync=True)
-        self._isend(x, dst, tag, timeout, True).wait()
+        self._isend(x, dst, tag, timeout, True, blocking=True).wait()
 
-    def _isend(self, x: Any, dst: int, tag: int, timeout: float | None, sync: bool) -> Request:
+    def _isend(self, x: Any, dst: int, tag: int, timeout: float | None, sync: bool,
+               blocking: bool = False) -> Request | SelfSend:
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
-                send_to_self(self, x, tag)
-                return SelfSend(tag)
+                return send_to_self(self, x, tag, blocking, sync)
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         slot = self._begin_op(*self._texts.send(x, dst, tag, "ssend" if sync else "send"))
         wall0 = time.monotonic()
@@ -105,7 +103,8 @@ class PointToPoint:
         if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):
-                return send_to_self(self, x, tag, blocking=True)
+                send_to_self(self, x, tag, blocking=True)
+                return
         budget = self.config.timeout if timeout is None else self._timeout(timeout)
         if self._faults:
             self.isend(x, dst, tag, budget).wait()  # a fault due at this op fires before anything is posted

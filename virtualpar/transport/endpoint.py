@@ -28,8 +28,10 @@ takes an offer only once a matching receive is posted (until then it is an *unex
 whose payload stays with the sender), so the send completes only when its receive exists.  A
 program that relies on the channels buffering then blocks, as on a cluster with small eager
 buffers, and deadlock detection names it.  Offers do not wait in line: up to ``OFFER_SLOTS`` (7)
-per channel await their receives at once, taken in whatever order the receives come (further
-large sends to that peer are streamed, i.e. buffered).  Zero-byte payloads stay eager.
+per channel await their receives at once, taken in whatever order the receives come; further ones
+travel eagerly and are done when the receiver says a receive took them (``TAG_TAKEN``, see
+:mod:`.rendezvous`).  Zero-byte payloads stay eager.  A synchronous send (``sync``, MPI's
+``Issend``) is such a send whatever its size, an empty one too.
 
 Matching is FIFO per (source, tag); a message that arrives before its receive is posted waits in an
 *unexpected* queue (already in private memory, so the ring keeps flowing).  Receive buffers the
@@ -48,16 +50,16 @@ from typing import Any, Callable
 import numpy as np
 
 from .arrivals import ArrivalCounters
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_SYNC, VirtualChannel, offer_slot
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_SYNC, VirtualChannel
 from .leftovers import UNFINISHED_RECEIVE
 from .payload import encode
 from .receiving import CHUNK, Receiving
-from .rendezvous import collect_answers, new_offer, take_offer
-from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM, RecvRequest, SendRequest, SentRequest
+from .sending import Sending
+from .rendezvous import acknowledge
+from .requests import RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
 from .lazy import Lazy
 from .shm import CROSS_MEMORY, Layout, SharedArena, ring_control
-from .want_room import want_room
 from .wildcard import irecv_any
 from .waiting import spin_seconds, usable_cpus, wait
 from .waitboard import board_view
@@ -70,7 +72,7 @@ RENDEZVOUS_MIN: int | None = None  # payloads this large go by rendezvous; None:
 RENDEZVOUS_FLOOR = 1 << 16  # ... and payloads this large too when the ring cannot take them right now
 
 
-class Endpoint(Receiving):
+class Endpoint(Receiving, Sending):
     """Endpoint ``me`` of a cluster: sends, receives, progress and waiting."""
 
     def __init__(self, me: int, arena: SharedArena, layout: Layout, doorbells: list[Any]) -> None:
@@ -86,6 +88,7 @@ class Endpoint(Receiving):
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
         self._refused: dict[tuple[int, int], RecvRequest] = {}  # (source, seq): offers to be streamed (rendezvous.py)
+        self._unacked: dict[tuple[int, int], SendRequest] = {}  # (dst, seq): sent, done once a receive took it
         # How progress finds the sources with unread bytes: every inbound ring's head against its
         # tail, as two strided memoryviews compared in C (~0.4 µs for 64 sources; a Python loop
         # over the channels cost ~25 µs at 64 devices once the caches had gone cold between
@@ -144,7 +147,7 @@ class Endpoint(Receiving):
             kind |= FLAG_CONTROL
         limit = self.eager_limit
         strict = not control and (sync or limit is not None and nbytes > limit and nbytes > 0)
-        if sync:
+        if strict:  # done only once a receive took it (rendezvous.py)
             kind |= FLAG_SYNC
         if nbytes <= self._small and not self._sendq[dst] and not strict:
             # The eager fast path: nothing queued ahead of it (FIFO) and a small payload, so the
@@ -163,14 +166,6 @@ class Endpoint(Receiving):
         self._busy.add(dst)
         self._push(dst)
         return req
-
-    def _count(self, dst: int, nbytes: int, control: bool) -> None:
-        """Count a message to ``dst`` in the shared counters (control traffic apart from data)."""
-        if control:
-            self._ctrl_mv[dst] += nbytes
-        else:
-            self._bytes_mv[dst] += nbytes
-            self._msgs_mv[dst] += 1
 
     def renumber(self) -> None:
         """Number messages from 1 again (a reset; the start-up warm-up, whose messages were all received)."""
@@ -192,8 +187,8 @@ class Endpoint(Receiving):
             req = waiting.popleft()  # the oldest message with this key, complete or still arriving
             req.out = out
             req.claimed = True
-            if not req.done and req.expect == 0 and req.header is not None and req.header.kind & FLAG_RENDEZVOUS:
-                take_offer(self, self._in[src], req)  # strict mode held this offer until now
+            if req.header is not None and req.header.kind & FLAG_SYNC:  # strict mode / Issend: it waits for us
+                acknowledge(self, req)
             return req
         req = RecvRequest(self, src, tag, out)
         if self._posted_any:  # posting order matters only against waiting wildcard receives
@@ -215,62 +210,6 @@ class Endpoint(Receiving):
         for src in np.flatnonzero(self._heads_np != self._tails_np).tolist():
             self._pull(src)
 
-    def _push(self, dst: int) -> None:
-        q = self._sendq[dst]
-        ch = self._out[dst]
-        offers = self._offers[dst]
-        published = False
-        try:
-            if offers:
-                collect_answers(self, dst, ch, offers, q)
-            while q:
-                req = q[0]
-                if req.state == SEND_NEW:
-                    rdv = req.kind & FLAG_RENDEZVOUS
-                    if rdv:
-                        rdv = new_offer(self, req, offers)
-                        if rdv is None:
-                            return  # a synchronous send waits for a free slot: it must stay an offer
-                    addr = req.payload.ctypes.data if rdv else 0
-                    small = req.padded if not rdv and req.padded <= self._small else 0
-                    if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,
-                                           self._pid, addr, req.token, small):
-                        if want_room(ch):
-                            continue  # room appeared before the consumer could see the flag
-                        return
-                    published = True
-                    if rdv:  # done once the receiver answers (collect_answers): the next may go now
-                        req.state = SEND_OFFERED
-                        offers[offer_slot(req.token)] = req
-                        q.popleft()
-                        continue
-                    req.state = SEND_STREAM
-                while req.written < req.padded:
-                    room = ch.writable()
-                    if room <= 0:
-                        if want_room(ch):
-                            continue
-                        return
-                    n = min(room, req.padded - req.written, CHUNK)
-                    data_n = min(n, req.nbytes - req.written)
-                    if data_n > 0:
-                        ch.write(req.view[req.written :], data_n)
-                    if n > data_n:
-                        ch.skip_write(n - max(data_n, 0))
-                    req.written += n
-                    if req.written < req.padded and self._overlap:
-                        self._bells[dst].release()  # let the receiver start on this chunk now
-                    published = True
-                req.done = True
-                q.popleft()
-            if not offers:
-                self._busy.discard(dst)
-            if ch._want[0]:
-                ch._want[0] = 0  # nothing left to write: stop asking for posts
-        finally:
-            if published:
-                self._bells[dst].release()
-
     # -- waiting (see waiting.py) ----------------------------------------------------------------
     wait = wait  # (self, done, timeout, on_timeout, what, on_idle=None): progress until done()
 
@@ -285,6 +224,7 @@ class Endpoint(Receiving):
             q.clear()
         for offers in self._offers.values():
             offers.clear()
+        self._unacked.clear()
         self._busy.clear()
         self._posted.clear()
         self._posted_any.clear()

@@ -39,7 +39,8 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
                      " (partly received)")
             out.append((src, me, tag, desc + state))
     for dst, q in ep._sendq.items():
-        for req in (*ep._offers.get(dst, {}).values(), *q):  # once its header left, its receiver lists it too
+        unacked = [r for (d, _), r in ep._unacked.items() if d == dst]  # sent whole, waiting to be taken
+        for req in (*ep._offers.get(dst, {}).values(), *unacked, *q):  # once its header left, its receiver lists it too
             where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else "not yet sent"
             out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
                                           "(its bytes move only while the sender waits or sends)"))

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import PayloadError, UsageError
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
 from .payload import byte_view, check_out, header_dtype, plain_array
-from .rendezvous import take_offer
+from .rendezvous import TAG_TAKEN, take_offer, taken, tell_taken
 from .requests import RecvRequest
 from .want_room import FENCED, fence
 from .wildcard import match_any
@@ -62,6 +62,9 @@ class Receiving:
                     freed = True
                     if header is None:
                         continue  # an end-of-ring marker
+                    if header.tag == TAG_TAKEN:  # a receive took a message of ours that waited for one
+                        taken(self, src, int(header.stamp))
+                        continue
                     if header.kind & FLAG_RESENT:  # an offer we could not read, streamed: its receive waits
                         self._partial[src] = self._refused.pop((src, header.seq))
                         continue
@@ -122,10 +125,11 @@ class Receiving:
         key = (src, header.tag)
         posted = self._posted.get(key)
         wild = match_any(self, src, header.tag, posted[0] if posted else None) if self._posted_any else None
-        if wild is not None:
-            req = wild
-        elif posted:
-            req = posted.popleft()
+        if wild is not None or posted:
+            req = wild if wild is not None else posted.popleft()
+            req.claimed = True
+            if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer answers)
+                tell_taken(self, src, header.seq)  # its sender waits for that (rendezvous.acknowledge)
         else:
             req = RecvRequest(self, src, header.tag)
             self._order += 1
@@ -184,10 +188,11 @@ class Receiving:
         req.buf = req.target = None
         req.done = True
 
-    def deliver_to_self(self, tag: int, value: Any, posted_only: bool = False) -> bool:
+    def deliver_to_self(self, tag: int, value: Any, posted_only: bool = False) -> RecvRequest | None:
         """A message to this endpoint itself (``value`` already a private copy), matched as a frame
-        from a peer would be (see the module doc); with ``posted_only``, only to a receive already
-        posted (else nothing happens: False)."""
+        from a peer would be (see the module doc); returns the receive that took it, or the
+        unexpected message a later one adopts.  With ``posted_only``, only to a receive already
+        posted (else nothing happens: None)."""
         array = plain_array(value)
         kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
         size = value.nbytes if array else len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))  # as a peer's
@@ -195,16 +200,15 @@ class Receiving:
         key = (self.me, tag)
         posted = self._posted.get(key)
         wild = match_any(self, self.me, tag, posted[0] if posted else None) if self._posted_any else None
-        if wild is not None:
-            req = wild
-        elif posted:
-            req = posted.popleft()
+        if wild is not None or posted:
+            req = wild if wild is not None else posted.popleft()
+            req.claimed = True
         elif posted_only:
-            return False
+            return None
         else:
             req = RecvRequest(self, self.me, tag)
             self._order += 1
             req.order = self._order
             self._unexpected[key].append(req)
         req.header, req.value, req.done = header, value, True
-        return True
+        return req

@@ -9,11 +9,13 @@ once), writes ``token << 2`` into the channel's answer word for the offer's slot
 sender, whose send then completes.
 
 A channel holds up to ``OFFER_SLOTS`` (7) offers at once, each answered in a word of its own, so
-later messages do not wait behind an offer nobody has taken yet: in strict mode, and for a
-synchronous send (``FLAG_SYNC``, MPI's ``Ssend``, of any size, even empty), the receiver takes an
-offer only once its receive is posted, and receives may be posted in any order (MPI's rendezvous
-sends complete in whatever order their receives come).  With every slot taken, a further large send
-to that peer is streamed through the ring instead; a synchronous one waits for a slot.
+later messages do not wait behind an offer nobody has taken yet.  A send that must wait for its
+receive (``FLAG_SYNC``: strict mode above the limit, and MPI's ``Issend`` of any size, even empty)
+is an offer the receiver takes only once its receive is posted (:func:`acknowledge`), and
+receives may be posted in any order (MPI's rendezvous sends complete in whatever order their
+receives come).  With every slot taken, a further large send to that peer is streamed through the
+ring instead; one that must wait for its receive is then done when the receiver, once a receive
+took it, sends back a control message (``TAG_TAKEN``) naming its message number.
 
 If the kernel refuses (another OS, a ptrace policy), the receiver answers ``token << 2 | 1`` and
 the sender streams the payload through the ring after all, behind a header of its own
@@ -33,7 +35,9 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, OFFER_SLOTS, offer_slot
+import numpy as np
+
+from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, OFFER_SLOTS, offer_slot
 from .payload import byte_view
 from .requests import SEND_NEW
 from .shm import PERMANENT_ERRORS, read_remote
@@ -43,7 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
     from .requests import RecvRequest, SendRequest
 
-__all__ = ["take_offer", "new_offer", "collect_answers"]
+__all__ = ["take_offer", "new_offer", "collect_answers", "acknowledge", "tell_taken", "taken", "TAG_TAKEN"]
+
+TAG_TAKEN = -(1 << 40)  # control message to a sender: a receive took your message number <the stamp>
+_NOTHING = np.empty(0, np.uint8)
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +61,10 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     frame)."""
     h = req.header
     assert h is not None
-    limit = ep.eager_limit
-    if (h.kind & FLAG_SYNC or limit is not None and h.nbytes > limit) and not h.kind & FLAG_CONTROL:
+    if h.kind & FLAG_SYNC:
         held = ep._unexpected.get((req.src, req.tag))
         if held and held[-1] is req:
-            return  # strict mode or Ssend: no receive is posted yet; Endpoint.irecv takes it when one is
+            return  # strict mode or Issend: no receive is posted yet; acknowledge() takes it when one is
     if req.target is None and h.nbytes:  # (an empty Ssend reads nothing)
         req.target = ep._pool.raw(h.nbytes)
     err = 0 if not h.nbytes else read_remote(h.pid, h.addr, req.target, h.nbytes) if ep._can_read else errno.EPERM
@@ -78,11 +84,11 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     ep._bells[req.src].release()
 
 
-def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int | None:
+def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int:
     """The sender's side: give ``req`` a free offer slot of its channel and a fresh token (the slot
     in its low 3 bits): ``FLAG_RENDEZVOUS``; with every slot holding an offer not answered yet,
-    make it an eager message, streamed through the ring: 0 — or, for a synchronous send, which
-    must stay an offer, None: it waits for a slot.  A token, once given, is kept (while
+    make it an eager message, streamed through the ring: 0 (one that waits for its receive,
+    ``FLAG_SYNC``, is then done when its receiver acknowledges it).  A token, once given, is kept (while
     ``req`` waits for room its slot stays free: the sends behind it in the queue cannot take it),
     so that a wait that published it on the wait board keeps naming the offer that goes out."""
     if req.token and offer_slot(req.token) not in offers:
@@ -92,8 +98,6 @@ def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest
             ep._token += 1
             req.token = ep._token << 3 | slot
             return FLAG_RENDEZVOUS
-    if req.kind & FLAG_SYNC:
-        return None
     req.kind &= ~FLAG_RENDEZVOUS
     return 0
 
@@ -115,3 +119,28 @@ def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict
             queue.append(req)
         else:
             req.done = True
+
+
+def acknowledge(ep: "Endpoint", req: "RecvRequest") -> None:
+    """A receive took ``req``'s message, whose sender waits for that (``FLAG_SYNC``: strict mode,
+    ``Issend``): take its offer if it is one still held, or tell its sender (a control message,
+    ``TAG_TAKEN``, its number as the stamp: control messages carry no modelled time)."""
+    h = req.header
+    if h.kind & FLAG_RENDEZVOUS:
+        if not req.done and req.expect == 0:
+            take_offer(ep, ep._in[req.src], req)
+    else:
+        tell_taken(ep, req.src, h.seq)
+
+
+def tell_taken(ep: "Endpoint", src: int, seq: int) -> None:
+    """Tell ``src`` that a receive took its message ``seq`` (see :func:`acknowledge`)."""
+    ep.isend(_NOTHING, src, TAG_TAKEN, stamp=float(seq), control=True)
+
+
+def taken(ep: "Endpoint", src: int, seq: int) -> None:
+    """The sender's side of :func:`acknowledge`: message ``seq`` to ``src`` is done once all of it
+    is written (a receive may take it as soon as its header arrives)."""
+    req = ep._unacked.pop((src, seq), None)
+    if req is not None and req.written >= req.padded:
+        req.done = True

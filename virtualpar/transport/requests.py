@@ -105,7 +105,7 @@ class RecvRequest:
         self.done = False
         self.value: Any = None
         self.error: Exception | None = None
-        self.claimed = out is not None
+        self.claimed = False  # a receive took the message (a posted one when matched; an unexpected one, adopted)
         self.order = 0  # posting order (posted receives) or arrival order (unexpected messages)
 
     def __str__(self) -> str:  # what a timeout or abort says it waited for (formatted only then)

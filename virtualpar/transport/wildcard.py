@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .channel import FLAG_RENDEZVOUS
-from .rendezvous import take_offer
+from .channel import FLAG_SYNC
+from .rendezvous import acknowledge
 from .requests import RecvRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,8 +60,8 @@ def irecv_any(ep: "Endpoint", src: int | None, tag: int | range | None, out: Any
         ep._unexpected[best_key].popleft()
         best.out = out
         best.claimed = True
-        if not best.done and best.expect == 0 and best.header is not None and best.header.kind & FLAG_RENDEZVOUS:
-            take_offer(ep, ep._in[best_key[0]], best)  # strict mode held this offer until now
+        if best.header is not None and best.header.kind & FLAG_SYNC:  # strict mode / Issend: it waits for us
+            acknowledge(ep, best)
         return best
     req = RecvRequest(ep, src, tag, out)
     ep._order += 1

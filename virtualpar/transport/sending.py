@@ -1,0 +1,91 @@
+"""The sending half of ``Endpoint``'s progress engine: write queued messages into their rings.
+
+``_push(dst)`` writes what is queued for ``dst``, in order: a header, then (eager) the payload in
+``CHUNK`` pieces as the ring has room, the receiver rung after each piece only while devices
+have a core each (else once per message); a rendezvous offer is only a header, after which the
+next message may go while the offer waits in one of the channel's slots for its answer
+(:mod:`.rendezvous`).  A message that must wait for its receive (strict mode, ``Issend``) but
+found no free slot goes eager and is done only when its receiver says a receive took it
+(``Endpoint._unacked``, :func:`.rendezvous.acknowledge`).  A producer that finds no room raises
+the channel's want-room flag and returns (:mod:`.want_room`).
+
+``Sending`` is a mixin: the state it uses (channels, queues, offers, doorbells) is ``Endpoint``'s.
+"""
+
+from __future__ import annotations
+
+from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, offer_slot
+from .receiving import CHUNK
+from .rendezvous import collect_answers, new_offer
+from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM
+from .want_room import want_room
+
+__all__ = ["Sending"]
+
+
+class Sending:
+    """``_push`` and ``_count`` of :class:`~virtualpar.transport.endpoint.Endpoint`."""
+
+    def _push(self, dst: int) -> None:
+        q = self._sendq[dst]
+        ch = self._out[dst]
+        offers = self._offers[dst]
+        published = False
+        try:
+            if offers:
+                collect_answers(self, dst, ch, offers, q)
+            while q:
+                req = q[0]
+                if req.state == SEND_NEW:
+                    rdv = req.kind & FLAG_RENDEZVOUS
+                    if rdv:
+                        rdv = new_offer(self, req, offers)
+                    addr = req.payload.ctypes.data if rdv else 0
+                    small = req.padded if not rdv and req.padded <= self._small else 0
+                    if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,
+                                           self._pid, addr, req.token, small):
+                        if want_room(ch):
+                            continue  # room appeared before the consumer could see the flag
+                        return
+                    published = True
+                    if rdv:  # done once the receiver answers (collect_answers): the next may go now
+                        req.state = SEND_OFFERED
+                        offers[offer_slot(req.token)] = req
+                        q.popleft()
+                        continue
+                    req.state = SEND_STREAM
+                    if req.kind & FLAG_SYNC and not req.kind & FLAG_RESENT:  # a receive may take it from now
+                        self._unacked[(dst, req.seq)] = req  # (rendezvous.taken)
+                while req.written < req.padded:
+                    room = ch.writable()
+                    if room <= 0:
+                        if want_room(ch):
+                            continue
+                        return
+                    n = min(room, req.padded - req.written, CHUNK)
+                    data_n = min(n, req.nbytes - req.written)
+                    if data_n > 0:
+                        ch.write(req.view[req.written :], data_n)
+                    if n > data_n:
+                        ch.skip_write(n - max(data_n, 0))
+                    req.written += n
+                    if req.written < req.padded and self._overlap:
+                        self._bells[dst].release()  # let the receiver start on this chunk now
+                    published = True
+                req.done = (dst, req.seq) not in self._unacked  # else once a receive took it (rendezvous.taken)
+                q.popleft()
+            if not offers:
+                self._busy.discard(dst)
+            if ch._want[0]:
+                ch._want[0] = 0  # nothing left to write: stop asking for posts
+        finally:
+            if published:
+                self._bells[dst].release()
+
+    def _count(self, dst: int, nbytes: int, control: bool) -> None:
+        """Count a message to ``dst`` in the shared counters (control traffic apart from data)."""
+        if control:
+            self._ctrl_mv[dst] += nbytes
+        else:
+            self._bytes_mv[dst] += nbytes
+            self._msgs_mv[dst] += 1
