@@ -11,23 +11,21 @@ __all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "pos
 def positive_int(text: str) -> int:
     """A count given on the command line: an int >= 1 (argparse names the option when it is not:
     ``argument --steps: must be an int >= 1, got 0``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
-    return value
+    return _int_at_least(text, 1)
 
 
 def natural_int(text: str) -> int:
     """A byte count or seed given on the command line: an int >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"must be an int >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an int >= {low}, got {value}")
     return value
 
 

@@ -72,7 +72,8 @@ class Sending:
                     if req.written < req.padded and self._overlap:
                         self._bells[dst].release()  # let the receiver start on this chunk now
                     published = True
-                req.done = (dst, req.seq) not in self._unacked  # else once a receive took it (rendezvous.taken)
+                # done, unless it waits for a receive to take it and none has yet (rendezvous.taken)
+                req.done = not req.kind & FLAG_SYNC or (dst, req.seq) not in self._unacked
                 q.popleft()
             if not offers:
                 self._busy.discard(dst)
