@@ -12,7 +12,7 @@ import pytest
 
 import virtualpar
 from virtualpar import Mesh, MeshIndex, VirtualChannel, VirtualCluster, VirtualDevice
-from virtualpar.errors import ClusterClosedError, DeviceError, PayloadError, UsageError, VirtualParError
+from virtualpar.errors import ClusterClosedError, DeviceError, PayloadError, UsageError
 
 from . import _device_fns
 

@@ -17,7 +17,7 @@ from virtualpar.collectives import REDUCE_OPS, ThreadWorld, default_algorithm, s
 from virtualpar.collectives.selection import SHM_MIN_BYTES
 from virtualpar.collectives.shm import RING_MIN_BYTES
 from virtualpar.collectives.shm_copy import COPY_MIN_ROOM
-from virtualpar.errors import CollectiveTimeout, DeviceAborted, UsageError
+from virtualpar.errors import CollectiveTimeout, UsageError
 from virtualpar.mesh import Topology
 from virtualpar.sim import analytic
 from virtualpar.sim.schedules import ring_all_reduce_times

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import autograd.numpy as anp
 import numpy as np
 from autograd.extend import defvjp, primitive
 from autograd.scipy.special import erf

@@ -22,7 +22,6 @@ from typing import Any
 import autograd.numpy as anp
 import numpy as np
 
-from ..errors import UsageError
 from .activations import tanh
 from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input

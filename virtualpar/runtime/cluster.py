@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import PayloadError, UsageError, VirtualParError
+from ..errors import UsageError, VirtualParError
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link

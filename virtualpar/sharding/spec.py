@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 
 from ..errors import ShardingError
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from types import MappingProxyType
 from typing import Any
 
 from virtualpar.errors import UsageError
