@@ -40,7 +40,7 @@ KIND_PICKLE = 2  # a pickled Python object
 FLAG_CONTROL = 0x100  # runtime control traffic: not counted as data, costs no modelled time
 FLAG_RENDEZVOUS = 0x200  # the payload stays in the sender's memory; the receiver reads it from there
 FLAG_RESENT = 0x400  # the streamed payload of an offer the receiver could not read (same seq as the offer)
-FLAG_SYNC = 0x800  # a synchronous send (MPI's Ssend): an offer taken only once its receive is posted
+FLAG_SYNC = 0x800  # done only once a receive took it (strict mode, MPI's Issend): see rendezvous.py
 OFFER_SLOTS = 7  # rendezvous offers a channel holds at once: one answer word each, in the consumer's line
 
 
