@@ -391,3 +391,17 @@ def test_only_a_refusal_for_good_stops_the_offers(monkeypatch, errno_, offers_la
     monkeypatch.setattr(rendezvous, "read_remote", first_fails)
     with VirtualCluster(2, ring_bytes=1 << 16, timeout=20) as c:
         assert c.run(_send_large_twice)[0] is offers_later
+
+
+def test_a_message_both_ends_hold_is_listed_once_and_a_queued_send_as_it_is():
+    """The sender lists a send whose header left ("still being sent") and one still queued ("not
+    yet sent"); the receiver lists the message it holds.  The pair is one entry, the receiver's,
+    marked once — the queued send's entry came first and took the mark (it read "... an isend not
+    waited on ... from an isend not waited on")."""
+    from virtualpar.transport.leftovers import IN_FLIGHT, merge_ends
+
+    note = ": an isend not waited on (its bytes move only while the sender waits or sends)"
+    found = [(0, 1, 5, f"24 bytes {IN_FLIGHT}{note}"), (0, 1, 5, f"24 bytes not yet sent{note}"),
+             (1, 0, 2, "array(1,) float64"), (0, 1, 5, "array(3,) float64")]
+    assert merge_ends(found) == [(0, 1, 5, f"24 bytes not yet sent{note}"), (1, 0, 2, "array(1,) float64"),
+                                 (0, 1, 5, "array(3,) float64 from an isend not waited on")]

@@ -19,6 +19,7 @@ __all__ = ["pending", "withdraw", "merge_ends", "IN_FLIGHT", "UNFINISHED_RECEIVE
 
 UNFINISHED_RECEIVE = "a receive posted and never matched (an irecv not waited on): it would take a later run's message"
 IN_FLIGHT = "still being sent"  # a send whose header left: its receiver lists the message too
+_NOT_SENT = "not yet sent"  # a send still queued whole: nobody else lists it
 
 
 def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
@@ -41,7 +42,7 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
     for dst, q in ep._sendq.items():
         unacked = [r for (d, _), r in ep._unacked.items() if d == dst]  # sent whole, waiting to be taken
         for req in (*ep._offers.get(dst, {}).values(), *unacked, *q):  # once its header left, its receiver lists it too
-            where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else "not yet sent"
+            where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else _NOT_SENT
             out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
                                           "(its bytes move only while the sender waits or sends)"))
     return out
@@ -52,15 +53,17 @@ def merge_ends(found: list[tuple[int, int, int, str]]) -> list[tuple[int, int, i
     ("still being sent") is held by its receiver too, whole or in part: the receiver's entry
     stays, saying it came from an isend not waited on.  A message its receiver holds with no
     such sender entry (a blocking send that completed) is listed as it is."""
-    received = Counter((s, d, t) for s, d, t, desc in found if desc != UNFINISHED_RECEIVE and IN_FLIGHT not in desc
-                       and "not yet sent" not in desc and s != d)
+    def held(s: int, d: int, desc: str) -> bool:  # an entry of the receiver's, holding a message
+        return desc != UNFINISHED_RECEIVE and IN_FLIGHT not in desc and _NOT_SENT not in desc and s != d
+
+    received = Counter((s, d, t) for s, d, t, desc in found if held(s, d, desc))
     pairs = received & Counter((s, d, t) for s, d, t, desc in found if IN_FLIGHT in desc)
     drop, mark, out = Counter(pairs), Counter(pairs), []
     for s, d, t, desc in found:
         if IN_FLIGHT in desc and drop[(s, d, t)]:
             drop[(s, d, t)] -= 1
             continue
-        if desc != UNFINISHED_RECEIVE and IN_FLIGHT not in desc and mark[(s, d, t)]:
+        if held(s, d, desc) and mark[(s, d, t)]:  # (a sender's "not yet sent" entry already says so)
             mark[(s, d, t)] -= 1
             desc += " from an isend not waited on"
         out.append((s, d, t, desc))
