@@ -4,6 +4,8 @@ them does not rely on buffering."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -140,3 +142,63 @@ def _strict_and_sync(dev):
 def test_an_issend_below_the_eager_limit_still_waits_for_its_receive():
     with VirtualCluster(2, eager_limit=1 << 20, timeout=TIMEOUT) as c:
         assert c.run(_strict_and_sync) == [(False, None), (None, [1.0])]
+
+
+PAY = 1024 - 72  # a 72-byte header and 952 bytes: four such frames fill a 4096-byte ring
+
+
+def _ack_behind_own_sends(dev):
+    """Device 1 takes device 0's eager issend (its 8th: the 7 offer slots are held) while its own
+    ring to device 0 is full of isends device 0 takes only later, so its acknowledgement waits in
+    its queue; device 1's run ends before device 0 frees the room (the sleeps order it)."""
+    if dev.rank == 0:
+        held = [dev.issend(np.zeros(1), 1, tag=t) for t in range(1, 8)]
+        last = dev.issend(np.zeros(1), 1, tag=0)
+        time.sleep(0.3)
+        got = [dev.recv(1, tag=100).size for _ in range(8)]
+        for r in held + [last]:
+            r.wait()
+        return got
+    out = [dev.isend(np.zeros(PAY, np.uint8), 0, tag=100) for _ in range(8)]
+    dev.recv(0, tag=0)
+    for r in out:
+        r.wait()
+    return [dev.recv(0, tag=t).size for t in range(1, 8)]
+
+
+def test_an_acknowledgement_queued_behind_the_receivers_own_sends_is_written_before_its_run_ends():
+    """It waited in the queue with nobody left to write it: a correct program ended in a Deadlock
+    naming device 0's send and "device 1 has returned from the run"."""
+    with VirtualCluster(2, timeout=TIMEOUT, ring_bytes=4096) as c:
+        assert c.run(_ack_behind_own_sends) == [[PAY] * 8, [1] * 7]
+
+
+def _never_received(dev, nbytes):
+    if dev.rank == 0:
+        return [dev.issend(np.zeros(nbytes, np.uint8), 1, tag=t).test() for t in range(8)]
+    return None
+
+
+@pytest.mark.parametrize("nbytes", [100, 20000], ids=["whole in the ring", "larger than the ring"])
+def test_issends_never_received_are_reported_once_each(nbytes):
+    """The 8th (eager) one, still being streamed, was listed twice: as acknowledged-to-be and as queued."""
+    from virtualpar.errors import UnmatchedMessages
+
+    with VirtualCluster(2, timeout=TIMEOUT, ring_bytes=4096) as c:
+        with pytest.raises(UnmatchedMessages) as info:
+            c.run(_never_received, nbytes)
+    text = str(info.value)
+    assert "8 messages were sent and never received" in text
+    assert sum(f"tag {t}:" in text for t in range(8)) == 8 and text.count("tag 7:") == 1
+
+
+def _strict_isend_to_itself(dev):
+    req = dev.isend(np.ones(4), dev.rank, tag=1)
+    before = req.test()
+    dev.recv(dev.rank, tag=1)
+    return before, req.test()
+
+
+def test_in_strict_mode_an_isend_to_itself_waits_for_its_receive_too():
+    with VirtualCluster(2, eager_limit=0, timeout=TIMEOUT) as c:
+        assert c.run(_strict_isend_to_itself) == [(False, True)] * 2

@@ -40,9 +40,9 @@ def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool 
     slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag, "ssend" if sync else "send"))
     copy = _copy(x)
     limit = dev._endpoint.eager_limit
-    must_match = blocking and (sync or limit is not None)
-    nbytes = (x.nbytes if plain_array(x) else len(dumps_by_value(x))) if must_match else 0
-    msg = dev._endpoint.deliver_to_self(tag, copy, posted_only=must_match and (sync or nbytes > limit))
+    nbytes = (x.nbytes if plain_array(x) else len(dumps_by_value(x))) if sync or limit is not None else 0
+    waits = sync or limit is not None and nbytes > limit  # for its receive (ssend; strict mode)
+    msg = dev._endpoint.deliver_to_self(tag, copy, posted_only=blocking and waits)
     if msg is None:
         dev._recorder.finish(slot, dev.clock, failed=True)
         verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")
@@ -50,7 +50,7 @@ def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool 
                          "it waits for its receive, none is posted, and only this device could post one once the "
                          "send returned, so it would wait forever (use isend, then recv)", rank=dev.rank, tag=tag)
     dev._recorder.finish(slot, dev.clock)
-    return SelfSend(tag, msg if sync and not blocking else None)
+    return SelfSend(tag, msg if waits and not blocking else None, "issend" if sync else "isend")
 
 
 def would_wait_forever(dev: Any, inner: Any, tag: int) -> UsageError:
@@ -64,20 +64,21 @@ def would_wait_forever(dev: Any, inner: Any, tag: int) -> UsageError:
 
 class SelfSend:
     """What ``isend`` to oneself returns: complete at once (the message is already queued); for an
-    ``issend``, once a receive of this device took the message (``msg``: its receive request, which a
-    receive claims), and waiting before that is an error at once, as only this device could take it."""
+    ``issend`` (or an ``isend`` above ``eager_limit``), once a receive of this device took the
+    message (``msg``: its receive request, which a receive claims), and waiting before that is an
+    error at once, as only this device could take it."""
 
     status = None
 
-    def __init__(self, tag: int, msg: Any = None) -> None:
-        self._tag, self._msg = tag, msg
+    def __init__(self, tag: int, msg: Any = None, verb: str = "isend") -> None:
+        self._tag, self._msg, self._verb = tag, msg, verb
 
     def test(self) -> bool:
         return self._msg is None or self._msg.claimed
 
     def wait(self, timeout: float | None = None) -> None:
         if not self.test():
-            raise UsageError(f"issend to itself (tag {self._tag}): no receive of this device has taken it, and only "
+            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has taken it, and only "
                              "this device could, so waiting would wait forever (post the receive first)", tag=self._tag)
         return None
 

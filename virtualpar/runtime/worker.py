@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import blas_threads
 from .._words import counted
-from ..errors import PayloadError, UsageError
+from ..errors import P2PTimeout, PayloadError, UsageError
 from ..transport.endpoint import Endpoint
 from ..transport.lazy import Lazy
 from ..transport.leftovers import pending
@@ -195,6 +195,9 @@ class _Handlers:
             except Exception:
                 raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to the driver: it cannot be "
                                    f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
+        self.endpoint.flush_control(dev.config.timeout, lambda: P2PTimeout(
+            f"{dev.name}: at the end of {name}(), could not write the acknowledgements its peers wait for within "
+            f"{dev.config.timeout:g} s (their rings stayed full)", rank=dev.rank, index=str(dev.index)))
         self.endpoint.drain()
         return ("ok", result, self._pending())
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, KIND_PICKLE
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, KIND_PICKLE
 from .requests import SEND_NEW
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,8 +40,10 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
                      " (partly received)")
             out.append((src, me, tag, desc + state))
     for dst, q in ep._sendq.items():
-        unacked = [r for (d, _), r in ep._unacked.items() if d == dst]  # sent whole, waiting to be taken
+        unacked = [r for (d, _), r in ep._unacked.items() if d == dst and r.written >= r.padded]  # (else still in q)
         for req in (*ep._offers.get(dst, {}).values(), *unacked, *q):  # once its header left, its receiver lists it too
+            if req.kind & FLAG_CONTROL:
+                continue  # the runtime's own (an acknowledgement not written yet): no message of the program's
             where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else _NOT_SENT
             out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
                                           "(its bytes move only while the sender waits or sends)"))

@@ -14,7 +14,9 @@ the channel's want-room flag and returns (:mod:`.want_room`).
 
 from __future__ import annotations
 
-from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, offer_slot
+from typing import Callable
+
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, offer_slot
 from .receiving import CHUNK
 from .rendezvous import collect_answers, new_offer
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM
@@ -82,6 +84,14 @@ class Sending:
         finally:
             if published:
                 self._bells[dst].release()
+
+    def flush_control(self, timeout: float, on_timeout: Callable[[], Exception]) -> None:
+        """Write out the queued control messages — acknowledgements a sender waits for
+        (:func:`.rendezvous.tell_taken`), queued behind this endpoint's own sends or waiting for
+        room — before a run ends: once the run returned, nothing else would write them."""
+        for dst in tuple(self._busy):
+            for req in [r for r in self._sendq[dst] if r.kind & FLAG_CONTROL]:
+                self.wait(lambda req=req: req.done, timeout, on_timeout, req)
 
     def _count(self, dst: int, nbytes: int, control: bool) -> None:
         """Count a message to ``dst`` in the shared counters (control traffic apart from data)."""
