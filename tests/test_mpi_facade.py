@@ -63,6 +63,20 @@ def test_a_deadlocked_program_is_named_not_hung():
     assert _lines(emu.stdout) == ["rank 0 waits for 1", "rank 1 waits for 0"]
 
 
+def test_strict_mode_names_the_deadlock_of_a_program_that_relies_on_buffering_across_communicators():
+    """contexts.py sends on communicator a, then on b; its receiver takes b's first.  MPI's eager
+    sends let that through; above an eager limit of 0 it deadlocks.  The receive waits with ANY_TAG
+    within b's tags, which the deadlock detector read as any tag at all, so it took device 0's send
+    on a for the message device 1 was waiting for, and the run ended in a P2PTimeout after the op
+    timeout instead of a named Deadlock."""
+    emu = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "4", "--eager-limit", "0",
+                          "--timeout", "60", os.path.join(HERE, "contexts.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert emu.returncode == 1
+    assert "Deadlock: deadlock (a cycle of waits): device 0 waits send to 1 (tag 0) ← device 1 waits recv from 0 " \
+           "(tag any)" in emu.stderr
+
+
 def test_an_ssend_ring_is_named_as_the_deadlock_it_is_under_any_mpi():
     """Every rank ssends right, then receives: MPICH hangs there; the emulator names the cycle."""
     emu = _emulate("synchronous.py", 3, "--unsafe")

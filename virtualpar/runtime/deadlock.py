@@ -119,7 +119,7 @@ class DeadlockWatch:
             elif snap[d][KIND] in (RECV, ANY):
                 for p in blocked:  # a posted receive and its matching send always complete
                     e = snap[p]
-                    if e[KIND] == SEND and e[PEER] == d and snap[d][TAG] in (e[TAG], ANY_TAG) and (
+                    if e[KIND] == SEND and e[PEER] == d and _takes(snap[d], e[TAG]) and (
                             snap[d][KIND] == ANY or snap[d][PEER] == p):
                         live.update((d, p))
         changed = True
@@ -182,7 +182,7 @@ class DeadlockWatch:
     # -- the message ------------------------------------------------------------------------------
     def _wait_text(self, d: int, entry: tuple[int, ...]) -> str:
         kind = entry[KIND]
-        tag = "any" if entry[TAG] == ANY_TAG and kind != SEND else entry[TAG]
+        tag = "any" if kind != SEND and (entry[TAG] == ANY_TAG or entry[MASK]) else entry[TAG]
         if kind in (RECV, SEND):
             return f"{KIND_NAMES[kind]} {entry[PEER]} (tag {tag})"
         if kind == FENCE:
@@ -216,3 +216,11 @@ class DeadlockWatch:
             lines.append(f"  device {d} {self.mesh.index(d)} in {self._op_text(d)}: waits {self._wait_text(d, snap[d])}")
         lines.append("  every device listed sleeps with nothing in flight to it; none of them can act first.")
         return Deadlock("\n".join(lines), cycle=chain, waits={d: self._wait_text(d, snap[d]) for d in sorted(dead)})
+
+
+def _takes(entry: tuple[int, ...], tag: int) -> bool:
+    """Does the receive on this board entry take a message with ``tag``?  Its ``TAG`` word, or any
+    (``ANY_TAG``), or any in ``[TAG, MASK)`` when ``MASK`` is set (a span of tags: one mpi4py
+    communicator's ANY_TAG, which a message of another communicator does not match)."""
+    lo, hi = entry[TAG], entry[MASK]
+    return lo <= tag < hi if hi else lo in (tag, ANY_TAG)

@@ -7,7 +7,8 @@ phase), so a wait that ends while polling writes nothing::
     KIND | PEER | TAG | MASK | GEN | POKE | ACK
 
 * ``KIND``: what the wait is for (``NONE`` once it returned): a receive from ``PEER`` with ``TAG``
-  (``ANY_TAG``, -1, for any tag; ``KIND`` ``ANY`` for any source),
+  (``ANY_TAG``, -1, for any tag; any in ``[TAG, MASK)`` when ``MASK`` is set, the mpi4py facade's
+  ANY_TAG within one communicator; ``KIND`` ``ANY`` for any source),
   a send to ``PEER`` with ``TAG`` (that the receiver has not taken yet; ``MASK`` holds the token of
   its rendezvous offer, 0 for an eager send waiting for room), fence number ``TAG`` of its group of
   kind ``PEER`` (transport/arrivals.py), whose members are in ``MASK`` (bit ``r`` for device ``r``;
@@ -79,13 +80,17 @@ def describe_wait(board: memoryview, what: object) -> None:
         board[KIND] = OTHER
         return
     tag = what.tag
-    board[TAG] = ANY_TAG if tag is None or type(tag) is range else tag  # None (or a span): a receive with any tag
     dst = getattr(what, "dst", None)
     if dst is not None:
+        board[TAG] = tag
         board[MASK] = getattr(what, "token", 0)  # a rendezvous offer's token (0: eager, waiting for room)
         board[PEER] = dst
         board[KIND] = SEND
         return
+    if type(tag) is range:  # any tag in [TAG, MASK): the mpi4py facade's ANY_TAG, within one communicator
+        board[TAG], board[MASK] = tag.start, tag.stop
+    else:
+        board[TAG], board[MASK] = ANY_TAG if tag is None else tag, 0  # None: any tag
     src = getattr(what, "src", None)
     if src is None or src < 0:
         board[PEER] = -1
