@@ -202,3 +202,45 @@ def _strict_isend_to_itself(dev):
 def test_in_strict_mode_an_isend_to_itself_waits_for_its_receive_too():
     with VirtualCluster(2, eager_limit=0, timeout=TIMEOUT) as c:
         assert c.run(_strict_isend_to_itself) == [(False, True)] * 2
+
+
+def _receive_gives_up(dev, hold_slots: bool):
+    """Device 1's receive of device 0's 20000-byte issend (through a 4096-byte ring: it arrives
+    in pieces, only while device 0 makes progress) times out while the message is still coming
+    and is withdrawn; device 0 looks whether its issend is done before device 1 receives it again."""
+    from virtualpar.errors import P2PTimeout
+
+    if dev.rank == 0:
+        held = [dev.issend(np.zeros(1), 1, tag=t) for t in range(1, 8)] if hold_slots else []  # then it goes eager
+        req = dev.issend(np.zeros(20000, np.uint8), 1, tag=0)
+        time.sleep(0.5)  # (device 1's receive times out meanwhile)
+        dev.barrier()
+        deadline = time.monotonic() + 0.5
+        while not req.test() and time.monotonic() < deadline:
+            pass
+        early = req.test()
+        dev.barrier()
+        for r in held + [req]:
+            r.wait()
+        return early
+    try:
+        dev.recv(0, tag=0, timeout=0.2)
+        gave_up = False
+    except P2PTimeout:
+        gave_up = True
+    dev.barrier()
+    dev.barrier()
+    sizes = [dev.recv(0, tag=t).size for t in range(8 if hold_slots else 1)]
+    return gave_up, sizes[0]
+
+
+@pytest.mark.parametrize("path, hold_slots, read", [("eager", True, None), ("refused offer", False, 14)])
+def test_an_issend_whose_receive_gave_up_is_done_only_when_a_later_one_took_it(monkeypatch, path, hold_slots, read):
+    """Its receiver used to tell the sender "taken" on matching the header, so the send completed
+    although the receive that matched it then timed out and no receive had taken it."""
+    import virtualpar.transport.rendezvous as rendezvous
+
+    if read is not None:
+        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: read)  # EFAULT: the offer is streamed
+    with VirtualCluster(2, timeout=TIMEOUT, ring_bytes=4096) as c:
+        assert c.run(_receive_gives_up, hold_slots) == [False, (True, 20000)]

@@ -86,6 +86,6 @@ def withdraw(ep: "Endpoint", req: Any) -> bool:
         return req.done  # done: nothing was lost (its value is simply not returned)
     if req.out is not None:  # the bytes may be landing in the caller's buffer: the next taker copies them
         req.error = None  # an out= that did not fit was the abandoned receive's problem
-    req.out, req.claimed = None, False
+    req.out, req.claimed, req.owed = None, False, 0  # (no receive took it: its sender is not told)
     ep._unexpected[key].appendleft(req)
     return True

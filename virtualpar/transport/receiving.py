@@ -66,7 +66,9 @@ class Receiving:
                         taken(self, src, int(header.stamp))
                         continue
                     if header.kind & FLAG_RESENT:  # an offer we could not read, streamed: its receive waits
-                        self._partial[src] = self._refused.pop((src, header.seq))
+                        req = self._partial[src] = self._refused.pop((src, header.seq))
+                        if header.kind & FLAG_SYNC and req.claimed:  # (not if its receive gave up since)
+                            req.owed = header.seq  # its sender waits to hear it was taken, once it is in
                         continue
                     req = self._match(src, header)
                     if header.kind & FLAG_RENDEZVOUS:
@@ -80,6 +82,8 @@ class Receiving:
                         ch.read_into(req.buf, header.nbytes, req.expect)
                         req.buf = req.target = None
                         req.done = True
+                        if req.owed:
+                            self._tell_taken(req)
                         continue
                     elif req.buf is None and ch.readable() >= req.expect:  # a whole pickle in the ring
                         view = ch.peek(req.header.nbytes)
@@ -129,7 +133,7 @@ class Receiving:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True
             if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer answers)
-                tell_taken(self, src, header.seq)  # its sender waits for that (rendezvous.acknowledge)
+                req.owed = header.seq  # its sender waits to hear it was taken: once it is in (_finish)
         else:
             req = RecvRequest(self, src, header.tag)
             self._order += 1
@@ -187,6 +191,13 @@ class Receiving:
                 self._pool.give_back(req.target)
         req.buf = req.target = None
         req.done = True
+        if req.owed:
+            self._tell_taken(req)
+
+    def _tell_taken(self, req: RecvRequest) -> None:
+        """A receive took ``req``'s message whole: its sender waits to hear so (rendezvous.acknowledge)."""
+        tell_taken(self, req.src, req.owed)
+        req.owed = 0
 
     def deliver_to_self(self, tag: int, value: Any, posted_only: bool = False) -> RecvRequest | None:
         """A message to this endpoint itself (``value`` already a private copy), matched as a frame

@@ -124,13 +124,15 @@ def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict
 def acknowledge(ep: "Endpoint", req: "RecvRequest") -> None:
     """A receive took ``req``'s message, whose sender waits for that (``FLAG_SYNC``: strict mode,
     ``Issend``): take its offer if it is one still held, or tell its sender (a control message,
-    ``TAG_TAKEN``, its number as the stamp: control messages carry no modelled time)."""
+    ``TAG_TAKEN``, its number as the stamp: control messages carry no modelled time) once the
+    message is in whole."""
     h = req.header
-    if h.kind & FLAG_RENDEZVOUS:
-        if not req.done and req.expect == 0:
-            take_offer(ep, ep._in[req.src], req)
-    else:
+    if h.kind & FLAG_RENDEZVOUS and not req.done and req.expect == 0:  # an offer still held
+        take_offer(ep, ep._in[req.src], req)
+    elif req.done:  # (an eager one, or a refused offer streamed since: its sender waits for TAG_TAKEN)
         tell_taken(ep, req.src, h.seq)
+    else:  # still arriving: once it is in whole (Receiving._finish), so that a receive that gives up
+        req.owed = h.seq  # on it meanwhile (leftovers.withdraw) has not told its sender it was taken
 
 
 def tell_taken(ep: "Endpoint", src: int, seq: int) -> None:

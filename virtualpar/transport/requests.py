@@ -88,7 +88,7 @@ class RecvRequest:
     """A message on its way in; ``wait()`` returns the array (or object)."""
 
     __slots__ = ("endpoint", "src", "tag", "out", "out_bytes", "header", "target", "buf", "got", "expect", "done", "value",
-                 "error", "claimed", "order")
+                 "error", "claimed", "order", "owed")
 
     def __init__(self, endpoint: "Endpoint", src: int, tag: int, out: np.ndarray | None = None) -> None:
         self.endpoint = endpoint
@@ -107,6 +107,7 @@ class RecvRequest:
         self.error: Exception | None = None
         self.claimed = False  # a receive took the message (a posted one when matched; an unexpected one, adopted)
         self.order = 0  # posting order (posted receives) or arrival order (unexpected messages)
+        self.owed = 0  # the number of a message whose sender waits to hear it was taken, once it is in whole
 
     def __str__(self) -> str:  # what a timeout or abort says it waited for (formatted only then)
         src = "any source" if self.src is None else self.src

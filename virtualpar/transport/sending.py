@@ -5,8 +5,9 @@
 have a core each (else once per message); a rendezvous offer is only a header, after which the
 next message may go while the offer waits in one of the channel's slots for its answer
 (:mod:`.rendezvous`).  A message that must wait for its receive (strict mode, ``Issend``) but
-found no free slot goes eager and is done only when its receiver says a receive took it
-(``Endpoint._unacked``, :func:`.rendezvous.acknowledge`).  A producer that finds no room raises
+found no free slot goes eager — as does one whose offer the receiver could not read — and is done
+only when its receiver says a receive took it whole (``Endpoint._unacked``,
+:func:`.rendezvous.acknowledge`).  A producer that finds no room raises
 the channel's want-room flag and returns (:mod:`.want_room`).
 
 ``Sending`` is a mixin: the state it uses (channels, queues, offers, doorbells) is ``Endpoint``'s.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, offer_slot
+from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_SYNC, offer_slot
 from .receiving import CHUNK
 from .rendezvous import collect_answers, new_offer
 from .requests import SEND_NEW, SEND_OFFERED, SEND_STREAM
@@ -56,8 +57,8 @@ class Sending:
                         q.popleft()
                         continue
                     req.state = SEND_STREAM
-                    if req.kind & FLAG_SYNC and not req.kind & FLAG_RESENT:  # a receive may take it from now
-                        self._unacked[(dst, req.seq)] = req  # (rendezvous.taken)
+                    if req.kind & FLAG_SYNC:  # done once its receiver says a receive took it (rendezvous.taken)
+                        self._unacked[(dst, req.seq)] = req
                 while req.written < req.padded:
                     room = ch.writable()
                     if room <= 0:
