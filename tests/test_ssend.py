@@ -213,7 +213,7 @@ def _receive_gives_up(dev, hold_slots: bool):
     if dev.rank == 0:
         held = [dev.issend(np.zeros(1), 1, tag=t) for t in range(1, 8)] if hold_slots else []  # then it goes eager
         req = dev.issend(np.zeros(20000, np.uint8), 1, tag=0)
-        time.sleep(0.5)  # (device 1's receive times out meanwhile)
+        time.sleep(1.0)  # (device 1's receive, which gives up after 0.2 s of no progress, times out meanwhile)
         dev.barrier()
         deadline = time.monotonic() + 0.5
         while not req.test() and time.monotonic() < deadline:
