@@ -25,10 +25,12 @@ from ..transport.payload import dumps_by_value, plain_array
 __all__ = ["SelfSend", "send_to_self", "would_wait_forever"]
 
 
-def _copy(x: Any) -> Any:
+def _copy(x: Any) -> tuple[Any, int]:
+    """A private copy of ``x`` and the bytes a peer would receive (an array's, or its pickle's)."""
     if plain_array(x):  # a subclass (a masked array) is pickled, as a message to a peer would be
-        return np.array(x, copy=True)
-    return pickle.loads(dumps_by_value(x))  # a class the run brought by value, too
+        return np.array(x, copy=True), x.nbytes
+    data = dumps_by_value(x)  # a class the run brought by value, too
+    return pickle.loads(data), len(data)
 
 
 def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool = False) -> "SelfSend":
@@ -38,11 +40,10 @@ def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool 
     the send returned, so it is raised at once, as MPI would hang there.  An ``issend``'s request
     is done once a receive took the message."""
     slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag, "ssend" if sync else "send"))
-    copy = _copy(x)
+    copy, nbytes = _copy(x)
     limit = dev._endpoint.eager_limit
-    nbytes = (x.nbytes if plain_array(x) else len(dumps_by_value(x))) if sync or limit is not None else 0
     waits = sync or limit is not None and nbytes > limit  # for its receive (ssend; strict mode)
-    msg = dev._endpoint.deliver_to_self(tag, copy, posted_only=blocking and waits)
+    msg = dev._endpoint.deliver_to_self(tag, copy, nbytes, posted_only=blocking and waits)
     if msg is None:
         dev._recorder.finish(slot, dev.clock, failed=True)
         verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")

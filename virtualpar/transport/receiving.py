@@ -199,15 +199,14 @@ class Receiving:
         tell_taken(self, req.src, req.owed)
         req.owed = 0
 
-    def deliver_to_self(self, tag: int, value: Any, posted_only: bool = False) -> RecvRequest | None:
-        """A message to this endpoint itself (``value`` already a private copy), matched as a frame
-        from a peer would be (see the module doc); returns the receive that took it, or the
-        unexpected message a later one adopts.  With ``posted_only``, only to a receive already
-        posted (else nothing happens: None)."""
+    def deliver_to_self(self, tag: int, value: Any, nbytes: int, posted_only: bool = False) -> RecvRequest | None:
+        """A message to this endpoint itself (``value`` already a private copy; ``nbytes``: what a
+        peer would receive of it), matched as a frame from a peer would be (see the module doc);
+        returns the receive that took it, or the unexpected message a later one adopts.  With
+        ``posted_only``, only to a receive already posted (else nothing happens: None)."""
         array = plain_array(value)
         kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
-        size = value.nbytes if array else len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))  # as a peer's
-        header = Header(kind, tag, size, 0.0, 0, value.dtype.str if array else "", tuple(value.shape) if array else (), 0)
+        header = Header(kind, tag, nbytes, 0.0, 0, value.dtype.str if array else "", tuple(value.shape) if array else (), 0)
         key = (self.me, tag)
         posted = self._posted.get(key)
         wild = match_any(self, self.me, tag, posted[0] if posted else None) if self._posted_any else None
