@@ -34,6 +34,9 @@ nothing = MPI.Status()
 comm.Recv(np.zeros(1), source=MPI.PROC_NULL, status=nothing)
 print(f"rank {rank} from PROC_NULL {nothing.Get_source() == MPI.PROC_NULL} {nothing.Get_tag() == MPI.ANY_TAG} "
       f"{nothing.Get_count(MPI.DOUBLE)}", flush=True)
+edge = comm.Create_cart([size], periods=[False])  # an open line: its ends' neighbours are PROC_NULL
+print(f"rank {rank} open line {edge.Shift(0, 1)} from PROC_NULL {nothing.Get_source()} constants "
+      f"{MPI.ANY_SOURCE} {MPI.ANY_TAG} {MPI.PROC_NULL}", flush=True)
 
 part = comm.scatter(sendobj=[r * 10 for r in range(size)] if rank == 0 else None, root=0)
 everyone = comm.gather(sendobj=part, root=0)

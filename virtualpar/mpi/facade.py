@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import VirtualParError
-from ..runtime.status import ANY_SOURCE, ANY_TAG, Status as _DevStatus
+from ..runtime.status import ANY_SOURCE as _DEV_ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_buffers import BufferCollectives
 from .facade_objects import ObjectCollectives
-from .facade_types import (DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
+from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
                            Request, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
@@ -64,8 +64,16 @@ class Comm(ObjectCollectives, BufferCollectives):
             raise ValueError(f"MPI tag {tag} is out of range 0..{_COLL - 1} on the emulator")
         return self._ctx * _SPAN + tag
 
-    def _peer(self, r: int) -> int:
-        return ANY_SOURCE if r == ANY_SOURCE else self._ranks[r]
+    def _peer(self, r: int, source: bool = False) -> int:
+        """Rank ``r`` of this communicator as a device rank (a receive's ``source`` may be ANY_SOURCE).
+        A rank out of range is an error, as MPI's MPI_ERR_RANK (a negative one must not count
+        from the end)."""
+        if source and r == ANY_SOURCE:
+            return _DEV_ANY_SOURCE
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
+            raise ValueError(f"MPI rank {r!r} is not a rank of this communicator of size {self.size} "
+                             f"(0..{self.size - 1}{', ANY_SOURCE' if source else ''} or PROC_NULL): MPI_ERR_RANK")
+        return self._ranks[r]
 
     def _local(self, device_rank: int) -> int:
         return self._ranks.index(device_rank)
@@ -81,7 +89,7 @@ class Comm(ObjectCollectives, BufferCollectives):
                 status._from_nowhere()
             return None
         st = _DevStatus()
-        value = self._dev.recv(self._peer(source), tag=self._tag(tag), status=st)
+        value = self._dev.recv(self._peer(source, True), tag=self._tag(tag), status=st)
         if status is not None:
             status.source, status.tag, status.count = self._local(st.source), st.tag % _SPAN, st.nbytes
         return value
@@ -102,7 +110,7 @@ class Comm(ObjectCollectives, BufferCollectives):
         return Request(None if dest == PROC_NULL else self._dev.issend(obj, self._peer(dest), tag=self._tag(tag)), self)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self)
+        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True), tag=self._tag(tag)), self)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
@@ -137,7 +145,7 @@ class Comm(ObjectCollectives, BufferCollectives):
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         out = _buf(buf)  # (checked before the receive is posted: a refused buffer must not leave one behind)
-        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source), tag=self._tag(tag)), self,
+        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True), tag=self._tag(tag)), self,
                        out=out)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .facade_types import _COLL, _SPAN, SUM, Op
 
 __all__ = ["ObjectCollectives"]
@@ -21,7 +23,14 @@ class ObjectCollectives:
     rank: int
     size: int
 
+    def _check_root(self, root: Any) -> None:
+        """A root out of range is an error, as MPI's MPI_ERR_ROOT (a negative one must not count from the end)."""
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"MPI root {root!r} is not a rank of this communicator of size {self.size} "
+                             f"(0..{self.size - 1}): MPI_ERR_ROOT")
+
     def _to_root(self, obj: Any, root: int) -> list[Any] | None:
+        self._check_root(root)
         tag = self._ctx * _SPAN + _COLL
         if self.rank != root:
             self._dev.send(obj, self._ranks[root], tag=tag)
@@ -29,6 +38,7 @@ class ObjectCollectives:
         return [obj if r == root else self._dev.recv(self._ranks[r], tag=tag) for r in range(self.size)]
 
     def _from_root(self, obj: Any, root: int, per_rank: bool = False) -> Any:
+        self._check_root(root)
         tag = self._ctx * _SPAN + _COLL
         if self.rank == root:
             for r in range(self.size):

@@ -9,10 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.status import ANY_SOURCE, ANY_TAG
+from ..runtime.status import ANY_TAG
 
 __all__ = ["Op", "Datatype", "Status", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
-           "DOUBLE", "FLOAT", "INT", "LONG", "PROC_NULL"]
+           "DOUBLE", "FLOAT", "INT", "LONG", "ANY_SOURCE", "PROC_NULL"]
+
+# MPICH's values, as mpi4py on the project's reference MPI (the mpich wheel) shows them: a script
+# that prints a rank from ``Shift`` or a status prints what it prints under mpiexec.  (Open MPI
+# swaps the two.)  The facade maps ANY_SOURCE to the device's (runtime.status.ANY_SOURCE, -1).
+ANY_SOURCE, PROC_NULL = -2, -1
 
 _SPAN = 1 << 30  # device tags per communicator: user tags below _COLL (MPICH's TAG_UB: 2**29 - 1), collectives at _COLL
 _COLL = _SPAN - 1
@@ -170,8 +175,6 @@ class Request:
         Request.waitall(requests, statuses)
         return True
 
-
-PROC_NULL = -2
 
 
 def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
