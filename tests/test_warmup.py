@@ -14,8 +14,8 @@ import pytest
 
 from virtualpar import ClusterClosedError, DeviceDied, DeviceError, VirtualCluster
 from virtualpar.runtime import warmup, worker
-from virtualpar.runtime.warmup import (RESULT_RESERVE_BYTES, WARM_MAX_PEERS, WARM_RESULT_BYTES, WARM_SCRATCH_BYTES,
-                                       result_reserve_bytes, scratch_warm_bytes)
+from virtualpar.runtime.warmup import (QUICKEN_ROUNDS, RESULT_RESERVE_BYTES, WARM_MAX_PEERS, WARM_RESULT_BYTES,
+                                       WARM_SCRATCH_BYTES, result_reserve_bytes, scratch_warm_bytes)
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -62,6 +62,30 @@ def test_the_warm_up_runs_the_collective_call_paths_and_warm_up_false_skips_them
         assert cluster.run(cached)[0] == ["all_gather", "all_reduce", "barrier", "broadcast"]
     with VirtualCluster(4, warm_up=False) as cluster:
         assert cluster.run(cached)[0] == []
+
+
+def _counting_warm_up(dev):
+    """The real warm-up, counting its barriers (kept in ``dev.state``, which it does not wipe)."""
+    calls = []
+
+    def barrier(*args, **kwargs):
+        calls.append(1)
+        return type(dev).barrier(dev, *args, **kwargs)
+
+    dev.barrier = barrier
+    try:
+        warmup.warm_up(dev)
+    finally:
+        del dev.barrier
+        dev.state["warm-up barriers"] = len(calls)
+
+
+@pytest.mark.parametrize("devices, rounds", [(4, QUICKEN_ROUNDS), (WARM_MAX_PEERS + 1, 2)])
+def test_the_cheap_calls_run_until_cpython_has_specialised_them_up_to_64_devices(monkeypatch, devices, rounds):
+    monkeypatch.setattr(worker, "warm_up", _counting_warm_up)  # forked devices inherit it
+    with VirtualCluster(devices, timeout=60) as cluster:
+        assert cluster.run(lambda dev: dev.state["warm-up barriers"]) == [rounds] * devices
+        assert cluster.run(lambda dev: dev.op_seq) == [0] * devices  # and none of them shows
 
 
 def test_scratch_warm_bytes_stays_within_its_budgets():
