@@ -32,10 +32,13 @@ done.  (A device that *died* in it keeps its flight record: that is what the dri
 Up to ``WARM_MAX_PEERS`` devices, the barrier and the all_reduce that rides in a fence run
 ``QUICKEN_ROUNDS`` times in all: CPython 3.11 specialises (quickens) a function's bytecode only on
 its 8th call, and until then every call of the collective path runs the generic, slower
-instructions.  Measured at 16 devices on 2 cores (5 clusters each, the bench's protocol): a
-device's first barrier took 39–64 µs of CPU with two rounds and 31–45 with ten, falling to ~25 by
-the tenth call either way; the first barrier 0.96–1.34 ms (2.0–3.5× the tenth) against 0.65–0.86
-(1.1–2.0×).  Above 64 devices each round costs tens of ms of the warm-up, and it is skipped.
+instructions.  Measured at 16 devices on 2 cores (5 clusters each, the bench's protocol; this VM's
+speed swings, so these are indications, not paired figures): after two rounds the bench's first
+barrier took 0.96–1.34 ms, 2.0–3.5× its tenth; after this warm-up 0.69–1.68 ms, 1.8–2.3×; with
+ten rounds of the very calls in a run just before, 0.65–0.86 ms, 1.1–2.0× (so more than
+specialisation is at work: the CPU of a device's barrier still falls from ~40–60 to ~25 µs over
+its first ten calls).  The warm-up costs ~0.1 s more at 64 devices; above 64 each round costs tens
+of ms, and it is skipped.
 
 Last, each device faults in a reserve of ``result_reserve_bytes(devices)`` for its receive-buffer
 pool (transport/pool.py): the results of its first collectives of each size land there instead
