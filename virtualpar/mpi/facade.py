@@ -26,8 +26,8 @@ from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE as _DEV_ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_buffers import BufferCollectives
 from .facade_objects import ObjectCollectives
-from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob, Datatype, Op,
-                           Request, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
+from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob,
+                           Datatype, Op, Request, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 

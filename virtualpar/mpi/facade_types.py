@@ -176,7 +176,6 @@ class Request:
         return True
 
 
-
 def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
     """(counts, displacements) of a v-buffer spec: ``[buf, counts]``, ``[buf, counts, displs]``,
     ``[buf, (counts, displs), type]`` or ``[buf, counts, displs, type]``; equal pieces otherwise
