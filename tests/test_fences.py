@@ -66,6 +66,55 @@ def test_the_last_member_rings_the_others_in_the_order_they_arrived(ranks):
         early = early[::-1]
 
 
+def test_a_release_rings_only_its_owner_and_only_the_owner_awaits_it():
+    """A release (a call's last fence, transport/arrivals.py): nobody waits; the owner remembers
+    it until every member has arrived, and the last to arrive rings the owner alone."""
+    layout = Layout(4, 4096)
+    arena = SharedArena.create(layout.total_bytes)
+    arena.unlink()
+    rung: list[int] = []
+    members = [ArrivalCounters(arena, layout, r, [_Bell(b, rung) for b in range(4)]) for r in range(4)]
+    groups = [m.group(0, range(4)) for m in members]
+    for order, owed in (((2, 0, 3, 1), {0}), ((1, 2, 3, 0), set())):  # the owner in the middle, then last
+        rung.clear()
+        for r in order:
+            members[r].release(groups[r], 0, r == 0)
+        fence = members[0].next_fence(groups[0]) - 1
+        assert rung == ([0] if owed else []) and all(m.arrived(g, fence) for m, g in zip(members, groups))
+        assert {r for r in range(4) if members[r].unreleased} == owed  # the owner arrived before the last
+        if owed:
+            assert members[0].unreleased == {0: (groups[0], fence)}
+            members[0].reset()
+            assert not members[0].unreleased
+
+
+def _release_after(dev):
+    from virtualpar.runtime.collective_call import CollectiveSpec
+    from virtualpar.runtime.group_comm import GroupComm
+
+    spec = CollectiveSpec.build(dev, "barrier", None, dev._group(None), None, {})
+    comm = GroupComm(dev, spec, time.monotonic() + 5, None, None)
+    comm.fence()  # a call's first fence carries the members' clocks: its readers may still be reading
+    with pytest.raises(RuntimeError, match="must follow a fence that carries nothing"):
+        comm.release(0)
+    comm.fence()
+    comm.release(0)
+    comm = GroupComm(dev, spec, time.monotonic() + 5, None, None)
+    comm.fence()
+    comm.fence_exchange(np.ones(2))  # a payload, likewise
+    with pytest.raises(RuntimeError, match="must follow a fence that carries nothing"):
+        comm.release(0)
+    comm.fence()
+    comm.release(0)
+    return dev.all_reduce(np.ones(3000), algorithm="shm")  # the owner (device 0) waits for its release
+
+
+def test_a_release_must_follow_a_fence_that_carries_nothing():
+    with VirtualCluster(3, trace=False) as cluster:
+        for got in cluster.run(_release_after):
+            np.testing.assert_array_equal(got, np.full(3000, 3.0))
+
+
 def _interleaved(dev, rounds: int) -> list[list[float]]:
     """Barriers and shm all_reduces on every kind of group, in an order that mixes them."""
     rng = np.random.default_rng(7)  # the same sequence on every device

@@ -261,25 +261,48 @@ def test_without_scratch_the_default_falls_back_to_messages():
 
 
 # -- scratch reuse across groups: refilled only after every reader is done --------------------------
-def _row_then_column(dev, n):
+def _row_then(dev, n, then):
     row = dev.all_reduce(np.full(n, 1.0 + dev.rank), group="b", algorithm="shm")
-    col = dev.all_reduce(np.full(n, 100.0 * (dev.rank + 1)), group="a", algorithm="shm")
-    return row, col
+    nxt = dev.all_reduce(np.full(n, 100.0 * (dev.rank + 1)), group=then, algorithm="shm")
+    return row, nxt
 
 
-def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in_another(monkeypatch):
+@pytest.mark.parametrize("then", ["a", "b"], ids=["column next", "row again"])
+def test_a_slow_reader_keeps_the_first_member_from_refilling_its_scratch(monkeypatch, then):
     """Device 1 dawdles after the row all_reduce's second fence, before copying the reduced chunk
-    out of the row's first member's scratch (device 0's).  Device 0 moves on to its column group
-    {0, 2}, whose first chunk refills that scratch: the row call's last fence must hold it back
-    until device 1 is done, or device 1 copies out device 0's column input instead of the row sums."""
+    out of the row's first member's scratch (device 0's).  Device 0 moves on — to its column group
+    {0, 2}, or to the row's next all_reduce — whose first chunk refills that scratch: the row
+    call's last fence (a release: only device 0 waits for it, before that refill) must hold it
+    back until device 1 is done, or device 1 copies out device 0's next input instead of the row
+    sums.  Device 1 returns from its release at once, so the column case checks that device 0
+    waits in a call of another group for a release of the row's."""
     n = 2000  # 16 KB: past the fence slots (1000 items rode in one fence, and this test passed without
     # the last fence); the row all_reduce's second fence publishes its reduced slices
     with slow_reader_cluster(monkeypatch, fence_number=2, rank=1) as cluster:
-        got = cluster.run(_row_then_column, n)
-    for rank, (row, col) in enumerate(got):
-        partner = rank ^ 1  # row groups {0, 1}, {2, 3}; column groups {0, 2}, {1, 3}
-        np.testing.assert_array_equal(row, np.full(n, 2.0 + rank + partner))
-        np.testing.assert_array_equal(col, np.full(n, 100.0 * (rank + 1) + 100.0 * ((rank + 2) % 4 + 1)))
+        got = cluster.run(_row_then, n, then)
+    for rank, (row, nxt) in enumerate(got):
+        partner = rank ^ 1 if then == "b" else (rank + 2) % 4  # rows {0, 1}, {2, 3}; columns {0, 2}, {1, 3}
+        np.testing.assert_array_equal(row, np.full(n, 2.0 + rank + (rank ^ 1)))
+        np.testing.assert_array_equal(nxt, np.full(n, 100.0 * (rank + 1) + 100.0 * (partner + 1)))
+
+
+def _row_then_fail(dev, n):
+    dev.all_reduce(np.full(n, 1.0), group="b", algorithm="shm")
+    if dev.rank == 3:
+        raise ValueError("device 3 fails after its all_reduce")
+
+
+def test_a_reset_forgets_the_release_the_first_member_awaited(monkeypatch):
+    """Device 0 leaves the row all_reduce still owed device 1's release (device 1 dawdles); device 3
+    then fails, and the cluster is reset, its arrival words zeroed.  The next all_reduce must not
+    wait for a release numbered before the reset (it would wait for the op's whole timeout)."""
+    with slow_reader_cluster(monkeypatch, fence_number=2, rank=1) as cluster:
+        with pytest.raises(Exception, match="device 3 fails after its all_reduce"):
+            cluster.run(_row_then_fail, 2000)
+        cluster.run_timeout = 10.0  # (without the reset forgetting it: RunTimeout, not a wait of the op timeout)
+        got = cluster.run(_row_then, 2000, "b")
+    for rank, (row, nxt) in enumerate(got):
+        np.testing.assert_array_equal(row, np.full(2000, 2.0 + rank + (rank ^ 1)))
 
 
 def _small_in_groups(dev, shapes):

@@ -61,6 +61,10 @@ class SharedComm(Comm, Protocol):
       carries no data and costs no modelled time).  A runtime may make its check that the members
       called the same collective at an algorithm's first fence (``registry.FENCE_FIRST``), so
       before it such an algorithm writes only its own scratch and reads nothing of its peers'.
+    * ``release(owner)``: the call's last fence, when after its previous fence the members read
+      only member ``owner``'s scratch: a runtime may let every member go on at once and make the
+      owner wait for the others only before it next writes its scratch — when it next asks for
+      ``scratch(owner)`` or ``scratch_rows()``, so an algorithm takes its views before writing.
     * ``call_stamp(op, root)``: a 63-bit stamp of this call — the op's code, its root, the number
       of its first fence and the group — the same on every member of the same call and, but for a
       hash collision, different for any other (it stamps a header, so a reader can tell a header
@@ -94,6 +98,8 @@ class SharedComm(Comm, Protocol):
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
 
     def fence(self) -> None: ...
+
+    def release(self, owner: int) -> None: ...
 
     def call_stamp(self, op: int, root: int) -> int: ...
 

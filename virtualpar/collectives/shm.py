@@ -19,6 +19,7 @@ With M the bytes of the array, per member and per call::
     reduce           M read, M/n written      (slice r of n arrays → the first member's scratch)
     copy out         M            (the first member's scratch → result)
     fences           3 per chunk: a word store and a read of the group's words each, n−1 wake-ups
+                     (the call's last: one wake-up, of the first member, if it waits at all)
 
 about 3M of memory traffic, no per-step handshakes, and no message headers; a ring moves the same
 bytes through 2(n−1) messages, each copied in and out of a channel.
@@ -49,7 +50,12 @@ member from overwriting its scratch (in the next chunk or the next collective, p
 group) while a peer still copies the result out of it (after the second fence nobody reads any
 other member's) — which is also why the first copy in may come before any fence, and why the
 runtime's contract check can ride on the first fence (``registry.FENCE_FIRST``) instead of costing
-a fence of its own.
+a fence of its own.  Only the first member needs it, so the call's last one is a
+``SharedComm.release(0)``: the others count it and return at once, and the first member waits for
+them only before it next writes its scratch (transport/arrivals.py).  Each member but the first
+then sleeps twice per call instead of three times: in paired blocks of 512 KiB all_reduces in
+one cluster (2026-11-26, benchmarks/README.md) the release took 0.93 of the fence's time at 8
+devices, 0.90–0.94 at 16, 0.91 at 32, 0.84–0.88 at 64 (64 KiB at 16: 0.86).
 
 Bytes moved are counted as if each read of a peer's slice were a message from that peer:
 member j "sends" each peer r slice r of its input and its own reduced slice j, i.e.
@@ -137,7 +143,9 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
         flat[start : start + m] = rows[0][:m]
         sent += np.diff(b)  # peer j read slice j of our chunk, and our reduced slice
         sent += hi - lo
-        comm.fence()  # nobody reads the first member's scratch any more: it may be reused
+        if start + m < total:
+            comm.fence()  # nobody reads the first member's scratch any more: the next chunk may fill it
+    comm.release(0)  # likewise, but only the first member waits, and only before it next writes its scratch
     comm.account_all(sent * itemsize, messages=2 * ((total - 1) // capacity + 1 if total else 1))
     if total * itemsize < RING_MIN_BYTES:  # small: real hardware would run the tree (latency-bound)
         comm.model_tree_all_reduce(total * itemsize)

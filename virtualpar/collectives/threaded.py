@@ -172,6 +172,10 @@ class ThreadComm:
             raise CollectiveTimeout(f"rank {self.rank}: not every rank reached the fence within {self.world.timeout}s",
                                     rank=self.rank) from None
 
+    def release(self, owner: int) -> None:
+        """Threads share one barrier: a release is a fence."""
+        self.fence()
+
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:
         self.world._count(self.rank, peer, nbytes, messages)
 

@@ -42,6 +42,7 @@ class GroupComm:
         self._deadline = deadline
         self._on_timeout = on_timeout
         self._entry: list[float] | None = None  # members' clocks at the first fence()
+        self._carried = False  # did our last fence carry a digest, clock or payload (see release())
         self._fences = dev._endpoint.arrivals.group(spec.kind, spec.ranks) if self.size > 1 else None
         self.moved = 0  # bytes sent and read by peers in this call (for its trace event)
 
@@ -70,13 +71,27 @@ class GroupComm:
         return self._dev._endpoint.layout.scratch_bytes
 
     def scratch(self, member: int) -> np.ndarray:
+        if member == self.rank and self._dev._endpoint.arrivals.unreleased:
+            self._settle()
         return self._dev._scratch[self._ranks[member]]
 
     def scratch_rows(self) -> np.ndarray | None:
         span = self._fences.span if self._fences is not None else None
         if span is None:
             return None
+        if self._dev._endpoint.arrivals.unreleased:
+            self._settle()
         return self._dev._scratch_table[span, : self.scratch_bytes]
+
+    def _settle(self) -> None:
+        """Before this device writes its scratch again: wait until every member of each call that
+        ended in a ``release`` of which it was the owner has arrived there (stopped reading it)."""
+        arrivals = self._dev._endpoint.arrivals
+        for grp, c in arrivals.unreleased.values():
+            if not arrivals.arrived(grp, c):
+                self._dev._endpoint.wait(lambda: arrivals.arrived(grp, c), self._deadline - time.monotonic(),
+                                         self._on_timeout, arrivals.waiting_for(grp, c))
+        arrivals.unreleased.clear()
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return self._dev._endpoint._pool.array(shape, np.dtype(dtype))
@@ -90,6 +105,7 @@ class GroupComm:
         runs ``check`` (which compares the full calls and raises)."""
         dev = self._dev
         first = self._entry is None
+        self._carried = first
         digest = self._check[0] if first and self._check is not None else None
         if first:
             dev._publish_clock()  # for the driver; the peers read it from the fence's slots
@@ -105,6 +121,16 @@ class GroupComm:
             self._entry = arrivals.clocks(grp, c)
         if digest is not None and arrivals.differing(grp, c, digest):
             self._check[1]()
+
+    def release(self, owner: int) -> None:
+        """The call's last fence, when after its previous one the members read only ``owner``'s
+        scratch (transport/arrivals.py): every member counts it and goes on; the owner waits for
+        them before it next writes its scratch (``scratch``, ``scratch_rows``)."""
+        if self._fences is None:
+            return
+        if self._carried or self._entry is None:  # its slots' readers might not have read them yet
+            raise RuntimeError("release() must follow a fence that carries nothing (not a call's first)")
+        self._dev._endpoint.arrivals.release(self._fences, owner, owner == self.rank)
 
     def call_stamp(self, op: int, root: int) -> int:
         c = self._dev._endpoint.arrivals.next_fence(self._fences) if self._fences is not None else 1
@@ -126,6 +152,7 @@ class GroupComm:
         mine, rows = arrivals.payload_views(grp, c, x.dtype, x.size)
         mine[...] = x.reshape(-1)
         self.fence()
+        self._carried = True
         return rows if rows is not None else arrivals.payloads(grp, c, x.dtype, x.size)
 
     def account(self, peer: int, nbytes: int, messages: int = 1) -> None:

@@ -26,14 +26,24 @@ barrier is the lock-prefixed compare-and-swap of taking and dropping an unconten
 case); it costs ~0.1 µs and no system call.  ``done`` only grows: a stale last member of fence c
 cannot write after fence c+1 completed, because c+1 needs that member's arrival.
 
+A call's last fence may be a *release* (``release``): every member counts it, but only the
+member whose scratch the others still read (the all_reduce's first member, collectives/shm.py)
+waits for it — and not there, but before it next writes its scratch (``unreleased``; usually
+everybody has arrived by then and nobody sleeps).  The last member to arrive rings that owner
+alone.  The other members go on at once: each member of a 512 KiB all_reduce but the first
+sleeps twice per call instead of three times (benchmarks/README.md).
+
 A fence can also carry two words from each member: a 64-bit digest of its call (the collective
 contract check) and its modelled clock on entry (shared-memory algorithms price themselves from
 their members' entry clocks).  Member r stores them in ``digest[c mod 2][k][r]`` and
 ``clock[c mod 2][k][r]`` before it counts fence c, and every member reads the group's after the
-fence.  Two slots are enough: r cannot store fence c+2's before fence c+1 completed, which needs
-every reader of fence c's to have arrived at c+1, done reading.  Data written before the count is
-visible to a member that has seen ``done`` (x86-64 and AArch64 keep a process's stores in order for
-an aligned word published after them, the same assumption the rings rely on).
+fence, before it enters fence c+1.  Two slots are enough: r cannot store fence c+2's before fence
+c+1 completed, which needs every reader of fence c's to have arrived at c+1, done reading — or, if
+fence c+1 is a release, which nobody waits for, before fence c completed, and a release only ever
+follows a fence that carries nothing (``GroupComm.release`` refuses another), so fence c's slots
+have no readers.  Data written before the count is visible to a member that has seen ``done``
+(x86-64 and AArch64 keep a process's stores in order for an aligned word published after them,
+the same assumption the rings rely on).
 
 A fence can also carry a small array from each member (``Layout.fence_payload_bytes``, up to
 8 KiB): member r copies it into its slot ``payload[c mod 2][k][r]`` before it counts fence c, and
@@ -124,6 +134,7 @@ class ArrivalCounters:
         self.payload_bytes = P
         self._slots = arena.view(layout.payloads_offset, 2 * K * D * P).reshape(2, K, D, P) if P else None
         self._views: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
+        self.unreleased: dict[int, tuple[FenceGroup, int]] = {}  # kind -> (group, release) this owner awaits
 
     def group(self, kind: int, ranks: Sequence[int]) -> FenceGroup:
         """The group of ``kind`` (its members ``ranks``, this device among them), kept per kind."""
@@ -132,10 +143,12 @@ class ArrivalCounters:
             grp = self._groups[kind] = FenceGroup(kind, ranks, self._me, self._devices, self._bells)
         return grp
 
-    def arrive(self, grp: FenceGroup, digest: int | None = None, clock: float | None = None) -> int:
+    def arrive(self, grp: FenceGroup, digest: int | None = None, clock: float | None = None,
+               owner: int | None = None) -> int:
         """Enter the next fence of ``grp``, publishing first the ``digest`` of our call and our
         ``clock`` if given; returns its number c.  If every member has arrived, completes it and
-        wakes the others (then ``arrived(grp, c)`` holds already)."""
+        wakes the others — only the member at position ``owner`` of a release (see ``release``)
+        — so that then ``arrived(grp, c)`` holds already."""
         w, mine, plane = self._w, grp.mine, self._plane
         c = w[mine] + 1
         if digest is not None:
@@ -148,8 +161,24 @@ class ArrivalCounters:
             pass
         if min(grp.words(w, COUNT)) >= c and w[plane + grp.done] < c:
             w[plane + grp.done] = c
-            self._ring(grp)
+            if owner is None:
+                self._ring(grp)
+            elif grp.bells[owner] is not None:
+                grp.bells[owner].release()
         return c
+
+    def release(self, grp: FenceGroup, owner: int, mine: bool) -> None:
+        """Enter the next fence of ``grp`` as a release: nobody waits for it here.  The member at
+        position ``owner`` (``mine``: we are it) must not write its scratch again until every
+        member has arrived, which ``unreleased`` remembers for it to wait for (see the module
+        docstring).  The fence before it must carry nothing (no digest, clock or payload)."""
+        c = self.arrive(grp, owner=owner)
+        if mine and not self.arrived(grp, c):
+            self.unreleased[grp.kind] = (grp, c)  # (a later release of the kind implies an earlier one)
+
+    def reset(self) -> None:
+        """Forget the releases awaited (the driver zeroed the words after a failure)."""
+        self.unreleased.clear()
 
     def _ring(self, grp: FenceGroup) -> None:
         """Wake the other members of ``grp``, the one that arrived first first (by their stamps)."""

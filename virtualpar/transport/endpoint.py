@@ -234,6 +234,8 @@ class Endpoint(Receiving, Sending):
             ch.sync_local(producer=True)
         for ch in self._in.values():
             ch.sync_local(producer=False)
+        if self.arrivals is not None:
+            self.arrivals.reset()
         self.renumber()
         self.resets += 1  # every device resets together: message numbers restart, the count tells them apart
         while self._bell.acquire(False):
