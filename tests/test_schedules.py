@@ -99,11 +99,11 @@ def test_clock_charge_is_cached_per_group_and_chunks_and_bounded(monkeypatch):
     ranks, chunks = (0, 2), [1 << 20, 1 << 20]
     want = replay_ring(topo, ranks, [0.5, 0.25], chunks)[1]
     assert clock.ring_all_reduce(ranks, [0.5, 0.25], chunks) == pytest.approx(want, rel=1e-12)
-    assert len(clock._schedules) == 1
+    assert len(clock._schedules) == 2  # the column, and the group's ring links (for its next size)
     # a later call with other entry clocks reuses the column and still prices them
     want = replay_ring(topo, ranks, [1.0, 3.0], chunks)[1]
     assert clock.ring_all_reduce(ranks, [1.0, 3.0], chunks) == pytest.approx(want, rel=1e-12)
-    assert len(clock._schedules) == 1
+    assert len(clock._schedules) == 2
     # never backwards: a charge that ends before now leaves now alone
     assert clock.ring_all_reduce(ranks, [0.0, 0.0], chunks) == clock.now == pytest.approx(want, rel=1e-12)
     monkeypatch.setattr("virtualpar.sim.clock._SCHEDULES_KEPT", 3)
@@ -119,7 +119,7 @@ def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
     latency, one bandwidth, one chunk size); it must return exactly the walk's floats, and a ring
     that crosses a slower link (two nodes of a hierarchy), or moves one other chunk size, must be
     told apart and still match the walk."""
-    from virtualpar.sim.max_plus import RingSteps, max_plus_column, ring_column
+    from virtualpar.sim.max_plus import RingLinks, RingSteps, max_plus_column, ring_column
 
     uniform = Topology.fully_connected(n, latency=2e-6, bandwidth=45e9)
     cases = [(uniform, [3000] * n, True), (uniform, [0] * n, True), (uniform, [3000] * (n - 1) + [3008], False)]
@@ -131,6 +131,8 @@ def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
             assert (steps.uniform() is not None) == (closed and n > 1)
             walk = max_plus_column(steps, [1] * steps.count, me, n)
             assert ring_column(steps, me) == walk
+            kept = RingSteps(topo, range(n), chunks, "test", half, RingLinks(topo, list(range(n))))  # as a clock keeps them
+            assert ring_column(kept, me) == walk and kept.uniform() == steps.uniform()
             if n > 1:
                 assert all(np.isfinite(walk))
 

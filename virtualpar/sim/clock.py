@@ -48,6 +48,7 @@ from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.exchange import pairwise_exchange_column
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
+from virtualpar.sim.max_plus import RingLinks
 from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_reduce_column, ring_half_column,
                                      tree_all_reduce_column, tree_all_reduce_links, tree_broadcast_column)
 
@@ -147,7 +148,8 @@ class DeviceClock:
         O(n²)); the column is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
         costs n additions.  Returns the new ``now``."""
         key = (ranks, tuple(chunk_nbytes))
-        column = self._kept(key, lambda: ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank)))
+        column = self._kept(key, lambda: ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank),
+                                                                self._ring_links(ranks)))
         return self.advance_to(apply_delays(column, entry))
 
     def tree_all_reduce(self, ranks: tuple[int, ...], entry: list[float], nbytes: int) -> float:
@@ -170,8 +172,13 @@ class DeviceClock:
         (:func:`~virtualpar.sim.schedules.ring_half_column`, kept like :meth:`ring_all_reduce`'s).
         Returns the new ``now``."""
         key = (ranks, half, tuple(piece_nbytes))
-        column = self._kept(key, lambda: ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank), half))
+        column = self._kept(key, lambda: ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank), half,
+                                                          self._ring_links(ranks)))
         return self.advance_to(apply_delays(column, entry))
+
+    def _ring_links(self, ranks: tuple[int, ...]) -> RingLinks:
+        """The route figures of the ring over ``ranks``, kept per group: a new size's column looks up none."""
+        return self._kept((ranks, "ring links"), lambda: RingLinks(self.topology, ranks))
 
     def pairwise_exchange(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
         """Charge the pairwise exchange (all_to_all) of pieces of ``piece_nbytes`` over ``ranks``

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from virtualpar.mesh.topology import Topology
 
-__all__ = ["NEVER", "RingSteps", "max_plus_column", "ring_column"]
+__all__ = ["NEVER", "RingLinks", "RingSteps", "max_plus_column", "ring_column"]
 
 NEVER = float("-inf")  # max-plus zero: no chain of steps leads from one clock to the other
 
@@ -58,6 +58,23 @@ def max_plus_column(steps: Callable[[int, int], np.ndarray], offsets: Sequence[i
 _STEP_BLOCK = 32  # rows of step times built at once: 64 KiB at 256 members, reused from the heap
 
 
+class RingLinks:
+    """The route figures of a ring's hops p -> p+1 over ``ranks`` (``latency``, ``bandwidth``: one
+    entry per member), and ``same``: their one (latency, bandwidth) when every hop has the same,
+    else None.  They depend on the group alone, so a clock keeps them per group: a column for a new
+    size then looks up no routes (at 16 devices a new size's column cost ~90 µs of CPU, most of it
+    this lookup and the uniformity test)."""
+
+    __slots__ = ("latency", "bandwidth", "same")
+
+    def __init__(self, topology: Topology, ranks: Sequence[int]) -> None:
+        ranks = list(ranks)
+        self.latency, self.bandwidth = topology.figures_many(ranks, ranks[1:] + ranks[:1])  # p -> p+1
+        lat, bw = self.latency, self.bandwidth
+        uniform = len(ranks) and float(lat.min()) == float(lat.max()) and float(bw.min()) == float(bw.max())
+        self.same = (float(lat[0]), float(bw[0])) if uniform else None
+
+
 class RingSteps:
     """``T[k][p]``: the time of the chunk member p sends to p+1 at step k of the ring all_reduce
     (``Route.time`` from the cached route figures, elementwise: the same floats); with ``half``
@@ -66,26 +83,28 @@ class RingSteps:
     its fresh pages cost a device ~4 ms of CPU in its first all_reduce."""
 
     def __init__(self, topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], caller: str,
-                 half: str = "") -> None:
+                 half: str = "", links: RingLinks | None = None) -> None:
         n = len(ranks)
         if len(chunk_nbytes) != n:
             raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
         if half not in ("", "reduce_scatter", "all_gather"):
             raise ValueError(f"{caller}: half must be '' (the whole ring), 'reduce_scatter' or 'all_gather', got {half!r}")
-        rk = np.asarray(ranks)
-        self.latency, self.bandwidth = topology.figures_many(rk, np.roll(rk, -1))  # p -> p+1
-        self._half, self._sizes, self._windows = half, np.asarray(chunk_nbytes, dtype=np.float64), None
+        self.links = RingLinks(topology, ranks) if links is None else links  # (``links``: kept by the caller)
+        self.latency, self.bandwidth = self.links.latency, self.links.bandwidth
+        self._half, self._windows, self._chunks = half, None, chunk_nbytes
+        self._sizes = np.asarray(chunk_nbytes, dtype=np.float64)
         self.members = n
         self.count = 2 * (n - 1) if not half else n - 1
 
     def uniform(self) -> float | None:
         """The one time every step adds to every member (one latency, one bandwidth, one chunk
-        size), else None; the same float as each entry of ``self(lo, hi)`` would be."""
-        if not self.count or any(float(a.min()) != float(a.max()) for a in (self.latency, self.bandwidth, self._sizes)):
+        size), else None; the same float as each entry of ``self(lo, hi)`` would be (the same
+        IEEE operations, in Python floats: a bandwidth of inf gives 0 s, as numpy's would)."""
+        same, chunks = self.links.same, self._chunks
+        if not self.count or same is None or min(chunks) != max(chunks):
             return None
-        size, bandwidth = self._sizes[0], self.bandwidth[0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return float(self.latency[0] + (size / bandwidth if size > 0 else 0.0))
+        size, (latency, bandwidth) = float(chunks[0]), same
+        return latency + (size / bandwidth if size > 0 else 0.0)
 
     def __call__(self, lo: int, hi: int) -> np.ndarray:
         n = self.members

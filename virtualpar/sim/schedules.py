@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from virtualpar.mesh.topology import Topology
-from virtualpar.sim.max_plus import NEVER, RingSteps, max_plus_column, ring_column
+from virtualpar.sim.max_plus import NEVER, RingLinks, RingSteps, max_plus_column, ring_column
 
 __all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column", "tree_children",
            "tree_broadcast_column", "dissemination_column", "tree_all_reduce_times", "tree_all_reduce_column",
@@ -63,7 +63,8 @@ def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbyte
     return rows
 
 
-def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], member: int) -> list[float]:
+def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int], member: int,
+                           links: RingLinks | None = None) -> list[float]:
     """Column ``member`` of :func:`ring_all_reduce_delays`' matrix (``D[q][member]`` for every q),
     in O(n²) instead of the matrix's O(n³): what one device needs to price its own exit.
 
@@ -72,19 +73,20 @@ def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbyte
     ``member`` multiplied from the right by ``A_K``, then ``A_{K−1}``, …: step k maps u to
     ``u'[q] = send_k[q] + max(u[q], u[q+1])``.  The chains are the matrix's, summed from the last
     step back, so entries agree with the matrix to rounding (a 64-device group: ~10 ms instead of
-    ~5 s of CPU per device for its first shared-memory all_reduce).
+    ~5 s of CPU per device for its first shared-memory all_reduce).  ``links``: the ring's
+    :class:`~virtualpar.sim.max_plus.RingLinks`, if the caller keeps them.
     """
-    return ring_column(RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column"), member)
+    return ring_column(RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column", links=links), member)
 
 
 def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int,
-                     half: str) -> list[float]:
+                     half: str, links: RingLinks | None = None) -> list[float]:
     """Column ``member`` of the max-plus matrix of one half of the ring all_reduce over ``ranks``
     (``collectives/ring.py``) run alone, with the pieces' own sizes (they may differ), n−1 steps,
     O(n²): ``half="all_gather"``, the ring all_gather — at step s member p sends piece (p−s) mod n
     to p+1; ``"reduce_scatter"``, the ring reduce_scatter — the partial of piece (p−s−1) mod n.  On
     a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""
-    return ring_column(RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half), member)
+    return ring_column(RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half, links), member)
 
 
 def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, member: int, nbytes: int) -> list[tuple[int, float]]:
