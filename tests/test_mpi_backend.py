@@ -299,6 +299,46 @@ def test_an_irecv_request_has_its_status_on_both_backends(tmp_path):
     assert _results(real) == _results(emu) and "(1, 4, 16)" in emu
 
 
+WAIT_ANY = """
+import time
+import numpy as np
+
+def step(dev):
+    if dev.rank == 0:
+        reqs = [dev.irecv(1, tag=t) for t in (5, 6, 7)]
+        first = dev.wait_any(reqs)  # blocks: device 1 sends tag 6 after a pause
+        got = [(first, reqs[first].wait())]
+        rest = [reqs[0], reqs[2]]
+        while rest:
+            dev.send("go", 1, tag=1)  # device 1 sends tag 7, then tag 5
+            k = dev.wait_any(rest)
+            got.append((k, rest.pop(k).wait()))
+        late = dev.irecv(1, tag=9)
+        try:
+            dev.wait_any([late], timeout=0.3)
+        except Exception as exc:
+            got.append(type(exc).__name__)
+        dev.send("go", 1, tag=1)
+        return got + [late.wait()]
+    if dev.rank == 1:
+        time.sleep(0.2)
+        dev.send(np.full(2, 6.0), 0, tag=6)
+        for tag, obj in ((7, "seven"), (5, 5), (9, 9)):
+            dev.recv(0, tag=1)
+            dev.send(obj, 0, tag=tag)
+    return None
+"""
+
+
+def test_wait_any_returns_the_first_request_that_can_complete_on_both_backends(tmp_path):
+    """One message at a time can complete (device 1 waits for a go between them), so the indices
+    are the same under any MPI; a wait nothing ends is a P2PTimeout, not a hang, and leaves its
+    request pending: the late message still completes it."""
+    emu, real = _both(tmp_path, WAIT_ANY, 2)
+    assert _results(real) == _results(emu)
+    assert "[(1, array([6., 6.])), (1, 'seven'), (0, 5), 'P2PTimeout', 9]" in emu
+
+
 ODD_DTYPES = """
 import numpy as np
 

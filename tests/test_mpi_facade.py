@@ -31,7 +31,7 @@ def _mpiexec() -> str | None:
 
 
 @pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
-                                  "in_place.py", "semantics.py", "scans.py", "synchronous.py"])
+                                  "in_place.py", "semantics.py", "scans.py", "synchronous.py", "requests.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -50,7 +50,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
               "in_place.py": f"rank 0 Reduce_scatter_block [{n * (n - 1) / 2}, {n * (n - 1) / 2 + n}]",
               "semantics.py": "rank 0 open line (-1, 1) from PROC_NULL -1 constants -2 -1 -1",  # MPICH's values
               "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}",
-              "synchronous.py": "rank 0 issends done before their receives: (False, False)"}
+              "synchronous.py": "rank 0 issends done before their receives: (False, False)",
+              "requests.py": "rank 0 waitsome [2] ['seven'] [(1, 7)]"}
     assert expect[prog] in emu.stdout
 
 

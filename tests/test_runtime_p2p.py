@@ -231,6 +231,46 @@ def test_many_outstanding_requests_match_by_tag(pair):
     assert r1 == [t for t in reversed(range(k))]
 
 
+def waiting_for_any(dev) -> Any:
+    """Device 0 waits for whichever of three receives can complete; device 1 sends their messages
+    one at a time, each after device 0's go (so which one can complete is certain)."""
+    if dev.rank == 1:
+        for tag in (7, 5, 77):
+            dev.recv(0, tag=1)
+            dev.send(tag, 0, tag=tag)
+        return None
+    stray = dev.irecv(1, tag=3)  # device 1 never sends tag 3
+    with pytest.raises(UsageError, match="wait_any needs a non-empty list of this device's requests"):
+        dev.wait_any([])
+    with pytest.raises(UsageError, match="wait_any needs a non-empty list"):
+        dev.wait_any([stray, "not a request"])
+    first = dev.isend(np.ones(2), 0, tag=4)  # to itself: complete at once
+    got = [dev.wait_any([stray, first])]
+    dev.recv(0, tag=4)
+    reqs = [dev.irecv(1, tag=t) for t in (5, 6, 7)]
+    six = reqs[1]
+    for _ in range(2):
+        dev.send("go", 1, tag=1)
+        k = dev.wait_any(reqs)
+        got.append((k, reqs.pop(k).wait()))  # (a completed request stays ready: the caller drops it)
+    late = dev.irecv(1, tag=77)
+    with pytest.raises(P2PTimeout, match=r"wait for any of 2 requests: <Request recv from 1 tag=6 pending>, "
+                                         r"<Request recv from 1 tag=77 pending> did not complete within 0.2 s"):
+        dev.wait_any([six, late], timeout=0.2)
+    dev.send("go", 1, tag=1)
+    got.append(dev.wait_any([six, late]))
+    got.append(late.wait())
+    for r in (stray, six):  # withdrawn, so that the run ends with nothing left posted
+        from virtualpar.transport.leftovers import withdraw
+
+        withdraw(dev._endpoint, r._inner)
+    return got
+
+
+def test_wait_any_sleeps_until_one_can_complete_and_names_its_requests_on_timeout(pair):
+    assert pair.run(waiting_for_any)[0] == [1, (2, 7), (0, 5), 1, 77]
+
+
 def both_send_first(dev, nbytes: int) -> Any:
     peer = 1 - dev.rank
     dev.send(big(nbytes, dev.rank), peer)  # blocking, and larger than the ring: must not deadlock

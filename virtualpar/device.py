@@ -84,6 +84,12 @@ class Device(Protocol):
         deadlocks); ``recvtag`` defaults to ``sendtag``."""
         ...
 
+    def wait_any(self, requests: Sequence[Any], timeout: float | None = None) -> int:
+        """Block until one of ``requests`` (this device's, from ``isend``/``irecv``/``issend``) can complete;
+        returns the index of the first that can, in list order, without completing it (its ``wait()`` then returns
+        at once): what MPI's ``Waitany`` and ``Waitsome`` block in."""
+        ...
+
     # collectives
     def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None,
                    timeout: float | None = None) -> np.ndarray:

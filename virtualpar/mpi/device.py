@@ -45,7 +45,7 @@ from ..trace.event import Event
 from .collectives import MPICollectives
 from .matching import ReceiveMatching
 from .requests import RecvRequest, SendRequest
-from .waiting import DEFAULT_TIMEOUT
+from .waiting import DEFAULT_TIMEOUT, wait_for
 
 __all__ = ["MPIDevice", "collect"]
 
@@ -112,6 +112,27 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         if not budget > 0:
             raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}", rank=self.rank)
         return budget, time.monotonic() + budget
+
+    def wait_any(self, requests: Any, timeout: float | None = None) -> int:
+        """The first of ``requests`` (this device's) that can complete, not completed (``Device.wait_any``),
+        polled as every wait here is (:mod:`virtualpar.mpi.waiting`)."""
+        reqs = list(requests) if isinstance(requests, (list, tuple)) else None
+        if not reqs or any(not isinstance(r, (SendRequest, RecvRequest)) or r._dev is not self for r in reqs):
+            raise UsageError(f"{self.name}: wait_any needs a non-empty list of this device's requests (from isend, "
+                             f"irecv or issend), got {requests!r}", rank=self.rank)
+        budget, deadline = self._deadline(timeout)
+        found = [0]
+
+        def ready() -> bool:
+            for i, r in enumerate(reqs):
+                if r.test():
+                    found[0] = i
+                    return True
+            return False
+
+        wait_for(ready, deadline, lambda: P2PTimeout(f"{self.name}: wait for any of {len(reqs)} request"
+                                                     f"{'s' * (len(reqs) > 1)} did not complete within {budget:g} s", rank=self.rank))
+        return found[0]
 
     def _p2p_timeout(self, what: str, peer: int, tag: int, budget: float) -> P2PTimeout:
         who = "any source" if peer == ANY_SOURCE else f"device {peer}"

@@ -26,8 +26,9 @@ from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE as _DEV_ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_buffers import BufferCollectives
 from .facade_objects import ObjectCollectives
+from .facade_requests import REQUEST_NULL, UNDEFINED, Request
 from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob,
-                           Datatype, Op, Request, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
+                           Datatype, Op, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -233,7 +234,8 @@ def module_for(dev: Any) -> types.ModuleType:
     t0 = time.perf_counter()
     names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm, Request=Request,
                  Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN, IN_PLACE=IN_PLACE,
-                 ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
+                 ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, UNDEFINED=UNDEFINED,
+                 REQUEST_NULL=REQUEST_NULL, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
                  LONG=LONG, Wtime=lambda: time.perf_counter() - t0, Get_processor_name=lambda: f"virtualpar-{dev.rank}",
                  COMM_SELF=Comm(dev, (dev.rank,), 0))  # context 0: no other communicator's (they are >= 1)
     finalized = [False]  # mpi4py initialises at import and finalises at exit; a script may also call Finalize

@@ -1,4 +1,5 @@
-"""The facade's value types (``Op``, ``Datatype``, ``Status``, ``Request``, ``IN_PLACE``), the buffer specs
+"""The facade's value types (``Op``, ``Datatype``, ``Status``, ``IN_PLACE``; ``Request`` is in
+:mod:`.facade_requests`), the buffer specs
 (``[buf, counts, displs, MPI.DOUBLE]``: :func:`_layout`, :func:`_place`) and the
 tag layout a communicator uses (user tags below ``_COLL``, the facade's collectives at ``_COLL``,
 each communicator in its own span of ``_SPAN`` device tags)."""
@@ -11,7 +12,7 @@ import numpy as np
 
 from ..runtime.status import ANY_TAG
 
-__all__ = ["Op", "Datatype", "Status", "Request", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
+__all__ = ["Op", "Datatype", "Status", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
            "DOUBLE", "FLOAT", "INT", "LONG", "ANY_SOURCE", "PROC_NULL"]
 
 # MPICH's values, as mpi4py on the project's reference MPI (the mpich wheel) shows them: a script
@@ -118,6 +119,10 @@ class Status:
     def __init__(self) -> None:
         self.source, self.tag, self.count = ANY_SOURCE, ANY_TAG, 0
 
+    def _empty(self) -> None:
+        """MPI's empty status (of a request already completed): any source, any tag, nothing."""
+        self.source, self.tag, self.count = ANY_SOURCE, ANY_TAG, 0
+
     def _from_nowhere(self) -> None:
         """What MPI reports for a receive from ``PROC_NULL``: source PROC_NULL, any tag, nothing."""
         self.source, self.tag, self.count = PROC_NULL, ANY_TAG, 0
@@ -130,50 +135,6 @@ class Status:
 
     def Get_count(self, datatype: Any = None) -> int:
         return self.count // (datatype.dtype.itemsize if isinstance(datatype, Datatype) else 1)
-
-
-class Request:
-    """A pending facade call; ``Wait`` completes it and fills the receive buffer and ``status``."""
-
-    def __init__(self, inner: Any, comm: Any, out: np.ndarray | None = None) -> None:
-        # inner None: an operation on PROC_NULL, complete at once with nothing (as MPI's)
-        self._inner, self._comm, self._out, self._value, self._done = inner, comm, out, None, inner is None
-
-    def wait(self, status: Status | None = None) -> Any:
-        """Complete the call; the received object (lower-case ``wait``, as mpi4py's)."""
-        if not self._done:
-            self._value = self._inner.wait()
-            self._done = True
-            if self._out is not None and self._value is not self._out and isinstance(self._value, np.ndarray):
-                _fill(self._out, self._value)
-        if status is not None:
-            st = getattr(self._inner, "status", None)
-            if self._inner is None:
-                status._from_nowhere()
-            elif st is not None:
-                status.source, status.tag, status.count = self._comm._local(st.source), st.tag % _SPAN, st.nbytes
-        return self._value
-
-    def Wait(self, status: Status | None = None) -> bool:
-        """Complete the call (its buffer is filled); True, as mpi4py's ``Request.Wait``."""
-        self.wait(status)
-        return True
-
-    def test(self, status: Status | None = None) -> tuple[bool, Any]:
-        done = self._done or self._inner.test()
-        return done, (self.wait(status) if done else None)
-
-    def Test(self, status: Status | None = None) -> bool:
-        return self.test(status)[0]
-
-    @staticmethod
-    def waitall(requests: list["Request"], statuses: list[Status] | None = None) -> list[Any]:
-        return [r.wait(None if statuses is None else statuses[i]) for i, r in enumerate(requests)]
-
-    @staticmethod
-    def Waitall(requests: list["Request"], statuses: list[Status] | None = None) -> bool:
-        Request.waitall(requests, statuses)
-        return True
 
 
 def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
