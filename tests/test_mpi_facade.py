@@ -31,7 +31,8 @@ def _mpiexec() -> str | None:
 
 
 @pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
-                                  "in_place.py", "semantics.py", "scans.py", "synchronous.py", "requests.py"])
+                                  "in_place.py", "semantics.py", "scans.py", "synchronous.py", "requests.py",
+                                  "vectors.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -51,7 +52,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
               "semantics.py": "rank 0 open line (-1, 1) from PROC_NULL -1 constants -2 -1 -1",  # MPICH's values
               "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}",
               "synchronous.py": "rank 0 issends done before their receives: (False, False)",
-              "requests.py": "rank 0 waitsome [2] ['seven'] [(1, 7)]"}
+              "requests.py": "rank 0 waitsome [2] ['seven'] [(1, 7)]",
+              "vectors.py": "rank 0 attrs 536870911 0 True"}
     assert expect[prog] in emu.stdout
 
 
@@ -191,10 +193,15 @@ def test_a_buffer_that_does_not_split_into_equal_blocks_says_so(tmp_path):
     ("comm.irecv(source=-5)", "MPI rank -5 is not a rank"),
     ("comm.bcast(1, root=-1)", "MPI root -1 is not a rank of this communicator of size 4 (0..3): MPI_ERR_ROOT"),
     ("comm.Reduce(np.ones(1), np.zeros(1), root=4)", "MPI root 4 is not a rank"),
+    ("comm.send(1, dest=0, tag=2**29)", "MPI tag 536870912 is out of range 0..536870911 (Get_attr(MPI.TAG_UB)): "
+                                        "MPI_ERR_TAG"),
+    ("comm.Alltoallv([np.ones(12), [3, 3, 3, 3]], [np.zeros(8), [2, 2, 2, 2]])",  # (an overwrite of the next piece)
+     "Alltoallv: rank 0 sent 3 elements for a receive count of 2 (MPI_ERR_TRUNCATE)"),
 ])
 def test_a_rank_or_root_out_of_range_is_an_error_not_another_rank(tmp_path, call, error):
     """A negative rank counted from the end of the communicator: dest=-3 went to rank 1, and
-    root=-1 made every rank a sender to the last (MPI: MPI_ERR_RANK / MPI_ERR_ROOT)."""
+    root=-1 made every rank a sender to the last (MPI: MPI_ERR_RANK / MPI_ERR_ROOT); a tag past
+    TAG_UB and a piece longer than its receive count are MPI's errors too."""
     prog = tmp_path / "ranks.py"
     prog.write_text(f"from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\n{call}\n"
                     "print('rank', comm.rank, 'went on', flush=True)\n")

@@ -27,8 +27,9 @@ from ..runtime.status import ANY_SOURCE as _DEV_ANY_SOURCE, ANY_TAG, Status as _
 from .facade_buffers import BufferCollectives
 from .facade_objects import ObjectCollectives
 from .facade_requests import REQUEST_NULL, UNDEFINED, Request
-from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, AbortJob,
-                           Datatype, Op, Status, _buf, _COLL, _fill, _SPAN, _wire, context_of)
+from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, TAG_UB,
+                           TAG_UB_VALUE, WTIME_IS_GLOBAL, AbortJob, Datatype, Op, Status, _buf, _COLL, _fill, _SPAN,
+                           _wire, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -58,11 +59,16 @@ class Comm(ObjectCollectives, BufferCollectives):
     def Get_size(self) -> int:
         return self.size
 
+    def Get_attr(self, keyval: int) -> Any:
+        """``TAG_UB``: the largest tag, MPICH's; ``WTIME_IS_GLOBAL``: 0 (each rank's ``Wtime`` counts from
+        its own start, as MPICH's does); any other key: None, as for an attribute never set."""
+        return {TAG_UB: TAG_UB_VALUE, WTIME_IS_GLOBAL: 0}.get(keyval)
+
     def _tag(self, tag: int) -> int | range:
         if tag == ANY_TAG:  # any of this communicator's own tags: never another's, nor its collectives'
             return range(self._ctx * _SPAN, self._ctx * _SPAN + _COLL)
-        if not 0 <= tag < _COLL:
-            raise ValueError(f"MPI tag {tag} is out of range 0..{_COLL - 1} on the emulator")
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= TAG_UB_VALUE:
+            raise ValueError(f"MPI tag {tag!r} is out of range 0..{TAG_UB_VALUE} (Get_attr(MPI.TAG_UB)): MPI_ERR_TAG")
         return self._ctx * _SPAN + tag
 
     def _peer(self, r: int, source: bool = False) -> int:
@@ -155,6 +161,15 @@ class Comm(ObjectCollectives, BufferCollectives):
         self.Send(sendbuf, dest, sendtag)
         req.wait(status)
 
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                         status: Status | None = None) -> None:
+        """``Sendrecv`` with one buffer: its contents go to ``dest``, and the message from ``source``
+        replaces them (sent from a copy, so the receive may land first)."""
+        outgoing = np.array(_wire(buf))
+        req = self.Irecv(buf, source, recvtag)
+        self.Send(outgoing, dest, sendtag)
+        req.wait(status)
+
     # -- new communicators --------------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> "Comm":
         self._splits += 1
@@ -235,7 +250,8 @@ def module_for(dev: Any) -> types.ModuleType:
     names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm, Request=Request,
                  Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN, IN_PLACE=IN_PLACE,
                  ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, UNDEFINED=UNDEFINED,
-                 REQUEST_NULL=REQUEST_NULL, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
+                 REQUEST_NULL=REQUEST_NULL, TAG_UB=TAG_UB, WTIME_IS_GLOBAL=WTIME_IS_GLOBAL,
+                 Wtick=lambda: time.get_clock_info("perf_counter").resolution, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
                  LONG=LONG, Wtime=lambda: time.perf_counter() - t0, Get_processor_name=lambda: f"virtualpar-{dev.rank}",
                  COMM_SELF=Comm(dev, (dev.rank,), 0))  # context 0: no other communicator's (they are >= 1)
     finalized = [False]  # mpi4py initialises at import and finalises at exit; a script may also call Finalize

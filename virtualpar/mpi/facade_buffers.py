@@ -3,7 +3,7 @@ upper-case calls, built on the communicator's pickle-based lower-case ones (virt
 
 ``MPI.IN_PLACE`` works where MPI defines it: as the send buffer of ``Reduce`` and ``Allreduce``
 (the input is the receive buffer), ``Gather(v)`` at the root and ``Allgather(v)`` (a rank's own
-piece is already in the receive buffer, at its displacement), ``Alltoall``,
+piece is already in the receive buffer, at its displacement), ``Alltoall(v)``,
 ``Reduce_scatter_block``, ``Scan`` and ``Exscan`` (the input is the receive buffer), and as the
 root's receive buffer of ``Scatter(v)`` (it keeps its piece in the send buffer).  In a
 ``[buf, count, type]`` spec of a collective's gathered, scattered or exchanged buffer the count is
@@ -78,6 +78,23 @@ class BufferCollectives:
         _blocks(source.size, self.size)
         pieces = np.split(np.array(source), self.size)
         np.copyto(_region(recvbuf, self.size), np.concatenate(self.alltoall(pieces)))
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Piece j of ``sendbuf`` (its counts and displacements) goes to rank j, and rank j's piece
+        for this rank lands in ``recvbuf`` at displacement j; a piece longer than its receive count
+        is an error (MPI_ERR_TRUNCATE), not an overwrite of the next.  ``sendbuf=IN_PLACE``: the
+        pieces to send are in ``recvbuf``, at its counts and displacements."""
+        spec = recvbuf if sendbuf is IN_PLACE else sendbuf
+        flat = np.array(_region(spec, self.size))  # (a copy: the received pieces may overwrite it)
+        counts, displs = _layout(spec, self.size, flat.size)
+        got = self.alltoall([flat[d:d + c] for c, d in zip(counts, displs)])
+        out = _region(recvbuf, self.size)
+        room, where = _layout(recvbuf, self.size, out.size)
+        for j, (piece, c, d) in enumerate(zip(got, room, where)):
+            if piece.size > c:
+                raise ValueError(f"Alltoallv: rank {j} sent {piece.size} elements for a receive count of {c} "
+                                 "(MPI_ERR_TRUNCATE)")
+            out[d:d + piece.size] = piece
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """``sendbuf=IN_PLACE``: the input is ``recvbuf`` (every rank's block), and this rank's

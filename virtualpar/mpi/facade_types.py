@@ -13,12 +13,14 @@ import numpy as np
 from ..runtime.status import ANY_TAG
 
 __all__ = ["Op", "Datatype", "Status", "IN_PLACE", "SUM", "PROD", "MAX", "MIN",
-           "DOUBLE", "FLOAT", "INT", "LONG", "ANY_SOURCE", "PROC_NULL"]
+           "DOUBLE", "FLOAT", "INT", "LONG", "ANY_SOURCE", "PROC_NULL", "TAG_UB", "WTIME_IS_GLOBAL"]
 
 # MPICH's values, as mpi4py on the project's reference MPI (the mpich wheel) shows them: a script
 # that prints a rank from ``Shift`` or a status prints what it prints under mpiexec.  (Open MPI
 # swaps the two.)  The facade maps ANY_SOURCE to the device's (runtime.status.ANY_SOURCE, -1).
 ANY_SOURCE, PROC_NULL = -2, -1
+TAG_UB_VALUE = (1 << 29) - 1  # MPICH's largest tag (Get_attr(TAG_UB)); a larger one is MPI_ERR_TAG
+TAG_UB, WTIME_IS_GLOBAL = 1681915905, 1681915911  # MPICH's attribute keys, as mpi4py shows them
 
 _SPAN = 1 << 30  # device tags per communicator: user tags below _COLL (MPICH's TAG_UB: 2**29 - 1), collectives at _COLL
 _COLL = _SPAN - 1
