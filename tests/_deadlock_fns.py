@@ -152,3 +152,23 @@ def slow_sender_any_tag(dev: Any, seconds: float) -> float:
         dev.send(np.full(1, 3.0), 1, tag=7)
         return 0.0
     return float(dev.recv(0, tag=ANY_TAG)[0])
+
+
+def wait_any_first(dev: Any) -> None:
+    """Both devices wait for any of two receives from the other before either sends."""
+    peer = 1 - dev.rank
+    reqs = [dev.irecv(peer, tag=1), dev.irecv(peer, tag=2)]
+    dev.wait_any(reqs)
+    dev.send(np.zeros(3), peer, tag=1)
+
+
+def wait_any_slow_sender(dev: Any, seconds: float) -> float:
+    """Device 1 waits for any of two receives while device 0 computes, then sends one: not a deadlock."""
+    if dev.rank == 0:
+        time.sleep(seconds)
+        dev.send(np.full(1, 3.0), 1, tag=2)
+        dev.send(np.full(1, 4.0), 1, tag=1)
+        return 0.0
+    reqs = [dev.irecv(0, tag=1), dev.irecv(0, tag=2)]
+    k = dev.wait_any(reqs)
+    return float(reqs[k].wait()[0]) + 10 * float(reqs[1 - k].wait()[0])

@@ -64,6 +64,15 @@ def test_receives_with_any_tag_are_named_not_timed_out(any_source, waits):
         assert c.run(fns.slow_sender_any_tag, 0.5) == [0.0, 3.0]  # a late sender of any tag is not one
 
 
+def test_two_devices_in_wait_any_first_are_a_named_deadlock_and_a_slow_sender_is_not():
+    """wait_any published no wait board entry ('OTHER'), so this waited the whole op timeout."""
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        err, took = _deadlock(c, fns.wait_any_first)
+        assert took < WELL_BELOW
+        assert "device 0 waits any of several requests (wait_any) ← device 1 waits any of several requests" in str(err)
+        assert c.run(fns.wait_any_slow_sender, 0.5)[1] in (43.0, 34.0)  # whichever arrived first, then the other
+
+
 def test_waiting_for_a_device_that_returned():
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         err, took = _deadlock(c, fns.wait_for_returned)

@@ -48,7 +48,8 @@ from ..errors import Deadlock
 from ..mesh import Mesh
 from ..transport.channel import OFFER_SLOTS, offer_slot
 from ..transport.shm import FENCE_PLANES, Layout, SharedArena, ring_control
-from ..transport.waitboard import (ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, NONE, PEER, POKE, RECV, SEND, TAG,
+from ..transport.waitboard import (ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, NONE, PEER, POKE, RECV, SEND,
+                                  SEVERAL, TAG,
                                   board_view)
 from .fence_kinds import kind_axes
 from .recorder import FlightRecorder
@@ -187,6 +188,8 @@ class DeadlockWatch:
             return f"{KIND_NAMES[kind]} {entry[PEER]} (tag {tag})"
         if kind == FENCE:
             return f"fence with {self._deps(d, entry)}"
+        if entry[PEER] == SEVERAL:
+            return "any of several requests (wait_any)"
         return f"recv from any source (tag {tag})"
 
     def _op_text(self, d: int) -> str:

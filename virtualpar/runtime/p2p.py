@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import P2PTimeout, UsageError
 from ..transport.channel import FLAG_CONTROL
 from ..transport.leftovers import withdraw
+from ..transport.waitboard import AnyOf
 from .loopback import SelfSend, send_to_self, would_wait_forever
 from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
 from .recorder import format_records
@@ -167,9 +168,10 @@ class PointToPoint:
         """Block until one of ``requests`` (this device's) can complete; the index of the first that
         can, not completed (see ``Device.wait_any``).  The device sleeps meanwhile: whatever could
         complete one of them (a message, an answer, room in a ring) rings its doorbell, and each
-        wake-up re-tests them all.  The deadlock detector sees such a wait as live (it waits on
-        several peers at once), so a wait nothing can end ends at ``timeout`` (None: the device's
-        default) in a ``P2PTimeout`` naming the requests."""
+        wake-up re-tests them all.  The deadlock detector sees it as a receive from anybody
+        (``waitboard.AnyOf``): live while any device is, so a wait on peers that are themselves
+        stuck is a ``Deadlock`` once everybody sleeps, and otherwise it ends at ``timeout`` (None:
+        the device's default) in a ``P2PTimeout`` naming the requests."""
         reqs = list(requests) if isinstance(requests, (list, tuple)) else None
         if not reqs or any(not (type(r) is Request and r._dev is self or type(r) is SelfSend) for r in reqs):
             raise UsageError(f"{self.name}: wait_any needs a non-empty list of this device's requests (from isend, "
@@ -184,7 +186,8 @@ class PointToPoint:
                     return True
             return False
 
-        what = f"any of {len(reqs)} request{'s' * (len(reqs) > 1)}: {', '.join(map(repr, reqs[:4]))}{', ...' * (len(reqs) > 4)}"
+        what = AnyOf(f"any of {len(reqs)} request{'s' * (len(reqs) > 1)}: {', '.join(map(repr, reqs[:4]))}"
+                     f"{', ...' * (len(reqs) > 4)}")
         self._endpoint.wait(ready, budget, lambda: P2PTimeout(
             f"{self.name}: wait for {what} did not complete within {budget:g} s (op #{self._op_seq}).",
             rank=self.rank, index=str(self.index), op_seq=self._op_seq), what)

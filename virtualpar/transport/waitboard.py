@@ -8,7 +8,8 @@ phase), so a wait that ends while polling writes nothing::
 
 * ``KIND``: what the wait is for (``NONE`` once it returned): a receive from ``PEER`` with ``TAG``
   (``ANY_TAG``, -1, for any tag; any in ``[TAG, MASK)`` when ``MASK`` is set, the mpi4py facade's
-  ANY_TAG within one communicator; ``KIND`` ``ANY`` for any source),
+  ANY_TAG within one communicator; ``KIND`` ``ANY`` for any source; ``ANY`` with ``PEER``
+  ``SEVERAL``, -2, for ``wait_any`` on several requests, which anybody might end),
   a send to ``PEER`` with ``TAG`` (that the receiver has not taken yet; ``MASK`` holds the token of
   its rendezvous offer, 0 for an eager send waiting for room), fence number ``TAG`` of its group of
   kind ``PEER`` (transport/arrivals.py), whose members are in ``MASK`` (bit ``r`` for device ``r``;
@@ -29,7 +30,7 @@ import numpy as np
 from .shm import Layout, SharedArena
 
 __all__ = ["board_view", "describe_wait", "NONE", "RECV", "SEND", "FENCE", "ANY", "OTHER",
-           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "ANY_TAG", "KIND_NAMES", "FenceWait", "rank_mask"]
+           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "ANY_TAG", "KIND_NAMES", "FenceWait", "AnyOf", "SEVERAL", "rank_mask"]
 
 NONE, RECV, SEND, FENCE, ANY, OTHER = 0, 1, 2, 3, 4, 5
 KIND_NAMES = {RECV: "recv from", SEND: "send to", FENCE: "fence with", ANY: "recv from any", OTHER: "wait"}
@@ -58,6 +59,24 @@ class FenceWait:
         return "a fence"
 
 
+SEVERAL = -2  # the PEER word of a wait for any of several requests (``AnyOf``)
+
+
+class AnyOf:
+    """What ``wait_any`` waits for: any of several requests, sends and receives, from or to
+    anybody (``text`` names them).  Published as a receive from any source with any tag, which
+    the deadlock detector takes for live while anybody is, and which any blocked send to this
+    device could end: never a false deadlock, and a true one, everybody asleep, still named."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def rank_mask(ranks) -> int:
     """Bit r set for each of ``ranks``; -1 if any is 63 or more (the board word is an int64)."""
     mask = 0
@@ -75,6 +94,10 @@ def describe_wait(board: memoryview, what: object) -> None:
         board[PEER] = what.kind
         board[TAG] = what.count
         board[KIND] = FENCE
+        return
+    if type(what) is AnyOf:
+        board[TAG], board[MASK], board[PEER] = ANY_TAG, 0, SEVERAL
+        board[KIND] = ANY
         return
     if not hasattr(what, "tag"):
         board[KIND] = OTHER
