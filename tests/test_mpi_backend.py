@@ -324,6 +324,8 @@ def step(dev):
         time.sleep(0.2)
         dev.send(np.full(2, 6.0), 0, tag=6)
         for tag, obj in ((7, "seven"), (5, 5), (9, 9)):
+            if tag == 9:  # busy while device 0's wait times out (asleep in a receive: a Deadlock on the emulator)
+                time.sleep(0.6)
             dev.recv(0, tag=1)
             dev.send(obj, 0, tag=tag)
     return None
