@@ -172,3 +172,9 @@ def wait_any_slow_sender(dev: Any, seconds: float) -> float:
     reqs = [dev.irecv(0, tag=1), dev.irecv(0, tag=2)]
     k = dev.wait_any(reqs)
     return float(reqs[k].wait()[0]) + 10 * float(reqs[1 - k].wait()[0])
+
+
+def probe_first(dev: Any) -> None:
+    """Both devices probe for the other's message before either sends."""
+    dev.probe(1 - dev.rank)
+    dev.send(np.zeros(3), 1 - dev.rank, tag=1)

@@ -73,6 +73,13 @@ def test_two_devices_in_wait_any_first_are_a_named_deadlock_and_a_slow_sender_is
         assert c.run(fns.wait_any_slow_sender, 0.5)[1] in (43.0, 34.0)  # whichever arrived first, then the other
 
 
+def test_two_devices_probing_first_are_a_named_deadlock():
+    with VirtualCluster(2, timeout=TIMEOUT) as c:
+        err, took = _deadlock(c, fns.probe_first)
+        assert took < WELL_BELOW
+        assert "device 0 waits recv from 1 (tag any) ← device 1 waits recv from 0 (tag any)" in str(err)
+
+
 def test_waiting_for_a_device_that_returned():
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         err, took = _deadlock(c, fns.wait_for_returned)

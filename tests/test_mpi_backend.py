@@ -341,6 +341,45 @@ def test_wait_any_returns_the_first_request_that_can_complete_on_both_backends(t
     assert "[(1, array([6., 6.])), (1, 'seven'), (0, 5), 'P2PTimeout', 9]" in emu
 
 
+PROBES = """
+import time
+import numpy as np
+from virtualpar import ANY_SOURCE, ANY_TAG
+from virtualpar.runtime.status import Status
+
+def step(dev):
+    if dev.rank == 0:
+        got = [dev.iprobe(1, 5)]
+        dev.send("go", 1, tag=1)
+        st = dev.probe(1, 6)  # the later message: under MPI the earlier one is taken in ahead of it
+        got.append((st.source, st.tag, st.nbytes))
+        first = Status()
+        got.append(dev.recv(1, ANY_TAG, status=first).tolist())  # still the earliest of source 1
+        got.append((first.tag, dev.recv(1, 6).tolist()))
+        st = dev.iprobe(ANY_SOURCE, ANY_TAG)
+        got.append(None if st is None else st.tag)
+        dev.send("go", 1, tag=1)
+        st = dev.probe(1, ANY_TAG)
+        got.append((st.tag, st.nbytes, dev.recv(1, st.tag)))
+        return got
+    if dev.rank == 1:
+        dev.recv(0, tag=1)
+        dev.send(np.arange(3.0), 0, tag=5)
+        dev.send(np.arange(2.0), 0, tag=6)
+        dev.recv(0, tag=1)
+        dev.send("hello", 0, tag=9)
+    return None
+"""
+
+
+def test_a_probe_reports_a_message_and_leaves_it_in_order_on_both_backends(tmp_path):
+    """Probing for the later of two messages must not let it overtake the earlier one: under MPI
+    the probe takes both in (a probe must read the header for the size), in order."""
+    emu, real = _both(tmp_path, PROBES, 2)
+    assert _results(real) == _results(emu)
+    assert "[None, (1, 6, 16), [0.0, 1.0, 2.0], (5, [0.0, 1.0]), None, (9, 20, 'hello')]" in emu
+
+
 ODD_DTYPES = """
 import numpy as np
 

@@ -32,7 +32,7 @@ def _mpiexec() -> str | None:
 
 @pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
                                   "in_place.py", "semantics.py", "scans.py", "synchronous.py", "requests.py",
-                                  "vectors.py"])
+                                  "vectors.py", "probes.py"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     emu = _emulate(prog, n)
@@ -53,7 +53,8 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
               "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}",
               "synchronous.py": "rank 0 issends done before their receives: (False, False)",
               "requests.py": "rank 0 waitsome [2] ['seven'] [(1, 7)]",
-              "vectors.py": "rank 0 attrs 536870911 0 True"}
+              "vectors.py": "rank 0 attrs 536870911 0 True",
+              "probes.py": "rank 0 then [0, 1, 2, 3] 8 [0, 1] 7"}
     assert expect[prog] in emu.stdout
 
 

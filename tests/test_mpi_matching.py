@@ -37,7 +37,7 @@ class ScriptedComm:
 
 def _device(comm: ScriptedComm) -> tuple[MPIDevice, list]:
     dev = MPIDevice.__new__(MPIDevice)
-    dev.comm, dev._posted, taken = comm, [], []
+    dev.comm, dev._posted, dev._stash, taken = comm, [], [], []  # (nothing probed: the stash stays empty)
 
     def take(req, source, tag):
         comm.queue.remove((source, tag))  # the first from that source with that tag: MPI's order

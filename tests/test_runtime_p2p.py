@@ -273,6 +273,36 @@ def test_wait_any_sleeps_until_one_can_complete_and_names_its_requests_on_timeou
     assert pair.run(waiting_for_any)[0] == [1, (2, 7), (0, 5), 1, 77]
 
 
+def probe_then_receive(dev) -> Any:
+    """Devices 1 and 2 send device 0 a message each; once both are in, device 0 probes any source,
+    then receives from any source: the receive must take the message the probe reported."""
+    from virtualpar import ANY_SOURCE, ANY_TAG
+
+    if dev.rank:
+        time.sleep(0.4 if dev.rank == 1 else 0.0)  # busy while device 0's probe times out (asleep, it would be a Deadlock)
+        dev.send(dev.rank, 0, tag=dev.rank)
+        return None
+    with pytest.raises(UsageError, match="src=9 is out of range"):
+        dev.iprobe(9)
+    with pytest.raises(UsageError, match="tag must be an int"):
+        dev.iprobe(1, tag=-5)
+    with pytest.raises(P2PTimeout, match=r"probe for a message from 1 \(tag 4\) to probe found none within 0.1 s"):
+        dev.probe(1, 4, timeout=0.1)
+    dev.probe(1, 1), dev.probe(2, 2)  # both in
+    st = dev.iprobe(ANY_SOURCE, ANY_TAG)
+    got = dev.recv(ANY_SOURCE, ANY_TAG)
+    return st.source, st.tag, st.nbytes, got, dev.recv(3 - st.source, ANY_TAG)
+
+
+@pytest.mark.parametrize("shuffle", [None, 1, 2, 3, 4, 5, 6])
+def test_a_receive_takes_the_message_the_probe_before_it_reported(shuffle):
+    """In shuffled mode an any-source receive picks among the ready sources by the seed: it must
+    pick what the probe just before it reported (MPI promises that receive gets that message)."""
+    with VirtualCluster(3, timeout=TIMEOUT, shuffle=shuffle) as c:
+        src, tag, nbytes, got, other = c.run(probe_then_receive)[0]
+    assert (src, tag, got, other) == (src, src, src, 3 - src) and nbytes > 0
+
+
 def both_send_first(dev, nbytes: int) -> Any:
     peer = 1 - dev.rank
     dev.send(big(nbytes, dev.rank), peer)  # blocking, and larger than the ring: must not deadlock

@@ -90,6 +90,15 @@ class Device(Protocol):
         at once): what MPI's ``Waitany`` and ``Waitsome`` block in."""
         ...
 
+    def iprobe(self, src: int = -1, tag: int = -1) -> Any:
+        """The ``Status`` (source, tag, bytes) of the message ``recv(src, tag)`` would take now, without taking
+        it, or None if none has arrived (MPI's ``Iprobe``; ``src``/``tag`` may be ``ANY_SOURCE``/``ANY_TAG``)."""
+        ...
+
+    def probe(self, src: int = -1, tag: int = -1, timeout: float | None = None) -> Any:
+        """Block until ``iprobe(src, tag)`` finds a message; its ``Status`` (MPI's ``Probe``)."""
+        ...
+
     # collectives
     def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None,
                    timeout: float | None = None) -> np.ndarray:

@@ -82,6 +82,7 @@ class MPIDevice(MPICollectives, ReceiveMatching):
                 self._comms[(axes, True)] = sub.Dup()  # virtualpar's own algorithms' messages
         self._to_self: list[SendRequest] = []
         self._posted: list[RecvRequest] = []  # receives without a message yet, in posting order
+        self._stash: list[tuple[int, int, Any, Any]] = []  # messages a probe took in early (mpi/matching.py)
         self.events: list[Event] = []
         self.sent_bytes = np.zeros(self.size, np.int64)  # per destination, algorithm messages included
         self.sent_messages = np.zeros(self.size, np.int64)

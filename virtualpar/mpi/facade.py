@@ -119,6 +119,30 @@ class Comm(ObjectCollectives, BufferCollectives):
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True), tag=self._tag(tag)), self)
 
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Has a message that ``Recv(source, tag)`` would take arrived?  ``status`` says its source,
+        tag and size (``Get_count``), and the message stays for that receive.  From ``PROC_NULL``:
+        True at once, with MPI's empty status from nowhere."""
+        if source == PROC_NULL:
+            if status is not None:
+                status._from_nowhere()
+            return True
+        st = self._dev.iprobe(self._peer(source, True), self._tag(tag))
+        if st is not None and status is not None:
+            status.source, status.tag, status.count = self._local(st.source), st.tag % _SPAN, st.nbytes
+        return st is not None
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Wait until ``Iprobe`` would be True (the device sleeps meanwhile); True, as mpi4py's."""
+        if source == PROC_NULL:
+            return self.Iprobe(source, tag, status)
+        st = self._dev.probe(self._peer(source, True), self._tag(tag))
+        if status is not None:
+            status.source, status.tag, status.count = self._local(st.source), st.tag % _SPAN, st.nbytes
+        return True
+
+    iprobe, probe = Iprobe, Probe  # (mpi4py's lower-case ones are the same calls)
+
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
         req = self.irecv(source=source, tag=recvtag)

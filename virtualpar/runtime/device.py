@@ -24,6 +24,7 @@ from .collective_call import CollectiveSpec, GroupInfo, run_collective
 from .config import TAG_HOST, ClusterConfig
 from .fence_kinds import fence_kind
 from .p2p import PointToPoint
+from .probing import Probing
 from .recorder import EventLog, FlightRecorder, OpTexts
 from ..transport.lazy import Lazy
 
@@ -37,7 +38,7 @@ __all__ = ["VirtualDevice"]
 Group = "str | Sequence[str] | None"
 
 
-class VirtualDevice(PointToPoint):
+class VirtualDevice(PointToPoint, Probing):
     """One device of a virtual cluster, as seen by the code running on it."""
 
     def __init__(

@@ -26,7 +26,6 @@ import numpy as np
 from ..errors import P2PTimeout, UsageError
 from ..transport.channel import FLAG_CONTROL
 from ..transport.leftovers import withdraw
-from ..transport.waitboard import AnyOf
 from .loopback import SelfSend, send_to_self, would_wait_forever
 from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
 from .recorder import format_records
@@ -163,35 +162,6 @@ class PointToPoint:
         value = incoming.wait()
         outgoing.wait()
         return value
-
-    def wait_any(self, requests: Any, timeout: float | None = None) -> int:
-        """Block until one of ``requests`` (this device's) can complete; the index of the first that
-        can, not completed (see ``Device.wait_any``).  The device sleeps meanwhile: whatever could
-        complete one of them (a message, an answer, room in a ring) rings its doorbell, and each
-        wake-up re-tests them all.  The deadlock detector sees it as a receive from anybody
-        (``waitboard.AnyOf``): live while any device is, so a wait on peers that are themselves
-        stuck is a ``Deadlock`` once everybody sleeps, and otherwise it ends at ``timeout`` (None:
-        the device's default) in a ``P2PTimeout`` naming the requests."""
-        reqs = list(requests) if isinstance(requests, (list, tuple)) else None
-        if not reqs or any(not (type(r) is Request and r._dev is self or type(r) is SelfSend) for r in reqs):
-            raise UsageError(f"{self.name}: wait_any needs a non-empty list of this device's requests (from isend, "
-                             f"irecv or issend), got {requests!r}")
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        found = [0]
-
-        def ready() -> bool:  # (the wait made progress just before: nothing more to pull in per request)
-            for i, r in enumerate(reqs):
-                if r._done or r._inner.done if type(r) is Request else r.test():
-                    found[0] = i
-                    return True
-            return False
-
-        what = AnyOf(f"any of {len(reqs)} request{'s' * (len(reqs) > 1)}: {', '.join(map(repr, reqs[:4]))}"
-                     f"{', ...' * (len(reqs) > 4)}")
-        self._endpoint.wait(ready, budget, lambda: P2PTimeout(
-            f"{self.name}: wait for {what} did not complete within {budget:g} s (op #{self._op_seq}).",
-            rank=self.rank, index=str(self.index), op_seq=self._op_seq), what)
-        return found[0]
 
     def _begin_recv(self, src: int, tag: int, out: Any, timeout: float | None) -> tuple[float, int]:
         """Check a receive's arguments, count and record it; returns (its budget in s, its record slot)."""

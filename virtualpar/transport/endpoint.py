@@ -102,6 +102,7 @@ class Endpoint(Receiving, Sending):
         self._posted_any: list[RecvRequest] = []  # receives from any source / with any tag, in posting order
         self._order = 0  # numbers receives as posted and unexpected messages as they arrive
         self._unexpected: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
+        self.probed: tuple[Any, RecvRequest] | None = None  # (key, message) the last probe reported (wildcard.peek)
         self._seq = {p: 0 for p in peers}
         self.resets = 0
         self._bell = doorbells[me]
@@ -229,6 +230,7 @@ class Endpoint(Receiving, Sending):
         self._posted.clear()
         self._posted_any.clear()
         self._unexpected.clear()
+        self.probed = None
         self._drop_partial()
         for ch in self._out.values():
             ch.sync_local(producer=True)

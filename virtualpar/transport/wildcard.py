@@ -24,7 +24,7 @@ from .requests import RecvRequest
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
 
-__all__ = ["irecv_any", "match_any"]
+__all__ = ["irecv_any", "match_any", "peek"]
 
 
 def _tag_ok(want: Any, tag: int) -> bool:
@@ -47,15 +47,37 @@ def _earliest_per_source(ep: "Endpoint", src: int | None, tag: int | None) -> di
     return heads
 
 
+def _pick(ep: "Endpoint", src: int | None, tag: int | range | None) -> tuple[Any, RecvRequest | None]:
+    """(key, message) of the unexpected message a receive of ``src`` and ``tag`` takes now, or (None, None)."""
+    if src is not None and tag is not None and type(tag) is not range:
+        waiting = ep._unexpected.get((src, tag))
+        return ((src, tag), waiting[0]) if waiting else (None, None)
+    heads = _earliest_per_source(ep, src, tag)
+    probed = ep.probed
+    if probed is not None and heads.get(probed[1].src) == probed:  # what a probe just reported: the same one
+        return probed
+    if len(heads) > 1 and ep.shuffle is not None:  # shuffled mode: the seed picks among the sources
+        return heads[ep.shuffle.order(sorted(heads))[0]]
+    if heads:  # the earliest arrival; one source's messages always in the order they were sent
+        return min(heads.values(), key=lambda kv: kv[1].order)
+    return None, None
+
+
+def peek(ep: "Endpoint", src: int | None, tag: int | range | None) -> RecvRequest | None:
+    """The message a receive of ``src`` and ``tag`` would take now, left where it is (MPI's
+    ``Iprobe``), or None.  In shuffled mode the seed's pick is kept for the next receive that
+    could take it, so that a probe and the receive after it agree, as MPI promises."""
+    ep.progress()  # every message already in a ring counts
+    key, msg = _pick(ep, src, tag)
+    ep.probed = None if msg is None else (key, msg)
+    return msg
+
+
 def irecv_any(ep: "Endpoint", src: int | None, tag: int | range | None, out: Any) -> RecvRequest:
     if ep.shuffle is not None:
         ep.progress()  # every message already in a ring competes, not only those drained so far
-    heads = _earliest_per_source(ep, src, tag)
-    best_key, best = None, None
-    if len(heads) > 1 and ep.shuffle is not None:  # shuffled mode: the seed picks among the sources
-        best_key, best = heads[ep.shuffle.order(sorted(heads))[0]]
-    elif heads:  # the earliest arrival; one source's messages always in the order they were sent
-        best_key, best = min(heads.values(), key=lambda kv: kv[1].order)
+    best_key, best = _pick(ep, src, tag)
+    ep.probed = None
     if best is not None:
         ep._unexpected[best_key].popleft()
         best.out = out
