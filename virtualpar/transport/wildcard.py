@@ -53,10 +53,10 @@ def _pick(ep: "Endpoint", src: int | None, tag: int | range | None) -> tuple[Any
         waiting = ep._unexpected.get((src, tag))
         return ((src, tag), waiting[0]) if waiting else (None, None)
     heads = _earliest_per_source(ep, src, tag)
-    probed = ep.probed
-    if probed is not None and heads.get(probed[1].src) == probed:  # what a probe just reported: the same one
-        return probed
     if len(heads) > 1 and ep.shuffle is not None:  # shuffled mode: the seed picks among the sources
+        probed = ep.probed
+        if probed is not None and heads.get(probed[1].src) == probed:  # what a probe just reported: that one
+            return probed
         return heads[ep.shuffle.order(sorted(heads))[0]]
     if heads:  # the earliest arrival; one source's messages always in the order they were sent
         return min(heads.values(), key=lambda kv: kv[1].order)
@@ -69,7 +69,7 @@ def peek(ep: "Endpoint", src: int | None, tag: int | range | None) -> RecvReques
     could take it, so that a probe and the receive after it agree, as MPI promises."""
     ep.progress()  # every message already in a ring counts
     key, msg = _pick(ep, src, tag)
-    ep.probed = None if msg is None else (key, msg)
+    ep.probed = None if msg is None or ep.shuffle is None else (key, msg)
     return msg
 
 
@@ -77,7 +77,7 @@ def irecv_any(ep: "Endpoint", src: int | None, tag: int | range | None, out: Any
     if ep.shuffle is not None:
         ep.progress()  # every message already in a ring competes, not only those drained so far
     best_key, best = _pick(ep, src, tag)
-    ep.probed = None
+    ep.probed = None  # (kept for this receive only)
     if best is not None:
         ep._unexpected[best_key].popleft()
         best.out = out
