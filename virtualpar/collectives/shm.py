@@ -70,6 +70,7 @@ bandwidth at 2 processes with the arrays already in shared memory, vs ~1 GB/s fo
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -116,7 +117,6 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
         rows = [comm.scratch(j)[: capacity * itemsize].view(x.dtype) for j in range(n)]
     mine = rows[r]
     total = source.size
-    sent = np.zeros(n, np.int64)  # bytes each peer read of ours
     for start in range(0, max(total, 1), capacity):  # an empty array still takes one (empty) round
         m = min(capacity, total - start)
         chunk = source[start : start + m]
@@ -141,18 +141,37 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
         comm.fence()  # every reduced slice is published
 
         flat[start : start + m] = rows[0][:m]
-        sent += np.diff(b)  # peer j read slice j of our chunk, and our reduced slice
-        sent += hi - lo
         if start + m < total:
             comm.fence()  # nobody reads the first member's scratch any more: the next chunk may fill it
     comm.release(0)  # likewise, but only the first member waits, and only before it next writes its scratch
-    comm.account_all(sent * itemsize, messages=2 * ((total - 1) // capacity + 1 if total else 1))
-    if total * itemsize < RING_MIN_BYTES:  # small: real hardware would run the tree (latency-bound)
+    sent, messages, ring = _charges(total, n, r, capacity, itemsize)
+    comm.account_all(sent, messages=messages)
+    if ring is None:  # small: real hardware would run the tree (latency-bound)
         comm.model_tree_all_reduce(total * itemsize)
     else:
-        ring = split_bounds(total, n)  # the chunks the ring algorithm would send
-        comm.model_ring_all_reduce([(ring[i + 1] - ring[i]) * itemsize for i in range(n)])
+        comm.model_ring_all_reduce(ring)
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def _charges(total: int, n: int, r: int, capacity: int, itemsize: int) -> tuple[np.ndarray, int, list[int] | None]:
+    """What a call of ``total`` items costs member ``r`` besides its copies, worked out once per
+    shape (a loop of all_reduces repeats it; at 16 devices it was ~10 numpy calls per call, each a
+    few µs with the caches cold): the bytes each member read of ours — per chunk, peer j's slice j
+    and our reduced slice — the messages counted, and the ring's chunk sizes to charge the modelled
+    clock with (None below ``RING_MIN_BYTES``: the tree's)."""
+    sent = np.zeros(n, np.int64)
+    for start in range(0, max(total, 1), capacity):
+        b = split_bounds(min(capacity, total - start), n)
+        sent += np.diff(b)
+        sent += b[r + 1] - b[r]
+    sent *= itemsize
+    sent.flags.writeable = False
+    messages = 2 * ((total - 1) // capacity + 1 if total else 1)
+    if total * itemsize < RING_MIN_BYTES:
+        return sent, messages, None
+    ring = split_bounds(total, n)  # the chunks the ring algorithm would send
+    return sent, messages, [(ring[i + 1] - ring[i]) * itemsize for i in range(n)]
 
 
 def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray:
