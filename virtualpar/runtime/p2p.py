@@ -165,6 +165,15 @@ class PointToPoint:
 
     def _begin_recv(self, src: int, tag: int, out: Any, timeout: float | None) -> tuple[float, int]:
         """Check a receive's arguments, count and record it; returns (its budget in s, its record slot)."""
+        self._check_recv(src, tag)
+        if out is not None:
+            self._check_out(out)
+        budget = self.config.timeout if timeout is None else self._timeout(timeout)
+        return budget, self._begin_op(*self._texts.recv(src, tag))
+
+    def _check_recv(self, src: Any, tag: Any) -> None:
+        """Raise ``UsageError`` for a receive's (or a probe's) bad source or tag; ``ANY_SOURCE``,
+        ``ANY_TAG`` and this device itself are allowed."""
         if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
             any_src = type(src) is int and src == ANY_SOURCE
             any_tag = type(tag) is int and tag == ANY_TAG
@@ -172,10 +181,6 @@ class PointToPoint:
                 self._check_p2p(src, 0 if any_tag else tag, "src")  # from this device itself is allowed
             if any_src and not any_tag:
                 self._check_p2p(0 if self.rank else self.size - 1, tag, "src")  # the tag's own check
-        if out is not None:
-            self._check_out(out)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        return budget, self._begin_op(*self._texts.recv(src, tag))
 
     # -- bookkeeping shared with Request and collective_call --------------------------------------
     def _check_p2p(self, peer: Any, tag: Any, what: str) -> bool:

@@ -100,8 +100,5 @@ class Probing:
         """``(src, tag)`` as the endpoint matches them (None: any), checked as a receive's are."""
         span, tag = _span(tag)
         src, tag = plain_int(src), plain_int(tag)
-        if not (src == ANY_SOURCE or type(src) is int and 0 <= src < self.size):
-            self._check_p2p(src, 0, "src")  # raises, naming it
-        if span is None and tag != ANY_TAG:
-            self._check_p2p(0 if self.rank else self.size - 1, tag, "src")  # the tag's own check
+        self._check_recv(src, tag)
         return None if src == ANY_SOURCE else src, span if span is not None else None if tag == ANY_TAG else tag
