@@ -163,15 +163,13 @@ class GroupComm:
         ep._msgs_mv[dst] += messages
 
     def account_all(self, nbytes: Any, messages: int = 1) -> None:
+        """Owed to the traffic counters until the command ends (transport/traffic.py)."""
         if self._fences is not None:
-            ep, peers = self._dev._endpoint, self._fences.peers
             if type(nbytes) is int:
-                self.moved += nbytes * len(peers)
+                self.moved += nbytes * (self.size - 1)
             else:  # one count per member, in group order: ours is not counted
-                nbytes = nbytes[self._fences.others]
-                self.moved += int(nbytes.sum())
-            ep._bytes_row[peers] += nbytes
-            ep._msgs_row[peers] += messages
+                self.moved += int(nbytes.sum()) - int(nbytes[self.rank])
+            self._dev._endpoint.traffic.add(self._fences, nbytes, messages)
 
     def model_tree_all_reduce(self, nbytes: int) -> None:
         self._charge("model_tree_all_reduce", self._dev._clock.tree_all_reduce, nbytes)

@@ -126,6 +126,7 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
             reply = getattr(handlers, kind)(*msg[1:])
         except BaseException as exc:  # everything goes back to the driver, never lost
             reply = ("err", package_error(dev, exc))
+        endpoint.traffic.settle()  # the counters are read between commands (transport/traffic.py)
         _flush()  # what the device printed goes out before its reply: to a pipe or a file it was buffered
         try:
             cmd.send(reply)

@@ -60,6 +60,7 @@ from .requests import RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
 from .lazy import Lazy
 from .shm import CROSS_MEMORY, Layout, SharedArena, ring_control
+from .traffic import OwedTraffic
 from .wildcard import irecv_any
 from .waiting import spin_seconds, usable_cpus, wait
 from .waitboard import board_view
@@ -117,6 +118,7 @@ class Endpoint(Receiving, Sending):
         self._bytes_mv = memoryview(self._bytes_row)  # the same words, cheaper to bump
         self._msgs_mv = memoryview(self._msgs_row)
         self._ctrl_mv = memoryview(self._ctrl_row)
+        self.traffic = OwedTraffic(self._bytes_row, self._msgs_row)  # shared-memory collectives' reads, per command
         self._pid = os.getpid()
         self._token = 0
         self._offer_to = {p: CROSS_MEMORY for p in peers}  # False once p could not read our memory
