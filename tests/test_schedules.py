@@ -106,10 +106,44 @@ def test_clock_charge_is_cached_per_group_and_chunks_and_bounded(monkeypatch):
     assert len(clock._schedules) == 2
     # never backwards: a charge that ends before now leaves now alone
     assert clock.ring_all_reduce(ranks, [0.0, 0.0], chunks) == clock.now == pytest.approx(want, rel=1e-12)
-    monkeypatch.setattr("virtualpar.sim.clock._SCHEDULES_KEPT", 3)
+    monkeypatch.setattr("virtualpar.sim.schedule_charges._SCHEDULES_KEPT", 3)
     for m in range(10):
         clock.ring_all_reduce(ranks, [0.0, 0.0], [m, m])
         assert len(clock._schedules) <= 3
+
+
+@pytest.mark.parametrize("topo", [Topology.fully_connected(8, latency=2e-6, bandwidth=45e9), Topology.hierarchical(2, 4),
+                                  Topology.fully_connected(6, latency=2e-6, bandwidth=45e9)])
+def test_a_uniform_column_is_kept_as_one_float_and_charges_the_same_bits(topo):
+    """ScheduleCharges keeps a column whose entries are all equal as that float and charges
+    max(entry) + c; that must be the bits max_q(entry[q] + column[q]) gives, on a flat topology
+    (uniform: barrier, power-of-two tree, ring), a hierarchy (the ring not uniform), and 6 members
+    (the tree's fold: not uniform)."""
+    from virtualpar.sim.schedules import apply_delays, dissemination_column, ring_all_reduce_column, tree_all_reduce_column
+
+    n = topo.num_devices
+    ranks = tuple(range(n))
+    rng = np.random.default_rng(n)
+    kinds = {"barrier": lambda me: dissemination_column(topo, ranks, me),
+             "tree": lambda me: tree_all_reduce_column(topo, ranks, me, 4096),
+             "ring": lambda me: ring_all_reduce_column(topo, ranks, [1 << 16] * n, me)}
+    charge = {"barrier": lambda c, e: c.dissemination_barrier(ranks, e),
+              "tree": lambda c, e: c.tree_all_reduce(ranks, e, 4096),
+              "ring": lambda c, e: c.ring_all_reduce(ranks, e, [1 << 16] * n)}
+    seen = set()
+    for kind, column_of in kinds.items():
+        for me in range(n):
+            clock = DeviceClock(me, topo)
+            for _ in range(3):  # the first call computes and keeps the column, the next ones reuse it
+                entry = (rng.random(n) * 1e-3).tolist()
+                want = max(clock.now, apply_delays(column_of(me), entry))
+                assert charge[kind](clock, entry) == want
+            kept = [v for k, v in clock._schedules.items() if kind in k or k[1:] == ((1 << 16,) * n,)]
+            seen.add((kind, type(kept[0]) is float))
+    if Topology.fully_connected(n, latency=2e-6, bandwidth=45e9) == topo:
+        assert seen == {("barrier", True), ("ring", True), ("tree", n & (n - 1) == 0)}
+    else:  # the ring crosses the slower link between the nodes: members' chains differ
+        assert ("ring", False) in seen
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 33])

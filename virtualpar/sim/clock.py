@@ -46,11 +46,8 @@ import numpy as np
 
 from virtualpar.errors import UsageError
 from virtualpar.mesh.topology import Topology
-from virtualpar.sim.exchange import pairwise_exchange_column
 from virtualpar.sim.hardware import IDEAL_DEVICE, DeviceSpec
-from virtualpar.sim.max_plus import RingLinks
-from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_reduce_column, ring_half_column,
-                                     tree_all_reduce_column, tree_all_reduce_links, tree_broadcast_column)
+from virtualpar.sim.schedule_charges import ScheduleCharges
 
 __all__ = ["DeviceClock"]
 
@@ -58,10 +55,9 @@ LinkKey = tuple[Hashable, Hashable]
 # Per-peer route figures: (first link, β_first, α_route, β_route) of the route to a destination and
 # (last link, β_last, α_route, β_route) of the route from a source; the link is None on a self-route.
 Figures = tuple["LinkKey | None", float, float, float]
-_SCHEDULES_KEPT = 256  # delay columns a clock keeps (distinct groups x chunk sizes of shm collectives)
 
 
-class DeviceClock:
+class DeviceClock(ScheduleCharges):
     """Modelled time of device ``rank`` on ``topology`` with compute priced by ``device_spec``.
 
     Picklable (the topology pickles without its route cache).  Not thread-safe: one per process.
@@ -82,8 +78,9 @@ class DeviceClock:
         # route figures per peer, filled on first use; the topology is immutable, so they never go stale
         self._egress: dict[int, Figures] = {}
         self._ingress: dict[int, Figures] = {}
-        # this device's column of a schedule's max-plus delay matrix, per (group, chunk sizes)
-        self._schedules: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+        # this device's column of a schedule's max-plus delay matrix, per (group, schedule, sizes)
+        # (sim/schedule_charges.py), and the route figures the schedules need, per group
+        self._schedules: dict[tuple, Any] = {}
 
     # -- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -130,79 +127,6 @@ class DeviceClock:
                              rank=self.rank)
         self.now = max(self.now, t)
         return self.now
-
-    def _kept(self, key: tuple, compute: Any) -> Any:
-        """The delay column kept under ``key`` (at most ``_SCHEDULES_KEPT`` of them), else ``compute()``'s."""
-        column = self._schedules.get(key)
-        if column is None:
-            column = compute()
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
-        return column
-
-    def ring_all_reduce(self, ranks: tuple[int, ...], entry: list[float], chunk_nbytes: list[int]) -> float:
-        """Charge the ring all_reduce over ``ranks`` entered at clocks ``entry`` without running it:
-        ``now = max(now, max_q(entry[q] + D[q][me]))`` with ``D`` the schedule's max-plus delay matrix
-        (:func:`~virtualpar.sim.schedules.ring_all_reduce_column` computes this device's column in
-        O(n²)); the column is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
-        costs n additions.  Returns the new ``now``."""
-        key = (ranks, tuple(chunk_nbytes))
-        column = self._kept(key, lambda: ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank),
-                                                                self._ring_links(ranks)))
-        return self.advance_to(apply_delays(column, entry))
-
-    def tree_all_reduce(self, ranks: tuple[int, ...], entry: list[float], nbytes: int) -> float:
-        """Charge the recursive-doubling all_reduce of ``nbytes`` over ``ranks`` entered at
-        ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_all_reduce_column`, kept
-        per group and size like :meth:`ring_all_reduce`: O(n) per call; the replay of every
-        member's messages cost ~1 ms of CPU per call per device at 64 devices; the route figures
-        it needs are kept per group, so a new size costs no route lookups).  Returns the new
-        ``now``."""
-        def compute() -> list[float]:  # on a miss only: the kept column costs no lookup of the links
-            links = self._kept((ranks, "tree links"), lambda: tree_all_reduce_links(self.topology, ranks))
-            return tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes, links)
-
-        column = self._kept((ranks, "tree", nbytes), compute)
-        return self.advance_to(apply_delays(column, entry))
-
-    def ring_half(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int], half: str) -> float:
-        """Charge the ring all_gather (``half="all_gather"``) or reduce_scatter (``"reduce_scatter"``)
-        of pieces of ``piece_nbytes`` over ``ranks`` entered at ``entry`` without running it
-        (:func:`~virtualpar.sim.schedules.ring_half_column`, kept like :meth:`ring_all_reduce`'s).
-        Returns the new ``now``."""
-        key = (ranks, half, tuple(piece_nbytes))
-        column = self._kept(key, lambda: ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank), half,
-                                                          self._ring_links(ranks)))
-        return self.advance_to(apply_delays(column, entry))
-
-    def _ring_links(self, ranks: tuple[int, ...]) -> RingLinks:
-        """The route figures of the ring over ``ranks``, kept per group: a new size's column looks up none."""
-        return self._kept((ranks, "ring links"), lambda: RingLinks(self.topology, ranks))
-
-    def pairwise_exchange(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int]) -> float:
-        """Charge the pairwise exchange (all_to_all) of pieces of ``piece_nbytes`` over ``ranks``
-        entered at ``entry`` without running it (:func:`~virtualpar.sim.exchange.pairwise_exchange_column`,
-        kept like :meth:`ring_all_reduce`'s).  Returns the new ``now``."""
-        key = (ranks, "exchange", tuple(piece_nbytes))
-        column = self._kept(key, lambda: pairwise_exchange_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank)))
-        return self.advance_to(apply_delays(column, entry))
-
-    def tree_broadcast(self, ranks: tuple[int, ...], entry: list[float], root: int, nbytes: int) -> float:
-        """Charge the binomial-tree broadcast of ``nbytes`` from position ``root`` over ``ranks``
-        entered at ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_broadcast_column`,
-        kept like :meth:`ring_all_reduce`'s: O(log n) per call).  Returns the new ``now``."""
-        key = (ranks, "bcast", root, nbytes)
-        column = self._kept(key, lambda: tree_broadcast_column(self.topology, ranks, root, ranks.index(self.rank), nbytes))
-        return self.advance_to(max(entry[q] + d for q, d in column))
-
-    def dissemination_barrier(self, ranks: tuple[int, ...], entry: list[float]) -> float:
-        """Charge the dissemination barrier over ``ranks`` entered at clocks ``entry`` without
-        sending its messages (:func:`~virtualpar.sim.schedules.dissemination_column`; kept per
-        group like :meth:`ring_all_reduce`).  Returns the new ``now``."""
-        key = (ranks, "barrier")
-        column = self._kept(key, lambda: dissemination_column(self.topology, ranks, ranks.index(self.rank)))
-        return self.advance_to(apply_delays(column, entry))
 
     # -- messages -------------------------------------------------------------------------------------
     def _check_nbytes(self, op: str, peer: int, nbytes: float) -> float:
