@@ -238,14 +238,19 @@ def test_every_device_maps_the_warmed_scratch_of_every_peer():
 
 
 def _doorbell_faults(dev) -> int:
-    """Minor page faults while this device reads every doorbell (each a page of its own)."""
+    """Minor page faults while this device reads every doorbell (each a page of its own), less
+    those of the same loop over nothing (the measuring's own)."""
     import resource
 
-    bells = dev._endpoint._bells
-    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    for bell in bells:
-        bell.get_value()
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    def faults(bells: list) -> int:
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for bell in bells:
+            bell.get_value()
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    faults([]), faults([])
+    idle = faults([])
+    return faults(dev._endpoint._bells) - idle
 
 
 @pytest.mark.parametrize("warm", [True, False])
@@ -258,6 +263,6 @@ def test_every_device_maps_every_doorbell_in_the_warm_up(warm):
     with VirtualCluster(n, warm_up=warm) as cluster:
         faults = cluster.run(_doorbell_faults)
     if warm:
-        assert sum(faults) <= n, faults  # (a stray heap page here and there)
+        assert sum(faults) <= n // 2, faults  # (0 measured; 35 with the warm-up but not this step)
     else:
         assert sum(faults) >= n * (n - 1) // 2, faults
