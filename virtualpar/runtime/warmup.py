@@ -144,7 +144,9 @@ def _warm_reductions() -> None:
     dtypes — the paths the shared-memory collectives reduce with (``shm.reduce_rows``).  numpy
     resolves and caches a ufunc's loop for a dtype on its first call in a process: a device's first
     all_reduce with op="max" of one float took ~270 µs of CPU at 16 devices on 2 cores, ~245 µs
-    after this (its repeats ~65)."""
+    after this (its repeats ~65).  Also the stable argsort of float64 by which the last member of a
+    fence orders its wake-ups (transport/arrivals.py): a device's first ring faulted in that code
+    of numpy's library (seen by perf in the second barrier at 32 devices)."""
     from virtualpar.collectives.ops import REDUCE_OPS
     from virtualpar.collectives.shm import reduce_rows
 
@@ -152,6 +154,7 @@ def _warm_reductions() -> None:
         for dtype in (np.float64, np.float32):
             for k in (1, 2):
                 reduce_rows(ufunc, np.ones((2, k), dtype), np.empty(k, dtype))
+    np.zeros(2).argsort(kind="stable")
 
 
 def _forget(dev: Any) -> None:
