@@ -250,7 +250,7 @@ class VirtualCluster:
 
     # -- observing --------------------------------------------------------------------------------
     def stats(self) -> TrafficStats:
-        """Bytes and messages moved so far, per device pair, with host traffic apart."""
+        """Bytes and messages so far per device pair, host traffic apart (shm collectives: at command end)."""
         return TrafficStats.from_counters(self._open().counters.copy(), self.size)
 
     def reset_stats(self) -> None:
