@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from virtualpar import Mesh, VirtualCluster
+from virtualpar.errors import DeviceError
 from virtualpar.transport.arrivals import FenceGroup
 from virtualpar.transport.traffic import OwedTraffic
 
@@ -52,7 +53,7 @@ def test_a_failed_run_still_counts_the_shm_collectives_it_completed():
     all_reduce (each member reads every peer's 64-byte array once, in the one-fence path) show up."""
     with VirtualCluster(Mesh({"x": 3}), timeout=20) as cluster:
         cluster.reset_stats()
-        with pytest.raises(Exception, match="after the collective"):
+        with pytest.raises(DeviceError, match="after the collective"):
             cluster.run(_reduce_then_fail)
         got = cluster.stats().bytes
         want = np.full((3, 3), 64) - np.diag([64] * 3)
