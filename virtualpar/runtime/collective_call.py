@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -179,12 +180,12 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, x: Any, timeout: 
     when its call reads none)."""
     seqs = dev._group_seq
     seq = seqs[spec.kind] = seqs.get(spec.kind, 0) + 1  # the kind names this device's group
-    trace = dev._trace
+    trace, wall0 = dev._trace, time.monotonic()
     if trace:
-        wall0, model0 = time.monotonic(), dev._clock.now
+        model0 = dev._clock.now
     slot = dev._begin_op(f"{spec.name} #{seq}{spec.tail}")
-    deadline = time.monotonic() + timeout
-    on_timeout = _timeout_builder(dev, spec, seq, timeout)
+    deadline = wall0 + timeout
+    on_timeout = partial(_collective_timeout, dev, spec, seq, timeout)  # (built only if the call times out)
     try:
         if x is not None and dev.config.check_nan and x.dtype.kind in "fc":
             _check_finite(dev, spec, x, seq)
@@ -247,25 +248,23 @@ def _exchange_fingerprints(dev: "VirtualDevice", spec: CollectiveSpec, seq: int,
         )
 
 
-def _timeout_builder(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, timeout: float):
-    def build() -> CollectiveTimeout:
-        key = f" #{seq} on {spec.group_desc}:"
-        label = f"{spec.name} #{seq} on {spec.group_desc}"
-        records = {r: dev._recorders[r].records() for r in spec.ranks}
-        reached = [r for r in spec.ranks if any(rec.run == dev._run and key in rec.text for rec in records[r])]
-        missing = [r for r in spec.ranks if r not in reached]
-        lines = [
-            f"{label} did not complete within {timeout:g} s on {dev.name} (op #{dev.op_seq}).",
-            f"  reached: {_ranks(reached)}; missing: {_ranks(missing) or 'none (stuck inside the collective)'}",
-        ]
-        for r in missing or [r for r in spec.ranks if r != dev.rank]:
-            lines.append(f"  device {r} {dev.mesh.index(r)} last ops:\n{format_records(records[r], 4)}")
-        return CollectiveTimeout(
-            "\n".join(lines), rank=dev.rank, index=str(dev.index), op=spec.name, group=spec.ranks, seq=seq,
-            op_seq=dev.op_seq, reached=reached, missing=missing, flight_records=records,
-        )
-
-    return build
+def _collective_timeout(dev: "VirtualDevice", spec: CollectiveSpec, seq: int, timeout: float) -> CollectiveTimeout:
+    """The error of call ``seq`` of ``spec`` that did not complete within ``timeout`` seconds."""
+    key = f" #{seq} on {spec.group_desc}:"
+    label = f"{spec.name} #{seq} on {spec.group_desc}"
+    records = {r: dev._recorders[r].records() for r in spec.ranks}
+    reached = [r for r in spec.ranks if any(rec.run == dev._run and key in rec.text for rec in records[r])]
+    missing = [r for r in spec.ranks if r not in reached]
+    lines = [
+        f"{label} did not complete within {timeout:g} s on {dev.name} (op #{dev.op_seq}).",
+        f"  reached: {_ranks(reached)}; missing: {_ranks(missing) or 'none (stuck inside the collective)'}",
+    ]
+    for r in missing or [r for r in spec.ranks if r != dev.rank]:
+        lines.append(f"  device {r} {dev.mesh.index(r)} last ops:\n{format_records(records[r], 4)}")
+    return CollectiveTimeout(
+        "\n".join(lines), rank=dev.rank, index=str(dev.index), op=spec.name, group=spec.ranks, seq=seq,
+        op_seq=dev.op_seq, reached=reached, missing=missing, flight_records=records,
+    )
 
 
 def _calls_text(dev: "VirtualDevice", verdict: list) -> str:

@@ -176,7 +176,8 @@ class VirtualDevice(PointToPoint, Probing):
 
     def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None, **params: Any) -> Any:
         spec = CollectiveSpec.build(self, name, x, self._group(group), algorithm, params)
-        return run_collective(self, spec, x if spec.reads_x else None, self._timeout(timeout))
+        timeout = self.config.timeout if timeout is None else self._timeout(timeout)
+        return run_collective(self, spec, x if spec.reads_x else None, timeout)
 
     def _group(self, group: Group) -> GroupInfo:
         """``group`` resolved on the mesh: (axes, ranks, this device's position, description).
