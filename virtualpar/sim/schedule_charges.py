@@ -30,24 +30,21 @@ class ScheduleCharges:
     """Collective schedules charged from kept delay columns (mixed into ``DeviceClock``)."""
 
     def _kept(self, key: tuple, compute: Any) -> Any:
-        """What is kept under ``key`` (at most ``_SCHEDULES_KEPT`` things), else ``compute()``'s."""
-        column = self._schedules.get(key)
-        if column is None:
-            column = compute()
-            if len(self._schedules) >= _SCHEDULES_KEPT:
-                self._schedules.clear()
-            self._schedules[key] = column
-        return column
+        """What is kept under ``key``, else ``compute()``'s, kept."""
+        value = self._schedules.get(key)
+        return self._store(key, compute()) if value is None else value
 
     def _keep(self, key: tuple, column: Any) -> Any:
-        """Keep the delay ``column`` under ``key`` like :meth:`_kept` — as one float if its entries
-        are all the same (see :meth:`_exit`) — and return what was kept."""
-        if len({float(d).hex() for d in column}) == 1:
-            column = float(column[0])
+        """Keep the delay ``column`` under ``key`` — as one float if its entries are all the same
+        (see :meth:`_exit`) — and return what was kept."""
+        return self._store(key, float(column[0]) if len({float(d).hex() for d in column}) == 1 else column)
+
+    def _store(self, key: tuple, value: Any) -> Any:
+        """Keep ``value`` under ``key``, at most ``_SCHEDULES_KEPT`` things in all; returns it."""
         if len(self._schedules) >= _SCHEDULES_KEPT:
             self._schedules.clear()
-        self._schedules[key] = column
-        return column
+        self._schedules[key] = value
+        return value
 
     def _exit(self, column: Any, entry: Any) -> float:
         """``now = max(now, max_q(entry[q] + column[q]))``; returns the new ``now``.  A uniform column
