@@ -18,7 +18,8 @@ import pytest
 from virtualpar import VirtualCluster
 from virtualpar.errors import MeshError, P2PTimeout, PayloadError, UsageError
 from virtualpar.mesh.topology import Topology
-from virtualpar.runtime.recorder import EventLog, FlightRecorder, OpTexts
+from virtualpar.runtime.event_log import EventLog
+from virtualpar.runtime.recorder import FlightRecorder, OpTexts
 from virtualpar.sim.clock import DeviceClock
 from virtualpar.trace.event import Event
 from virtualpar.transport.shm import RECORD_BYTES, RECORD_SLOTS
@@ -247,6 +248,45 @@ def test_event_log_builds_the_same_events():
     assert list(log) == [] and len(log) == 0
 
 
+def test_event_log_builds_each_kind_of_event_it_keeps():
+    log = EventLog(rank=3, t0=10.0)
+    traced = ((1, 3), (4,), "float64", "shm")
+    log.message("send", 10.5, 1.0, 1.5, 4, 64, 1, (3, 1, 17, 0))
+    log.message("recv", 10.5, 1.0, 1.5, 5, 64, 1, (1, 3, 9, 2))
+    log.message("send", 10.5, 1.0, 1.5, 6, 8, 2, None)
+    log.collective("all_reduce", 10.5, 1.5, 2.0, 7, 96, traced, 3)
+    log.compute("mm", 10.5, 2.0, 2.5, 8, 8.0, 16.0)
+    events = list(log)
+    assert [(e.kind, e.name, e.seq, e.wall_start) for e in events] == [
+        ("send", "send", 4, 0.5), ("recv", "recv", 5, 0.5), ("send", "send", 6, 0.5),
+        ("collective", "all_reduce", 7, 0.5), ("compute", "mm", 8, 0.5)]
+    assert [(e.nbytes, e.peer, e.flow) for e in events[:3]] == [(64, 1, "3>1#17"), (64, 1, "1>3#9@2"), (8, 2, None)]
+    assert (events[3].nbytes, events[3].group, events[3].shape, events[3].dtype, events[3].args) == \
+        (96, (1, 3), (4,), "float64", (("algorithm", "shm"), ("group_seq", 3)))
+    assert events[4].args == (("flops", 8.0), ("bytes", 16.0)) and events[4].model_end == 2.5
+
+
+def test_keeping_events_leaves_nothing_for_the_garbage_collector():
+    """A kept event holds no container made for it: a tuple per event made the collector run every
+    ~230 events and walk the growing log, ~1 µs per event (runtime/event_log.py)."""
+    import gc
+
+    log, traced = EventLog(rank=0), ((0, 1), (), "float64", "shm")
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for i in range(1000):
+            log.message("send", 0.0, 1.0, 2.0, i, 4096, 1, (0, 1, i, 0))
+            log.collective("barrier", 0.0, 1.0, 2.0, i, 0, traced, i)
+            log.compute("mm", 0.0, 1.0, 2.0, i, 8.0, 16.0)
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert len(log) == 3000 and grown < 30, grown  # (~9000 with a tuple per event and per fields)
+    assert not any(gc.is_tracked(slot) for slot in log._flat if slot is not traced)
+
+
 # -- through a cluster ------------------------------------------------------------------------------
 
 def mixed_sends(dev):
@@ -322,10 +362,12 @@ def test_a_recv_timeout_names_its_budget_peer_tag_and_op():
 def test_event_log_keeps_wall_times_since_t0_and_counts_what_the_cap_drops():
     log = EventLog(rank=1, cap=2, t0=100.0)
     before = time.monotonic()
-    log.keep("collective", "barrier", before, 1.0, 2.0, 7, (0, ((0, 1), None, None, "shm"), 1))
-    log.keep("send", "send", before, 2.0, 3.0, 8, (8, 0, None))
-    log.keep("recv", "recv", before, 3.0, 4.0, 9, (8, 0, None))  # past the cap
-    assert len(log) == 2 and log.dropped == 1
+    log.collective("barrier", before, 1.0, 2.0, 7, 0, ((0, 1), None, None, "shm"), 1)
+    log.message("send", before, 2.0, 3.0, 8, 8, 0, None)
+    log.message("recv", before, 3.0, 4.0, 9, 8, 0, None)  # past the cap
+    log.compute("mm", before, 4.0, 5.0, 10, 8.0, 16.0)  # likewise
+    log.keep("compute", "mm", before, 4.0, 5.0, 10, {})  # likewise
+    assert len(log) == 2 and log.dropped == 3
     first, second = list(log)
     assert (first.kind, first.name, first.seq, first.model_start, first.model_end) == ("collective", "barrier", 7, 1.0, 2.0)
     assert first.wall_start == pytest.approx(before - 100.0) and before - 100.0 <= first.wall_end <= time.monotonic() - 100.0

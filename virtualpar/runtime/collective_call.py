@@ -205,7 +205,7 @@ def run_collective(dev: "VirtualDevice", spec: CollectiveSpec, x: Any, timeout: 
     model1 = dev._clock.now
     dev._recorder.finish(slot, model1)
     if trace:
-        dev._events.keep("collective", spec.name, wall0, model0, model1, dev._op_seq, (comm.moved, spec.traced, seq))
+        dev._events.collective(spec.name, wall0, model0, model1, dev._op_seq, comm.moved, spec.traced, seq)
     return result
 
 

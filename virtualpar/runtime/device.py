@@ -25,7 +25,8 @@ from .config import TAG_HOST, ClusterConfig
 from .fence_kinds import fence_kind
 from .p2p import PointToPoint
 from .probing import Probing
-from .recorder import EventLog, FlightRecorder, OpTexts
+from .event_log import EventLog
+from .recorder import FlightRecorder, OpTexts
 from ..transport.lazy import Lazy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,7 +128,8 @@ class VirtualDevice(PointToPoint, Probing):
             raise exc.replace(exc.message.replace(f"compute on rank {self.rank}", f"{self.name}: compute"),
                               index=str(self.index)) from None
         self._publish_clock()
-        self._event("compute", name, wall0, start, end, args=(("flops", float(flops)), ("bytes", float(bytes))))
+        if self._trace:
+            self._events.compute(name, wall0, start, end, self._op_seq, flops, bytes)
         return end - start
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -236,16 +238,6 @@ class VirtualDevice(PointToPoint, Probing):
 
     def _publish_clock(self) -> None:
         self._clock_mv[0] = self._clock.now
-
-    def _message_event(self, kind: str, wall0: float, model0: float, model1: float, nbytes: int, peer: int,
-                       flow: tuple[int, int, int, int] | None) -> None:
-        """``_event`` for a send or receive, without building a fields dict (``EventLog`` builds it when read)."""
-        self._events.keep(kind, kind, wall0, model0, model1, self._op_seq, (nbytes, peer, flow))
-
-    def _event(self, kind: str, name: str, wall0: float, model0: float, model1: float, **fields: Any) -> None:
-        """Keep one trace event, if the trace is on (a collective keeps its own: ``run_collective``)."""
-        if self.config.trace:
-            self._events.keep(kind, name, wall0, model0, model1, self._op_seq, fields)
 
     # -- host channel (used by the worker loop) -----------------------------------------------------
     def _from_host(self) -> Any:

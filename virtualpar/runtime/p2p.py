@@ -236,7 +236,7 @@ class PointToPoint:
         end = clock.on_send_done(dst, inner.nbytes, stamp)
         now = self._clock_mv[0] = clock.now  # _publish_clock, inlined
         if self._trace:
-            self._message_event("send", wall0, stamp, end, inner.nbytes, dst, flow)
+            self._events.message("send", wall0, stamp, end, self._op_seq, inner.nbytes, dst, flow)
         if slot is not None:
             self._recorder.finish(slot, now)
 
@@ -251,7 +251,8 @@ class PointToPoint:
             clock.on_recv(src, nbytes, header.stamp)
             self._clock_mv[0] = clock.now
             if self._trace:
-                self._message_event("recv", wall0, model0, clock.now, nbytes, src, (src, self.rank, header.seq, self._endpoint.resets))
+                self._events.message("recv", wall0, model0, clock.now, self._op_seq, nbytes, src,
+                                     (src, self.rank, header.seq, self._endpoint.resets))
         if slot is not None:
             self._recorder.finish(slot, clock.now)
 

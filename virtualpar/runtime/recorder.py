@@ -1,4 +1,5 @@
-"""What a device records about its ops: the flight recorder (shared memory) and the trace event log.
+"""What a device records about its ops: the flight recorder (shared memory); and the merging of the
+devices' trace events (kept by ``event_log.EventLog``) into one trace.
 
 The flight recorder keeps each device's last 64 ops in shared memory.
 
@@ -18,9 +19,6 @@ bytes (each well under a microsecond).  ``text`` may be passed already encoded: 
 keeps the encoded text of a device's recent point-to-point ops, so a loop of sends formats it once,
 and a slot that already holds that very ``bytes`` object (a loop of as many ops as there are slots,
 or a divisor of it) is not written again: only the 52 bytes before the text are.
-
-The :class:`EventLog` holds the device's trace events as plain tuples and builds the
-:class:`~virtualpar.trace.event.Event` objects only when the trace is read.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +34,7 @@ from .._words import counted
 from ..trace.event import Event
 from ..transport.shm import RECORD_BYTES, RECORD_SLOTS, Layout, SharedArena
 
-__all__ = ["FlightRecorder", "OpRecord", "OpTexts", "EventLog", "describe_payload", "format_records", "merged_trace"]
+__all__ = ["FlightRecorder", "OpRecord", "OpTexts", "describe_payload", "format_records", "merged_trace"]
 
 _REC = struct.Struct("<qddiidd208s")
 _HEAD = struct.Struct("<qddiidd")  # a record without its text
@@ -176,63 +174,6 @@ class OpTexts:
         return entry
 
 
-class EventLog:
-    """Device ``rank``'s trace events, stored as tuples and built into :class:`Event` when read.
-
-    A frozen 15-field ``Event`` costs ~2 µs to build, more than the rest of the bookkeeping of the
-    op it records, so :meth:`add` keeps ``(kind, name, wall_start, wall_end, model_start, model_end,
-    seq, fields)`` and iterating builds the events (``list(log)`` is what ``cluster.trace()`` reads).
-    A send or receive (on every message's path) keeps its fields as a plain ``(nbytes, peer, flow)``
-    tuple, its flow id as ``(src, dst, number, resets)``, and a collective as ``(nbytes, (group, shape,
-    dtype, algorithm), group_seq)`` (the middle part prepared once with its cached call): both
-    become the event's fields when read.
-    """
-
-    def __init__(self, rank: int, cap: int | None = None, t0: float = 0.0) -> None:
-        self.rank = rank
-        self.cap = cap  # at most this many events (the device's max_events); None: no cap
-        self.t0 = t0  # wall times are kept as seconds since this (the cluster's start)
-        self._raw: list[tuple[str, str, float, float, float, float, int, dict[str, Any]]] = []
-        self.dropped = 0  # events not kept because the log was full (the device's max_events)
-
-    def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
-            seq: int, fields: dict[str, Any] | tuple) -> None:
-        self._raw.append((kind, name, wall_start, wall_end, model_start, model_end, seq, fields))
-
-    def keep(self, kind: str, name: str, wall0: float, model0: float, model1: float, seq: int,
-             fields: dict[str, Any] | tuple) -> None:
-        """Keep the event of an op that began at ``time.monotonic()`` = ``wall0`` and ends now,
-        unless the log holds ``cap`` already (then count it as dropped): the one call an op's
-        path makes to record itself."""
-        raw = self._raw
-        if self.cap is not None and len(raw) >= self.cap:
-            self.dropped += 1
-            return
-        t0 = self.t0
-        raw.append((kind, name, wall0 - t0, time.monotonic() - t0, model0, model1, seq, fields))
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    def __iter__(self) -> Iterator[Event]:
-        rank = self.rank
-        for kind, name, ws, we, ms, me, seq, fields in list(self._raw):
-            if isinstance(fields, tuple):  # kept raw on its path: a message's or a collective's
-                if kind == "collective":
-                    nbytes, (group, shape, dtype, algorithm), group_seq = fields
-                    fields = {"nbytes": nbytes, "group": group, "shape": shape, "dtype": dtype,
-                              "args": (("algorithm", algorithm), ("group_seq", group_seq))}
-                else:  # (nbytes, peer, flow)
-                    nbytes, peer, flow = fields
-                    fields = {"nbytes": nbytes, "peer": peer, "flow": None if flow is None else _flow_id(*flow)}
-            yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms, model_end=me,
-                        seq=seq, **fields)
-
-    def clear(self) -> None:
-        self._raw.clear()
-        self.dropped = 0
-
-
 def merged_trace(replies: list[tuple[list[Event], int]], names: dict[int, str], cap: int) -> Any:
     """Every device's ``(events, dropped)`` as one :class:`~virtualpar.trace.Trace`; a device whose
     log filled up is reported (RuntimeWarning), never silently cut short."""
@@ -247,9 +188,3 @@ def merged_trace(replies: list[tuple[list[Event], int]], names: dict[int, str], 
                       f"{cap} of each: read it with cluster.trace(clear=True) between phases to keep them all",
                       RuntimeWarning, stacklevel=3)
     return Trace([e for evs, _ in replies for e in evs], device_names=names)
-
-
-def _flow_id(src: int, dst: int, seq: int, resets: int) -> str:
-    """``"2>5#17"``: message 17 from device 2 to 5; after a reset message numbers restart, so a
-    cluster reset r times writes ``"2>5#17@r"`` and the ids stay unique over its life."""
-    return f"{src}>{dst}#{seq}@{resets}" if resets else f"{src}>{dst}#{seq}"

@@ -207,10 +207,11 @@ class Endpoint(Receiving, Sending):
             for dst in tuple(self._busy):
                 self._push(dst)
         # A partly received message needs a pull only once more bytes arrived, so unread bytes are
-        # the one thing to look for.
+        # the one thing to look for.  (``nonzero`` of the comparison, not ``np.flatnonzero``: its
+        # Python wrappers cost ~0.9 of its 1.5 µs, on the path of every message received.)
         if self._heads_in == self._tails_in:
             return
-        for src in np.flatnonzero(self._heads_np != self._tails_np).tolist():
+        for src in (self._heads_np != self._tails_np).nonzero()[0].tolist():
             self._pull(src)
 
     # -- waiting (see waiting.py) ----------------------------------------------------------------
