@@ -6,29 +6,40 @@ threadpoolctl does the limiting; it finds the BLAS libraries by scanning those l
 ~2 ms and ~3 MiB of private memory in every process that does it (measured at 256 devices).  Under
 fork the driver scans once (:func:`prepare`) and every device inherits the result.
 
-Under fork the devices also inherit the limit itself (:func:`forking`): the driver lowers its own
-BLAS threads to the devices' limit while it forks them and restores them right after, and a
-device sets the limit only if its BLAS is not there already.  Why: setting OpenBLAS's thread count
-starts its thread pool, whose workers then spin for ~0.1 s before they sleep (measured here:
-~110 ms of CPU each).  Every device starting one at its first ``run`` put 323 ms of spinning
-beside the 259 ms of real work in a 64-device cluster's first barrier (187 vs 69 ms at 16).
-A device that inherits one thread never starts a pool at all; the driver's own pool (OpenBLAS
-stops it at every fork anyway) starts again once, when its threads are restored, and spins once:
-~0.1 s of CPU per cluster start (measured), against ~0.1 s per device before.  Under spawn and
-forkserver the devices load OpenBLAS afresh, and it starts its pool as it loads: there the driver
-starts them with ``OPENBLAS_NUM_THREADS`` set to their limit (and puts its own value back after).
+Under fork the devices also inherit the limit itself (:func:`hold`): the driver lowers its own
+BLAS threads to the devices' share before it forks them, and a device sets the limit only if its
+BLAS is not there already.  Why: setting OpenBLAS's thread count starts its thread pool, whose
+workers then spin for ~0.1 s before they sleep (measured here: ~110 ms of CPU each).  Every device
+starting one at its first ``run`` put 323 ms of spinning beside the 259 ms of real work in a
+64-device cluster's first barrier (187 vs 69 ms at 16).  A device that inherits one thread never
+starts a pool at all.
+
+The driver keeps its own BLAS at that share while any cluster it forked is open, and gets its
+thread counts back when the last one closes: it shares the cores with its devices, as they share
+them with each other.  Restoring them at once, as it used to right after the fork, started the
+driver's own pool (OpenBLAS stops it at every fork), whose worker spun ~0.1 s on one of the
+cores the new devices were starting on: a 2-device cluster's first 4 KiB ping-pong measured
+16-21 µs one way, against ~10 µs a second later or with no restore (benchmarks/README.md).  Now
+it spins once the devices are gone (or not at all, if another cluster is forked before it
+stops: the fork stops the pool).
+
+Under spawn and forkserver the devices load OpenBLAS afresh, and it starts its pool as it loads:
+there the driver starts them with ``OPENBLAS_NUM_THREADS`` set to their limit (and puts its own
+value back after).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["prepare", "limit", "forking", "spawning", "threads_for"]
+__all__ = ["prepare", "limit", "hold", "spawning", "threads_for"]
 
 _controller: Any = None  # a threadpoolctl.ThreadpoolController; False if threadpoolctl cannot work here
 _limited: tuple[int, int] | None = None  # (pid, threads) once this process has limited its BLAS
+_holds = 0  # clusters holding this process's BLAS at their devices' share (see hold)
+_restore: list[tuple[Any, int]] = []  # (library, its thread count before the first of them)
 
 
 def prepare() -> None:
@@ -60,28 +71,41 @@ def _blas_libs() -> list[Any]:
         return []
 
 
-@contextmanager
-def forking(devices: int) -> Iterator[None]:
-    """Fork ``devices`` device processes inside this block: they inherit their BLAS limit (see
-    the module doc); this process's own thread counts are restored when the block ends."""
+def hold(devices: int) -> Callable[[], None]:
+    """Lower this process's BLAS threads to the share of each of ``devices`` devices (the devices
+    forked now inherit it) and keep them there until every hold is released; returns this hold's
+    release, which puts the thread counts back once it is the last (see the module doc; calling
+    it again does nothing)."""
+    global _holds
     wanted = threads_for(devices)
-    lowered = []
     for lib in _blas_libs():
         try:
             before = lib.num_threads
             if before > wanted:
                 lib.set_num_threads(wanted)
-                lowered.append((lib, before))
+                if not any(kept is lib for kept, _ in _restore):
+                    _restore.append((lib, before))
         except Exception:  # a BLAS threadpoolctl cannot drive: the device limits it itself
             pass
-    try:
-        yield
-    finally:
-        for lib, before in lowered:
-            try:
-                lib.set_num_threads(before)
-            except Exception:
-                pass
+    _holds += 1
+    released = False
+
+    def release() -> None:
+        global _holds
+        nonlocal released
+        if released:
+            return
+        released = True
+        _holds -= 1
+        if _holds == 0:
+            for lib, before in _restore:
+                try:
+                    lib.set_num_threads(before)
+                except Exception:
+                    pass
+            _restore.clear()
+
+    return release
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import numpy as np
@@ -68,6 +69,8 @@ def start_devices(
     doorbells = [ctx.Semaphore(0) for _ in range(layout.endpoints)]
     recorders = [FlightRecorder(arena, layout, r) for r in range(mesh.size)]
     sup = Supervisor(mesh, recorders, arena.view(layout.abort_offset, 1, np.int64), doorbells, abort_grace)
+    if forked:  # the devices inherit the driver's BLAS threads: at their share, until they are gone
+        sup.blas_release = blas_threads.hold(mesh.size)
     try:
         _spawn(ctx, sup, mesh, config, layout, arena, doorbells, clocks, target, forked)
         deadline = time.monotonic() + READY_TIMEOUT
@@ -111,16 +114,16 @@ def _start_all(procs: list[Any], forked: bool) -> None:
     device's full collection then never writes the GC headers of the objects it inherited, so the
     pages holding them stay shared with the driver instead of being copied into every device
     (measured: 64 devices after a ``gc.collect()`` each hold 0.28 GiB frozen, 1.0 GiB not).  The
-    driver unfreezes its own objects once the children exist.  Its BLAS threads are lowered to the
-    devices' limit while it forks, so that they inherit it (``blas_threads.forking``; spawned devices
-    get it from their environment, ``blas_threads.spawning``)."""
+    driver unfreezes its own objects once the children exist.  Forked devices inherit their BLAS
+    limit from the driver (``start_devices`` holds it there, ``blas_threads.hold``); spawned ones get
+    it from their environment (``blas_threads.spawning``)."""
     freeze = forked and gc.get_freeze_count() == 0  # a driver that froze its own objects keeps them frozen
     if forked:
         _before_fork()
     if freeze:
         gc.freeze()
     try:
-        with blas_threads.forking(len(procs)) if forked else blas_threads.spawning(len(procs)):
+        with nullcontext() if forked else blas_threads.spawning(len(procs)):
             for proc in procs:
                 proc.start()
     finally:

@@ -63,6 +63,7 @@ class Supervisor:
         self._doorbells = doorbells
         self._final_records: list[list[OpRecord]] = []
         self.watch: Any = None  # a DeadlockWatch (runtime/deadlock.py), or None: no detection
+        self.blas_release: Any = None  # gives the driver its BLAS threads back (blas_threads.hold)
 
     def add(self, proc: Any, cmd: Any, side: Any) -> None:
         """Watch device ``len(self.procs)``: its process, command pipe and sidecar pipe."""
@@ -282,6 +283,9 @@ class Supervisor:
         self.watch = None
         self._abort = None  # type: ignore[assignment]
         self._doorbells = []
+        if self.blas_release is not None:  # the devices are gone: their share of the cores is the driver's again
+            self.blas_release()
+            self.blas_release = None
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
