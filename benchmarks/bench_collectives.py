@@ -118,6 +118,7 @@ def bench_latency_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     theirs: list[float] = []
     with VirtualCluster(2, hardware=s.hardware) as default, \
             VirtualCluster(2, check_collectives=False, trace=False, hardware=s.hardware) as bare:
+        default.clocks(), bare.clocks()  # both warmed up: the second's warm-up would run beside the first's round
         for _ in range(rounds):
             ours.append(bench_p2p_latency(default, s)["latency_s"])
             untraced.append(bench_p2p_latency(bare, s)["latency_s"])
