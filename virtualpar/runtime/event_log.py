@@ -1,9 +1,9 @@
 """A device's trace events, kept as flat scalars until the trace is read.
 
 Every message, collective and compute charge of a traced run keeps one event, so keeping one is
-on the path of every op.  An event is ``STRIDE`` consecutive slots of one flat list: kind, name,
-wall start and end (seconds since the cluster's start), modelled start and end, op number, then
-six slots of fields that depend on how it was kept::
+on the path of every op.  An event is ``STRIDE`` consecutive slots of one flat list: how its
+fields were kept, kind, name, wall start and end (seconds since the cluster's start), modelled
+start and end, op number, then six slots of fields that depend on how they were kept::
 
     message     nbytes, peer, flow src, flow dst, flow number, resets    (src None: no flow id)
     collective  nbytes moved, (group, shape, dtype, algorithm), group_seq, -, -, -
@@ -16,7 +16,8 @@ for the garbage collector.  It used to keep a tuple per event, with the message'
 another: every ~230 events a generation-0 collection, and as the log grew collections of the older
 generations that walked it — 1.1 µs per event in one process, about 1.2 µs of the default
 configuration's 4 KiB one-way latency of 13 µs (benchmarks/README.md).  The events are built as
-:class:`~virtualpar.trace.event.Event` when the log is read.
+:class:`~virtualpar.trace.event.Event` only when the log is read: a frozen 15-field ``Event`` costs
+~2 µs to build, more than the rest of the bookkeeping of the op it records.
 """
 
 from __future__ import annotations
