@@ -22,6 +22,7 @@ configuration's 4 KiB one-way latency of 13 µs (benchmarks/README.md).  The eve
 
 from __future__ import annotations
 
+import sys
 from time import monotonic
 from typing import Any, Iterator
 
@@ -45,13 +46,13 @@ class EventLog:
         self.t0 = t0
         self.dropped = 0
         self._flat: list[Any] = []
-        self._room = None if cap is None else cap * STRIDE  # slots the cap allows
+        self._room = sys.maxsize if cap is None else cap * STRIDE  # slots the cap allows
 
     def message(self, kind: str, wall0: float, model0: float, model1: float, seq: int, nbytes: int, peer: int,
                 flow: tuple[int, int, int, int] | None) -> None:
         """A send or receive that began at ``time.monotonic()`` = ``wall0`` and ends now; ``flow``
         is ``(src, dst, message number, resets)``, the id shared with its other end, or None."""
-        if self._room is not None and len(self._flat) >= self._room:
+        if len(self._flat) >= self._room:
             self.dropped += 1
             return
         t0 = self.t0
@@ -63,7 +64,7 @@ class EventLog:
                    traced: tuple, group_seq: int) -> None:
         """A collective that began at ``wall0`` and ends now: ``moved`` bytes, ``traced`` its
         cached ``(group, shape, dtype, algorithm)``, ``group_seq`` its number in its group."""
-        if self._room is not None and len(self._flat) >= self._room:
+        if len(self._flat) >= self._room:
             self.dropped += 1
             return
         t0 = self.t0
@@ -73,7 +74,7 @@ class EventLog:
     def compute(self, name: str, wall0: float, model0: float, model1: float, seq: int, flops: float,
                 nbytes: float) -> None:
         """A compute charge of ``flops`` and ``nbytes`` whose work began at ``wall0`` and ends now."""
-        if self._room is not None and len(self._flat) >= self._room:
+        if len(self._flat) >= self._room:
             self.dropped += 1
             return
         t0 = self.t0
@@ -83,7 +84,7 @@ class EventLog:
     def keep(self, kind: str, name: str, wall0: float, model0: float, model1: float, seq: int,
              fields: dict[str, Any]) -> None:
         """Any other event, its ``Event`` fields in a dict: it began at ``wall0`` and ends now."""
-        if self._room is not None and len(self._flat) >= self._room:
+        if len(self._flat) >= self._room:
             self.dropped += 1
             return
         self.add(kind, name, wall0 - self.t0, monotonic() - self.t0, model0, model1, seq, fields)
