@@ -21,13 +21,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-from autograd.builtins import tuple as ag_tuple
-from autograd.core import VJPNode, add_outgrads
-from autograd.tracer import getval as getvalue
-from autograd.tracer import isbox, new_box, trace_stack
-from autograd.util import toposort
+from autograd import tuple as ag_tuple
 
 from ..errors import UsageError
+from ._autograd import record, unbox
 from .module import Module
 
 __all__ = ["functional_call", "value_and_grad", "vjp", "VJP"]
@@ -47,37 +44,13 @@ def _trace(fun: Callable[..., Any], values: list[Any], constant: int = 0) -> tup
     """Run ``fun(*values)`` once, recording it; return ``(output, back)`` where ``back(dy)`` gives
     d<dy, output>/d value for every value.
 
-    autograd's own ``make_vjp`` differentiates one argument; a dict or tuple of parameters would
-    go through its container arithmetic, which builds a zero container of *every* parameter for
-    each one read (2.7x a hand-written backward on a 4-layer MLP).  Here each float value is its
-    own root of the trace, so each gradient flows straight to its root: one reverse pass, no
-    containers.  Values that are not float arrays (integer labels), and the last ``constant``
+    Each float value is its own root of the trace (:func:`._autograd.record`, the one module that
+    touches autograd's internals, says why), so each gradient flows straight to its root.  Values that are not float arrays (integer labels), and the last ``constant``
     values, are passed through unboxed: no gradient flows to them, and none is computed."""
     free = len(values) - constant
-    roots = [VJPNode.new_root() if i < free and _differentiable(v) else None for i, v in enumerate(values)]
-    with trace_stack.new_trace() as t:
-        boxed = [new_box(v, t, r) if r is not None else v for v, r in zip(values, roots)]
-        out = fun(*boxed)
-        packed = _packed(out)
-        end = packed._node if isbox(packed) and packed._trace == t else None
-    output = _unbox(out)
-    wanted = {r: i for i, r in enumerate(roots) if r is not None}
-
-    def back(dy: Any) -> list[Any]:
-        grads: list[Any] = [None] * len(values)
-        if end is None:
-            return grads
-        pending = {end: (dy, False)}
-        for node in toposort(end):
-            g = pending.pop(node)
-            if node in wanted:
-                grads[wanted[node]] = g[0]
-                continue
-            for parent, ingrad in zip(node.parents, node.vjp(g[0])):
-                pending[parent] = add_outgrads(pending.get(parent), ingrad)
-        return grads
-
-    return output, back
+    roots = [i < free and _differentiable(v) for i, v in enumerate(values)]
+    out, back = record(fun, values, roots, pack=_packed)
+    return _unbox(out), back
 
 
 def _unbox(x: Any) -> Any:
@@ -85,7 +58,7 @@ def _unbox(x: Any) -> Any:
         return type(x)(_unbox(v) for v in x)
     if isinstance(x, dict):
         return {k: _unbox(v) for k, v in x.items()}
-    return getvalue(x)
+    return unbox(x)
 
 
 def _packed(out: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import autograd.numpy as anp
 import numpy as np
-from autograd.extend import defvjp, primitive
+from autograd.extend import defvjp, notrace_primitive, primitive
 
 from ..errors import UsageError
 
@@ -50,6 +50,12 @@ def _mse_grad(sign: float):
 defvjp(_mse, _mse_grad(1.0), _mse_grad(-1.0))
 
 
+@notrace_primitive
+def _row_max(x: np.ndarray) -> np.ndarray:
+    """``max`` over the last dim, kept; autograd passes the plain values and records nothing."""
+    return np.max(x, axis=-1, keepdims=True)
+
+
 def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     """Mean over the unmasked rows of −log softmax(logits)[label]; a masked row's label is never
     read, so it may be any placeholder (torch's ignore_index −100)."""
@@ -79,7 +85,7 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     if count == 0:
         return anp.sum(flat) * 0.0
     picked = flat[keep]
-    shift = np.max(picked._value if hasattr(picked, "_value") else picked, axis=1, keepdims=True)
+    shift = _row_max(picked)  # a constant to autograd: log-softmax does not depend on the shift
     z = picked - shift
     logsumexp = anp.log(anp.sum(anp.exp(z), axis=1))
     chosen = z[np.arange(count), rows[keep]]
