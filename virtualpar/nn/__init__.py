@@ -9,17 +9,24 @@ strategies, timeline parallelism — builds models from these modules, different
 from __future__ import annotations
 
 from .activations import GELU, ReLU, Tanh, gelu, relu, tanh
+from .attention import (AttentionState, attention_block_update, attention_finish, attention_init, causal_mask,
+                        merge_attention_states, merge_heads, scaled_dot_product_attention, split_heads)
 from .functional import VJP, functional_call, value_and_grad, vjp
 from .layers import Embedding, Linear, Sequential
 from .losses import cross_entropy, mse_loss
 from .module import Module, ShapeError
-from .norm import LayerNorm
+from .gpt import GPT, PRESETS, LMHead
+from .norm import LayerNorm, RMSNorm
 from .optim import SGD, Adam, AdamW, Optimizer, accumulate, clip_grad_norm
 from .recurrent import GRU, RNN
 from .reference import reference_train, split_microbatches
+from .transformer import MLP, MultiHeadAttention, SwiGLU, TransformerBlock, qkv_heads, silu, swiglu_hidden
 
 __all__ = [
     "Module", "ShapeError", "Linear", "Embedding", "Sequential", "ReLU", "GELU", "Tanh", "relu", "gelu", "tanh",
     "LayerNorm", "RNN", "GRU", "mse_loss", "cross_entropy", "functional_call", "value_and_grad", "vjp", "VJP",
     "SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate", "reference_train", "split_microbatches",
+    "RMSNorm", "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "silu",
+    "qkv_heads", "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
+    "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads", "merge_heads",
 ]

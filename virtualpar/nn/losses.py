@@ -84,7 +84,7 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     count = int(keep.sum())
     if count == 0:
         return anp.sum(flat) * 0.0
-    picked = flat[keep]
+    picked = flat if mask is None else flat[keep]  # no copy (nor its scatter back) without a mask
     shift = _row_max(picked)  # a constant to autograd: log-softmax does not depend on the shift
     z = picked - shift
     logsumexp = anp.log(anp.sum(anp.exp(z), axis=1))
