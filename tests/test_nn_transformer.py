@@ -67,14 +67,18 @@ def np_block(x, p, prefix, n_heads, mlp, norm):
     if mlp == "swiglu":
         g = h @ p[m + "gate.weight"]
         return x + (g / (1 + np.exp(-g)) * (h @ p[m + "up.weight"])) @ p[m + "down.weight"]
-    return x + np_gelu_tanh(h @ p[m + "up.weight"] + p[m + "up.bias"]) @ p[m + "down.weight"] + p[m + "down.bias"]
+    hidden = np_gelu_tanh(h @ p[m + "up.weight"] + p[m + "up.bias"])
+    return x + hidden @ p[m + "down.weight"] + p[m + "down.bias"]
 
 
 def np_gpt(p, tokens, n_layers, n_heads, mlp="gelu", norm="layernorm", tied=False):
     x = p["tok_emb.weight"][tokens] + p["pos_emb.weight"][: tokens.shape[1]]
     for i in range(n_layers):
         x = np_block(x, p, f"blocks.{i}.", n_heads, mlp, norm)
-    x = np_rmsnorm(x, p["norm.weight"]) if norm == "rmsnorm" else np_layernorm(x, p["norm.weight"], p["norm.bias"])
+    if norm == "rmsnorm":
+        x = np_rmsnorm(x, p["norm.weight"])
+    else:
+        x = np_layernorm(x, p["norm.weight"], p["norm.bias"])
     return x @ (p["tok_emb.weight"].T if tied else p["head.weight"])
 
 
@@ -93,7 +97,8 @@ def test_scaled_dot_product_attention_matches_numpy(causal):
     got = nn.scaled_dot_product_attention(q, k, v, causal)
     for b in range(2):
         for h in range(3):
-            np.testing.assert_allclose(got[b, h], np_softmax_attention(q[b, h], k[b, h], v[b, h], causal), rtol=1e-12)
+            want = np_softmax_attention(q[b, h], k[b, h], v[b, h], causal)
+            np.testing.assert_allclose(got[b, h], want, rtol=1e-12)
 
 
 def blockwise(q, k, v, causal, q_cuts, k_cuts, order_seed):
@@ -104,18 +109,21 @@ def blockwise(q, k, v, causal, q_cuts, k_cuts, order_seed):
         state = nn.attention_init(qb)
         for i in np.random.default_rng(order_seed).permutation(len(kb)):
             kpos, kk, vv = kb[i]
-            state = nn.attention_block_update(state, qb, kk, vv, causal, q_start=int(pos[0]), k_start=int(kpos[0]))
+            state = nn.attention_block_update(state, qb, kk, vv, causal, q_start=int(pos[0]),
+                                              k_start=int(kpos[0]))
         outs.append(nn.attention_finish(state))
     return anp.concatenate(outs, axis=2)  # autograd's: the gradient test differentiates through it
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("q_cuts,k_cuts", [([], []), ([], [1, 4]), ([3], [3]), ([2, 5], [1, 2, 6]), ([4], [4, 5])])
+@pytest.mark.parametrize("q_cuts,k_cuts", [([], []), ([], [1, 4]), ([3], [3]), ([2, 5], [1, 2, 6]),
+                                           ([4], [4, 5])])
 def test_blockwise_online_softmax_in_any_split_and_order_equals_full_attention(causal, q_cuts, k_cuts):
     q, k, v = (RNG.standard_normal((2, 2, 7, 3)) for _ in range(3))
     want = nn.scaled_dot_product_attention(q, k, v, causal)
     for seed in range(3):
-        np.testing.assert_allclose(blockwise(q, k, v, causal, q_cuts, k_cuts, seed), want, rtol=1e-12, atol=1e-14)
+        got = blockwise(q, k, v, causal, q_cuts, k_cuts, seed)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
 
 
 def test_merging_two_partial_states_equals_folding_every_block():
@@ -123,13 +131,15 @@ def test_merging_two_partial_states_equals_folding_every_block():
     left = nn.attention_block_update(nn.attention_init(q), q, k[:, :, :2], v[:, :, :2], True, 0, 0)
     right = nn.attention_block_update(nn.attention_init(q), q, k[:, :, 2:], v[:, :, 2:], True, 0, 2)
     for merged in (nn.merge_attention_states(left, right), nn.merge_attention_states(right, left)):
-        np.testing.assert_allclose(nn.attention_finish(merged), nn.scaled_dot_product_attention(q, k, v), rtol=1e-12)
+        want = nn.scaled_dot_product_attention(q, k, v)
+        np.testing.assert_allclose(nn.attention_finish(merged), want, rtol=1e-12)
 
 
 def test_blockwise_gradients_equal_full_attention_gradients():
     q, k, v = (RNG.standard_normal((1, 2, 6, 3)) for _ in range(3))
     dy = RNG.standard_normal((1, 2, 6, 3))
-    full = nn.vjp(lambda p, q, k, v: nn.scaled_dot_product_attention(q, k, v), q, k, v, params={}).backward(dy)[0]
+    whole = nn.vjp(lambda p, q, k, v: nn.scaled_dot_product_attention(q, k, v), q, k, v, params={})
+    full = whole.backward(dy)[0]
     blocks = nn.vjp(lambda p, q, k, v: blockwise(q, k, v, True, [2, 4], [3, 5], 1), q, k, v, params={})
     for got, want in zip(blocks.backward(dy)[0], full):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -171,7 +181,8 @@ def test_layers_match_numpy():
     lambda: nn.MLP(4, hidden=6, seed=2, dtype=np.float64),
     lambda: nn.SwiGLU(4, hidden=6, seed=2, dtype=np.float64),
     lambda: randomise(nn.TransformerBlock(4, 2, hidden=6, seed=3, dtype=np.float64)),
-    lambda: randomise(nn.TransformerBlock(4, 2, mlp="swiglu", norm="rmsnorm", hidden=6, seed=3, dtype=np.float64)),
+    lambda: randomise(nn.TransformerBlock(4, 2, mlp="swiglu", norm="rmsnorm", hidden=6, seed=3,
+                                          dtype=np.float64)),
 ], ids=["mha", "mha-bidirectional", "rmsnorm", "mlp", "swiglu", "block", "block-swiglu-rms"])
 def test_layer_gradients_match_finite_differences(make):
     check_module(make(), RNG.standard_normal((2, 3, 4)), tol=1e-7)
@@ -205,7 +216,8 @@ def test_gpt_forward_matches_numpy(kw):
 def test_gpt_state_dict_keys_and_parameter_count_closed_form():
     model = nn.GPT(**SMALL)
     keys = list(model.state_dict())
-    assert keys[:2] == ["tok_emb.weight", "pos_emb.weight"] and keys[-3:] == ["norm.weight", "norm.bias", "head.weight"]
+    assert keys[:2] == ["tok_emb.weight", "pos_emb.weight"]
+    assert keys[-3:] == ["norm.weight", "norm.bias", "head.weight"]
     assert "blocks.1.attn.qkv.weight" in keys and model.blocks[1] is model.blocks[1]
     d, v, s, layers = 8, 11, 6, 2
     assert model.num_parameters() == v * d + s * d + layers * (12 * d * d + 13 * d) + 2 * d + d * v
@@ -221,7 +233,8 @@ def test_gpt_loss_gradient_matches_finite_differences(kw):
     tokens, targets = RNG.integers(0, 11, (2, 5)), RNG.integers(0, 11, (2, 5))
     loss, grads = nn.value_and_grad(lambda m, a, b: nn.cross_entropy(m(a), b), model, tokens, targets)
     params = model.parameters()
-    assert loss == pytest.approx(float(nn.cross_entropy(np_gpt(params, tokens, 2, 2, tied=bool(kw)), targets)))
+    want = float(nn.cross_entropy(np_gpt(params, tokens, 2, 2, tied=bool(kw)), targets))
+    assert loss == pytest.approx(want, rel=1e-12)
     rng, eps = np.random.default_rng(0), 1e-6
     for name, value in params.items():
         for _ in range(2):  # two random entries per parameter keep it fast

@@ -66,7 +66,9 @@ def test_a_short_adamw_run_of_a_small_gpt_lowers_the_loss():
 
 def test_reference_train_drives_a_gpt_and_microbatches_give_the_full_batch_step():
     batches = [pattern_batch(16, 4, 8, s) for s in range(2)]
-    make = lambda: nn.GPT(vocab=16, d_model=16, n_layers=1, n_heads=2, seq_len=8, seed=3, dtype=np.float64)  # noqa
+    def make():
+        return nn.GPT(vocab=16, d_model=16, n_layers=1, n_heads=2, seq_len=8, seed=3, dtype=np.float64)
+
     whole, state = nn.reference_train(make(), batches, nn.cross_entropy, nn.AdamW(lr=1e-2), steps=3)
     split, state2 = nn.reference_train(make(), batches, nn.cross_entropy, nn.AdamW(lr=1e-2), steps=3,
                                        microbatches=2)

@@ -1,5 +1,8 @@
 """``virtualpar.nn``: models on numpy, one differentiation mechanism, optimizers, the reference.
 
+Transformers: ``MultiHeadAttention`` (its math in :mod:`.attention`, whole and blockwise), ``MLP``,
+``SwiGLU``, ``RMSNorm``, ``TransformerBlock`` and ``GPT`` (:mod:`.transformer`, :mod:`.gpt`).
+
 Pure (no processes).  Every later layer — tensor-parallel operations, pipeline stages, the unified
 strategies, timeline parallelism — builds models from these modules, differentiates them with
 :func:`value_and_grad` / :func:`vjp`, steps these optimizers, and checks itself against
@@ -23,10 +26,12 @@ from .reference import reference_train, split_microbatches
 from .transformer import MLP, MultiHeadAttention, SwiGLU, TransformerBlock, qkv_heads, silu, swiglu_hidden
 
 __all__ = [
-    "Module", "ShapeError", "Linear", "Embedding", "Sequential", "ReLU", "GELU", "Tanh", "relu", "gelu", "tanh",
-    "LayerNorm", "RNN", "GRU", "mse_loss", "cross_entropy", "functional_call", "value_and_grad", "vjp", "VJP",
-    "SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate", "reference_train", "split_microbatches",
-    "RMSNorm", "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "silu",
-    "qkv_heads", "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
+    "Module", "ShapeError", "Linear", "Embedding", "Sequential", "ReLU", "GELU", "Tanh", "relu", "gelu",
+    "tanh", "silu", "LayerNorm", "RMSNorm", "RNN", "GRU", "mse_loss", "cross_entropy", "functional_call",
+    "value_and_grad", "vjp", "VJP", "SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate",
+    "reference_train", "split_microbatches",
+    # transformers
+    "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "qkv_heads",
+    "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
     "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads", "merge_heads",
 ]

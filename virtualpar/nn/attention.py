@@ -65,9 +65,11 @@ def causal_mask(s_q: int, s_k: int, q_start: int = 0, k_start: int = 0) -> np.nd
 def _check(q: Any, k: Any, v: Any, where: str) -> None:
     qs, ks, vs = np.shape(q), np.shape(k), np.shape(v)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
-        raise UsageError(f"{where}: q, k, v must be (batch, heads, seq, head_dim), got shapes {qs}, {ks}, {vs}")
+        raise UsageError(f"{where}: q, k, v must be (batch, heads, seq, head_dim), got shapes {qs}, {ks}, "
+                         f"{vs}")
     if ks != vs or qs[:2] != ks[:2] or qs[3] != ks[3]:
-        raise UsageError(f"{where}: q {qs} needs k and v of shape {qs[:2] + ('s_k', qs[3])}, got {ks} and {vs}")
+        want = qs[:2] + ("s_k", qs[3])
+        raise UsageError(f"{where}: q {qs} needs k and v of shape {want}, got {ks} and {vs}")
 
 
 def _scores(q: Any, k: Any, causal: bool, q_start: int, k_start: int) -> Any:
@@ -84,7 +86,8 @@ def scaled_dot_product_attention(q: Any, k: Any, v: Any, causal: bool = True) ->
     _check(q, k, v, "scaled_dot_product_attention")
     if causal and np.shape(q)[2] != np.shape(k)[2]:
         raise UsageError(f"scaled_dot_product_attention: causal needs as many queries as keys, got s_q="
-                         f"{np.shape(q)[2]}, s_k={np.shape(k)[2]}; use attention_block_update with q_start, k_start")
+                         f"{np.shape(q)[2]}, s_k={np.shape(k)[2]}; use attention_block_update with q_start, "
+                         f"k_start")
     s = _scores(q, k, causal, 0, 0)
     p = anp.exp(s - _row_max(s))
     return anp.matmul(p, v) / anp.sum(p, axis=-1, keepdims=True)
@@ -94,7 +97,8 @@ def attention_init(q: Any) -> AttentionState:
     """The state before any key block: m = −∞, l = 0, o = 0 (shapes from ``q``, its dtype)."""
     b, h, s, d = np.shape(q)
     dt = np.asarray(q).dtype if not hasattr(q, "dtype") else q.dtype
-    return AttentionState(np.full((b, h, s, 1), -np.inf, dt), np.zeros((b, h, s, 1), dt), np.zeros((b, h, s, d), dt))
+    return AttentionState(np.full((b, h, s, 1), -np.inf, dt), np.zeros((b, h, s, 1), dt),
+                          np.zeros((b, h, s, d), dt))
 
 
 def attention_block_update(state: AttentionState, q: Any, k_block: Any, v_block: Any, causal: bool = True,
@@ -111,7 +115,8 @@ def attention_block_update(state: AttentionState, q: Any, k_block: Any, v_block:
     m_new = np.maximum(m, _row_max(s))  # plain arrays: the max is a stop-gradient
     alpha = np.exp(m - m_new)  # exp(−∞) = 0 on the first block
     p = anp.exp(s - m_new)
-    return AttentionState(m_new, alpha * l + anp.sum(p, axis=-1, keepdims=True), alpha * o + anp.matmul(p, v_block))
+    l_new = alpha * l + anp.sum(p, axis=-1, keepdims=True)
+    return AttentionState(m_new, l_new, alpha * o + anp.matmul(p, v_block))
 
 
 def merge_attention_states(a: AttentionState, b: AttentionState) -> AttentionState:

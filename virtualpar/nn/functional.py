@@ -40,13 +40,15 @@ def _differentiable(x: Any) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind in "fc" or isinstance(x, float)
 
 
-def _trace(fun: Callable[..., Any], values: list[Any], constant: int = 0) -> tuple[Any, Callable[[Any], list[Any]]]:
+def _trace(fun: Callable[..., Any], values: list[Any],
+           constant: int = 0) -> tuple[Any, Callable[[Any], list[Any]]]:
     """Run ``fun(*values)`` once, recording it; return ``(output, back)`` where ``back(dy)`` gives
     d<dy, output>/d value for every value.
 
     Each float value is its own root of the trace (:func:`._autograd.record`, the one module that
-    touches autograd's internals, says why), so each gradient flows straight to its root.  Values that are not float arrays (integer labels), and the last ``constant``
-    values, are passed through unboxed: no gradient flows to them, and none is computed."""
+    touches autograd's internals, says why), so each gradient flows straight to its root.  Values
+    that are not float arrays (integer labels), and the last ``constant`` values, are passed
+    through unboxed: no gradient flows to them, and none is computed."""
     free = len(values) - constant
     roots = [i < free and _differentiable(v) for i, v in enumerate(values)]
     out, back = record(fun, values, roots, pack=_packed)

@@ -105,7 +105,8 @@ class GPT(Module):
         if ids.ndim != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
             raise UsageError(f"GPT: tokens must be (batch, seq) with batch, seq >= 1, got shape {ids.shape}")
         if ids.shape[1] > self.seq_len:
-            raise UsageError(f"GPT: tokens have seq={ids.shape[1]}, longer than the model's seq_len={self.seq_len}")
+            raise UsageError(f"GPT: tokens have seq={ids.shape[1]}, longer than the model's "
+                             f"seq_len={self.seq_len}")
         if ids.min() < 0 or ids.max() >= self.vocab:
             raise UsageError(f"GPT: token ids must lie in 0..{self.vocab - 1} (vocab={self.vocab}), got "
                              f"{ids.min()}..{ids.max()}")
@@ -125,5 +126,5 @@ class GPT(Module):
         return sum(b.flops_per_token(seq) for b in self.blocks) + 2.0 * self.d_model * self.vocab
 
     def extra_repr(self) -> str:
-        return (f"vocab={self.vocab}, d_model={self.d_model}, n_layers={self.n_layers}, n_heads={self.n_heads}, "
-                f"seq_len={self.seq_len}, tie_embeddings={self.tie_embeddings}")
+        return (f"vocab={self.vocab}, d_model={self.d_model}, n_layers={self.n_layers}, "
+                f"n_heads={self.n_heads}, seq_len={self.seq_len}, tie_embeddings={self.tie_embeddings}")

@@ -66,7 +66,8 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     if labels.dtype.kind not in "iu":
         raise UsageError(f"cross_entropy: labels must be integers, got dtype {labels.dtype}")
     if tuple(labels.shape) != tuple(shape[:-1]):
-        raise UsageError(f"cross_entropy: logits of shape {shape} need labels of shape {shape[:-1]}, got {labels.shape}")
+        raise UsageError(f"cross_entropy: logits of shape {shape} need labels of shape {shape[:-1]}, got "
+                         f"{labels.shape}")
     classes = shape[-1]
     flat = anp.reshape(logits, (-1, classes))
     rows = labels.reshape(-1)
@@ -75,12 +76,13 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
     else:
         keep = np.asarray(mask)
         if keep.dtype != np.bool_ or keep.shape != labels.shape:  # 0.2 is not a yes; (3, 2) is not (2, 3)
-            raise UsageError(f"cross_entropy: mask must be a bool array of the labels' shape {labels.shape}, got "
-                             f"{keep.dtype} of shape {keep.shape}")
+            raise UsageError(f"cross_entropy: mask must be a bool array of the labels' shape "
+                             f"{labels.shape}, got {keep.dtype} of shape {keep.shape}")
         keep = keep.reshape(-1)
     used = rows[keep]  # a masked row's label is never read: any placeholder will do (torch's -100)
     if used.size and (used.min() < 0 or used.max() >= classes):
-        raise UsageError(f"cross_entropy: labels must lie in 0..{classes - 1}, got {used.min()}..{used.max()}")
+        raise UsageError(f"cross_entropy: labels must lie in 0..{classes - 1}, got "
+                         f"{used.min()}..{used.max()}")
     count = int(keep.sum())
     if count == 0:
         return anp.sum(flat) * 0.0

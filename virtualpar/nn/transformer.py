@@ -76,7 +76,8 @@ class MultiHeadAttention(Module):
     def forward(self, x: Any) -> Any:
         check_input(self, x, self.d_model)
         if len(np.shape(x)) != 3:
-            raise UsageError(f"{self!r}: expected input (batch, seq, {self.d_model}), got shape {np.shape(x)}")
+            raise UsageError(f"{self!r}: expected input (batch, seq, {self.d_model}), got shape "
+                             f"{np.shape(x)}")
         q, k, v = qkv_heads(self.qkv(x), self.n_heads)
         return self.out(merge_heads(scaled_dot_product_attention(q, k, v, self.causal)))
 
@@ -134,7 +135,8 @@ class SwiGLU(Module):
                  dtype: Any = np.float32) -> None:
         dt = check_dtype("SwiGLU", dtype)
         self.d_model = check_size("SwiGLU", "d_model", d_model, least=1)
-        self.hidden = check_size("SwiGLU", "hidden", swiglu_hidden(d_model) if hidden is None else hidden, least=1)
+        hidden = swiglu_hidden(d_model) if hidden is None else hidden
+        self.hidden = check_size("SwiGLU", "hidden", hidden, least=1)
         s_gate, s_up, s_down = _seeds(seed, 3)
         self.gate = Linear(d_model, self.hidden, bias=bias, seed=s_gate, dtype=dt)
         self.up = Linear(d_model, self.hidden, bias=bias, seed=s_up, dtype=dt)
@@ -168,8 +170,9 @@ class TransformerBlock(Module):
     Forward FLOPs per token: attention's 8·d² + 4·s·d plus the MLP's (16·d² for GELU with hidden 4d),
     the norms and residuals O(d)."""
 
-    def __init__(self, d_model: int, n_heads: int, mlp: str = "gelu", norm: str = "layernorm", causal: bool = True,
-                 hidden: int | None = None, seed: int = 0, dtype: Any = np.float32) -> None:
+    def __init__(self, d_model: int, n_heads: int, mlp: str = "gelu", norm: str = "layernorm",
+                 causal: bool = True, hidden: int | None = None, seed: int = 0,
+                 dtype: Any = np.float32) -> None:
         mlp_cls = _choice("TransformerBlock", "mlp", mlp, MLPS)
         norm_cls = _choice("TransformerBlock", "norm", norm, NORMS)
         self.d_model = check_size("TransformerBlock", "d_model", d_model, least=1)
