@@ -302,3 +302,35 @@ def test_presets():
     assert tied.tie_embeddings and len(tied.blocks) == 1
     with pytest.raises(UsageError, match=r"unknown preset 'huge'; the presets are \['small', 'tiny'\]"):
         nn.GPT.preset("huge")
+
+
+def test_feed_forwards_match_numpy_on_their_own():
+    x = RNG.standard_normal((2, 3, 8))
+    mlp = nn.MLP(8, seed=1, dtype=np.float64)
+    p = mlp.parameters()
+    want = np_gelu_tanh(x @ p["up.weight"] + p["up.bias"]) @ p["down.weight"] + p["down.bias"]
+    np.testing.assert_allclose(mlp(x), want, rtol=1e-12)
+    glu = nn.SwiGLU(8, seed=1, dtype=np.float64)
+    assert glu.hidden == 24 and nn.swiglu_hidden(256) == 688  # ⅔·4·d rounded up to a multiple of 8
+    g = x @ glu.gate.weight
+    want = (g / (1 + np.exp(-g)) * (x @ glu.up.weight)) @ glu.down.weight
+    np.testing.assert_allclose(glu(x), want, rtol=1e-12)
+    assert mlp.flops_per_token() == 4 * 8 * 32 and glu.flops_per_token() == 6 * 8 * 24
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: nn.scaled_dot_product_attention(np.zeros((2, 3, 4)), np.zeros((2, 3, 4)), np.zeros((2, 3, 4))),
+     r"q, k, v must be \(batch, heads, seq, head_dim\)"),
+    (lambda: nn.scaled_dot_product_attention(np.zeros((1, 1, 2, 4)), *[np.zeros((1, 1, 3, 4))] * 2),
+     "causal needs as many queries as keys, got s_q=2, s_k=3"),
+    (lambda: nn.scaled_dot_product_attention(np.zeros((1, 2, 2, 4)), *[np.zeros((1, 1, 2, 4))] * 2),
+     "needs k and v of shape"),
+    (lambda: nn.MultiHeadAttention(6, 4), "d_model=6 is not divisible by n_heads=4"),
+    (lambda: nn.MultiHeadAttention(8, 2)(np.zeros((3, 8), np.float32)), r"expected input \(batch, seq, 8\)"),
+    (lambda: nn.TransformerBlock(8, 2, norm="batchnorm"), r"norm must be one of \['layernorm', 'rmsnorm'\]"),
+    (lambda: nn.RMSNorm(8, eps=-1.0), "eps must be a number >= 0, got -1.0"),
+    (lambda: nn.qkv_heads(np.zeros((1, 2, 12)), 3), "12 columns do not split into 3 x 3 heads"),
+], ids=["not-4d", "causal-lengths", "k-shape", "heads", "mha-2d", "norm", "eps", "qkv"])
+def test_bad_attention_arguments_are_named(call, match):
+    with pytest.raises(UsageError, match=match):
+        call()

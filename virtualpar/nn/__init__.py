@@ -33,5 +33,6 @@ __all__ = [
     # transformers
     "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "qkv_heads",
     "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
-    "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads", "merge_heads",
+    "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads",
+    "merge_heads",
 ]
