@@ -110,13 +110,13 @@ def attention_block_update(state: AttentionState, q: Any, k_block: Any, v_block:
     unmasked, one wholly in its future contributes nothing.  Cost: 4·s_q·s_blk·head_dim FLOPs per
     (batch, head), plus O(s_q·(s_blk + head_dim)) elementwise."""
     _check(q, k_block, v_block, "attention_block_update")
-    m, l, o = _plain(state.m), state.l, state.o
+    m_old = _plain(state.m)
     s = _scores(q, k_block, causal, q_start, k_start)
-    m_new = np.maximum(m, _row_max(s))  # plain arrays: the max is a stop-gradient
-    alpha = np.exp(m - m_new)  # exp(−∞) = 0 on the first block
+    m_new = np.maximum(m_old, _row_max(s))  # plain arrays: the max is a stop-gradient
+    alpha = np.exp(m_old - m_new)  # exp(−∞) = 0 on the first block
     p = anp.exp(s - m_new)
-    l_new = alpha * l + anp.sum(p, axis=-1, keepdims=True)
-    return AttentionState(m_new, l_new, alpha * o + anp.matmul(p, v_block))
+    l_new = alpha * state.l + anp.sum(p, axis=-1, keepdims=True)
+    return AttentionState(m_new, l_new, alpha * state.o + anp.matmul(p, v_block))
 
 
 def merge_attention_states(a: AttentionState, b: AttentionState) -> AttentionState:
