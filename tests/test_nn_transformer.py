@@ -195,6 +195,9 @@ def test_float32_layers_keep_float32_outputs_and_gradients():
     dx, grads = rec.backward(np.ones_like(rec.output))
     assert rec.output.dtype == dx.dtype == np.float32
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float32)}
+    q = x.reshape(2, 2, 3, 4)
+    state = nn.attention_block_update(nn.attention_init(q), q, q, q)
+    assert {a.dtype for a in state} == {np.dtype(np.float32)}  # MASKED and the scale keep float32
 
 
 # -- GPT ------------------------------------------------------------------------------------------------
