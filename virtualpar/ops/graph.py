@@ -21,15 +21,19 @@ import networkx as nx
 import numpy as np
 
 from ..errors import ShardingError, UsageError, VirtualParError
+from ..executable import as_executable as _as_executable, register_executable
 from ..sharding import plan_redistribution, shard, unshard
+from .placement import PlacedOperation
 
 __all__ = ["GraphOperation", "as_executable"]
 
 
 @dataclass
-class GraphOperation:
+class GraphOperation(PlacedOperation):
     """A ``graph`` of ``ShardedOperation``s (see the module doc) run by ``cluster.execute(op, *host_arrays)``:
-    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a tuple)."""
+    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a tuple).
+    It keeps nothing on a cluster between runs (every input is fed each time), so its record of
+    clusters (``PlacedOperation``) stays empty; its nodes keep their own."""
 
     graph: nx.DiGraph
 
@@ -164,8 +168,8 @@ def _global_shape(dev: Any, x: np.ndarray, spec: Any) -> tuple[int, ...]:
 
 def as_executable(obj: Any) -> Any:
     """What ``cluster.execute`` runs for ``obj``: a ``networkx.DiGraph`` of operations becomes a
-    ``GraphOperation``; anything else must have ``execute_on``."""
-    if isinstance(obj, nx.DiGraph):
-        return GraphOperation(obj)
-    raise UsageError(f"cluster.execute needs an operation (with execute_on) or a networkx.DiGraph of them, "
-                     f"got {type(obj).__name__}")
+    ``GraphOperation``; anything else must have ``execute_on`` (see :mod:`virtualpar.executable`)."""
+    return _as_executable(obj)
+
+
+register_executable(nx.DiGraph, GraphOperation)  # cluster.execute(graph, ...) without the runtime importing ops
