@@ -1,5 +1,6 @@
 """``cluster.execute``'s one protocol: an object with ``execute_on``, or one its layer registered an
-adapter for (no process needed; the cluster's ``execute`` is ``as_executable(op).execute_on(cluster, ...)``)."""
+adapter for (no process needed; the cluster's ``execute`` is
+``as_executable(op).execute_on(cluster, ...)``)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ def _imports(source: str, rel: str) -> list[tuple[int, str, tuple[str, ...]]]:
     return sorted(out)
 
 
-def _offences(path: Path, forbidden_layers: tuple[str, ...], root_names: set[str], source: str | None = None) -> list[str]:
+def _offences(path: Path, forbidden_layers: tuple[str, ...], root_names: set[str],
+              source: str | None = None) -> list[str]:
     rel = path.relative_to(ROOT).as_posix()
     bad = []
     for line, module, names in _imports(path.read_text() if source is None else source, rel):

@@ -33,7 +33,8 @@ T = TensorSharding.parse
     ("[R", 2, "expected ']'"),
 ])
 def test_malformed_specs_are_refused_at_the_column_of_the_error(text, column, problem):
-    with pytest.raises(ShardingError, match="^" + re.escape(f"bad spec {text!r} at column {column}: ") + problem) as info:
+    head = re.escape(f"bad spec {text!r} at column {column}: ")
+    with pytest.raises(ShardingError, match="^" + head + problem) as info:
         T(text)
     assert info.value.column == column
     assert str(info.value).splitlines()[-1] == " " * (4 + column) + "^"  # the caret under the column
@@ -46,11 +47,12 @@ def test_the_issues_example_reads_as_promised():
 
 
 def test_well_formed_specs_parse_with_any_spacing_and_print_canonically():
-    assert T(" [ R ,S( dp , tp ) ]  P( sum : dp ) ") == TensorSharding((DimSharding(), DimSharding(("dp", "tp"))),
-                                                                        "sum", ("dp",))
+    spaced = T(" [ R ,S( dp , tp ) ]  P( sum : dp ) ")
+    assert spaced == TensorSharding((DimSharding(), DimSharding(("dp", "tp"))), "sum", ("dp",))
     for text in ("[S(tp), R]", "[R, S(dp,tp)]", "[R, R] P(sum)", "[R] P(sum:dp,tp)", "[R]", "[]"):
         assert str(T(text)) == text and T(str(T(text))) == T(text)
-    assert DimSharding.parse(" S(a, b) ") == DimSharding(("a", "b")) and DimSharding.parse("R") == DimSharding()
+    assert DimSharding.parse(" S(a, b) ") == DimSharding(("a", "b"))
+    assert DimSharding.parse("R") == DimSharding()
     with pytest.raises(ShardingError, match="bad dim sharding 'S\\(a\\) R' at column 5"):
         DimSharding.parse("S(a) R")
     with pytest.raises(ShardingError, match="a spec is text like"):
@@ -60,13 +62,14 @@ def test_well_formed_specs_parse_with_any_spacing_and_print_canonically():
 def test_a_partial_sum_over_an_unknown_axis_is_refused_where_the_spec_meets_the_mesh():
     spec = T("[R, R] P(sum:pp)")  # fine as text: the axes are a mesh's business
     for call in (lambda: spec.check((4, 4), MESH), lambda: shard(np.ones((4, 4)), spec, MESH),
-                 lambda: plan_redistribution(spec, T("[R, R]"), (4, 4), MESH), lambda: spec.partial_axes(MESH)):
+                 lambda: plan_redistribution(spec, T("[R, R]"), (4, 4), MESH),
+                 lambda: spec.partial_axes(MESH)):
         with pytest.raises(ShardingError, match=r"names mesh axis 'pp'") as info:
             call()
         assert info.value.axis == "pp" and "pending reduction P(sum)" in str(info.value)
         assert "['dp', 'tp']" in str(info.value) or "('dp', 'tp')" in str(info.value)
-    with pytest.raises(ShardingError, match=r"tensor: spec \[R, R\] P\(sum:pp\) names mesh axis 'pp', but the mesh's "
-                                            r"axes are \['dp', 'tp'\] \(in its pending reduction P\(sum\)\)"):
+    said = r"tensor: spec \[R, R\] P\(sum:pp\) names mesh axis 'pp', but the mesh's axes are \['dp', 'tp'\] "
+    with pytest.raises(ShardingError, match=said + r"\(in its pending reduction P\(sum\)\)"):
         shard(np.ones((4, 4)), spec, MESH)
     with pytest.raises(ShardingError, match="names an axis of its pending reduction twice"):
         T("[R, R] P(sum:dp,dp)").check((4, 4), MESH)

@@ -10,8 +10,8 @@ import pytest
 
 from virtualpar import Mesh, ShardingError, UsageError, VirtualCluster
 from virtualpar.sharding import shard
-from virtualpar.tensor_parallel import (FFN_POLICIES, MATMUL_POLICIES, FeedForward, FeedForwardShardingPolicy, MatMul,
-                                        MatMulShardingPolicy)
+from virtualpar.tensor_parallel import (FFN_POLICIES, MATMUL_POLICIES, FeedForward, FeedForwardShardingPolicy,
+                                        MatMul, MatMulShardingPolicy)
 
 MESH = Mesh({"x": 2, "y": 2})
 RNG = np.random.default_rng(39)
@@ -34,7 +34,7 @@ def cluster():
 def test_every_matmul_policy_runs_as_an_operation_with_shapes_from_its_inputs(cluster, name):
     for op in (MatMul(name), MatMul(MatMulShardingPolicy.named(name, MESH))):
         np.testing.assert_allclose(cluster.execute(op, A, B), A @ B, rtol=1e-12, atol=1e-12)
-        np.testing.assert_allclose(cluster.execute(op, A[:4], B), A[:4] @ B, rtol=1e-12, atol=1e-12)  # other m
+        np.testing.assert_allclose(cluster.execute(op, A[:4], B), A[:4] @ B, rtol=1e-12, atol=1e-12)  # m=4
 
 
 @pytest.mark.parametrize("name", sorted(MATMUL_POLICIES))
@@ -47,7 +47,7 @@ def test_every_matmul_policy_keeps_b_resident(cluster, name):
     np.testing.assert_allclose(cluster.execute(op, A), A @ B, rtol=1e-12, atol=1e-12)
     a_pieces = shard(A, op.bind(MESH).input_layouts()[0], MESH)
     assert cluster.stats().host_to_device.sum() == sum(p.nbytes for p in a_pieces)  # B was not sent again
-    np.testing.assert_allclose(cluster.execute(op, A, B2), A @ B2, rtol=1e-12, atol=1e-12)  # every input given
+    np.testing.assert_allclose(cluster.execute(op, A, B2), A @ B2, rtol=1e-12, atol=1e-12)  # all inputs
     np.testing.assert_allclose(cluster.execute(op, A), A @ B, rtol=1e-12, atol=1e-12)  # ...left B in place
     twin = copy.copy(op)
     assert twin.resident(cluster) == ()  # a copy is an operation of its own
@@ -68,15 +68,15 @@ def test_every_feedforward_policy_runs_as_an_operation_with_and_without_resident
 
 
 def test_mistakes_are_named(cluster):
-    with pytest.raises(ShardingError, match=r"MatMul of A \(8, 8\) @ B \(4, 8\): .*inner dimensions 8 and 4 differ"):
+    with pytest.raises(ShardingError, match=r"MatMul of A \(8, 8\) @ B \(4, 8\): .*inner dimensions 8 and 4"):
         cluster.execute(MatMul("column"), A, B.T)
-    with pytest.raises(ShardingError, match=r"cannot shard dim 1 of input 1 of column \(execute\), shape \(8, 3\)"):
+    with pytest.raises(ShardingError, match=r"cannot shard dim 1 of input 1 of column \(execute\), shape"):
         cluster.execute(MatMul("column"), A, B[:, :3])
     with pytest.raises(ShardingError, match="unknown MatMul policy 'diagonal'"):
         cluster.execute(MatMul("diagonal"), A, B)
-    with pytest.raises(ShardingError, match=r"place: takes inputs by name, some of \['a', 'b'\]; got \['w'\]"):
+    with pytest.raises(ShardingError, match=r"place: takes inputs by name, some of \['a', 'b'\]; got"):
         MatMul("column").place(cluster, w=B)
-    with pytest.raises(ShardingError, match=r"MatMul\('column'\) takes its mesh axes from a mesh: .*bind\(mesh\)"):
+    with pytest.raises(ShardingError, match=r"MatMul\('column'\) takes its mesh axes from a mesh: .*bind"):
         MatMul("column").input_layouts()
     assert str(MatMul("column").bind(MESH).output_layout()) == "[R, S(x,y)]"
     with pytest.raises(ShardingError, match=r"FeedForward of x \(2, 4, 8\), W1 \(8, 8\), b1 \(4,\)"):

@@ -33,7 +33,7 @@ _ADAPTERS: dict[type, Callable[[Any], Executable]] = {}
 
 
 def register_executable(kind: type, adapter: Callable[[Any], Executable]) -> None:
-    """Make ``cluster.execute(obj)`` run ``adapter(obj)`` for objects of type ``kind`` (subclasses included)."""
+    """Make ``cluster.execute(obj)`` run ``adapter(obj)`` for objects of type ``kind`` or a subclass."""
     _ADAPTERS[kind] = adapter
 
 

@@ -1,4 +1,5 @@
-"""Operations that declare their costs, sharded operations, and graphs of them."""
+"""Operations that declare their costs, sharded operations, graphs of them, and ``PlacedOperation``:
+the one record, for every operation of the project, of the clusters that hold its state."""
 
 from __future__ import annotations
 

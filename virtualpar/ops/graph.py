@@ -14,6 +14,7 @@ port (an unfed port once took whatever an earlier, failed run had left on the de
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,8 @@ __all__ = ["GraphOperation", "as_executable"]
 @dataclass
 class GraphOperation(PlacedOperation):
     """A ``graph`` of ``ShardedOperation``s (see the module doc) run by ``cluster.execute(op, *host_arrays)``:
-    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a tuple).
+    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a
+    tuple).
     It keeps nothing on a cluster between runs (every input is fed each time), so its record of
     clusters (``PlacedOperation``) stays empty; its nodes keep their own."""
 
@@ -161,9 +163,8 @@ def _located(dev: Any, exc: VirtualParError, where: str) -> VirtualParError:
 
 def _global_shape(dev: Any, x: np.ndarray, spec: Any) -> tuple[int, ...]:
     """The global shape of a piece under ``spec`` (even splits)."""
-    import math
-
-    return tuple(n * (math.prod(dev.mesh.shape[a] for a in d.axes) if d.axes else 1) for n, d in zip(x.shape, spec.dims))
+    return tuple(n * (math.prod(dev.mesh.shape[a] for a in d.axes) if d.axes else 1)
+                 for n, d in zip(x.shape, spec.dims))
 
 
 def as_executable(obj: Any) -> Any:
@@ -172,4 +173,5 @@ def as_executable(obj: Any) -> Any:
     return _as_executable(obj)
 
 
-register_executable(nx.DiGraph, GraphOperation)  # cluster.execute(graph, ...) without the runtime importing ops
+# cluster.execute(graph, ...), without the runtime importing this layer
+register_executable(nx.DiGraph, GraphOperation)

@@ -8,7 +8,8 @@ A ``ShardedOperation`` is a per-device program with the ``TensorSharding`` of ev
 output.  ``cluster.execute(op, *host_arrays)`` shards the inputs by their specs and puts each
 device's piece in its state (host → device), runs the program everywhere, and fetches the output
 pieces (device → host) to unshard them.  ``op.place(cluster, i, array)`` places input ``i`` once
-— weights — and later calls do not send it again.
+— weights — and later calls do not send it again; which clusters hold placed inputs is
+:class:`~virtualpar.ops.placement.PlacedOperation`'s record, so a copy or another cluster holds none.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ _ATTR = "_cluster_state"  # where a PlacedOperation keeps its ClusterState (made
 
 
 class ClusterState:
-    """cluster -> dict of what an operation left on it, held weakly (a closed, collected cluster drops out)."""
+    """cluster -> dict of what an operation left on it, held weakly (a collected cluster drops out)."""
 
     def __init__(self) -> None:
         self._by: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -73,11 +73,11 @@ class PlacedOperation:
         return state
 
     def hold(self, cluster: Any, **values: Any) -> dict[str, Any]:
-        """Record that this operation holds state on ``cluster``; returns its dict, updated with ``values``."""
+        """Record that this operation holds state on ``cluster``; returns its dict, updated by ``values``."""
         return self._placement.hold(cluster, **values)
 
     def state_for(self, cluster: Any) -> dict[str, Any] | None:
-        """What this operation keeps for ``cluster`` (a dict it may change), or ``None`` if it holds nothing there."""
+        """What this operation keeps for ``cluster`` (a dict it may change), or ``None`` if nothing."""
         return self._placement.get(cluster)
 
     def is_placed_on(self, cluster: Any) -> bool:
@@ -85,7 +85,8 @@ class PlacedOperation:
         return cluster in self._placement
 
     def forget(self, cluster: Any) -> dict[str, Any] | None:
-        """Drop the record of ``cluster`` (its devices keep what they hold until the op runs there again); returns it."""
+        """Drop the record of ``cluster`` and return it (its devices keep what they hold: the next
+        run there places the state again)."""
         return self._placement.forget(cluster)
 
     def placed_clusters(self) -> list[Any]:

@@ -73,7 +73,7 @@ class TensorSharding:
 
     @property
     def axes(self) -> tuple[tuple[str, ...], ...]:
-        """The mesh axes of every dim, ``[S(x), R]`` -> ``(("x",), ())`` (the pending reduction not included)."""
+        """The mesh axes of every dim, ``[S(x), R]`` -> ``(("x",), ())`` (not the pending reduction's)."""
         return tuple(d.axes for d in self.dims)
 
     @classmethod
@@ -113,12 +113,16 @@ class TensorSharding:
                 [(f"its pending reduction P({self.partial})", self.partial_over)]:
             for a in axes:
                 if a not in names:
-                    said = f"spec {self} names mesh axis {a!r}, but the mesh's axes are {names} (in {where})" \
-                        if name == "tensor" else f"{self}: {where} names mesh axis {a!r}; the mesh {mesh} has " \
-                        f"axes {tuple(names)}"  # a named tensor: its name first, then the dim
+                    if name == "tensor":
+                        said = f"spec {self} names mesh axis {a!r}, but the mesh's axes are {names} " \
+                            f"(in {where})"
+                    else:  # a named tensor: its name first, then the dim
+                        said = f"{self}: {where} names mesh axis {a!r}; the mesh {mesh} has axes " \
+                            f"{tuple(names)}"
                     raise ShardingError(f"{name}: {said}", spec=str(self), axis=a)
         if len(set(self.partial_over)) != len(self.partial_over):
-            raise ShardingError(f"{name}: spec {self} names an axis of its pending reduction twice", spec=str(self))
+            raise ShardingError(f"{name}: spec {self} names an axis of its pending reduction twice",
+                                spec=str(self))
 
     def check(self, shape: Sequence[int], mesh: Any, uneven: str = "error", name: str = "tensor") -> None:
         """Raise ``ShardingError`` unless this spec fits ``shape`` on ``mesh``: as many dims as the
@@ -150,8 +154,8 @@ class TensorSharding:
                 axes = ",".join(dim.axes)
                 what = f"of shape {tuple(shape)} over mesh axis '{axes}'" if name == "tensor" else \
                     f"of {name}, shape {tuple(shape)}, over mesh axes {dim.axes}"  # a named tensor: say which
-                raise ShardingError(f"cannot shard dim {d} {what} (size {n}): {shape[d]} is not divisible by {n}",
-                                    dim=d, shape=tuple(shape), axis=axes, size=n)
+                raise ShardingError(f"cannot shard dim {d} {what} (size {n}): {shape[d]} is not divisible "
+                                    f"by {n}", dim=d, shape=tuple(shape), axis=axes, size=n)
 
     @staticmethod
     def group_size(dim: DimSharding, mesh: Any) -> int:
@@ -183,6 +187,11 @@ def bounds(m: int, n: int) -> list[int]:
 # -- the parser ------------------------------------------------------------------------------------
 # spec := "[" [dim ("," dim)*] "]" [P]      dim := "R" | "S(" name ("," name)* ")"
 # P    := "P(" op [":" name ("," name)*] ")"  name := [A-Za-z_][A-Za-z0-9_]*   (spaces allowed between tokens)
+
+
+def _NAME_CHAR(c: str) -> bool:
+    """A character of a mesh axis name or reduce op: an ASCII letter, digit or underscore."""
+    return c.isascii() and (c.isalnum() or c == "_")
 
 
 class _Reader:
@@ -217,9 +226,9 @@ class _Reader:
     def name(self, problem: str) -> str:
         self.skip()
         j = self.i
-        if j < len(self.text) and (self.text[j].isalpha() or self.text[j] == "_") and self.text[j].isascii():
+        if j < len(self.text) and _NAME_CHAR(self.text[j]) and not self.text[j].isdigit():
             j += 1
-            while j < len(self.text) and self.text[j].isascii() and (self.text[j].isalnum() or self.text[j] == "_"):
+            while j < len(self.text) and _NAME_CHAR(self.text[j]):
                 j += 1
         if j == self.i:
             raise self.fail(problem)
@@ -230,7 +239,9 @@ class _Reader:
         out = [self.name(f"expected {what}")]
         while self.peek() == ",":
             self.take(",", "expected ','")
-            out.append(self.name(f"expected {what} after ','" if self.peek() not in ",)" else f"empty entry, expected {what}"))
+            empty = self.peek() in ",)"
+            problem = f"empty entry, expected {what}" if empty else f"expected {what} after ','"
+            out.append(self.name(problem))
         return tuple(out)
 
     def dim(self) -> DimSharding:

@@ -55,9 +55,9 @@ def put_pieces(cluster: Any, key: str, x: np.ndarray, spec: TensorSharding) -> i
     return total
 
 
-def _block_key(spec: TensorSharding, shape: Sequence[int], mesh: Any, rank: int) -> tuple[tuple[int, int], ...]:
-    """Which block of a tensor under ``spec`` device ``rank`` holds."""
-    return tuple((b.start or 0, b.stop if b.stop is not None else n) for b, n in zip(spec.block(shape, mesh, rank), shape))
+def _block_key(spec: TensorSharding, shape: Sequence[int], mesh: Any, rank: int) -> tuple:
+    """Which block of a tensor under ``spec`` device ``rank`` holds: (start, stop) per dim."""
+    return tuple(b.indices(n)[:2] for b, n in zip(spec.block(shape, mesh, rank), shape))
 
 
 def _owners(spec: TensorSharding, shape: Sequence[int], mesh: Any) -> frozenset[int]:
@@ -99,12 +99,12 @@ def run_layer(cluster: Any, layer: Any, keys: tuple[str, ...], temp: tuple[str, 
     cluster.run(_execute_on_device, layer, keys, temp, owners)
     pieces = {r: cluster.get(r, _OUT) for r in sorted(owners)}
     mesh = cluster.mesh
-    for r, p in pieces.items():  # the declared shape against what the devices computed (numpy would broadcast)
+    for r, p in pieces.items():  # the declared shape against what the devices computed (else: broadcast)
         want = spec.local_shape(out_shape, mesh, r)
         if np.shape(p) != want:
-            raise ShardingError(f"device {r} {mesh.index(r)} holds a piece of shape {np.shape(p)} where the declared "
-                                f"shape {tuple(out_shape)} with layout {spec} needs {want}: the shape given for this "
-                                "tensor is not the one the devices computed", ranks=(r,))
+            raise ShardingError(f"device {r} {mesh.index(r)} holds a piece of shape {np.shape(p)} where the "
+                                f"declared shape {tuple(out_shape)} with layout {spec} needs {want}: the "
+                                "shape given for this tensor is not the one the devices computed", ranks=(r,))
     by_block = {_block_key(spec, out_shape, mesh, r): p for r, p in pieces.items()}
     return unshard([by_block[_block_key(spec, out_shape, mesh, r)] for r in range(mesh.size)], spec, mesh,
                    tuple(out_shape))
@@ -160,8 +160,9 @@ class TensorParallelOp(PlacedOperation):
         placed = self.is_placed_on(cluster)
         positions = [i for i in range(n_in) if not (placed and i in self.weights)]
         layer = self._layer(cluster.mesh)
-        check_layer("execute", layer, self.shapes, self.out_shape, cluster.mesh)  # (the mesh first: a wrong one
-        if len(arrays) != len(positions):                                     # explains a wrong count too)
+        # the mesh first: a wrong one explains a wrong count too
+        check_layer("execute", layer, self.shapes, self.out_shape, cluster.mesh)
+        if len(arrays) != len(positions):
             unplaced = f"; the weights (inputs {sorted(self.weights)}) are not on this cluster: call " \
                 f"place_weights(cluster, ...) first, or pass every input" if self.weights and not placed else ""
             raise ShardingError(f"execute: expected {len(positions)} arrays (inputs {positions}), got {len(arrays)}"

@@ -197,7 +197,8 @@ class FeedForward(ShardedLayer):
         if isinstance(self.policy, FeedForwardShardingPolicy):
             return self.policy
         raise ShardingError(f"FeedForward({self.policy!r}) takes its mesh axes from a mesh: run it with "
-                            f"cluster.execute, or use FeedForward({self.policy!r}).bind(mesh)", policy=self.policy)
+                            f"cluster.execute, or use FeedForward({self.policy!r}).bind(mesh)",
+                            policy=self.policy)
 
     def output_shape(self, shapes: Any) -> tuple[int, int, int]:
         """(b, s, m) for x (b, s, m), W1 (m, h), b1 (h,), W2 (h, m), b2 (m,); anything else is refused."""
@@ -205,8 +206,8 @@ class FeedForward(ShardedLayer):
         ok = len(x) == 3 and len(w1) == 2 and len(w2) == 2 and b1 == (w1[-1],) and b2 == (x[-1],) \
             and w1[0] == x[-1] and w2 == (w1[-1], x[-1])
         if not ok:
-            raise ShardingError(f"FeedForward of x {x}, W1 {w1}, b1 {b1}, W2 {w2}, b2 {b2}: expected x (b, s, m), "
-                                "W1 (m, h), b1 (h,), W2 (h, m), b2 (m,)")
+            raise ShardingError(f"FeedForward of x {x}, W1 {w1}, b1 {b1}, W2 {w2}, b2 {b2}: expected "
+                                "x (b, s, m), W1 (m, h), b1 (h,), W2 (h, m), b2 (m,)")
         return x
 
     def input_layouts(self) -> tuple[Layout, ...]:

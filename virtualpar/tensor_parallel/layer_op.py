@@ -67,7 +67,8 @@ class ShardedLayer(PlacedOperation):
         for i, x in sorted(arrays.items()):
             layouts[i].check(x.shape, cluster.mesh, name=f"input {names[i]} of {self._label()} (place)")
         state = self.state_for(cluster) or self.hold(cluster, token=f"tp.{uuid.uuid4().hex[:8]}", shapes={})
-        total = sum(put_pieces(cluster, f"{state['token']}.{i}", x, layouts[i]) for i, x in sorted(arrays.items()))
+        token = state["token"]
+        total = sum(put_pieces(cluster, f"{token}.{i}", x, layouts[i]) for i, x in sorted(arrays.items()))
         state["shapes"].update({i: x.shape for i, x in arrays.items()})
         return total
 
@@ -88,9 +89,9 @@ class ShardedLayer(PlacedOperation):
             positions = [i for i in range(n) if i not in placed]
         else:
             kept = f"; {', '.join(names[i] for i in sorted(placed))} kept on the devices" if placed else ""
-            raise ShardingError(f"{self._label()}: expected {n - len(placed)} inputs "
-                                f"({', '.join(names[i] for i in range(n) if i not in placed)}){kept} or all {n} "
-                                f"({', '.join(names)}), got {len(arrays)}")
+            wanted = ", ".join(names[i] for i in range(n) if i not in placed)
+            raise ShardingError(f"{self._label()}: expected {n - len(placed)} inputs ({wanted}){kept} or all "
+                                f"{n} ({', '.join(names)}), got {len(arrays)}")
         given = {i: np.asarray(x) for i, x in zip(positions, arrays)}
         shapes = [given[i].shape if i in given else placed[i] for i in range(n)]
         layer = self.bind(cluster.mesh)

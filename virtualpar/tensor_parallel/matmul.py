@@ -256,15 +256,15 @@ class MatMul(ShardedLayer):
     def _policy(self) -> MatMulShardingPolicy:
         if isinstance(self.policy, MatMulShardingPolicy):
             return self.policy
-        raise ShardingError(f"MatMul({self.policy!r}) takes its mesh axes from a mesh: run it with cluster.execute, "
-                            f"or use MatMul({self.policy!r}).bind(mesh)", policy=self.policy)
+        raise ShardingError(f"MatMul({self.policy!r}) takes its mesh axes from a mesh: run it with "
+                            f"cluster.execute, or use MatMul({self.policy!r}).bind(mesh)", policy=self.policy)
 
     def output_shape(self, shapes: Any) -> tuple[int, int]:
         """(m, n) for A (m, k) and B (k, n); anything else is refused naming both shapes."""
         a, b = (tuple(s) for s in shapes)
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
-            raise ShardingError(f"MatMul of A {a} @ B {b}: expected A (m, k) and B (k, n)"
-                                + (f" (inner dimensions {a[1]} and {b[0]} differ)" if len(a) == len(b) == 2 else ""))
+            differ = f" (inner dimensions {a[1]} and {b[0]} differ)" if len(a) == len(b) == 2 else ""
+            raise ShardingError(f"MatMul of A {a} @ B {b}: expected A (m, k) and B (k, n){differ}")
         return a[0], b[1]
 
     def input_layouts(self) -> tuple[Layout, Layout]:
