@@ -14,6 +14,7 @@ port (an unfed port once took whatever an earlier, failed run had left on the de
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,15 +22,20 @@ import networkx as nx
 import numpy as np
 
 from ..errors import ShardingError, UsageError, VirtualParError
+from ..executable import as_executable as _as_executable, register_executable
 from ..sharding import plan_redistribution, shard, unshard
+from .placement import PlacedOperation
 
 __all__ = ["GraphOperation", "as_executable"]
 
 
 @dataclass
-class GraphOperation:
+class GraphOperation(PlacedOperation):
     """A ``graph`` of ``ShardedOperation``s (see the module doc) run by ``cluster.execute(op, *host_arrays)``:
-    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a tuple)."""
+    the host arrays feed ``graph.graph["inputs"]`` in order; returns the sink nodes' outputs (one, or a
+    tuple).
+    It keeps nothing on a cluster between runs (every input is fed each time), so its record of
+    clusters (``PlacedOperation``) stays empty; its nodes keep their own."""
 
     graph: nx.DiGraph
 
@@ -157,15 +163,15 @@ def _located(dev: Any, exc: VirtualParError, where: str) -> VirtualParError:
 
 def _global_shape(dev: Any, x: np.ndarray, spec: Any) -> tuple[int, ...]:
     """The global shape of a piece under ``spec`` (even splits)."""
-    import math
-
-    return tuple(n * (math.prod(dev.mesh.shape[a] for a in d.axes) if d.axes else 1) for n, d in zip(x.shape, spec.dims))
+    return tuple(n * (math.prod(dev.mesh.shape[a] for a in d.axes) if d.axes else 1)
+                 for n, d in zip(x.shape, spec.dims))
 
 
 def as_executable(obj: Any) -> Any:
     """What ``cluster.execute`` runs for ``obj``: a ``networkx.DiGraph`` of operations becomes a
-    ``GraphOperation``; anything else must have ``execute_on``."""
-    if isinstance(obj, nx.DiGraph):
-        return GraphOperation(obj)
-    raise UsageError(f"cluster.execute needs an operation (with execute_on) or a networkx.DiGraph of them, "
-                     f"got {type(obj).__name__}")
+    ``GraphOperation``; anything else must have ``execute_on`` (see :mod:`virtualpar.executable`)."""
+    return _as_executable(obj)
+
+
+# cluster.execute(graph, ...), without the runtime importing this layer
+register_executable(nx.DiGraph, GraphOperation)

@@ -8,14 +8,14 @@ A ``ShardedOperation`` is a per-device program with the ``TensorSharding`` of ev
 output.  ``cluster.execute(op, *host_arrays)`` shards the inputs by their specs and puts each
 device's piece in its state (host → device), runs the program everywhere, and fetches the output
 pieces (device → host) to unshard them.  ``op.place(cluster, i, array)`` places input ``i`` once
-— weights — and later calls do not send it again.
+— weights — and later calls do not send it again; which clusters hold placed inputs is
+:class:`~virtualpar.ops.placement.PlacedOperation`'s record, so a copy or another cluster holds none.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import weakref
 from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any, Callable, Sequence
@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ShardingError, UsageError
 from ..kernels import matmul_cost
 from ..sharding import TensorSharding, shard, unshard
+from .placement import PlacedOperation
 
 __all__ = ["Operation", "ShardedOperation", "MATMUL"]
 
@@ -58,7 +59,7 @@ MATMUL = Operation("matmul", lambda a, b: a @ b, lambda a, b: matmul_cost(a, b, 
 
 
 @dataclass
-class ShardedOperation:
+class ShardedOperation(PlacedOperation):
     """``program(dev, *local_inputs) -> local output (or tuple)`` with the specs of every input/output."""
 
     program: Callable[..., Any]
@@ -68,10 +69,8 @@ class ShardedOperation:
     # where its inputs live on the devices, and which are placed there: every copy gets its own
     # (not init fields, so dataclasses.replace makes new ones; copy and deepcopy below too) — a copy
     # sharing them overwrote the original's placed weights
+    # (the clusters holding placed inputs: PlacedOperation, state "inputs" = {input index: shape})
     key: str = field(default_factory=lambda: f"op/{next(_IDS)}", init=False)
-    # cluster -> {input index: shape} of the inputs placed there (weakly: a closed cluster's id can recur)
-    _placed: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False,
-                                               compare=False, init=False)
 
     def __copy__(self) -> "ShardedOperation":
         return ShardedOperation(self.program, self.in_specs, self.out_specs, self.name)
@@ -88,7 +87,7 @@ class ShardedOperation:
         index = int(index)
         array = np.asarray(array)
         self._put(cluster, index, array)
-        self._placed.setdefault(cluster, {})[index] = array.shape
+        self.hold(cluster).setdefault("inputs", {})[index] = array.shape
 
     def _put(self, cluster: Any, index: int, array: np.ndarray) -> None:
         spec = self.in_specs[index]
@@ -103,7 +102,7 @@ class ShardedOperation:
         n_in = len(self.in_specs)
         given = iter(arrays)
         shapes = []
-        placed = self._placed.get(cluster, {})
+        placed = (self.state_for(cluster) or {}).get("inputs", {})
         for i in range(n_in):
             if i in placed:
                 shapes.append(placed[i])

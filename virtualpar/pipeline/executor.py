@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -30,6 +29,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
+from ..ops.placement import PlacedOperation, without_cluster_state
 from .actions import Action, Schedule
 from .device_step import run_step, settle
 from .lower import lower
@@ -43,7 +43,6 @@ from .validate import validate
 __all__ = ["PipelinedOperation", "StepSpec"]
 
 _IDS = itertools.count()
-_PER_CLUSTER = ("_clusters", "_last_on", "_staged")  # weak maps of live clusters: a copy starts without them
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class StepSpec:
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
 
 
-class PipelinedOperation:
+class PipelinedOperation(PlacedOperation):
     """One training step of ``pipeline`` on a cluster, run by ``cluster.execute(op, x, y)`` (see the module doc).
 
     ``schedule``: a name in ``SCHEDULES`` (``"gpipe"``, ``"1f1b"``, ...) or a ``(schedule, placement)`` pair;
@@ -90,26 +89,23 @@ class PipelinedOperation:
             raise UsageError(f"PipelinedOperation: schedule must be a name in SCHEDULES ({', '.join(SCHEDULES)}) or "
                              f"a (schedule, Placement) pair, got {type(schedule).__name__}")
         self.key = f"pipeline/{next(_IDS)}"
-        # the clusters holding this op's weights, each with the step planned for its ranks
-        self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # the clusters holding this op's weights (PlacedOperation): per cluster "spec" (the step planned
+        # for its ranks), "last_records" (its last step's records), "staged" (its last step's update waits)
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
-        self._last_on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's records
-        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's update waits
 
     def __copy__(self) -> "PipelinedOperation":
-        return self._fresh(dict(self.__dict__))
+        return self._fresh(without_cluster_state(self.__dict__))
 
     def __deepcopy__(self, memo: dict) -> "PipelinedOperation":
-        return self._fresh({k: v if k in _PER_CLUSTER else copy.deepcopy(v, memo) for k, v in self.__dict__.items()})
+        state = without_cluster_state(self.__dict__)
+        return self._fresh({k: copy.deepcopy(v, memo) for k, v in state.items()})
 
     def _fresh(self, state: dict) -> "PipelinedOperation":
         """A copy is an operation of its own: a new key on the devices and no clusters yet (sharing
         the key, training the copy trained the original's weights)."""
         new = object.__new__(type(self))
-        new.__dict__.update(state, key=f"pipeline/{next(_IDS)}", _clusters=weakref.WeakKeyDictionary(),
-                            _last_on=weakref.WeakKeyDictionary(), _staged=weakref.WeakKeyDictionary(),
-                            last_records={}, all_records={})
+        new.__dict__.update(state, key=f"pipeline/{next(_IDS)}", last_records={}, all_records={})
         return new
 
     # -- planning -----------------------------------------------------------------------------------
@@ -152,13 +148,13 @@ class PipelinedOperation:
         mesh = cluster.mesh
         check_axes(mesh, self.axis, self.dp_axis)
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
-        spec = self._clusters.get(cluster)
+        spec = (self.state_for(cluster) or {}).get("spec")
         if spec is None:
             spec = self._plan(ranks)
             payload = {"spec": spec, "modules": {s.index: s.module for s in self.pipeline.stages},
                        "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
             cluster.run(_place, self.key, payload)
-            self._clusters[cluster] = spec
+            self.hold(cluster, spec=spec)
         p, M = spec.placement, self.microbatches
         first = {p.rank_of(0, m) for m in range(M)}
         last = {p.rank_of(p.stages - 1, m) for m in range(M)}
@@ -181,14 +177,14 @@ class PipelinedOperation:
                 cluster.put(r, self.key + "/x", xs[part], block=False)
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
-        commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
+        commit = self.state_for(cluster).pop("staged", False)  # the last step here succeeded on every device
         replies = cluster.run(run_step, self.key, len(xs[0]), commit)
-        self._staged[cluster] = True
+        self.state_for(cluster)["staged"] = True
         self.last_records = {}
         self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
         for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
             self.last_records.setdefault(prank, records)
-        self._last_on[cluster] = self.last_records
+        self.state_for(cluster)["last_records"] = self.last_records
         # the mean over every microbatch: a device's mean weighs as many microbatches as it ended
         # (a strategy may give its workers unequal numbers; data-parallel replicas have equal ones)
         last = Action(p.stages - 1, "F", 0)
@@ -199,7 +195,7 @@ class PipelinedOperation:
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
         check_ran(self, cluster)
-        parts = cluster.run(_params, self.key, self._staged.pop(cluster, False))
+        parts = cluster.run(_params, self.key, self.state_for(cluster).pop("staged", False))
         out: dict[str, np.ndarray] = {}
         for stage_params in parts:
             for s, params in stage_params.items():
@@ -217,7 +213,7 @@ class PipelinedOperation:
         check_clock(clock, ("model", "wall"))
         if cluster is not None:
             check_ran(self, cluster)
-        records = self.last_records if cluster is None else self._last_on.get(cluster, {})
+        records = self.last_records if cluster is None else self.state_for(cluster).get("last_records", {})
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
         return format_timeline(rows, compute_only)
@@ -244,7 +240,7 @@ def check_clock(clock: str, known: tuple[str, ...]) -> None:
 
 def check_ran(op: Any, cluster: Any) -> None:
     """Refuse to fetch the weights of an operation from a cluster it never ran on."""
-    if cluster not in op._clusters:
+    if not op.is_placed_on(cluster):
         raise UsageError(f"{type(op).__name__} {op.key!r} has not run on this cluster, so it holds none of "
                          f"its weights; run a step first: cluster.execute(op, ...)")
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import UsageError, VirtualParError
+from ..executable import as_executable
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link
@@ -200,18 +201,14 @@ class VirtualCluster:
     def execute(self, op: Any, /, *args: Any, **kwargs: Any) -> Any:
         """Run an executable on this cluster and return what it returns to the host.
 
-        ``op`` is anything with ``execute_on(cluster, *args, **kwargs)``: a ``ShardedOperation``
-        (scatters its inputs by their specs, runs, gathers its outputs), a graph of operations, a
-        ``PipelinedOperation`` (one training step, returns its loss).  A ``networkx.DiGraph`` of
-        operations is wrapped by :func:`virtualpar.ops.as_executable`.  The runtime knows nothing of
-        these layers: they drive the cluster through ``run``, ``put`` and ``get`` like any user.
+        ``op`` is any :class:`~virtualpar.executable.Executable` — anything with
+        ``execute_on(cluster, *args, **kwargs)``: a ``ShardedOperation`` (scatters its inputs by their
+        specs, runs, gathers its outputs), a ``MatMul`` or ``FeedForward``, a ``PipelinedOperation`` (one
+        training step, returns its loss) — or an object its layer registered an adapter for (a
+        ``networkx.DiGraph`` of operations).  The runtime knows nothing of these layers: they drive
+        the cluster through ``run``, ``put`` and ``get`` like any user.
         """
-        runner = getattr(op, "execute_on", None)
-        if runner is None:
-            from ..ops import as_executable  # graphs of operations; imported only when used
-
-            runner = as_executable(op).execute_on
-        return runner(self, *args, **kwargs)
+        return as_executable(op).execute_on(self, *args, **kwargs)
 
     def inject(self, rank: int, at_op: int, action: str, **params: Any) -> None:
         """Make device ``rank`` fail at the ``at_op``-th op (1-based) of what it runs next.

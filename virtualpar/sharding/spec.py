@@ -15,17 +15,13 @@ which splits like ``numpy.array_split`` (the first ``size % n`` blocks one longe
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
-
-
 from ..errors import ShardingError
 
 __all__ = ["DimSharding", "TensorSharding", "bounds"]
 
-_DIM = re.compile(r"^(R|S\(([A-Za-z_][\w]*(?:,[A-Za-z_][\w]*)*)\))$")
-
+_PARTIAL_OPS = frozenset({"sum", "prod", "max", "min", "avg"})  # the reduce ops a collective runs
 
 @dataclass(frozen=True)
 class DimSharding:
@@ -39,13 +35,9 @@ class DimSharding:
 
     @classmethod
     def parse(cls, text: str) -> "DimSharding":
-        m = _DIM.match(text.strip())
-        if m is None:
-            raise ShardingError(f"cannot parse dim sharding {text!r}: expected R or S(axis[,axis...])", text=text)
-        return cls(tuple(m.group(2).split(",")) if m.group(2) else ())
-
-
-_PARTIAL_OPS = frozenset({"sum", "prod", "max", "min", "avg"})  # the reduce ops a collective runs
+        """``"R"`` or ``"S(dp,tp)"`` (spaces allowed around names); anything else is a ``ShardingError``
+        giving the column of the first character that does not fit."""
+        return parse_dim(text)
 
 
 @dataclass(frozen=True)
@@ -69,12 +61,20 @@ class TensorSharding:
 
     @classmethod
     def parse(cls, text: str) -> "TensorSharding":
-        m = re.match(r"^\[(.*)\](?:\s+P\((\w+)(?::([\w,]+))?\))?$", text.strip())
-        if m is None:
-            raise ShardingError(f"cannot parse tensor sharding {text!r}: expected e.g. '[S(tp), R]' or '[R] P(sum)'",
-                                text=text)
-        parts = re.findall(r"S\([^)]*\)|R|[^,\s]+", m.group(1))
-        return cls(tuple(DimSharding.parse(p) for p in parts), m.group(2), tuple(m.group(3).split(",")) if m.group(3) else ())
+        """The exact inverse of ``str``: ``"[S(tp), R] P(sum)"``, ``"[R,S(x, y)]"``, ``"[R] P(sum:dp)"``.
+        Malformed text (``[S(x) R]``, ``[R,, R]``, ``S(tp), R``) is a ``ShardingError`` that gives the
+        column (0-based) of the first character that does not fit and what was expected there."""
+        return parse_tensor(text)
+
+    @classmethod
+    def from_axes(cls, axes: Sequence[Sequence[str]], partial: str | None = None) -> "TensorSharding":
+        """``(("x",), ())`` -> ``[S(x), R]``: one tuple of mesh axes per dim (``()`` replicated)."""
+        return cls(tuple(DimSharding(tuple(a)) for a in axes), partial)
+
+    @property
+    def axes(self) -> tuple[tuple[str, ...], ...]:
+        """The mesh axes of every dim, ``[S(x), R]`` -> ``(("x",), ())`` (not the pending reduction's)."""
+        return tuple(d.axes for d in self.dims)
 
     @classmethod
     def of(cls, *dims: str | Sequence[str] | None, partial: str | None = None) -> "TensorSharding":
@@ -100,23 +100,43 @@ class TensorSharding:
     def partial_axes(self, mesh: Any) -> tuple[str, ...]:
         """The axes a pending reduction runs over: ``partial_over``, or every mesh axis no dim uses."""
         if self.partial_over:
-            return tuple(mesh.axes(self.partial_over))
+            self.check_axes(mesh)
+            return tuple(a for a in mesh.axis_names if a in self.partial_over)
         used = set(self.used_axes())
         return tuple(a for a in mesh.axis_names if a not in used)
 
+    def check_axes(self, mesh: Any, name: str = "tensor") -> None:
+        """Raise ``ShardingError`` unless every axis this spec names — of a dim or of its pending
+        reduction ``P(op:axes)`` — is an axis of ``mesh``, and a reduction names none twice."""
+        names = list(mesh.axis_names)
+        for where, axes in [(f"dim {d}", dim.axes) for d, dim in enumerate(self.dims)] + \
+                [(f"its pending reduction P({self.partial})", self.partial_over)]:
+            for a in axes:
+                if a not in names:
+                    if name == "tensor":
+                        said = f"spec {self} names mesh axis {a!r}, but the mesh's axes are {names} " \
+                            f"(in {where})"
+                    else:  # a named tensor: its name first, then the dim
+                        said = f"{self}: {where} names mesh axis {a!r}; the mesh {mesh} has axes " \
+                            f"{tuple(names)}"
+                    raise ShardingError(f"{name}: {said}", spec=str(self), axis=a)
+        if len(set(self.partial_over)) != len(self.partial_over):
+            raise ShardingError(f"{name}: spec {self} names an axis of its pending reduction twice",
+                                spec=str(self))
+
     def check(self, shape: Sequence[int], mesh: Any, uneven: str = "error", name: str = "tensor") -> None:
-        """Raise ``ShardingError`` unless this spec fits ``shape`` on ``mesh``."""
+        """Raise ``ShardingError`` unless this spec fits ``shape`` on ``mesh``: as many dims as the
+        shape, every axis (pending reduction included) a mesh axis used once, axes of one dim in
+        the mesh's order, sizes divisible (unless ``uneven="array_split"``)."""
         if uneven not in ("error", "array_split"):
             raise ShardingError(f"uneven must be 'error' or 'array_split', got {uneven!r}")
         if len(self.dims) != len(shape):
             raise ShardingError(f"{name}: spec {self} has {len(self.dims)} dims but the shape {tuple(shape)} has "
                                 f"{len(shape)}", spec=str(self), shape=tuple(shape))
+        self.check_axes(mesh, name)
         seen: dict[str, int] = {}
         for d, dim in enumerate(self.dims):
             for a in dim.axes:
-                if a not in mesh.axis_names:
-                    raise ShardingError(f"{name}: spec {self} names mesh axis {a!r}, but the mesh's axes are "
-                                        f"{list(mesh.axis_names)}", spec=str(self), axis=a)
                 if a in seen:
                     raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice (dims {seen[a]} and {d}); "
                                         "an axis can split one dim only", spec=str(self), axis=a)
@@ -132,8 +152,10 @@ class TensorSharding:
                                     spec=str(self))
             if uneven == "error" and shape[d] % n:
                 axes = ",".join(dim.axes)
-                raise ShardingError(f"cannot shard dim {d} of shape {tuple(shape)} over mesh axis '{axes}' (size {n}): "
-                                    f"{shape[d]} is not divisible by {n}", dim=d, shape=tuple(shape), axis=axes, size=n)
+                what = f"of shape {tuple(shape)} over mesh axis '{axes}'" if name == "tensor" else \
+                    f"of {name}, shape {tuple(shape)}, over mesh axes {dim.axes}"  # a named tensor: say which
+                raise ShardingError(f"cannot shard dim {d} {what} (size {n}): {shape[d]} is not divisible "
+                                    f"by {n}", dim=d, shape=tuple(shape), axis=axes, size=n)
 
     @staticmethod
     def group_size(dim: DimSharding, mesh: Any) -> int:
@@ -160,3 +182,124 @@ def bounds(m: int, n: int) -> list[int]:
     """Block boundaries of ``numpy.array_split`` of ``m`` items into ``n`` parts."""
     q, r = divmod(m, n)
     return [i * q + min(i, r) for i in range(n + 1)]
+
+
+# -- the parser ------------------------------------------------------------------------------------
+# spec := "[" [dim ("," dim)*] "]" [P]      dim := "R" | "S(" name ("," name)* ")"
+# P    := "P(" op [":" name ("," name)*] ")"  name := [A-Za-z_][A-Za-z0-9_]*   (spaces allowed between tokens)
+
+
+def _NAME_CHAR(c: str) -> bool:
+    """A character of a mesh axis name or reduce op: an ASCII letter, digit or underscore."""
+    return c.isascii() and (c.isalnum() or c == "_")
+
+
+class _Reader:
+    """A cursor over the text of a spec; ``fail`` names the column and what was expected there."""
+
+    def __init__(self, text: str, what: str) -> None:
+        if not isinstance(text, str):
+            raise ShardingError(f"a {what} is text like '[S(tp), R]', got {type(text).__name__} {text!r}")
+        self.text, self.what, self.i = text, what, 0
+
+    def fail(self, problem: str) -> ShardingError:
+        shown = self.text[self.i] if self.i < len(self.text) else "the end"
+        near = f"{shown!r}" if self.i < len(self.text) else shown
+        return ShardingError(f"bad {self.what} {self.text!r} at column {self.i}: {problem} (found {near}), "
+                             f"so it cannot parse\n"
+                             f"    {self.text}\n    {' ' * self.i}^", text=self.text, column=self.i)
+
+    def skip(self) -> None:
+        while self.i < len(self.text) and self.text[self.i].isspace():
+            self.i += 1
+
+    def peek(self) -> str:
+        self.skip()
+        return self.text[self.i] if self.i < len(self.text) else ""
+
+    def take(self, token: str, problem: str) -> None:
+        self.skip()
+        if not self.text.startswith(token, self.i):
+            raise self.fail(problem)
+        self.i += len(token)
+
+    def name(self, problem: str) -> str:
+        self.skip()
+        j = self.i
+        if j < len(self.text) and _NAME_CHAR(self.text[j]) and not self.text[j].isdigit():
+            j += 1
+            while j < len(self.text) and _NAME_CHAR(self.text[j]):
+                j += 1
+        if j == self.i:
+            raise self.fail(problem)
+        out, self.i = self.text[self.i:j], j
+        return out
+
+    def names(self, what: str) -> tuple[str, ...]:
+        out = [self.name(f"expected {what}")]
+        while self.peek() == ",":
+            self.take(",", "expected ','")
+            empty = self.peek() in ",)"
+            problem = f"empty entry, expected {what}" if empty else f"expected {what} after ','"
+            out.append(self.name(problem))
+        return tuple(out)
+
+    def dim(self) -> DimSharding:
+        c = self.peek()
+        if c == "R" and not self._word_continues():
+            self.i += 1
+            return DimSharding()
+        if c == "S" and self.text.startswith("S(", self.i):
+            self.i += 2
+            axes = self.names("a mesh axis name")
+            self.take(")", "expected ',' or ')' after a mesh axis name")
+            return DimSharding(axes)
+        if c in (",", "]"):
+            raise self.fail("empty entry, expected R or S(axis,...)")
+        raise self.fail("expected R or S(axis,...)")
+
+    def _word_continues(self) -> bool:
+        j = self.i + 1
+        return j < len(self.text) and (self.text[j].isalnum() or self.text[j] == "_")
+
+    def end(self) -> None:
+        self.skip()
+        if self.i != len(self.text):
+            raise self.fail("expected the end of the spec")
+
+
+def parse_dim(text: str) -> DimSharding:
+    """``"R"`` or ``"S(a,b)"`` (see :meth:`DimSharding.parse`)."""
+    r = _Reader(text, "dim sharding")
+    out = r.dim()
+    r.end()
+    return out
+
+
+def parse_tensor(text: str) -> TensorSharding:
+    """``"[dim, dim, ...] P(op:axes)"`` (see :meth:`TensorSharding.parse`); ``"[]"`` is a 0-d tensor."""
+    r = _Reader(text, "spec")
+    r.take("[", "expected '[' (a spec is e.g. '[S(tp), R]' or '[R] P(sum)')")
+    dims: list[DimSharding] = []
+    if r.peek() != "]":
+        dims.append(r.dim())
+        while r.peek() != "]":
+            if r.peek() != ",":
+                raise r.fail("expected ',' between entries or ']'" if r.peek() else "expected ']'")
+            r.take(",", "expected ','")
+            dims.append(r.dim())
+    r.take("]", "expected ']'")
+    partial, over = None, ()
+    if r.peek():
+        r.take("P(", "expected the end of the spec or a pending reduction P(op)")
+        op_at = r.i
+        partial = r.name(f"expected a reduce op, one of {sorted(_PARTIAL_OPS)}")
+        if partial not in _PARTIAL_OPS:
+            r.i = op_at
+            raise r.fail(f"unknown reduce op {partial!r}: expected one of {sorted(_PARTIAL_OPS)}")
+        if r.peek() == ":":
+            r.take(":", "expected ':'")
+            over = r.names("a mesh axis name")
+        r.take(")", "expected ')' (or ':axis,...' naming the axes the reduction runs over)")
+    r.end()
+    return TensorSharding(tuple(dims), partial, over)

@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
-__all__ = ["Collective", "PhaseCost", "PolicyCost", "gather_bytes", "scatter_bytes", "reduce_bytes"]
+import numpy as np
+
+from ..errors import UsageError
+from ..sim.hardware import get_hardware
+
+__all__ = ["Collective", "PhaseCost", "PolicyCost", "gather_bytes", "scatter_bytes", "reduce_bytes",
+           "estimate_hardware", "modelled_estimate"]
 
 
 def gather_bytes(piece: int, n: int) -> int:
@@ -69,3 +76,25 @@ class PolicyCost:
         fwd = " ".join(map(str, self.forward.collectives)) or "-"
         bwd = " ".join(map(str, self.backward.collectives)) or "-"
         return f"fwd {fwd} | bwd {bwd}"
+
+
+def estimate_hardware(hardware: Any) -> Any:
+    """The :class:`~virtualpar.sim.Hardware` the estimates model: ``hardware`` itself, a preset by
+    name, or for ``None`` (a cluster started without ``hardware=``, whose default links are
+    NVLink-class between H100-class devices) the ``"h100-node"`` preset's figures."""
+    try:
+        return get_hardware("h100-node" if hardware is None else hardware)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def modelled_estimate(phase: PhaseCost, mesh: Any, hardware: Any, dtype: Any) -> float:
+    """Σ over collectives of steps·α + bytes sent/β (ring: 2(n−1) steps for all_reduce, n−1 else)
+    plus FLOPs / peak: compute-bound kernels, no overlap of communication and compute."""
+    hardware = estimate_hardware(hardware)
+    a, b = hardware.intra_latency, hardware.intra_bandwidth
+    total = phase.flops / hardware.device.peak(dtype)
+    for c in phase.collectives:
+        n = int(np.prod([mesh.axis_size(x) for x in c.axes]))
+        total += (2 if c.kind == "all_reduce" else 1) * (n - 1) * a + c.bytes_sent / b
+    return total

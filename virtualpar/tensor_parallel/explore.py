@@ -17,7 +17,7 @@ The same steps give the program (run on a cluster and checked against numpy), it
 bytes and FLOPs per device (forward and backward), and its modelled peak memory (every array the
 forward allocates, nothing freed early: the input blocks, C_l, and for each collective its result
 plus the bytes it receives, which the ring algorithms hold until they assemble the result).  Candidates are
-ranked by the closed-form modelled time on the hardware (``table.modelled_estimate``).
+ranked by the closed-form modelled time on the hardware (``costs.modelled_estimate``).
 ``choose(..., policy="auto")`` returns the fastest candidate whose peak fits the device memory.
 """
 
@@ -28,9 +28,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from ..errors import ShardingError
 from . import autodiff as ad
-from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
-from .layout import Layout, format_layout
+from .costs import (Collective, PhaseCost, PolicyCost, estimate_hardware, gather_bytes, modelled_estimate,
+                    reduce_bytes, scatter_bytes)
+from ..sharding import TensorSharding
+from .layout import format_layout
+
+Layout = tuple[tuple[str, ...], ...]  # per dim, the mesh axes that shard it (a TensorSharding's .axes)
 
 __all__ = ["Step", "DerivedMatMul", "derive", "assignments", "Candidate", "explore", "choose"]
 
@@ -49,16 +56,16 @@ class Step:
 class DerivedMatMul:
     """A MatMul layer whose program is the derived ``steps`` (usable with runner and execute)."""
 
-    a: Layout
+    a: Layout  # per-dim mesh axes of A, B and C (the specs are input_layouts() and output_layout())
     b: Layout
     c: Layout
     steps: tuple[Step, ...]
 
-    def input_layouts(self) -> tuple[Layout, Layout]:
-        return self.a, self.b
+    def input_layouts(self) -> tuple[TensorSharding, TensorSharding]:
+        return TensorSharding.from_axes(self.a), TensorSharding.from_axes(self.b)
 
-    def output_layout(self) -> Layout:
-        return self.c
+    def output_layout(self) -> TensorSharding:
+        return TensorSharding.from_axes(self.c)
 
     @property
     def name(self) -> str:
@@ -170,10 +177,6 @@ def explore(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "floa
             replicate_output: bool = False) -> list[Candidate]:
     """Every assignment whose dims divide evenly, ranked by modelled forward time (then backward).
     ``replicate_output``: compare them all producing a replicated C (else C keeps its derived layout)."""
-    import numpy as np
-
-    from .table import estimate_hardware, modelled_estimate
-
     hardware = estimate_hardware(hardware)
     itemsize = np.dtype(dtype).itemsize
     out = []
@@ -192,15 +195,9 @@ def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float
            replicate_output: bool = False) -> Candidate:
     """``policy="auto"``: the fastest candidate on ``hardware`` that fits its memory."""
     if policy != "auto":
-        from ..errors import ShardingError
-
         raise ShardingError(f"choose: unknown policy {policy!r}; expected 'auto'")
-    from .table import estimate_hardware
-
     hardware = estimate_hardware(hardware)
     for c in explore(m, k, n, mesh, hardware, dtype, replicate_output):
         if c.fits:
             return c
-    from ..errors import ShardingError
-
     raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits {hardware.device.memory_capacity:.3g} B per device")

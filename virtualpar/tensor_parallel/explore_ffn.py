@@ -3,7 +3,7 @@
 The roles are the policies' own: ``t`` (megatron, sequence_parallel) takes any non-empty ordered
 tuple of mesh axes; ``x`` and ``y`` (gspmd) any two disjoint ones.  Each candidate is checked
 against the shape (dims must divide) and ranked by the closed-form modelled time of its forward
-(``table.modelled_estimate``).  Its modelled peak memory per device is every array the forward
+(``costs.modelled_estimate``).  Its modelled peak memory per device is every array the forward
 allocates: the local input blocks, x·W1, +b1, relu, ·W2, +b2, and for each collective its result
 plus the bytes it receives (the ring algorithms hold them until they assemble the result); an
 upper bound: nothing is freed early.  ``choose_ffn(..., policy="auto")``
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardingError
-from .costs import PolicyCost
+from .costs import PolicyCost, estimate_hardware, modelled_estimate
 from .ffn import FeedForwardShardingPolicy
-from .layout import axes_size, local_shape
+from .layout import axes_size
 
 __all__ = ["FFNCandidate", "explore_ffn", "choose_ffn", "ffn_peak_bytes"]
 
@@ -59,7 +59,7 @@ def ffn_peak_bytes(policy: FeedForwardShardingPolicy, b: int, s: int, m: int, h:
     """Modelled peak bytes per device of the forward (see the module docstring)."""
     shapes = ((b, s, m), (m, h), (h,), (h, m), (m,))
     lays = policy.layouts()
-    local = [math.prod(local_shape(lay, sh, mesh)) for lay, sh in zip(lays, shapes)]
+    local = [math.prod(lay.local_shape(sh, mesh)) for lay, sh in zip(lays, shapes)]
     r = policy.role_axes
     # a collective holds its result plus what it receives: all_gather of n pieces P: nP + (n−1)P;
     # all_reduce of M: M + 2(n−1)/n·M; reduce_scatter of M: M/n + (n−1)/n·M
@@ -76,14 +76,12 @@ def ffn_peak_bytes(policy: FeedForwardShardingPolicy, b: int, s: int, m: int, h:
         tokens, hid = b * s // p, h // q
         gathered = tokens * m * (2 * q - 1) // q + 2 * (m * hid * (2 * p - 1) // p)
         coll = tokens * m
-    out_local = math.prod(local_shape(lays[5], (b, s, m), mesh))
+    out_local = math.prod(lays[5].local_shape((b, s, m), mesh))
     return itemsize * (sum(local) + gathered + 3 * tokens * hid + tokens * m + coll + out_local)
 
 
 def explore_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: Any = "float32") -> list[FFNCandidate]:
     """Every policy × role assignment that fits the shape, fastest modelled forward first."""
-    from .table import estimate_hardware, modelled_estimate
-
     hardware = estimate_hardware(hardware)
     itemsize = np.dtype(dtype).itemsize
     out = []
@@ -104,8 +102,6 @@ def choose_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: 
     """``policy="auto"``: the fastest candidate on ``hardware`` that fits its memory."""
     if policy != "auto":
         raise ShardingError(f"choose_ffn: unknown policy {policy!r}; expected 'auto'")
-    from .table import estimate_hardware
-
     hardware = estimate_hardware(hardware)
     for c in explore_ffn(b, s, m, h, mesh, hardware, dtype):
         if c.fits:

@@ -41,11 +41,14 @@ from typing import Any, Callable
 from ..errors import ShardingError
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
+from ..sharding import TensorSharding
+from .layer_op import ShardedLayer
 from .layout import Layout, axes_size, check_layout, check_roles, format_layout, role_axes
 
 __all__ = ["FeedForwardShardingPolicy", "FeedForward", "FFN_POLICIES"]
 
 R: tuple[str, ...] = ()
+Axes = tuple[tuple[str, ...], ...]  # per dim, the mesh axes that shard it (a TensorSharding's .axes)
 
 
 def _dense(dev: Any, x, w1, b1, w2):
@@ -74,14 +77,14 @@ def _gspmd(dev: Any, x, w1, b1, w2, b2, r: dict):
     return ad.add_bias(ad.reduce_scatter(z, dev, 2, Y), ad.f(b2, dev, X), dev)
 
 
-def _megatron_layouts(r: dict, seq: bool) -> tuple[Layout, ...]:
+def _megatron_layouts(r: dict, seq: bool) -> tuple[Axes, ...]:
     t = r["t"]
     act = (R, t, R) if seq else (R, R, R)
     return (act, (R, t), (t,), (t, R), (R,), act)
 
 
-# name -> (roles, program, layouts(roles) -> (x, W1, b1, W2, b2, y))
-FFN_POLICIES: dict[str, tuple[tuple[str, ...], Callable, Callable[[dict], tuple[Layout, ...]]]] = {
+# name -> (roles, program, per-dim axes of (x, W1, b1, W2, b2, y) from the roles)
+FFN_POLICIES: dict[str, tuple[tuple[str, ...], Callable, Callable[[dict], tuple[Axes, ...]]]] = {
     "unsharded": ((), _unsharded, lambda r: ((R, R, R), (R, R), (R,), (R, R), (R,), (R, R, R))),
     "megatron": (("t",), _megatron, lambda r: _megatron_layouts(r, False)),
     "sequence_parallel": (("t",), _sequence_parallel, lambda r: _megatron_layouts(r, True)),
@@ -125,8 +128,8 @@ class FeedForwardShardingPolicy:
         return dict(self.roles)
 
     def layouts(self) -> tuple[Layout, ...]:
-        """(x, W1, b1, W2, b2, y) layouts."""
-        return FFN_POLICIES[self.name][2](self.role_axes)
+        """(x, W1, b1, W2, b2, y) layouts, as sharding specs."""
+        return tuple(TensorSharding.from_axes(axes) for axes in FFN_POLICIES[self.name][2](self.role_axes))
 
     def check(self, b: int, s: int, m: int, h: int, mesh: Any) -> None:
         shapes = ((b, s, m), (m, h), (h,), (h, m), (m,), (b, s, m))
@@ -175,16 +178,43 @@ class FeedForwardShardingPolicy:
 
 
 @dataclass(frozen=True)
-class FeedForward:
-    """The FFN block under ``policy``, as a layer for :mod:`.runner` (inputs x, W1, b1, W2, b2)."""
+class FeedForward(ShardedLayer):
+    """The FFN block under ``policy`` (a ``FeedForwardShardingPolicy``, or a policy's name whose axes come
+    from the mesh it runs on): an operation, ``cluster.execute(FeedForward("megatron"), x, w1, b1, w2, b2)``,
+    with the weights resident after ``op.place(cluster, w1=..., b1=..., w2=..., b2=...)``
+    (:mod:`.layer_op`); and a layer for :mod:`.runner` (inputs x, W1, b1, W2, b2)."""
 
-    policy: FeedForwardShardingPolicy
+    policy: FeedForwardShardingPolicy | str
+    input_names = ("x", "w1", "b1", "w2", "b2")
+
+    def bind(self, mesh: Any) -> "FeedForward":
+        """This block with a concrete policy for ``mesh`` (itself when it has one)."""
+        if isinstance(self.policy, FeedForwardShardingPolicy):
+            return self
+        return FeedForward(FeedForwardShardingPolicy.named(self.policy, mesh))
+
+    def _policy(self) -> FeedForwardShardingPolicy:
+        if isinstance(self.policy, FeedForwardShardingPolicy):
+            return self.policy
+        raise ShardingError(f"FeedForward({self.policy!r}) takes its mesh axes from a mesh: run it with "
+                            f"cluster.execute, or use FeedForward({self.policy!r}).bind(mesh)",
+                            policy=self.policy)
+
+    def output_shape(self, shapes: Any) -> tuple[int, int, int]:
+        """(b, s, m) for x (b, s, m), W1 (m, h), b1 (h,), W2 (h, m), b2 (m,); anything else is refused."""
+        x, w1, b1, w2, b2 = (tuple(s) for s in shapes)
+        ok = len(x) == 3 and len(w1) == 2 and len(w2) == 2 and b1 == (w1[-1],) and b2 == (x[-1],) \
+            and w1[0] == x[-1] and w2 == (w1[-1], x[-1])
+        if not ok:
+            raise ShardingError(f"FeedForward of x {x}, W1 {w1}, b1 {b1}, W2 {w2}, b2 {b2}: expected "
+                                "x (b, s, m), W1 (m, h), b1 (h,), W2 (h, m), b2 (m,)")
+        return x
 
     def input_layouts(self) -> tuple[Layout, ...]:
-        return self.policy.layouts()[:5]
+        return self._policy().layouts()[:5]
 
     def output_layout(self) -> Layout:
-        return self.policy.layouts()[5]
+        return self._policy().layouts()[5]
 
     def forward(self, dev: Any, x, w1, b1, w2, b2):
-        return self.policy.forward(dev, x, w1, b1, w2, b2)
+        return self._policy().forward(dev, x, w1, b1, w2, b2)

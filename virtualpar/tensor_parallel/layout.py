@@ -1,15 +1,14 @@
-"""Layouts of the tensors a tensor-parallel policy consumes and produces.
+"""Layouts of the tensors a tensor-parallel policy consumes and produces: sharding specs.
 
-A layout names, per tensor dimension, the mesh axes that shard it (``()`` = replicated along every
-axis not named elsewhere).  It prints in the placement vocabulary ``[S(x), R]`` (``S(x,y)``: one
-dim split over two axes, major axis first, in the mesh's order: ``S(y,x)`` on a mesh (x, y) is
-refused, not placed as ``S(x,y)``), which is also how a
-layout converts to and from the sharding package's ``TensorSharding``.
+A policy's layouts are :class:`~virtualpar.sharding.TensorSharding` specs, the one layout
+vocabulary of the project: per dim the mesh axes that shard it, printed ``[S(x), R]`` (``S(x,y)``:
+one dim split over two axes, major first, in the mesh's order — ``S(y,x)`` on a mesh (x, y) is
+refused, not placed as ``S(x,y)``).  Pieces, shard and unshard are the sharding package's; this
+module adds what is particular to policies: roles (which mesh axes a policy's ``k``, ``m``, ``t``...
+take), checking a layer against shapes, and ``as_sharding`` (a spec from text or from per-dim axes).
 
-Pieces: on a device, the piece of dim d is the block at the device's position within the group of
-the dim's axes (``dev.group_rank(axes)``), the same order in which ``all_gather`` concatenates, so
-gathering a piece over its axes restores the dim.  Dims must divide evenly; anything else is a
-``ShardingError`` that names the tensor, dim, shape, axes and their size.
+Dims must divide evenly; anything else is a ``ShardingError`` that names the tensor, dim, shape,
+axes and their size.
 """
 
 from __future__ import annotations
@@ -17,73 +16,41 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..errors import ShardingError
+from ..sharding import TensorSharding
 
-__all__ = ["Layout", "format_layout", "parse_layout", "check_layout", "check_layer", "local_shape", "piece", "device_piece", "unshard"]
+__all__ = ["Layout", "as_sharding", "format_layout", "parse_layout", "check_layout", "check_layer"]
 
-Layout = tuple[tuple[str, ...], ...]
-
-
-def format_layout(layout: Layout) -> str:
-    """``((), ("x",))`` -> ``"[R, S(x)]"``."""
-    return "[" + ", ".join("S(" + ",".join(axes) + ")" if axes else "R" for axes in layout) + "]"
+#: a policy's layout of one tensor (the sharding package's spec)
+Layout = TensorSharding
 
 
-def parse_layout(text: str) -> Layout:
-    """Exact inverse of :func:`format_layout`; also takes ``[R,S(x)]`` and ``[S(x, y), R]``."""
-    body = text.strip()
-    if not (body.startswith("[") and body.endswith("]")):
-        raise ShardingError(f"cannot parse layout {text!r}: expected e.g. '[S(x), R]'", text=text)
-    parts, depth, start, inner = [], 0, 0, body[1:-1]
-    for i, ch in enumerate(inner):  # split on the commas between dims, not those inside S(...)
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            parts.append(inner[start:i])
-            start = i + 1
-    parts.append(inner[start:])
-    out = []
-    for part in (p.strip() for p in parts if p.strip()):
-        if part == "R":
-            out.append(())
-        elif part.startswith("S(") and part.endswith(")") and part[2:-1]:
-            out.append(tuple(a.strip() for a in part[2:-1].split(",")))
-        else:
-            raise ShardingError(f"cannot parse layout {text!r}: {part!r} is neither 'R' nor 'S(axis,...)'", text=text)
-    return tuple(out)
+def as_sharding(layout: TensorSharding | str | Sequence[Sequence[str]]) -> TensorSharding:
+    """A ``TensorSharding`` from a spec, its text (``"[R, S(x)]"``, parsed strictly) or per-dim axes
+    (``((), ("x",))``)."""
+    if isinstance(layout, TensorSharding):
+        return layout
+    if isinstance(layout, str):
+        return TensorSharding.parse(layout)
+    if isinstance(layout, (tuple, list)) and all(isinstance(d, (tuple, list)) for d in layout):
+        return TensorSharding.from_axes(layout)
+    raise ShardingError(f"a layout is a TensorSharding, its text like '[S(x), R]' or per-dim mesh axes like "
+                        f"((), ('x',)); got {type(layout).__name__} {layout!r}")
+
+
+def format_layout(layout: TensorSharding | Sequence[Sequence[str]]) -> str:
+    """``((), ("x",))`` or its spec -> ``"[R, S(x)]"`` (``str`` of the spec)."""
+    return str(as_sharding(layout))
+
+
+def parse_layout(text: str) -> tuple[tuple[str, ...], ...]:
+    """The per-dim axes of the spec ``text``: ``"[R, S(x)]"`` -> ``((), ("x",))`` (the strict parser
+    of :meth:`TensorSharding.parse`; kept for callers that index layouts by dim)."""
+    return TensorSharding.parse(text).axes
 
 
 def axes_size(mesh: Any, axes: Sequence[str]) -> int:
     return math.prod(mesh.axis_size(a) for a in axes)
-
-
-def check_layout(name: str, layout: Layout, shape: Sequence[int], mesh: Any) -> None:
-    """Raise ``ShardingError`` unless ``layout`` fits ``shape`` on ``mesh``: one entry per dim, known
-    axes, no axis twice, every sharded dim divisible by the product of its axes' sizes."""
-    where = f"{name} {format_layout(layout)} of shape {tuple(shape)}"
-    if len(layout) != len(shape):
-        raise ShardingError(f"{where}: the layout has {len(layout)} dims, the tensor {len(shape)}",
-                            tensor=name, layout=format_layout(layout), shape=tuple(shape))
-    seen: dict[str, int] = {}
-    for dim, axes in enumerate(layout):
-        for axis in axes:
-            if axis not in mesh.axis_names:
-                raise ShardingError(f"{where}: dim {dim} names mesh axis {axis!r}; the mesh {mesh} has axes {mesh.axis_names}",
-                                    tensor=name, dim=dim, axis=axis)
-            if axis in seen:
-                raise ShardingError(f"{where}: mesh axis {axis!r} used twice (dims {seen[axis]} and {dim}); "
-                                    "expected each axis to shard at most one dim", tensor=name, axis=axis)
-            seen[axis] = dim
-        if list(axes) != [a for a in mesh.axis_names if a in axes]:  # S(y,x) would be placed as S(x,y)
-            ordered = ",".join(a for a in mesh.axis_names if a in axes)
-            raise ShardingError(f"{where}: dim {dim} lists mesh axes ({','.join(axes)}); several axes of one dim go "
-                                f"major first in the mesh's order {list(mesh.axis_names)}: write S({ordered})",
-                                tensor=name, dim=dim, axes=axes)
-        n = axes_size(mesh, axes)
-        if shape[dim] % n:
-            raise ShardingError(f"cannot shard dim {dim} of {name}, shape {tuple(shape)}, over mesh axes {axes} "
-                                f"(size {n}): {shape[dim]} is not divisible by {n}", tensor=name, dim=dim, axes=axes)
 
 
 def role_axes(policy: str, roles: dict[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -141,57 +108,8 @@ def check_layer(what: str, layer: Any, in_shapes: Sequence[Sequence[int]], out_s
         check_layout(f"the output of {name} ({what})", layer.output_layout(), tuple(out_shape), mesh)
 
 
-def local_shape(layout: Layout, shape: Sequence[int], mesh: Any) -> tuple[int, ...]:
-    return tuple(s // axes_size(mesh, axes) for s, axes in zip(shape, layout))
-
-
-def _position(mesh: Any, rank: int, axes: tuple[str, ...]) -> int:
-    return mesh.group_of(rank, mesh.axes(axes)).index(rank) if axes else 0
-
-
-def _block(layout: Layout, shape: Sequence[int], mesh: Any, rank: int) -> tuple[slice, ...]:
-    loc = local_shape(layout, shape, mesh)
-    return tuple(slice(_position(mesh, rank, axes) * n, (_position(mesh, rank, axes) + 1) * n)
-                 for axes, n in zip(layout, loc))
-
-
-def piece(x: np.ndarray, layout: Layout, mesh: Any, rank: int) -> np.ndarray:
-    """Device ``rank``'s piece of the full array ``x`` (a contiguous copy)."""
-    return np.ascontiguousarray(x[_block(layout, x.shape, mesh, rank)])
-
-
-def device_piece(dev: Any, x: np.ndarray, layout: Layout) -> np.ndarray:
-    """The same piece, cut on the device from a full array it holds (through the device protocol)."""
-    index = []
-    for axes, s in zip(layout, x.shape):
-        if not axes:
-            index.append(slice(None))
-            continue
-        n = len(dev.group(axes))
-        r = dev.group_rank(axes)
-        index.append(slice(r * (s // n), (r + 1) * (s // n)))
-    return np.ascontiguousarray(x[tuple(index)])
-
-
-def unshard(pieces: Sequence[np.ndarray], layout: Layout, shape: Sequence[int], mesh: Any) -> np.ndarray:
-    """The full array from every device's piece (rank order).  Replicas must agree (NaN where the
-    other has NaN: a diverging model is not a wrong program); a disagreement is a
-    ``ShardingError`` naming the two ranks (it means a program is wrong)."""
-    out = np.empty(tuple(shape), dtype=pieces[0].dtype)
-    owner: dict[tuple, int] = {}
-    for rank, p in enumerate(pieces):
-        block = _block(layout, shape, mesh, rank)
-        key = tuple((b.start, b.stop) for b in block)
-        want = tuple(b.stop - b.start for b in block)
-        if np.shape(p) != want:  # numpy would broadcast a (1, 4) piece into a (3, 4) block
-            raise ShardingError(f"device {rank} {mesh.index(rank)} holds a piece of shape {np.shape(p)} where the "
-                                f"declared shape {tuple(shape)} with layout {format_layout(layout)} needs {want}: the "
-                                "shape given for this tensor is not the one the devices computed", ranks=(rank,))
-        if key in owner:
-            if not np.array_equal(out[block], p, equal_nan=p.dtype.kind in "fc"):
-                raise ShardingError(f"replicas of block {key} differ between ranks {owner[key]} and {rank} "
-                                    f"for layout {format_layout(layout)}", ranks=(owner[key], rank))
-            continue
-        owner[key] = rank
-        out[block] = p
-    return out
+def check_layout(name: str, layout: TensorSharding | Sequence[Sequence[str]], shape: Sequence[int],
+                 mesh: Any) -> None:
+    """Raise ``ShardingError`` unless ``layout`` fits ``shape`` on ``mesh`` (:meth:`TensorSharding.check`
+    with the tensor named): one entry per dim, known axes, no axis twice, even splits."""
+    as_sharding(layout).check(tuple(shape), mesh, name=name)

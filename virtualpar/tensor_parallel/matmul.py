@@ -45,11 +45,14 @@ from typing import Any, Callable
 from ..errors import ShardingError
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
-from .layout import Layout, axes_size, check_layout, check_roles, format_layout, role_axes
+from ..sharding import TensorSharding
+from .layer_op import ShardedLayer
+from .layout import Layout, as_sharding, axes_size, check_layout, check_roles, format_layout, role_axes
 
 __all__ = ["MatMulShardingPolicy", "MATMUL_POLICIES", "infer_matmul_policy"]
 
 R: tuple[str, ...] = ()
+Axes = tuple[tuple[str, ...], ...]  # per dim, the mesh axes that shard it (a TensorSharding's .axes)
 
 
 def _unsharded(dev: Any, a, b, r: dict):
@@ -78,8 +81,8 @@ def _column(dev: Any, a, b, r: dict):
     return ad.matmul(ad.f(a, dev, r["n"]), b, dev)
 
 
-# name -> (roles needed, program, layouts(roles) -> (A, B, C))
-MATMUL_POLICIES: dict[str, tuple[tuple[str, ...], Callable, Callable[[dict], tuple[Layout, Layout, Layout]]]] = {
+# name -> (roles needed, program, per-dim axes of (A, B, C) from the roles)
+MATMUL_POLICIES: dict[str, tuple[tuple[str, ...], Callable, Callable[[dict], tuple[Axes, Axes, Axes]]]] = {
     "unsharded": ((), _unsharded, lambda r: ((R, R), (R, R), (R, R))),
     "matched_inner": (("k",), _matched_inner, lambda r: ((R, r["k"]), (r["k"], R), (R, R))),
     "row": (("k",), _matched_inner, lambda r: ((R, r["k"]), (r["k"], R), (R, R))),
@@ -137,10 +140,7 @@ class MatMulShardingPolicy:
     def for_layouts(cls, a: Layout | str, b: Layout | str, name: str | None = None) -> "MatMulShardingPolicy":
         """The policy that takes A in layout ``a`` and B in ``b`` (text like ``"[R, S(x)]"`` is
         parsed); with ``name``, a ShardingError unless that policy is the one these layouts mean."""
-        from .layout import parse_layout
-
-        a = parse_layout(a) if isinstance(a, str) else a
-        b = parse_layout(b) if isinstance(b, str) else b
+        a, b = as_sharding(a).axes, as_sharding(b).axes
         if len(a) != 2 or len(b) != 2:
             raise ShardingError(f"a MatMul takes 2-d layouts for A (m, k) and B (k, n); got A{format_layout(a)} "
                                 f"B{format_layout(b)}", a=format_layout(a), b=format_layout(b))
@@ -158,8 +158,8 @@ class MatMulShardingPolicy:
         return dict(self.roles)
 
     def layouts(self) -> tuple[Layout, Layout, Layout]:
-        """(A, B, C) layouts."""
-        return MATMUL_POLICIES[self.name][2](self.role_axes)
+        """(A, B, C) layouts, as sharding specs."""
+        return tuple(TensorSharding.from_axes(axes) for axes in MATMUL_POLICIES[self.name][2](self.role_axes))
 
     def check(self, m: int, k: int, n: int, mesh: Any) -> None:
         a, b, c = self.layouts()
@@ -208,8 +208,13 @@ class MatMulShardingPolicy:
                           PhaseCost((Collective("all_reduce", r["n"], reduce_bytes(m * k * s, t)),), 2 * mnk // t))
 
 
-def infer_matmul_policy(a: Layout, b: Layout) -> MatMulShardingPolicy:
-    """The policy whose input layouts are ``a`` and ``b`` (see the module docstring)."""
+def infer_matmul_policy(a: Layout | str | Axes, b: Layout | str | Axes) -> MatMulShardingPolicy:
+    """The policy whose input layouts are ``a`` and ``b`` (specs, their text, or per-dim axes; see
+    the module docstring)."""
+    a, b = as_sharding(a).axes, as_sharding(b).axes
+    if len(a) != 2 or len(b) != 2:
+        raise ShardingError(f"a MatMul takes 2-d layouts for A (m, k) and B (k, n); got A{format_layout(a)} "
+                            f"B{format_layout(b)}", a=format_layout(a), b=format_layout(b))
     (am, ak), (bk, bn) = a, b
     found: tuple[str, dict] | None = None
     if not (am or ak or bk or bn):
@@ -234,16 +239,39 @@ def infer_matmul_policy(a: Layout, b: Layout) -> MatMulShardingPolicy:
 
 
 @dataclass(frozen=True)
-class MatMul:
-    """C = A·B under ``policy``, as a layer for :mod:`.runner` (inputs A, B; output C)."""
+class MatMul(ShardedLayer):
+    """C = A·B under ``policy`` (a ``MatMulShardingPolicy``, or a policy's name whose axes come from the
+    mesh it runs on): an operation, ``cluster.execute(MatMul("column"), a, b)``, with B resident after
+    ``op.place(cluster, b=B)`` (:mod:`.layer_op`); and a layer for :mod:`.runner` (inputs A, B; output C)."""
 
-    policy: MatMulShardingPolicy
+    policy: MatMulShardingPolicy | str
+    input_names = ("a", "b")
+
+    def bind(self, mesh: Any) -> "MatMul":
+        """This MatMul with a concrete policy for ``mesh`` (itself when it has one)."""
+        if isinstance(self.policy, MatMulShardingPolicy):
+            return self
+        return MatMul(MatMulShardingPolicy.named(self.policy, mesh))
+
+    def _policy(self) -> MatMulShardingPolicy:
+        if isinstance(self.policy, MatMulShardingPolicy):
+            return self.policy
+        raise ShardingError(f"MatMul({self.policy!r}) takes its mesh axes from a mesh: run it with "
+                            f"cluster.execute, or use MatMul({self.policy!r}).bind(mesh)", policy=self.policy)
+
+    def output_shape(self, shapes: Any) -> tuple[int, int]:
+        """(m, n) for A (m, k) and B (k, n); anything else is refused naming both shapes."""
+        a, b = (tuple(s) for s in shapes)
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            differ = f" (inner dimensions {a[1]} and {b[0]} differ)" if len(a) == len(b) == 2 else ""
+            raise ShardingError(f"MatMul of A {a} @ B {b}: expected A (m, k) and B (k, n){differ}")
+        return a[0], b[1]
 
     def input_layouts(self) -> tuple[Layout, Layout]:
-        return self.policy.layouts()[:2]
+        return self._policy().layouts()[:2]
 
     def output_layout(self) -> Layout:
-        return self.policy.layouts()[2]
+        return self._policy().layouts()[2]
 
     def forward(self, dev: Any, a: Any, b: Any) -> Any:
-        return self.policy.forward(dev, a, b)
+        return self._policy().forward(dev, a, b)

@@ -21,7 +21,10 @@ import numpy as np
 from .. import nn
 
 from ..errors import ShardingError, UsageError
-from .layout import Layout, check_layer, piece, unshard
+from ..sharding import unshard
+from .execute import put_pieces
+from .layout import Layout, check_layer
+from .matmul import MatMul
 
 __all__ = ["Phase", "place", "run_forward", "run_backward"]
 
@@ -45,14 +48,8 @@ class Phase:
 def place(cluster: Any, arrays: Sequence[np.ndarray], layouts: Sequence[Layout], keys: Sequence[str] | None = None) -> int:
     """Put every device's piece of each array in ``dev.state`` (under ``tp.in.<i>`` or ``keys``).
     Returns the host->device bytes sent."""
-    total = 0
-    for i, (x, lay) in enumerate(zip(arrays, layouts)):
-        key = keys[i] if keys else f"{_IN}{i}"
-        for rank in range(cluster.size):
-            p = piece(np.asarray(x), lay, cluster.mesh, rank)
-            cluster.put(rank, key, p, block=False)
-            total += p.nbytes
-    return total
+    return sum(put_pieces(cluster, keys[i] if keys else f"{_IN}{i}", x, lay)
+               for i, (x, lay) in enumerate(zip(arrays, layouts)))
 
 
 def _forward_on_device(dev: Any, layer: Any, keys: tuple[str, ...]) -> np.ndarray:
@@ -98,7 +95,9 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
                 keys: Sequence[str] | None = None, placed: bool = False) -> tuple[np.ndarray, list[np.ndarray], Phase]:
     """Forward on every device: (full output, output pieces in rank order, the phase measured).
 
-    ``placed``: the inputs are already resident under ``keys`` (nothing is sent from the host)."""
+    ``placed``: the inputs are already resident under ``keys`` (nothing is sent from the host).
+    A layer whose policy is given by name (``MatMul("column")``) takes its axes from the cluster's mesh."""
+    layer = _bind(layer, cluster.mesh)
     if not placed:
         check_layer("run_forward", layer, [np.shape(x) for x in inputs], out_shape, cluster.mesh)
         _check_matmul_shapes(layer, inputs, out_shape)
@@ -108,7 +107,12 @@ def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shap
     _LAST_FORWARD.pop(cluster, None)  # a forward that fails leaves no forward to go back through
     pieces, phase = _measure(cluster, _forward_on_device, layer, keys)
     _LAST_FORWARD[cluster] = _program(layer)
-    return unshard(pieces, layer.output_layout(), out_shape, cluster.mesh), pieces, phase
+    return unshard(pieces, layer.output_layout(), cluster.mesh, tuple(out_shape)), pieces, phase
+
+
+def _bind(layer: Any, mesh: Any) -> Any:
+    bind = getattr(layer, "bind", None)
+    return bind(mesh) if bind is not None else layer
 
 
 # the program of the forward each cluster's devices hold (each device keeps one, for one backward)
@@ -122,6 +126,7 @@ def _program(layer: Any) -> str:
 def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
     """Backward of the last forward: (full input gradients, their pieces per input, the phase).
     ``layer`` must be the one that forward ran (the devices hold its saved values, nothing else's)."""
+    layer = _bind(layer, cluster.mesh)
     last = _LAST_FORWARD.get(cluster)
     if last is None:
         raise UsageError("run_backward has no forward to go back through on this cluster: call run_forward first "
@@ -137,15 +142,13 @@ def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[S
     for i, (lay, shape) in enumerate(zip(layer.input_layouts(), in_shapes)):
         ps = [g[i] for g in per_device]
         pieces.append(ps)
-        grads.append(unshard(ps, lay, shape, cluster.mesh))
+        grads.append(unshard(ps, lay, cluster.mesh, tuple(shape)))
     return grads, pieces, phase
 
 
 def _check_matmul_shapes(layer: Any, inputs: Sequence[np.ndarray], out_shape: Sequence[int]) -> None:
     """A MatMul's global shapes, checked on the host: A (m, k) @ B (k, n) -> (m, n); a mismatch
     was reported by a device in its shards' shapes ((8, 4) @ (3, 16) for (8, 16) @ (12, 16))."""
-    from .matmul import MatMul
-
     if isinstance(layer, MatMul) and len(inputs) == 2:
         a, b = (np.shape(x) for x in inputs)
         if len(a) == 2 and len(b) == 2 and (a[1] != b[0] or tuple(out_shape) != (a[0], b[1])):

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardingError
-from .costs import PhaseCost
+from .costs import PhaseCost, estimate_hardware, modelled_estimate
+from .explore import choose, explore
+from .explore_ffn import explore_ffn
 from .execute import TensorParallelOp
 from .ffn import FFN_POLICIES, FeedForward, FeedForwardShardingPolicy
-from .layout import format_layout
 from .matmul import MATMUL_POLICIES, MatMul, MatMulShardingPolicy
 
 __all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "estimate_hardware", "build_op", "reference", "TOLERANCE"]
@@ -60,31 +61,6 @@ class PolicyRow:
         return d
 
 
-def estimate_hardware(hardware: Any) -> Any:
-    """The :class:`~virtualpar.sim.Hardware` the estimates model: ``hardware`` itself, a preset by
-    name, or for ``None`` (a cluster started without ``hardware=``, whose default links are
-    NVLink-class between H100-class devices) the ``"h100-node"`` preset's figures."""
-    from ..errors import UsageError
-    from ..sim.hardware import get_hardware
-
-    try:
-        return get_hardware("h100-node" if hardware is None else hardware)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def modelled_estimate(phase: PhaseCost, mesh: Any, hardware: Any, dtype: Any) -> float:
-    """Σ over collectives of steps·α + bytes sent/β (ring: 2(n−1) steps for all_reduce, n−1 else)
-    plus FLOPs / peak: compute-bound kernels, no overlap of communication and compute."""
-    hardware = estimate_hardware(hardware)
-    a, b = hardware.intra_latency, hardware.intra_bandwidth
-    total = phase.flops / hardware.device.peak(dtype)
-    for c in phase.collectives:
-        n = int(np.prod([mesh.axis_size(x) for x in c.axes]))
-        total += (2 if c.kind == "all_reduce" else 1) * (n - 1) * a + c.bytes_sent / b
-    return total
-
-
 def _axes_of(mesh: Any, rank: int, group: tuple[int, ...]) -> str:
     for k in range(1, mesh.ndim + 1):
         for axes in itertools.combinations(mesh.axis_names, k):
@@ -104,8 +80,6 @@ def build_op(name: str, mesh: Any, shape: tuple[int, ...], ffn: bool, hardware: 
         return policy, TensorParallelOp(FeedForward(policy), shapes, (b, s, m), weights=(1, 2, 3, 4)), shapes
     m, k, n = shape
     if name == "auto":  # the explorer's pick on the cluster's hardware, C replicated like most named policies
-        from .explore import choose
-
         layer = choose(m, k, n, mesh, hardware, dtype, replicate_output=True).layer
         return _Auto(layer), TensorParallelOp(layer, ((m, k), (k, n)), (m, n), weights=(1,)), ((m, k), (k, n))
     policy = MatMulShardingPolicy.named(name, mesh)
@@ -120,7 +94,7 @@ class _Auto:
     layer: Any
 
     def __str__(self) -> str:
-        return f"auto: {self.layer.name} -> C{format_layout(self.layer.c)}"
+        return f"auto: {self.layer.name} -> C{self.layer.output_layout()}"
 
     def cost(self, m: int, k: int, n: int, mesh: Any, itemsize: int):
         return self.layer.cost(m, k, n, mesh, itemsize)[0]
@@ -165,9 +139,6 @@ def explore_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype:
     """The explorer's candidates (MatMul: every assignment of mesh axes to A's and B's dims, C
     replicated; FFN: every policy x role assignment), fastest modelled first, each run once,
     checked against numpy and measured.  ``limit``: only the first ``limit`` of the ranking."""
-    from .explore import explore
-    from .explore_ffn import explore_ffn
-
     mesh, hw = cluster.mesh, cluster.hardware
     dtype = np.dtype(dtype)
     inputs = _inputs(shape, ffn, dtype, seed)
@@ -184,7 +155,7 @@ def explore_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype:
     m, k, n = shape
     for c in explore(m, k, n, mesh, hw, dtype, replicate_output=True)[:limit]:
         op = TensorParallelOp(c.layer, ((m, k), (k, n)), (m, n), weights=(1,))
-        rows.append(_measure(cluster, c.layer.name, f"{c.layer.name} -> C{format_layout(c.layer.c)}",
+        rows.append(_measure(cluster, c.layer.name, f"{c.layer.name} -> C{c.layer.output_layout()}",
                              c.cost.forward, op, inputs, want, dtype))
     return rows
 

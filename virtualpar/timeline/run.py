@@ -12,7 +12,6 @@ the D segments; see :mod:`.sequence_pipe` for the semantics and the makespan's c
 from __future__ import annotations
 
 import copy
-import weakref
 from typing import Any
 
 from numbers import Integral
@@ -21,6 +20,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
+from ..ops.placement import PlacedOperation
 from ..pipeline import build, lower, simulate, validate
 from ..pipeline.device_step import run_step, settle
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
@@ -79,7 +79,7 @@ class _TupleGrad:
         return (dx,), g
 
 
-class TimelineParallel:
+class TimelineParallel(PlacedOperation):
     """One training step of ``model`` (a ``SequencePipe``) with its time axis split over ``model.get_group()``.
 
     ``microbatches`` per step; ``optimizer`` (default ``nn.SGD(0.1)``); ``costs``: ``{"F": flops, "B": flops}`` on
@@ -97,8 +97,7 @@ class TimelineParallel:
         self.costs = costs
         self.axis = model.get_group()
         self.key = f"timeline/{id(self)}"
-        self._clusters: weakref.WeakSet = weakref.WeakSet()  # the clusters holding its weights
-        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's update waits
+        # the clusters holding its weights (PlacedOperation): per cluster "staged" (the update waits)
         self.last_records: dict[int, list] = {}
 
     def execute_on(self, cluster: Any, inputs: tuple, labels: tuple) -> float:
@@ -117,14 +116,14 @@ class TimelineParallel:
         if T % D:
             raise UsageError(f"a sequence of {T} steps does not split into {D} equal time segments "
                              f"(the size of mesh axis {self.axis!r})")
-        if cluster not in self._clusters:
+        if not self.is_placed_on(cluster):
             sched, placement = build("1f1b", D, self.microbatches)
             validate(sched, placement, self.microbatches)
             simulate(sched, placement, self.microbatches)
             spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
                             stage_forward=stage_forward, shared_axis=self.axis)
             cluster.run(_place, self.key, spec, self.model, self.optimizer)
-            self._clusters.add(cluster)
+            self.hold(cluster)
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
@@ -132,9 +131,9 @@ class TimelineParallel:
                         block=False)
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
-        commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
+        commit = self.state_for(cluster).pop("staged", False)  # the last step here succeeded on every device
         replies = cluster.run(run_step, self.key, None, commit)
-        self._staged[cluster] = True
+        self.state_for(cluster)["staged"] = True
         self.last_records = {}
         for _, prank, records in replies:
             self.last_records.setdefault(prank, records)
@@ -145,7 +144,7 @@ class TimelineParallel:
         check_ran(self, cluster)
         if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < cluster.size:
             raise UsageError(f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}")
-        return cluster.run(_weights, self.key, self._staged.pop(cluster, False))[rank]
+        return cluster.run(_weights, self.key, self.state_for(cluster).pop("staged", False))[rank]
 
     def timeline(self, clock: str = "auto") -> str:
         """The last step as it ran, one row per time segment's device.  ``clock="auto"`` uses the
