@@ -25,6 +25,7 @@ ENTRY_POINT_GROUP = "virtualpar.labs"
 #: name -> module (under virtualpar.labs.builtin) whose ``LAB`` is the lab, in teaching order
 BUILTIN: dict[str, str] = {
     "ring-allreduce": "ring_allreduce",
+    "latency-bandwidth": "latency_bandwidth",
 }
 
 
