@@ -41,6 +41,7 @@ class Run:
     sent: tuple[int, ...] = ()  # payload bytes each device sent
     messages: tuple[int, ...] = ()  # messages each device sent
     clocks: tuple[float, ...] = ()  # modelled seconds per device
+    calls: list[list[tuple[str, tuple[int, ...]]]] | None = None  # per device: (collective, shape)
     trace: Any = None
 
     @property
@@ -56,11 +57,12 @@ def noncontiguous(x: np.ndarray) -> np.ndarray:
 
 
 def _call(dev: Any, fn: Callable[..., Any], per_rank: Sequence[tuple], forbidden: tuple[str, ...], rule: str,
-          strided: bool) -> Any:
+          strided: bool) -> tuple[Any, list]:
     args = per_rank[dev.rank]
     if strided:
         args = tuple(noncontiguous(a) if isinstance(a, np.ndarray) and a.ndim else a for a in args)
-    return fn(RuledDevice(dev, forbidden, rule) if forbidden else dev, *args)
+    ruled = RuledDevice(dev, forbidden, rule)
+    return fn(ruled, *args), ruled.calls
 
 
 def run_student(fn: Callable[..., Any], per_rank: Sequence[tuple], mesh: Mesh | dict[str, int], *,
@@ -75,7 +77,8 @@ def run_student(fn: Callable[..., Any], per_rank: Sequence[tuple], mesh: Mesh | 
     try:
         with VirtualCluster(mesh, **options) as cluster:
             try:
-                run.results = cluster.run(_call, fn, list(per_rank), tuple(forbidden), rule, strided)
+                pairs = cluster.run(_call, fn, list(per_rank), tuple(forbidden), rule, strided)
+                run.results, run.calls = [p[0] for p in pairs], [p[1] for p in pairs]
             except VirtualParError as exc:
                 run.error = exc
             if run.error is None or not cluster.closed:

@@ -26,6 +26,7 @@ ENTRY_POINT_GROUP = "virtualpar.labs"
 BUILTIN: dict[str, str] = {
     "ring-allreduce": "ring_allreduce",
     "latency-bandwidth": "latency_bandwidth",
+    "megatron-mlp": "megatron_mlp",
     "one-f-one-b": "one_f_one_b",
 }
 

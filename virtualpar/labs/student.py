@@ -62,19 +62,27 @@ def load_student(path: str | os.PathLike[str], functions: Iterable[str]) -> Modu
 
 class RuledDevice:
     """A device on which the calls in ``forbidden`` raise :class:`LabRuleError` naming the lab's
-    rule; everything else is the real device's."""
+    rule, and which records each collective it makes (``calls``: name and shape) for the cost
+    checks; everything else is the real device's."""
 
     def __init__(self, dev: Any, forbidden: Iterable[str], rule: str) -> None:
         self._dev = dev
         self._forbidden = frozenset(forbidden)
         self._rule = rule
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
 
     def __getattr__(self, name: str) -> Any:
         if name in self._forbidden:
             def refused(*args: Any, **kwargs: Any) -> Any:
                 raise LabRuleError(f"{self._dev.name} called dev.{name}(): {self._rule}")
             return refused
-        return getattr(self._dev, name)
+        attr = getattr(self._dev, name)
+        if name in COLLECTIVES:
+            def recorded(*args: Any, **kwargs: Any) -> Any:
+                self.calls.append((name, tuple(getattr(args[0], "shape", ())) if args else ()))
+                return attr(*args, **kwargs)
+            return recorded
+        return attr
 
 
 _LOADED: dict[tuple[str, float], ModuleType] = {}
