@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "latency-bandwidth": "latency_bandwidth",
     "megatron-mlp": "megatron_mlp",
     "one-f-one-b": "one_f_one_b",
+    "zero1": "zero1",
 }
 
 
