@@ -27,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "ring-allreduce": "ring_allreduce",
     "latency-bandwidth": "latency_bandwidth",
     "megatron-mlp": "megatron_mlp",
+    "sharding-policy": "sharding_policy",
     "one-f-one-b": "one_f_one_b",
     "zero1": "zero1",
 }
