@@ -30,6 +30,7 @@ BUILTIN: dict[str, str] = {
     "sharding-policy": "sharding_policy",
     "one-f-one-b": "one_f_one_b",
     "zero1": "zero1",
+    "timeline-gru": "timeline_gru",
 }
 
 
