@@ -40,6 +40,7 @@ class Run:
     error: BaseException | None = None
     sent: tuple[int, ...] = ()  # payload bytes each device sent
     messages: tuple[int, ...] = ()  # messages each device sent
+    bytes: Any = None  # bytes[s, d]: payload bytes device s sent to device d
     clocks: tuple[float, ...] = ()  # modelled seconds per device
     calls: list[list[tuple[str, tuple[int, ...]]]] | None = None  # per device: (collective, shape)
     trace: Any = None
@@ -85,6 +86,7 @@ def run_student(fn: Callable[..., Any], per_rank: Sequence[tuple], mesh: Mesh | 
                 stats = cluster.stats()
                 run.sent = tuple(int(stats.sent(r)) for r in range(mesh.size))
                 run.messages = tuple(int(m) for m in stats.messages.sum(axis=1))
+                run.bytes = stats.bytes
                 run.clocks = tuple(cluster.clocks())
                 run.trace = cluster.trace() if trace else None
     except VirtualParError as exc:  # the cluster could not even report (it died with the run)

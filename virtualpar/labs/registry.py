@@ -31,6 +31,7 @@ BUILTIN: dict[str, str] = {
     "one-f-one-b": "one_f_one_b",
     "zero1": "zero1",
     "timeline-gru": "timeline_gru",
+    "pipeline-dp": "pipeline_dp",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from ..errors import UsageError, VirtualParError
 
-__all__ = ["LabRuleError", "RuledDevice", "StudentCodeError", "StudentFunction", "load_student", "COLLECTIVES",
+__all__ = ["broke_rule", "LabRuleError", "RuledDevice", "StudentCodeError", "StudentFunction", "load_student", "COLLECTIVES",
            "student_traceback"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
@@ -28,6 +28,12 @@ _COUNTER = itertools.count()
 
 class LabRuleError(VirtualParError):
     """The student's code called something the lab forbids."""
+
+
+def broke_rule(exc: BaseException | None) -> bool:
+    """Whether a run's error is the lab's rule refusing a call (raised directly, or as a device's
+    error naming it)."""
+    return isinstance(exc, LabRuleError) or getattr(exc, "exc_type", None) == "LabRuleError"
 
 
 class StudentCodeError(UsageError):

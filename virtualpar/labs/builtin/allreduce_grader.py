@@ -17,7 +17,7 @@ from ...mesh import Mesh
 from ..harness import MODES, Run, compare, describe, run_student
 from ..lab import CheckOptions
 from ..report import Report
-from ..student import COLLECTIVES, StudentFunction
+from ..student import COLLECTIVES, StudentFunction, broke_rule
 
 __all__ = ["Case", "Grader"]
 
@@ -66,7 +66,7 @@ class Grader:
         run = run_student(fn, case.per_rank(), Mesh({"world": case.n}), mode=mode, forbidden=COLLECTIVES,
                           rule=RULE, strided=case.strided, trace=trace)
         if not run.ok:
-            if "LabRuleError" in f"{getattr(run.error, 'exc_type', '')}":
+            if broke_rule(run.error):
                 self.rule_broken = self.rule_broken or run
             return run, [f"{case}, {mode}: {describe(run.error, fn.path)}"]
         self.ran_clean = True

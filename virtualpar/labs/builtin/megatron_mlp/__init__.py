@@ -10,7 +10,7 @@ from ....mesh import Mesh
 from ...harness import compare, describe, run_student
 from ...lab import CheckOptions, Lab
 from ...report import Report
-from ...student import COLLECTIVES, StudentFunction, load_student
+from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
 
 FUNCTIONS = ("mlp_forward", "mlp_backward")
 RULE = "the only communication in this lab is dev.all_reduce(..., group='tp')"
@@ -67,7 +67,7 @@ def check(path: str, options: CheckOptions) -> Report:
             run = run_student(fn, args, mesh, forbidden=FORBIDDEN, rule=RULE)
             where = f"mesh {dict(shape)}"
             if not run.ok:
-                key = "rules" if "LabRuleError" in f"{getattr(run.error, 'exc_type', '')}" else what
+                key = "rules" if broke_rule(run.error) else what
                 problems[key].append(f"{where}: {describe(run.error, path)}")
                 continue
             if what == "forward":

@@ -12,7 +12,7 @@ from ....mesh import Mesh
 from ...harness import compare, describe, run_student
 from ...lab import CheckOptions, Lab
 from ...report import Report
-from ...student import COLLECTIVES, StudentFunction, load_student
+from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
 
 FUNCTION = "zero1_step"
 RULE = "ZeRO-1 in this lab uses only dev.reduce_scatter and dev.all_gather"
@@ -58,7 +58,7 @@ def check(path: str, options: CheckOptions) -> Report:
         mesh = Mesh({"dp": n})
         run = run_student(fn, [(params, grads[r]) for r in range(n)], mesh, forbidden=FORBIDDEN, rule=RULE)
         if not run.ok:
-            key = "rules" if "LabRuleError" in f"{getattr(run.error, 'exc_type', '')}" else "correct"
+            key = "rules" if broke_rule(run.error) else "correct"
             problems[key].append(f"{n} device(s): {describe(run.error, path)}")
             continue
         want = _adam(params, grads)
