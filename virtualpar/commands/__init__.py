@@ -17,4 +17,5 @@ COMMANDS: tuple[str, ...] = (
     "virtualpar.commands.strategy",
     "virtualpar.commands.run",
     "virtualpar.commands.doctor",
+    "virtualpar.commands.lab",
 )

@@ -1,0 +1,1 @@
+"""virtualpar's own labs, one subpackage each (``LAB`` in its ``__init__``), in teaching order."""
