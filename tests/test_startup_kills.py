@@ -74,8 +74,10 @@ def _kill_during_start_up(start_method: str, point: str, tmp_path, delay: float 
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
-def test_a_spawn_driver_killed_while_its_devices_start_leaves_nothing(tmp_path):
-    _kill_during_start_up("spawn", "started", tmp_path)
+def test_a_forkserver_driver_killed_while_its_devices_start_leaves_nothing(tmp_path):
+    """The representative: a forkserver listener directory, named semaphores, an arena descriptor
+    in flight and devices that find their driver gone, all at once."""
+    _kill_during_start_up("forkserver", "started", tmp_path)
 
 
 @pytest.mark.slow
