@@ -25,7 +25,8 @@ def private_env(tmpdir: str, env: dict[str, str] | None = None) -> dict[str, str
                 HWLOC_XMLFILE=os.path.join(tmpdir, "no-topology-file.xml"))
 
 
-def run_mpiexec(argv: list[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
+def run_mpiexec(argv: list[str], env: dict[str, str] | None = None,
+                **kwargs: Any) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, ...)`` for an ``mpiexec`` command line, in a private temporary directory."""
     tmpdir = tempfile.mkdtemp(prefix="virtualpar-mpiexec-")
     try:

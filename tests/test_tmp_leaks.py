@@ -77,8 +77,9 @@ def test_an_aborted_mpiexec_job_run_by_the_tests_writes_no_topology_file(tmp_pat
         if how == "private":
             (tmp_path / "private").mkdir()
             env = private_env(str(tmp_path / "private"))
-        done = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat", "-o", log, mpiexec, "-n", "2",
-                               sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        argv = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", log,
+                mpiexec, "-n", "2", sys.executable, str(script)]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
         if done.returncode == 0 or not os.path.exists(log) or "PTRACE" in done.stderr:
             pytest.skip(f"strace cannot trace here: {done.stderr[-200:]}")
         made[how] = _hydra_files_created(log)

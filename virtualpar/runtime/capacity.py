@@ -57,20 +57,21 @@ def check_capacity(layout: Layout) -> None:
     n = layout.devices
     shm, avail, files = sysmem.shm_free(), sysmem.physical_available(), _open_files_limit()
     per_ring = layout.total_bytes / max(1, n * (n + 1))  # the segment's bytes per directed channel, about
+    gib = sysmem.gib
+    shared, private = _shared(n), n * PROCESS_BYTES
     limits: list[tuple[Callable[[int], bool], str]] = [
         (lambda k: _shared(k) <= shm,
-         f"its shared memory (152 B per pair of endpoints and ~16 KiB per device: {sysmem.gib(_shared(n))}) "
-         f"exceeds the {sysmem.gib(shm)} free in {sysmem.SHM_DIR}"),
+         f"its shared memory (152 B per pair of endpoints and ~16 KiB per device: {gib(shared)}) exceeds "
+         f"the {gib(shm)} free in {sysmem.SHM_DIR}"),
         (lambda k: _shared(k) + k * PROCESS_BYTES <= avail,
-         f"its memory ({sysmem.gib(_shared(n))} shared and at least {sysmem.gib(PROCESS_BYTES)} per device "
-         f"process: {sysmem.gib(_shared(n) + n * PROCESS_BYTES)}) exceeds the {sysmem.gib(avail)} this machine "
-         "has available"),
+         f"its memory ({gib(shared)} shared and at least {gib(PROCESS_BYTES)} per device process: "
+         f"{gib(shared + private)}) exceeds the {gib(avail)} this machine has available"),
         (lambda k: k * (k + 1) * per_ring <= ADDRESS_SPACE,
-         f"its shared segment ({sysmem.gib(layout.total_bytes)}, mostly a ring of {sysmem.gib(layout.ring_bytes)} "
-         f"per pair of devices) is more than the {sysmem.gib(ADDRESS_SPACE)} of address space one mapping may take"),
+         f"its shared segment ({gib(layout.total_bytes)}, mostly a ring of {gib(layout.ring_bytes)} per pair "
+         f"of devices) is more than the {gib(ADDRESS_SPACE)} of address space one mapping may take"),
         (lambda k: FDS_PER_DEVICE * k + FDS_SPARE <= files,
-         f"the driver needs {FDS_PER_DEVICE} open files per device ({FDS_PER_DEVICE * n + FDS_SPARE} in all) and "
-         f"may open {files} (ulimit -n)"),
+         f"the driver needs {FDS_PER_DEVICE} open files per device ({FDS_PER_DEVICE * n + FDS_SPARE} in "
+         f"all) and may open {files} (ulimit -n)"),
     ]
     failed = [(ok, why) for ok, why in limits if not ok(n)]
     if not failed:

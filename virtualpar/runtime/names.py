@@ -65,8 +65,13 @@ def forkserver_listener_dir() -> str | None:
         return None
     for fd in fds:
         try:
-            sock = socket.socket(fileno=os.dup(fd))
+            dup = os.dup(fd)
         except OSError:
+            continue  # the descriptor of the listing itself, closed by now
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)  # not a socket: socket() leaves the descriptor open
             continue
         with sock:
             if sock.family != socket.AF_UNIX:

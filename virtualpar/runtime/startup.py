@@ -47,7 +47,8 @@ __all__ = ["start_devices", "READY_TIMEOUT"]
 
 READY_TIMEOUT = 60.0  # seconds a device may take from start to its "ready" (spawn imports numpy)
 # names first: the forkserver learns to remove its listener's directory before the long imports
-_PRELOAD = ["virtualpar.runtime.names", "numpy", "networkx", "virtualpar.runtime.worker", "virtualpar.runtime.device"]
+_PRELOAD = ["virtualpar.runtime.names", "numpy", "networkx", "virtualpar.runtime.worker",
+            "virtualpar.runtime.device"]
 
 
 def start_devices(

@@ -233,8 +233,8 @@ class SharedArena:
     def __reduce__(self):
         """For a child being started (spawn, forkserver): send the descriptor, not the name."""
         if self._fd < 0:
-            raise TypeError(f"SharedArena {self.name} can be sent to a child only while its creator holds the "
-                            "descriptor (during start-up)")
+            raise TypeError(f"SharedArena {self.name} can be sent to a child only while its creator holds "
+                            "the descriptor (during start-up)")
         from multiprocessing.reduction import DupFd
 
         return (_rebuild, (self.name, self.nbytes, DupFd(self._fd)))
