@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ._mpi import run_mpiexec
 from ._shm import left_behind
 
 STEP = '''
@@ -51,7 +52,7 @@ def test_the_same_step_on_the_emulator_and_under_mpiexec(tmp_path, n, mesh):
                          capture_output=True, text=True, timeout=120)
     assert emu.returncode == 0, emu.stderr
     assert _mpiexec() is not None, "mpiexec is not installed: pip install mpich"
-    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", "run", target, *mesh],
+    real = run_mpiexec([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", "run", target, *mesh],
                           capture_output=True, text=True, timeout=120)
     assert real.returncode == 0, real.stderr
     assert _results(real.stdout) == _results(emu.stdout) and len(_results(emu.stdout)) == n
@@ -96,7 +97,7 @@ def _both(tmp_path, program: str, n: int, *options: str) -> tuple[str, str]:
     emu = subprocess.run([sys.executable, "-m", "virtualpar", *cmd, "-n", str(n)], capture_output=True, text=True,
                          timeout=120)
     assert emu.returncode == 0, emu.stderr
-    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", *cmd], capture_output=True,
+    real = run_mpiexec([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", *cmd], capture_output=True,
                           text=True, timeout=120)
     assert real.returncode == 0, real.stderr
     return emu.stdout, real.stdout
@@ -124,7 +125,7 @@ def test_a_failing_rank_under_mpiexec_aborts_the_job_naming_the_device(tmp_path)
     script = tmp_path / "bad.py"
     script.write_text("import numpy as np\n\ndef step(dev):\n    return dev.all_reduce(np.ones(3), algorithm='shm')\n")
     before = set(os.listdir("/dev/shm"))
-    out = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "virtualpar", "run", f"{script}:step"],
+    out = run_mpiexec([_mpiexec(), "-n", "2", sys.executable, "-m", "virtualpar", "run", f"{script}:step"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     # every rank raises; whichever reaches MPI_Abort first is the one named
@@ -140,7 +141,7 @@ def test_run_writes_a_trace_under_mpiexec(tmp_path):
     trace = tmp_path / "t.json"
     script = tmp_path / "prog.py"
     script.write_text(TIMED)
-    out = subprocess.run([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:step",
+    out = run_mpiexec([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:step",
                           "--mesh", "dp=2,tp=2", "--trace", str(trace)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     events = json.loads(trace.read_text())["traceEvents"]
@@ -239,7 +240,7 @@ def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said
     script = tmp_path / "mistakes.py"
     script.write_text(MISTAKES)
     before = set(os.listdir("/dev/shm"))
-    out = subprocess.run([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
+    out = run_mpiexec([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
                           "--mesh", "dp=2,tp=2", "--timeout", "2"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert re.search(said, out.stderr), out.stderr
@@ -255,7 +256,7 @@ def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, 
     from the world's on first use, which needs every rank; irecv's test() never became True."""
     script = tmp_path / "ok.py"
     script.write_text(MISTAKES)
-    out = subprocess.run([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
+    out = run_mpiexec([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
                           "--mesh", "dp=2,tp=2", "--timeout", "20"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert [line.split(": ", 1)[1].split()[0] for line in _results(out.stdout)] == want

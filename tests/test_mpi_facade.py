@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from ._mpi import run_mpiexec
+
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_programs")
 
 
@@ -40,7 +42,7 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     if _mpiexec() is None:  # the test extra installs mpich; without it, check against the expected values
         pytest.fail("mpiexec is not installed: pip install mpich")
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # one write per line: mpiexec then never splits a line
-    real = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, prog)],
+    real = run_mpiexec([_mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, prog)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert real.returncode == 0, real.stderr
     assert _lines(emu.stdout) == _lines(real.stdout)

@@ -113,8 +113,8 @@ def test_errors_name_the_layer_and_the_shapes():
 
 
 @pytest.mark.parametrize("make, said", [
-    (lambda: nn.Linear(-1, 3), "Linear: in_features must be an int >= 0, got -1"),  # numpy's "negative dimensions"
-    (lambda: nn.Linear(4, 2.5), "Linear: out_features must be an int >= 0, got 2.5"),  # silently became 2
+    (lambda: nn.Linear(-1, 3), "Linear: in_features must be an int >= 1, got -1"),  # numpy's "negative dimensions"
+    (lambda: nn.Linear(4, 2.5), "Linear: out_features must be an int >= 1, got 2.5"),  # silently became 2
     (lambda: nn.Embedding(0, 3), "Embedding: num_embeddings must be an int >= 1"),
     (lambda: nn.LayerNorm(True), "LayerNorm: normalized_shape must be an int >= 1, got True"),
     (lambda: nn.GRU(3, 0), "GRU: hidden_size must be an int >= 1, got 0"),
@@ -123,7 +123,7 @@ def test_errors_name_the_layer_and_the_shapes():
 def test_layer_sizes_are_checked_where_the_layer_is_made(make, said):
     with pytest.raises(UsageError, match=re.escape(said)):
         make()
-    assert nn.Linear(np.int64(4), 0).weight.shape == (4, 0)  # numpy integers and empty layers are sizes
+    assert nn.Linear(np.int64(4), 1).weight.shape == (4, 1)  # numpy integers are sizes (0 is refused: issue 43)
 
 
 class Doubler(nn.Module):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from .errors import (ClusterClosedError, CollectiveMismatch, CollectiveTimeout, DeviceAborted, DeviceDied,
                      DeviceError, InjectedFault, MeshError, NonFiniteError, P2PTimeout, PayloadError,
                      RunTimeout, Deadlock, ShardingError, UnknownAxisError, UnmatchedMessages, UsageError,
-                     VirtualParError)
+                     VirtualParError, ResourceLimitError)
 from .device import Device
 from .mesh import Mesh, MeshIndex, Topology
 from .runtime import VirtualCluster, VirtualDevice
@@ -34,5 +34,6 @@ __all__ = [
     "VirtualParError", "MeshError", "UnknownAxisError", "ShardingError", "UsageError", "PayloadError", "DeviceError",
     "DeviceDied", "DeviceAborted", "CollectiveTimeout", "CollectiveMismatch", "P2PTimeout",
     "RunTimeout", "Deadlock", "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError",
+    "ResourceLimitError",
     "__version__",
 ]

@@ -23,6 +23,7 @@ Hierarchy::
     ├── UnmatchedMessages                      messages sent and never received (or receives never matched)
     ├── NonFiniteError (also FloatingPointError)  NaN/Inf input with check_nan on
     ├── InjectedFault                          raised by ``cluster.inject(..., action="raise")``
+    ├── ResourceLimitError                     the machine cannot hold what was asked (shared memory, devices)
     └── ClusterClosedError                     use of a cluster after close() or after a fatal failure
 """
 
@@ -49,6 +50,7 @@ __all__ = [
     "NonFiniteError",
     "InjectedFault",
     "ClusterClosedError",
+    "ResourceLimitError",
     "RemoteTraceback",
 ]
 
@@ -184,3 +186,10 @@ class Deadlock(VirtualParError):
     """Devices wait for each other (a cycle) or for devices that will never act, with nothing in
     flight: found by the driver on the wait board (runtime/deadlock.py), long before any timeout.
     ``cycle``: the device ranks in wait order; ``waits``: rank -> what it waits for."""
+
+
+class ResourceLimitError(VirtualParError):
+    """This machine cannot give what was asked, found before or while allocating it: a shared-memory
+    segment that could not be made (``requested`` bytes, ``shm_free`` bytes free in /dev/shm), or a
+    cluster of more devices than its memory or open-file limit holds (``devices``, ``fits``).
+    Nothing it had begun to allocate is left behind."""

@@ -49,12 +49,13 @@ def _policies(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .. import VirtualCluster
-    from ..tensor_parallel.table import explore_rows, policy_rows
+    from ..tensor_parallel.table import check_shape_fits, explore_rows, policy_rows
 
     want = 4 if args.ffn else 3
     if len(args.shape) != want:
         print(f"virtualpar policies: --shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got {args.shape}", file=sys.stderr)
         return 2
+    check_shape_fits(args.shape, args.ffn, np.dtype(args.dtype))  # before the cluster starts
     hardware = default_hardware(args.hardware, args.mesh.size)
     with VirtualCluster(args.mesh, hardware=hardware) as cluster:
         if args.explore is not None:

@@ -49,8 +49,8 @@ class Linear(Module):
                  dtype: Any = np.float32) -> None:
         dt = check_dtype("Linear", dtype)
         rng = np.random.default_rng(seed)
-        self.in_features = check_size("Linear", "in_features", in_features)
-        self.out_features = check_size("Linear", "out_features", out_features)
+        self.in_features = check_size("Linear", "in_features", in_features, least=1)
+        self.out_features = check_size("Linear", "out_features", out_features, least=1)
         self.weight = uniform(rng, (self.in_features, self.out_features), self.in_features, dt)
         if bias:
             self.bias = uniform(rng, (self.out_features,), self.in_features, dt)
@@ -75,7 +75,7 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, seed: int = 0, dtype: Any = np.float32) -> None:
         dt = check_dtype("Embedding", dtype)
         self.num_embeddings = check_size("Embedding", "num_embeddings", num_embeddings, least=1)
-        self.embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim)
+        self.embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim, least=1)
         self.weight = np.random.default_rng(seed).standard_normal((self.num_embeddings, self.embedding_dim)).astype(dt)
 
     def forward(self, ids: Any) -> Any:

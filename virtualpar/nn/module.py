@@ -89,9 +89,12 @@ class Module:
         return sum(int(np.size(v)) for v in {(id(o), leaf): v for _, o, leaf, v in self._slots()}.values())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Set every parameter from ``state``; names and shapes must match exactly.
+        """Set every parameter from ``state``; names and shapes must match exactly, and every value
+        must convert to its parameter's dtype without losing what it means (see :func:`_convert`:
+        float64 into float32 rounds, as ``astype`` does; complex into real, or float into int, is refused).
 
-        Raises ``UsageError`` naming the missing, unexpected and mis-shaped entries."""
+        Raises ``UsageError`` naming the missing, unexpected, mis-shaped and mis-typed entries; nothing
+        is set unless everything converts."""
         own = dict(self.named_parameters())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -106,13 +109,8 @@ class Module:
             if wrong:
                 parts.append("wrong shapes " + "; ".join(wrong))
             raise UsageError(f"{type(self).__name__}.load_state_dict: " + ", ".join(parts))
-        new = {}
-        for name, value in state.items():  # every value converted before any is set: all or nothing
-            try:
-                new[name] = np.array(value, dtype=own[name].dtype, copy=True)
-            except (TypeError, ValueError) as exc:
-                raise UsageError(f"{type(self).__name__}.load_state_dict: {name!r} cannot be made a "
-                                 f"{own[name].dtype} array: {exc}") from None
+        owner = type(self).__name__  # every value converted before any is set: all or nothing
+        new = {name: _convert(owner, name, value, own[name].dtype) for name, value in state.items()}
         for name, value in new.items():
             self._set(name, value)
 
@@ -191,3 +189,34 @@ def check_input(layer: Module, x: Any, last_dim: int | None, what: str = "input"
         fix = f"cast the {what} or call .astype({got}) on the model" if got in (np.float32, np.float64) else \
             f"cast the {what} to {own}"  # a model's parameters are float32 or float64, never int
         raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's parameters), got {got}; {fix}")
+
+
+def _convert(owner: str, name: str, value: Any, dtype: np.dtype) -> np.ndarray:
+    """``value`` as a fresh ``dtype`` array, if that keeps its meaning.
+
+    The rule: numpy's ``same_kind`` casts (bool -> int -> float -> complex, and narrowing within one
+    kind, such as float64 -> float32, which only rounds), except that an integer or bool source into
+    a float or complex parameter must convert exactly (int64 2**53 + 1 into float64 would not).
+    Refused: complex -> real (drops the imaginary part), float -> int (truncates), anything
+    non-numeric.  A lossy cast raises ``UsageError`` naming the key, both dtypes and why."""
+    where = f"{owner}.load_state_dict: {name!r}"
+    try:
+        src = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where} cannot be made a {dtype} array: {exc}") from None
+    if src.dtype.kind not in "biufc":
+        raise UsageError(f"{where} cannot be made a {dtype} array: it holds {src.dtype} values, not numbers")
+    if not np.can_cast(src.dtype, dtype, casting="same_kind"):
+        why = "the imaginary part would be dropped" if src.dtype.kind == "c" else \
+            "the fraction would be cut off" if src.dtype.kind == "f" else "the values would change"
+        raise UsageError(f"{where} is {src.dtype}, which cannot be made a {dtype} array without loss "
+                         f"({why}); convert it yourself (e.g. .real or np.round) if that is what you want")
+    out = np.array(src, dtype=dtype, copy=True)
+    if src.dtype.kind in "iu" and dtype.kind in "fc":
+        with np.errstate(invalid="ignore", over="ignore"):  # a round trip: exact iff it comes back equal
+            back = out.real.astype(src.dtype) if np.all(np.isfinite(out)) else None
+        if back is None or not np.array_equal(back, src):
+            raise UsageError(f"{where} holds {src.dtype} values that {dtype} cannot hold exactly (it has "
+                             f"{np.finfo(dtype).nmant + 1} bits of mantissa); convert it yourself if rounding "
+                             "is meant")
+    return out

@@ -73,8 +73,13 @@ class PipelinedOperation(PlacedOperation):
                  loss: Callable[[Any, Any], Any] = nn.mse_loss, optimizer: nn.Optimizer | None = None,
                  axis: Any = None, dp_axis: Any = None, virtual: int | None = None,
                  costs: Mapping[str, float] | None = None) -> None:
+        if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or not microbatches > 0:
+            raise UsageError(f"PipelinedOperation: microbatches must be a positive int, got {microbatches!r}")
+        if isinstance(schedule, str) and schedule not in SCHEDULES:  # here, not at the first execute
+            raise UsageError(f"PipelinedOperation: unknown schedule {schedule!r}; choose one of "
+                             f"{', '.join(SCHEDULES)} or pass a (schedule, Placement) pair")
         self.pipeline = pipeline
-        self.microbatches = microbatches
+        self.microbatches = int(microbatches)
         self.optimizer = optimizer or nn.SGD(0.1)
         check_costs(costs, "PipelinedOperation")
         self.axis, self.dp_axis, self.costs, self.loss = axis, dp_axis, costs, loss

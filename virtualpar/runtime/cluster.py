@@ -33,6 +33,7 @@ from ..executable import as_executable
 from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link
+from .capacity import check_capacity
 from .config import ClusterConfig, check_fault, check_options, check_sizes
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
@@ -132,6 +133,8 @@ class VirtualCluster:
         check_options(timeout, run_timeout, eager_limit, shuffle)
         self.mesh = as_mesh(mesh)
         self.size = n = self.mesh.size
+        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
+        check_capacity(self.layout)  # before anything is allocated, or any topology of n devices built
         self.start_method = start_method
         self.abort_grace = abort_grace
         self.run_timeout = None if run_timeout is None else float(run_timeout)
@@ -139,7 +142,6 @@ class VirtualCluster:
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
                                     check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
                                     shuffle=shuffle, bind=bool(bind), start_line=bool(start_line))
-        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
         self.mesh.prepare_groups()  # inherited by every device
         global _created
         _created += 1

@@ -11,10 +11,13 @@ Per device the driver creates
   endpoint may be waiting for (see :mod:`virtualpar.transport.endpoint`).
 
 The driver closes its copies of the child ends at once: otherwise a child's death would not break
-the pipe and the driver could not see it.  The shared arena is unlinked from /dev/shm as early as
-possible: at once under ``fork`` (children inherit the mapping), after the start-up handshake under
-``spawn``/``forkserver`` (every device has mapped it by the time it says "ready").  The handshake
-reply carries the device's pid.
+the pipe and the driver could not see it.  Nothing a start-up creates keeps a name that outlives
+a driver killed at any moment: the shared arena has none (transport/shm.py: forked devices inherit
+its mapping, spawned ones receive its descriptor), the doorbells' semaphores (named under
+``spawn``/``forkserver`` only) are unlinked once every device has opened them, at the handshake,
+and before that multiprocessing's resource tracker, which outlives the driver, removes them; the
+forkserver removes its listener's directory when the driver dies (runtime/names.py).  The
+handshake reply carries the device's pid.
 
 Start-up is all or nothing: if any step fails (a fork error, a device that dies before its
 handshake), every process already started is killed and reaped before the error propagates.
@@ -38,11 +41,14 @@ from .config import ClusterConfig
 from .recorder import FlightRecorder
 from .supervisor import Supervisor
 from .worker import WorkerArgs
+from .names import unlink_semaphores
 
 __all__ = ["start_devices", "READY_TIMEOUT"]
 
 READY_TIMEOUT = 60.0  # seconds a device may take from start to its "ready" (spawn imports numpy)
-_PRELOAD = ["numpy", "networkx", "virtualpar.runtime.worker", "virtualpar.runtime.device"]
+# names first: the forkserver learns to remove its listener's directory before the long imports
+_PRELOAD = ["virtualpar.runtime.names", "numpy", "networkx", "virtualpar.runtime.worker",
+            "virtualpar.runtime.device"]
 
 
 def start_devices(
@@ -65,7 +71,7 @@ def start_devices(
         ctx.set_forkserver_preload(_PRELOAD)
     forked = start_method == "fork"
     if forked:
-        arena.unlink()  # children inherit the mapping: the name is never needed again
+        arena.shared()  # children inherit the mapping: they need no descriptor of it
     doorbells = [ctx.Semaphore(0) for _ in range(layout.endpoints)]
     recorders = [FlightRecorder(arena, layout, r) for r in range(mesh.size)]
     sup = Supervisor(mesh, recorders, arena.view(layout.abort_offset, 1, np.int64), doorbells, abort_grace)
@@ -79,8 +85,10 @@ def start_devices(
         sup.kill_all()
         sup.release()
         raise
-    if not forked:
-        arena.unlink()  # every device has mapped it now
+    finally:
+        arena.shared()  # every device has mapped it now (or is gone)
+        if not forked:
+            unlink_semaphores(doorbells)  # every device has opened them now (or is gone)
     return sup, doorbells, pids
 
 
@@ -145,7 +153,7 @@ def _spawn(ctx: Any, sup: Supervisor, mesh: Mesh, config: ClusterConfig, layout:
                 here.append(side_here)
                 child_ends.append(side_there)
                 args = WorkerArgs(r, mesh, config, layout, arena.name, doorbells, cmd_there, side_there, clocks[r])
-                proc = ctx.Process(target=target, args=(args, arena if forked else None), daemon=True,
+                proc = ctx.Process(target=target, args=(args, arena), daemon=True,
                                    name=f"virtualpar-device-{r}")
             except BaseException:
                 for conn in here:

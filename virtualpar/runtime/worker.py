@@ -3,8 +3,12 @@
 A device process serves commands from the driver over its own pipe (``Connection.send`` pickles in
 the caller, so nothing is silently lost as with ``multiprocessing.Queue``) until told to close.
 A sidecar thread watches the driver: when the driver dies, even by SIGKILL, the device notices
-within half a second (its parent pid changes) and exits; the same thread answers "where are you
-stuck?" requests with the main thread's stack, which works even while the main thread sleeps in C.
+at once (multiprocessing's parent sentinel, a pipe end the driver holds, becomes readable) or within
+half a second (its parent pid changes: under ``fork`` a later sibling also holds that pipe) and
+exits quietly, whatever it was doing, start-up included (a device that finds its driver gone
+raises nothing and prints nothing: a ``BrokenPipeError`` traceback per orphan helped nobody); the
+same thread answers "where are you stuck?" requests with the main thread's stack, which works
+even while the main thread sleeps in C.
 Devices ignore SIGINT: Ctrl-C belongs to the driver, which then reaps them.
 
 After an error reply to a host-channel command (``put``/``get``) the device rings the host's
@@ -14,6 +18,8 @@ error on the pipe only when its wait slice ends (see :mod:`.host_link`).
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
@@ -62,12 +68,31 @@ class WorkerArgs:
     clock: Any
 
 
-def _sidecar(side: Any, ppid: int, main_ident: int) -> None:
+def _parent_sentinel() -> Any:
+    """multiprocessing's pipe end that becomes readable when the process that started us exits."""
+    parent = mp.parent_process()
+    return getattr(parent, "sentinel", None) if parent is not None else None
+
+
+def _driver_gone(ppid: int, sentinel: Any) -> bool:
+    if os.getppid() != ppid:
+        return True
+    try:
+        return sentinel is not None and bool(mpc.wait([sentinel], timeout=0))
+    except (OSError, ValueError):
+        return True
+
+
+def _sidecar(side: Any, ppid: int, main_ident: int, sentinel: Any) -> None:
+    watched = [side] if sentinel is None else [side, sentinel]
     while True:
         if os.getppid() != ppid:
             os._exit(0)  # the driver is gone: nobody will ever collect our results
         try:
-            if not side.poll(_PARENT_POLL):
+            ready = mpc.wait(watched, timeout=_PARENT_POLL)
+            if sentinel is not None and sentinel in ready:
+                os._exit(0)
+            if side not in ready:
                 continue
             side.recv()
         except (EOFError, OSError):
@@ -87,13 +112,26 @@ def _device_stack(frame: Any) -> str:
     return "".join(traceback.format_list(frames[starts[-1] if starts else 0 :]))
 
 
-def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
-    """Entry point of a device process (``arena`` is given when forked: the mapping is inherited)."""
+def device_main(args: WorkerArgs, arena: SharedArena) -> None:
+    """Entry point of a device process (``arena``: inherited when forked, else rebuilt from the
+    descriptor the driver sent).  A device whose driver is gone exits quietly, whatever it was doing."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ppid = os.getppid()
-    if arena is None:
-        arena = SharedArena.attach(args.arena_name, args.layout.total_bytes)
-    threading.Thread(target=_sidecar, args=(args.side, ppid, threading.get_ident()), daemon=True, name="virtualpar-sidecar").start()
+    ppid, sentinel = os.getppid(), _parent_sentinel()
+    if _driver_gone(ppid, sentinel):
+        os._exit(0)  # killed while we started: nobody waits for us
+    try:
+        _serve(args, arena, ppid, sentinel)
+    except BaseException:
+        if _driver_gone(ppid, sentinel):
+            os._exit(0)  # a broken pipe to a dead driver: nothing to report, nobody to report it to
+        raise
+    _flush()
+    os._exit(0)  # (os._exit skips the flush a normal exit does)
+
+
+def _serve(args: WorkerArgs, arena: SharedArena, ppid: int, sentinel: Any) -> None:
+    threading.Thread(target=_sidecar, args=(args.side, ppid, threading.get_ident(), sentinel), daemon=True,
+                     name="virtualpar-sidecar").start()
 
     from .device import VirtualDevice  # after the fork: keeps start-up imports in one place
 
@@ -137,8 +175,6 @@ def device_main(args: WorkerArgs, arena: SharedArena | None = None) -> None:
             # The driver waits for a host transfer asleep on its doorbell and reads this pipe only
             # between sleeps: ring, or the error would wait out the driver's wake slice (0.5 s).
             args.doorbells[layout.host].release()
-    _flush()
-    os._exit(0)  # (os._exit skips the flush a normal exit does)
 
 
 def _flush() -> None:

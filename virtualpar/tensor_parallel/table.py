@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShardingError
+from ..errors import ShardingError, UsageError
 from .costs import PhaseCost, estimate_hardware, modelled_estimate
 from .explore import choose, explore
 from .explore_ffn import explore_ffn
@@ -25,7 +25,8 @@ from .execute import TensorParallelOp
 from .ffn import FFN_POLICIES, FeedForward, FeedForwardShardingPolicy
 from .matmul import MATMUL_POLICIES, MatMul, MatMulShardingPolicy
 
-__all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "estimate_hardware", "build_op", "reference", "TOLERANCE"]
+__all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "estimate_hardware", "build_op", "reference", "TOLERANCE",
+           "check_shape_fits"]
 
 #: max |error| / max |reference| allowed per dtype ("correct?" in the table)
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -107,10 +108,37 @@ def reference(inputs: list[np.ndarray], ffn: bool) -> np.ndarray:
     return inputs[0] @ inputs[1]
 
 
-def _inputs(shape: tuple[int, ...], ffn: bool, dtype: np.dtype, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    in_shapes = ((shape[0], shape[1], shape[2]), (shape[2], shape[3]), (shape[3],), (shape[3], shape[2]), (shape[2],)) \
+def _in_shapes(shape: tuple[int, ...], ffn: bool) -> tuple[tuple[int, ...], ...]:
+    return ((shape[0], shape[1], shape[2]), (shape[2], shape[3]), (shape[3],), (shape[3], shape[2]), (shape[2],)) \
         if ffn else ((shape[0], shape[1]), (shape[1], shape[2]))
+
+
+def check_shape_fits(shape: tuple[int, ...], ffn: bool = False, dtype: Any = np.float32) -> None:
+    """Refuse, before anything is allocated, a shape whose arrays cannot fit in this machine's memory.
+
+    What a table run holds at least: in the driver the inputs, numpy's reference output and the
+    gathered output; on the devices together, every input and output once more (shards add up to at
+    least the whole).  So ``2 * (inputs + 2 * output) * itemsize`` bytes must be below the memory
+    available now (``sysmem.physical_available``): a 1e8-cubed MatMul asked for 35.5 PiB and ended
+    in numpy's raw ``_ArrayMemoryError``."""
+    from ..sysmem import gib, physical_available
+
+    itemsize = np.dtype(dtype).itemsize
+    out = (shape[0], shape[1], shape[2]) if ffn else (shape[0], shape[2])
+    inputs = sum(math.prod(s) for s in _in_shapes(shape, ffn))
+    need = 2 * (inputs + 2 * math.prod(out)) * itemsize
+    have = physical_available()
+    if need > have:
+        what = "FeedForward b,s,m,h" if ffn else "MatMul m,k,n"
+        raise UsageError(f"shape {what} = {tuple(shape)} in {np.dtype(dtype)} needs about {gib(need)} of "
+                         f"memory (the inputs and outputs in the driver, with numpy's reference, and once more "
+                         f"on the devices) but this machine has {gib(have)} available; use a smaller shape")
+
+
+def _inputs(shape: tuple[int, ...], ffn: bool, dtype: np.dtype, seed: int) -> list[np.ndarray]:
+    check_shape_fits(shape, ffn, dtype)
+    rng = np.random.default_rng(seed)
+    in_shapes = _in_shapes(shape, ffn)
     return [rng.standard_normal(s, dtype=np.float32).astype(dtype) for s in in_shapes]
 
 

@@ -10,7 +10,13 @@ workers never see each other's resources:
 * an open file descriptor that was not open before, except the helpers' pipes;
 * a ``virtualpar-<pid>-…`` segment in /dev/shm that was not there before, unless ``<pid>`` is
   another live process that is not our child (a concurrent test run owns it).  A segment of ours,
-  of a child of ours, or of a process that has died counts: a killed driver cannot unlink.
+  of a child of ours, or of a process that has died counts: a killed driver cannot unlink;
+* a ``pymp-*`` directory in the temporary directory (multiprocessing's, holding a forkserver's
+  listening socket) that was not there before and that no live process serves (its socket is not
+  in /proc/net/unix), except this process's own, which multiprocessing removes at exit.
+  (``tmp_leftovers(hydra=True)`` also lists MPICH's ``/tmp/hydra_hwloc_xmlfile_*``, which its
+  launcher removes only when a job ends normally; the snapshot leaves them out: nothing tells one
+  job's from another's, and a concurrent session's aborted job would fail our test.)
 
 Resources take a moment to go (a killed child is reaped, a cycle is collected), so :func:`leaks`
 polls for up to ``settle`` seconds, collecting garbage, before it reports anything.
@@ -21,11 +27,12 @@ from __future__ import annotations
 import gc
 import os
 import re
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Snapshot", "leaks", "children", "process_alive", "segments", "own_segments"]
+__all__ = ["Snapshot", "leaks", "children", "process_alive", "segments", "own_segments", "tmp_leftovers"]
 
 _HELPERS = ("resource_tracker", "forkserver")
 _SEGMENT = re.compile(r"virtualpar-(\d+)-")
@@ -112,6 +119,45 @@ def own_segments() -> set[str]:
     return {e for e in segments() if not _foreign(e)}
 
 
+def _served_sockets() -> set[str]:
+    """Paths of the Unix sockets some live process holds (the last column of /proc/net/unix)."""
+    try:
+        with open("/proc/net/unix") as f:
+            next(f, None)
+            return {parts[7] for line in f if len(parts := line.split()) >= 8}
+    except OSError:
+        return set()
+
+
+def tmp_leftovers(hydra: bool = False) -> set[str]:
+    """Stray ``pymp-*`` directories (no live process serves a socket in them; not this process's
+    own), and with ``hydra`` every ``hydra_hwloc_xmlfile_*`` file, as paths."""
+    from multiprocessing import process
+
+    own = process.current_process()._config.get("tempdir")
+    found: set[str] = set()
+    served: set[str] | None = None
+    for tmp in {tempfile.gettempdir(), "/tmp"}:
+        try:
+            entries = os.listdir(tmp)
+        except OSError:
+            continue
+        for e in entries:
+            path = os.path.join(tmp, e)
+            if e.startswith("hydra_hwloc_xmlfile_"):
+                if hydra:
+                    found.add(path)
+            elif e.startswith("pymp-") and path != own:
+                served = _served_sockets() if served is None else served
+                try:
+                    inside = {os.path.join(path, x) for x in os.listdir(path)}
+                except OSError:
+                    continue  # gone, or not ours to read
+                if not inside & served:
+                    found.add(path)
+    return found
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The resources of this process at one moment."""
@@ -120,17 +166,20 @@ class Snapshot:
     fds: dict[int, str]
     threads: dict[int, str]  # ident -> name
     segments: frozenset[str]
+    tmp: frozenset[str] = frozenset()  # stray pymp-* directories (``tmp_leftovers``)
 
     @classmethod
     def take(cls) -> "Snapshot":
         threads = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-        return cls(children(), _fds(), threads, frozenset(own_segments()))
+        return cls(children(), _fds(), threads, frozenset(own_segments()), frozenset(tmp_leftovers()))
 
     def new_since(self, before: "Snapshot") -> list[str]:
         """Human-readable lines, one per resource here that ``before`` did not have."""
         out = [f"process {p} ({cmd}) still running" for p, cmd in self.children.items() if p not in before.children]
         out += [f"thread {name!r} still running" for ident, name in self.threads.items() if ident not in before.threads]
         out += [f"shared memory /dev/shm/{n} not unlinked" for n in sorted(self.segments - before.segments)]
+        out += [f"temporary directory {p} not removed (no live process serves its socket)"
+                for p in sorted(self.tmp - before.tmp)]
         helpers = _helper_fds()
         out += [f"file descriptor {fd} -> {target} left open" for fd, target in sorted(self.fds.items())
                 if before.fds.get(fd) != target and fd not in helpers and not target.startswith("/proc/")]

@@ -7,7 +7,7 @@
   (other fixture values are passed to every device, so they must pickle).  A failure names the
   device (rank, mesh coordinates) with its remote traceback.
 * After every test that started a cluster (itself, or through a fixture or ``spmd``): no child
-  process, thread, /dev/shm segment or file descriptor may be left (a leak fails the test at
+  process, thread, /dev/shm segment, file descriptor or stray /tmp/pymp-* directory may be left (a leak fails the test at
   teardown; see :mod:`.leaks` for what counts); ``--vp-no-leak-check`` turns this off.  Tests that
   start no cluster are not checked: the plugin loads wherever virtualpar is installed, and another
   project's tests are not its business.  A test that uses a module- or session-scoped fixture is

@@ -2,9 +2,9 @@
 
 Why one segment: creating a segment per message measured ~6.6x slower than copying into a warm one
 (PERFORMANCE_NOTES.md), and every segment is a file in /dev/shm that can leak.  A cluster maps a
-single file once; the driver unlinks it as soon as every device has mapped it (immediately for
-``fork``, where children inherit the mapping; after the start-up handshake for ``spawn`` and
-``forkserver``), so nothing is left in /dev/shm even if every process is later SIGKILLed.
+single file once, and unlinks its name the moment it is open: forked children inherit the mapping,
+spawned ones receive the descriptor (see ``SharedArena``), so nothing is left in /dev/shm whenever
+any process is SIGKILLed, start-up included.
 
 Layout (all offsets 64-byte aligned so that counters written by different processes never share a
 cache line)::
@@ -43,11 +43,15 @@ import secrets
 import sys
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
+from ..errors import ResourceLimitError
+
 __all__ = ["Layout", "SharedArena", "FENCE_PLANES", "FENCE_PAYLOAD_MAX", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
 
+SHM_DIR = "/dev/shm"
 _LINE = 64
 _PAGE = 4096
 RECORD_SLOTS = 64  # flight-recorder entries kept per device
@@ -178,37 +182,68 @@ class Layout:
 
 
 class SharedArena:
-    """A file in /dev/shm mapped into every process of one cluster.
+    """A file in /dev/shm mapped into every process of one cluster, its name removed at once.
 
-    ``SharedArena.create(nbytes)`` in the driver; ``SharedArena.attach(name, nbytes)`` in a spawned
-    child (a forked child simply inherits the mapping).  ``u8`` is a numpy uint8 view of the whole
-    segment.  ``unlink()`` removes the name; the memory lives on until the last mapping goes.
+    ``SharedArena.create(nbytes)`` in the driver.  The name is unlinked the moment the file is
+    open, before it is even sized: a process killed at any later moment leaves nothing in /dev/shm
+    (the memory goes with the last mapping or descriptor).  A forked child inherits the mapping; a
+    spawned one receives the open descriptor with its other handles (pickling a ``SharedArena``
+    for a child being started sends the descriptor, as ``multiprocessing`` does with its own heap)
+    and maps it again.  The creator keeps the descriptor until :meth:`shared` (every child has it).
+    ``u8`` is a numpy uint8 view of the whole segment.
     """
 
-    def __init__(self, name: str, nbytes: int, fd: int, create: bool) -> None:
+    def __init__(self, name: str, nbytes: int, fd: int, keep_fd: bool = False) -> None:
+        """Map ``nbytes`` of the open file ``fd`` (closed here unless ``keep_fd``)."""
         self.name = name
         self.nbytes = nbytes
+        self._fd = -1
         try:
-            if create:
-                os.ftruncate(fd, nbytes)
             self._mmap = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
+            os.close(fd)
+            raise
+        if keep_fd:
+            self._fd = fd
+        else:
             os.close(fd)
         self.u8 = np.frombuffer(self._mmap, dtype=np.uint8)
-        self._linked = create
 
     @classmethod
     def create(cls, nbytes: int, prefix: str = "virtualpar") -> "SharedArena":
+        """A new zeroed segment of ``nbytes``; ``ResourceLimitError`` (with the size asked and the
+        space /dev/shm has) if it cannot be sized or mapped, and then nothing is left behind."""
         name = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(os.path.join("/dev/shm", name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        return cls(name, nbytes, fd, create=True)
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.unlink(path)  # nobody needs the name: children inherit the mapping or receive the fd
+            os.ftruncate(fd, nbytes)
+        except BaseException as exc:
+            os.close(fd)
+            _unlink_quietly(path)
+            if isinstance(exc, OSError):
+                raise _no_room(nbytes, exc) from exc
+            raise
+        try:
+            return cls(name, nbytes, fd, keep_fd=True)  # closes fd if the mapping fails
+        except OSError as exc:
+            raise _no_room(nbytes, exc) from exc
 
-    @classmethod
-    def attach(cls, name: str, nbytes: int) -> "SharedArena":
-        fd = os.open(os.path.join("/dev/shm", name), os.O_RDWR)
-        arena = cls(name, nbytes, fd, create=False)
-        arena._linked = False  # only the creator unlinks
-        return arena
+    def __reduce__(self):
+        """For a child being started (spawn, forkserver): send the descriptor, not the name."""
+        if self._fd < 0:
+            raise TypeError(f"SharedArena {self.name} can be sent to a child only while its creator holds "
+                            "the descriptor (during start-up)")
+        from multiprocessing.reduction import DupFd
+
+        return (_rebuild, (self.name, self.nbytes, DupFd(self._fd)))
+
+    def shared(self) -> None:
+        """Every child has the segment now: close the creator's descriptor (the mapping stays)."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def view(self, offset: int, count: int, dtype: type = np.uint8) -> np.ndarray:
         """A numpy view of ``count`` items of ``dtype`` at byte ``offset``."""
@@ -229,22 +264,39 @@ class SharedArena:
         return memoryview(self._mmap)[offset : offset + 8].cast("Q")
 
     def unlink(self) -> None:
-        """Remove the /dev/shm name (idempotent); mapped memory stays valid."""
-        if self._linked:
-            self._linked = False
-            try:
-                os.unlink(os.path.join("/dev/shm", self.name))
-            except FileNotFoundError:
-                pass
+        """Nothing to do: the name was removed when the segment was created (kept for callers)."""
 
     def close(self) -> None:
-        """Unlink and drop the mapping (views still alive keep it mapped until collected)."""
-        self.unlink()
+        """Drop the descriptor and the mapping (views still alive keep it mapped until collected)."""
+        self.shared()
         self.u8 = None  # type: ignore[assignment]
         try:
             self._mmap.close()
         except (BufferError, ValueError):
             pass  # numpy views are still alive; the mapping goes when they do
+
+
+def _rebuild(name: str, nbytes: int, dupfd: Any) -> SharedArena:
+    return SharedArena(name, nbytes, dupfd.detach())
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _no_room(nbytes: int, exc: OSError) -> ResourceLimitError:
+    """The error of a segment that could not be sized or mapped: what was asked, what there is."""
+    from ..sysmem import gib, physical_available, shm_free
+
+    free, avail = shm_free(), physical_available()
+    return ResourceLimitError(
+        f"cannot allocate a shared-memory segment of {gib(nbytes)} ({nbytes} bytes): {exc.strerror or exc}; "
+        f"{SHM_DIR} has {gib(free)} free and this machine {gib(avail)} of memory available (a mapping "
+        "also needs that much address space); use fewer devices or smaller ring_bytes / scratch_bytes",
+        requested=nbytes, shm_free=free, available=avail, errno=exc.errno)
 
 
 def ring_control(arena: SharedArena, layout: Layout) -> np.ndarray:
