@@ -1,4 +1,5 @@
-"""The README's tensor-parallel worked example runs and prints what its comments say."""
+"""The tensor-parallel page's worked example (docs/tensor-parallel.md) runs and prints what the
+page says it prints."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_readme_worked_example_runs_as_documented():
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text[text.index("## Tensor parallelism: sharding policies"):]
-    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+def test_worked_example_runs_as_documented(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = open(os.path.join(ROOT, "docs", "tensor-parallel.md"), encoding="utf-8").read()
+    head, section = text.split("## A worked example: `matched_inner`", 1)
+    namespace = {"__name__": "tp_docs"}
+    with contextlib.redirect_stdout(io.StringIO()):  # the page's earlier blocks set up mesh and imports
+        for block in re.findall(r"```python\n(.*?)```", head, re.S):
+            exec(compile(block, "docs/tensor-parallel.md", "exec"), namespace)
+    code, shown = re.search(r"```python\n(.*?)```\s*```text\n(.*?)```", section, re.S).groups()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+        exec(compile(code, "docs/tensor-parallel.md", "exec"), namespace)
     lines = out.getvalue().splitlines()
-    assert lines == [
-        "matched_inner: A[R, S(x,y)] @ B[S(x,y), R] -> C[R, R]",
-        "fwd all_reduce(x,y) | bwd -",
-        "True 393216",
-        "True True",
-        "('all_reduce',) () 8388608.0 16777216.0",
-    ]
+    assert lines[0] == "fwd all_reduce(x,y) | bwd -"
+    assert lines[1:] == shown.strip().splitlines()
