@@ -29,9 +29,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import nn
+from ..checkpoint import Recoverable
 from ..errors import UsageError
 from .actions import Action, Schedule
-from .device_step import run_step, settle
+from .committed import fetch_state, place_state, settle_all, step_keeping
 from .lower import lower
 from .partition import Pipeline
 from .placement import Placement
@@ -62,7 +63,7 @@ class StepSpec:
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
 
 
-class PipelinedOperation:
+class PipelinedOperation(Recoverable):
     """One training step of ``pipeline`` on a cluster, run by ``cluster.execute(op, x, y)`` (see the module doc).
 
     ``schedule``: a name in ``SCHEDULES`` (``"gpipe"``, ``"1f1b"``, ...) or a ``(schedule, placement)`` pair;
@@ -110,6 +111,8 @@ class PipelinedOperation:
         new.__dict__.update(state, key=f"pipeline/{next(_IDS)}", _clusters=weakref.WeakKeyDictionary(),
                             _last_on=weakref.WeakKeyDictionary(), _staged=weakref.WeakKeyDictionary(),
                             last_records={}, all_records={})
+        if "_rec" in state:  # the committed state travels with the copy; the clusters holding it do not
+            new.__dict__["_rec"] = state["_rec"].fork()
         return new
 
     # -- planning -----------------------------------------------------------------------------------
@@ -148,7 +151,8 @@ class PipelinedOperation:
                         self.axis, self.dp_axis, self.costs)
 
     # -- running ------------------------------------------------------------------------------------
-    def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
+    def _ensure_placed(self, cluster: Any) -> StepSpec:
+        """The step planned for ``cluster``, the stages placed there from the model's weights the first time."""
         mesh = cluster.mesh
         check_axes(mesh, self.axis, self.dp_axis)
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
@@ -159,6 +163,12 @@ class PipelinedOperation:
                        "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
             cluster.run(_place, self.key, payload)
             self._clusters[cluster] = spec
+        return spec
+
+    def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
+        mesh = cluster.mesh
+        spec = self._ensure_placed(cluster)
+        self._resume(cluster)  # the last committed state, if this cluster does not hold it (checkpoint/recovery.py)
         p, M = spec.placement, self.microbatches
         first = {p.rank_of(0, m) for m in range(M)}
         last = {p.rank_of(p.stages - 1, m) for m in range(M)}
@@ -182,8 +192,10 @@ class PipelinedOperation:
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
         commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
-        replies = cluster.run(run_step, self.key, len(xs[0]), commit)
+        replies = cluster.run(step_keeping, self.key, len(xs[0]), commit, self._recovery.driver_copy)
         self._staged[cluster] = True
+        self._commit(cluster, [r[3] for r in replies])
+        replies = [r[:3] for r in replies]
         self.last_records = {}
         self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
         for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
@@ -208,6 +220,24 @@ class PipelinedOperation:
                     head, _, rest = k.partition(".")
                     out.setdefault(f"{int(head) + offset}.{rest}", v)
         return {k: out[k] for k in self.pipeline.model.state_dict()}
+
+    # -- checkpoint hooks (checkpoint/recovery.py) --------------------------------------------------
+    _fetch_fn = staticmethod(fetch_state)
+    _place_fn = staticmethod(place_state)
+
+    def _stage_names(self) -> dict[int, dict[str, str]]:
+        """Stage -> {its parameter's name: the model's name for it}."""
+        return {st.index: dict(zip(st.module.parameters(), st.parameters())) for st in self.pipeline.stages}
+
+    def _model_weights(self) -> dict[str, np.ndarray]:
+        return self.pipeline.model.parameters()
+
+    def _shard_name(self, stage: int) -> str:
+        return f"stage{stage}"
+
+    def _layout(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__, "stages": len(self.pipeline),
+                "first_layers": [st.first_layer for st in self.pipeline.stages], "schedule": self.schedule_name}
 
     # -- what ran -----------------------------------------------------------------------------------
     def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
@@ -262,5 +292,5 @@ def _place(dev: Any, key: str, payload: dict) -> None:
 
 
 def _params(dev: Any, key: str, commit: bool = False) -> dict[int, dict[str, np.ndarray]]:
-    settle(dev.state[key], commit)
+    settle_all(dev.state[key], commit)
     return dict(dev.state[key]["params"])

@@ -20,9 +20,10 @@ from numbers import Integral
 import numpy as np
 
 from .. import nn
+from ..checkpoint import Recoverable
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
-from ..pipeline.device_step import run_step, settle
+from ..pipeline.committed import fetch_state, place_state, settle_all, step_keeping
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
 from ..pipeline.actions import Action
@@ -79,7 +80,7 @@ class _TupleGrad:
         return (dx,), g
 
 
-class TimelineParallel:
+class TimelineParallel(Recoverable):
     """One training step of ``model`` (a ``SequencePipe``) with its time axis split over ``model.get_group()``.
 
     ``microbatches`` per step; ``optimizer`` (default ``nn.SGD(0.1)``); ``costs``: ``{"F": flops, "B": flops}`` on
@@ -117,14 +118,8 @@ class TimelineParallel:
         if T % D:
             raise UsageError(f"a sequence of {T} steps does not split into {D} equal time segments "
                              f"(the size of mesh axis {self.axis!r})")
-        if cluster not in self._clusters:
-            sched, placement = build("1f1b", D, self.microbatches)
-            validate(sched, placement, self.microbatches)
-            simulate(sched, placement, self.microbatches)
-            spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
-                            stage_forward=stage_forward, shared_axis=self.axis)
-            cluster.run(_place, self.key, spec, self.model, self.optimizer)
-            self._clusters.add(cluster)
+        self._ensure_placed(cluster)
+        self._resume(cluster)  # the last committed state, if this cluster does not hold it (checkpoint/recovery.py)
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
@@ -133,12 +128,42 @@ class TimelineParallel:
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
         commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
-        replies = cluster.run(run_step, self.key, None, commit)
+        replies = cluster.run(step_keeping, self.key, None, commit, self._recovery.driver_copy)
         self._staged[cluster] = True
+        self._commit(cluster, [r[3] for r in replies])
+        replies = [r[:3] for r in replies]
         self.last_records = {}
         for _, prank, records in replies:
             self.last_records.setdefault(prank, records)
         return float(np.mean([loss for loss, _, _ in replies if loss is not None]))
+
+    def _ensure_placed(self, cluster: Any) -> None:
+        """Plan the step for ``cluster``'s axis and place the model's weights there, the first time."""
+        if cluster not in self._clusters:
+            D = len(cluster.mesh.group_of(0, cluster.mesh.axes(self.axis)))
+            sched, placement = build("1f1b", D, self.microbatches)
+            validate(sched, placement, self.microbatches)
+            simulate(sched, placement, self.microbatches)
+            spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
+                            stage_forward=stage_forward, shared_axis=self.axis)
+            cluster.run(_place, self.key, spec, self.model, self.optimizer)
+            self._clusters.add(cluster)
+
+    # -- checkpoint hooks (checkpoint/recovery.py): one set of weights, every device a copy: one shard
+    _fetch_fn = staticmethod(fetch_state)
+    _place_fn = staticmethod(place_state)
+
+    def _stage_names(self) -> dict[int, dict[str, str]]:
+        return {0: {k: k for k in self.model.parameters()}}
+
+    def _model_weights(self) -> dict[str, np.ndarray]:
+        return self.model.parameters()
+
+    def _shard_name(self, stage: int) -> str:
+        return "model"
+
+    def _layout(self) -> dict[str, Any]:
+        return {"kind": "TimelineParallel", "axis": str(self.axis), "replicated": True}
 
     def state_dict(self, cluster: Any, rank: int = 0) -> dict[str, np.ndarray]:
         """The trained weights (every device of the axis holds the same copy)."""
@@ -167,6 +192,6 @@ def _place(dev: Any, key: str, spec: StepSpec, model: SequencePipe, optimizer: n
 
 
 def _weights(dev: Any, key: str, commit: bool = False) -> dict[str, np.ndarray]:
-    settle(dev.state[key], commit)
+    settle_all(dev.state[key], commit)
     (params,) = dev.state[key]["params"].values()
     return {k: np.array(v) for k, v in params.items()}

@@ -1,0 +1,205 @@
+"""``Recoverable``: save, load and resume for any training operation (pipeline, strategy, timeline, ...).
+
+A training operation commits a step all or nothing: its devices stage the update and the driver
+commits it once every device succeeded.  This mixin keeps, per operation, on the driver:
+
+- ``step``: the committed steps, and a version that moves with every commit or load (a cluster
+  whose state has another version is stale and gets the committed state placed on it);
+- the **driver copy**: every stage's weights and optimizer state after the last committed step,
+  shipped with the step's replies by one device per stage (``driver_copy=True``, the default), so
+  that it outlives the devices; its cost per step is measured by ``benchmarks/bench_pipeline.py``;
+- optionally a checkpoint every ``checkpoint_every`` steps in ``checkpoint_dir``.
+
+When the operation next runs on a cluster that does not hold its last committed state — a new one
+after a device died, a run timed out or the driver was interrupted — it places that state there and
+says so in one warning (``resuming pipeline/3 from step 5 (the cluster that held it closed)``), or
+falls back to the newest checkpoint (and says which step it redoes), or raises
+:class:`ResumeError`: it never starts again from the initial weights silently.
+
+An operation provides the hooks: ``key``, ``optimizer``, ``_staged`` (cluster -> its last step
+succeeded), ``_ensure_placed(cluster)``, ``_stage_names()`` (stage -> {its name: model name}),
+``_model_weights()``, ``_shard_name(stage)``, ``_layout()``, and the device functions
+``_fetch_fn(dev, key, commit)`` and ``_place_fn(dev, key, stages)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ..errors import UsageError, VirtualParError
+from .state import StageState, TrainingState, from_checkpoint, to_shards
+from .store import INDEX, Checkpoint, CheckpointError, write_checkpoint
+
+__all__ = ["Recoverable", "ResumeError"]
+
+log = logging.getLogger("virtualpar.checkpoint")
+
+
+class ResumeError(VirtualParError):
+    """An operation's committed state cannot be recovered: it will not start again from its initial weights."""
+
+
+class _Head(NamedTuple):
+    version: int  # moves with every commit and load: a cluster holding another version is stale
+    step: int
+
+
+class _Recovery:
+    """What the driver keeps of one operation (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.head = _Head(0, 0)
+        self.committed: TrainingState | None = None
+        self.held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> version it holds
+        self.last: Any = None  # weakref to the cluster of the last commit
+        self.driver_copy = True
+        self.every: int | None = None
+        self.directory: Path | None = None
+
+    def fork(self) -> "_Recovery":
+        """For a copy of the operation: the same committed state and settings, no clusters."""
+        new = _Recovery()
+        new.head, new.committed = self.head, self.committed
+        new.driver_copy, new.every, new.directory = self.driver_copy, self.every, self.directory
+        return new
+
+    def __deepcopy__(self, memo: dict) -> "_Recovery":
+        return self.fork()
+
+    def __copy__(self) -> "_Recovery":
+        return self.fork()
+
+
+class Recoverable:
+    """Mixin: ``save``, ``load``, ``step``, ``committed()`` and the resume of a training operation."""
+
+    @property
+    def _recovery(self) -> _Recovery:
+        rec = self.__dict__.get("_rec")
+        if rec is None:
+            rec = self.__dict__["_rec"] = _Recovery()
+        return rec
+
+    @property
+    def step(self) -> int:
+        """Steps committed so far (the index of the next step's batch in a deterministic loop)."""
+        return self._recovery.head.step
+
+    def configure_recovery(self, *, driver_copy: bool = True, checkpoint_every: int | None = None,
+                           checkpoint_dir: str | os.PathLike | None = None) -> "Recoverable":
+        """``driver_copy``: keep the last committed step on the driver (default on); ``checkpoint_every=k``
+        with ``checkpoint_dir``: also write a checkpoint there every k committed steps.  Returns the operation."""
+        if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
+                                             or checkpoint_every < 1):
+            raise UsageError(f"checkpoint_every must be an int >= 1 (steps between checkpoints), got {checkpoint_every!r}")
+        if (checkpoint_every is None) != (checkpoint_dir is None):
+            raise UsageError("checkpoint_every and checkpoint_dir go together: every how many steps, and where "
+                             f"(got checkpoint_every={checkpoint_every!r}, checkpoint_dir={checkpoint_dir!r})")
+        rec = self._recovery
+        rec.driver_copy, rec.every = bool(driver_copy), checkpoint_every
+        rec.directory = None if checkpoint_dir is None else Path(checkpoint_dir)
+        return self
+
+    def committed(self) -> TrainingState | None:
+        """The driver copy: the state after the last committed step (None if not kept)."""
+        rec = self._recovery
+        return rec.committed if rec.committed is not None and rec.committed.step == rec.head.step else None
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save(self, cluster: Any, path: str | os.PathLike) -> Path:
+        """Write the operation's last committed state to the checkpoint directory ``path`` (one shard
+        file per stage, see :mod:`virtualpar.checkpoint.store`): fetched from ``cluster``'s devices, or
+        the driver copy when ``cluster`` is None or closed."""
+        rec = self._recovery
+        if cluster is not None and not cluster.closed:
+            if cluster not in rec.held:
+                raise UsageError(f"{type(self).__name__} {self.key!r} has not run on this cluster, so it holds none "
+                                 f"of its state; run a step first, or save(None, path) for the driver's copy")
+            state = self._fetch(cluster) if rec.held[cluster] == rec.head.version else self.committed()
+        else:
+            state = self.committed()
+        if state is None:
+            raise ResumeError(f"{self.key}: no copy of step {rec.head.step} is left to save (the cluster is closed "
+                              "and the driver copy is off)")
+        shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer)
+        return write_checkpoint(path, shards, step=state.step, layout=self._layout(), meta=meta)
+
+    def load(self, cluster: Any, path: str | os.PathLike) -> int:
+        """Make the checkpoint at ``path`` (saved under any layout of the same model) the operation's
+        committed state and place it on ``cluster`` (None: on the next cluster it runs on); returns its step."""
+        ckpt = Checkpoint(path)
+        state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
+        rec = self._recovery
+        rec.committed = state
+        rec.head = _Head(rec.head.version + 1, state.step)
+        if cluster is not None:
+            self._ensure_placed(cluster)
+            self._install(cluster, state)
+        log.info("%s loaded step %d from %s", self.key, state.step, path)
+        return state.step
+
+    # -- what the operations' execute_on calls -------------------------------------------------------
+    def _resume(self, cluster: Any) -> None:
+        """Before a step on ``cluster`` (placed): if it does not hold the last committed state, place it there."""
+        rec = self._recovery
+        held = rec.held.setdefault(cluster, 0)  # placed from the model's weights: version 0
+        if held == rec.head.version:
+            return
+        last = rec.last() if rec.last is not None else None
+        why = "the cluster that held it closed" if last is None or last.closed else "it moves from another cluster"
+        state = self.committed()
+        if state is None:
+            state = self._from_directory(rec, why)
+        else:
+            log.warning("resuming %s from step %d (%s)", self.key, state.step, why)
+        self._install(cluster, state)
+
+    def _from_directory(self, rec: _Recovery, why: str) -> TrainingState:
+        if rec.directory is None or not (rec.directory / INDEX).exists():
+            raise ResumeError(f"{self.key} committed {rec.head.step} steps and {why}, but no copy of them is left "
+                              "(the driver copy is off and no checkpoint was written); load one with op.load(cluster, "
+                              "path), or build a new operation to start from the model's weights")
+        ckpt = Checkpoint(rec.directory)
+        state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
+        redo = rec.head.step - state.step
+        log.warning("resuming %s from step %d (%s; checkpoint %s%s)", self.key, state.step, why, rec.directory,
+                    f", {redo} committed steps are redone" if redo else "")
+        rec.committed = state
+        rec.head = _Head(rec.head.version + 1, state.step)
+        return state
+
+    def _install(self, cluster: Any, state: TrainingState) -> None:
+        cluster.run(self._place_fn, self.key, state.stages)
+        self._staged.pop(cluster, None)  # nothing staged there now
+        self._recovery.held[cluster] = self._recovery.head.version
+
+    def _commit(self, cluster: Any, snapshots: list[Any]) -> None:
+        """After a step that succeeded on every device: one more committed step; ``snapshots``: each
+        device's reported stages {stage: (params, optimizer state)} (empty without the driver copy)."""
+        rec = self._recovery
+        head = _Head(rec.head.version + 1, rec.head.step + 1)
+        rec.held[cluster] = head.version  # first: interrupted below, the cluster is stale, not ahead
+        merged: dict[int, StageState] = {}
+        for snap in snapshots:
+            for s, (params, opt) in (snap or {}).items():
+                merged.setdefault(s, StageState(params, opt))
+        complete = rec.driver_copy and set(merged) == set(self._stage_names())
+        rec.committed = TrainingState(head.step, merged) if complete else rec.committed
+        rec.head = head
+        rec.last = weakref.ref(cluster)
+        if rec.every is not None and head.step % rec.every == 0:
+            state = self.committed() or self._fetch(cluster)
+            shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer)
+            write_checkpoint(rec.directory, shards, step=state.step, layout=self._layout(), meta=meta)
+
+    def _fetch(self, cluster: Any) -> TrainingState:
+        parts = cluster.run(self._fetch_fn, self.key, self._staged.pop(cluster, False))
+        stages: dict[int, StageState] = {}
+        for part in parts:
+            for s, (params, opt) in part.items():
+                stages.setdefault(s, StageState(params, opt))
+        return TrainingState(self._recovery.head.step, stages)
