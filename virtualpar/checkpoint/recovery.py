@@ -16,10 +16,14 @@ says so in one warning (``resuming pipeline/3 from step 5 (the cluster that held
 falls back to the newest checkpoint (and says which step it redoes), or raises
 :class:`ResumeError`: it never starts again from the initial weights silently.
 
-An operation provides the hooks: ``key``, ``optimizer``, ``_staged`` (cluster -> its last step
-succeeded), ``_ensure_placed(cluster)``, ``_stage_names()`` (stage -> {its name: model name}),
+Versions make the commit explicit: the driver passes each run the version the cluster holds
+once its last successful step is settled; a device adopts its prepared update only if that update
+makes exactly this version, and drops it otherwise (a failed step; a device the failure stopped
+before it settled the step before adopts that one late).
+
+An operation provides the hooks: ``key``, ``optimizer``, ``_ensure_placed(cluster)``, ``_stage_names()`` (stage -> {its name: model name}),
 ``_model_weights()``, ``_shard_name(stage)``, ``_layout()``, and the device functions
-``_fetch_fn(dev, key, commit)`` and ``_place_fn(dev, key, stages)``.
+``_fetch_fn(dev, key, version)`` and ``_place_fn(dev, key, stages, version)``.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class _Recovery:
         self.driver_copy = True
         self.every: int | None = None
         self.directory: Path | None = None
+        self.note = ""  # how the committed state was recovered, for the resume's line
 
     def fork(self) -> "_Recovery":
         """For a copy of the operation: the same committed state and settings, no clusters."""
@@ -151,31 +156,37 @@ class Recoverable:
             return
         last = rec.last() if rec.last is not None else None
         why = "the cluster that held it closed" if last is None or last.closed else "it moves from another cluster"
-        state = self.committed()
+        state = self.committed() or self._from_directory(rec)
         if state is None:
-            state = self._from_directory(rec, why)
-        else:
-            log.warning("resuming %s from step %d (%s)", self.key, state.step, why)
-        self._install(cluster, state)
-
-    def _from_directory(self, rec: _Recovery, why: str) -> TrainingState:
-        if rec.directory is None or not (rec.directory / INDEX).exists():
             raise ResumeError(f"{self.key} committed {rec.head.step} steps and {why}, but no copy of them is left "
                               "(the driver copy is off and no checkpoint was written); load one with op.load(cluster, "
                               "path), or build a new operation to start from the model's weights")
+        log.warning("resuming %s from step %d (%s%s)", self.key, state.step, why, rec.note)
+        rec.note = ""
+        self._install(cluster, state)
+
+    def _failed(self, cluster: Any) -> None:
+        """A step failed.  If it took the cluster down and the driver holds no copy of the last committed
+        step, fall back to the newest checkpoint now, so that ``step`` already says where training goes on."""
+        if cluster.closed and self.committed() is None:
+            self._from_directory(self._recovery)
+
+    def _from_directory(self, rec: _Recovery) -> TrainingState | None:
+        """The newest checkpoint in ``checkpoint_dir`` as the committed state (None if there is none)."""
+        if rec.directory is None or not (rec.directory / INDEX).exists():
+            return None
         ckpt = Checkpoint(rec.directory)
         state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
         redo = rec.head.step - state.step
-        log.warning("resuming %s from step %d (%s; checkpoint %s%s)", self.key, state.step, why, rec.directory,
-                    f", {redo} committed steps are redone" if redo else "")
+        rec.note = f"; checkpoint {rec.directory}" + (f", {redo} committed steps are redone" if redo else "")
         rec.committed = state
         rec.head = _Head(rec.head.version + 1, state.step)
         return state
 
     def _install(self, cluster: Any, state: TrainingState) -> None:
-        cluster.run(self._place_fn, self.key, state.stages)
-        self._staged.pop(cluster, None)  # nothing staged there now
-        self._recovery.held[cluster] = self._recovery.head.version
+        version = self._recovery.head.version
+        cluster.run(self._place_fn, self.key, state.stages, version)
+        self._recovery.held[cluster] = version
 
     def _commit(self, cluster: Any, snapshots: list[Any]) -> None:
         """After a step that succeeded on every device: one more committed step; ``snapshots``: each
@@ -197,7 +208,7 @@ class Recoverable:
             write_checkpoint(rec.directory, shards, step=state.step, layout=self._layout(), meta=meta)
 
     def _fetch(self, cluster: Any) -> TrainingState:
-        parts = cluster.run(self._fetch_fn, self.key, self._staged.pop(cluster, False))
+        parts = cluster.run(self._fetch_fn, self.key, self._recovery.held[cluster])
         stages: dict[int, StageState] = {}
         for part in parts:
             for s, (params, opt) in part.items():

@@ -228,6 +228,8 @@ class Checkpoint:
             raise CheckpointError(f"shard file {name} has {size} bytes, the index says {info['bytes']}")
         if _sha256(target) != info["sha256"]:
             raise CheckpointError(f"shard file {name} is corrupted: its sha256 differs from the one in the index")
+        if not zipfile.is_zipfile(target):  # np.load would take it for a pickle (and refuse it as one)
+            raise CheckpointError(f"shard file {name} is not a readable npz (not a zip archive)")
         out: dict[str, np.ndarray] = {}
         try:
             with np.load(target, allow_pickle=False) as npz:

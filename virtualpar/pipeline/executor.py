@@ -44,7 +44,7 @@ from .validate import validate
 __all__ = ["PipelinedOperation", "StepSpec"]
 
 _IDS = itertools.count()
-_PER_CLUSTER = ("_clusters", "_last_on", "_staged")  # weak maps of live clusters: a copy starts without them
+_PER_CLUSTER = ("_clusters", "_last_on")  # weak maps of live clusters: a copy starts without them
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,6 @@ class PipelinedOperation(Recoverable):
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
         self._last_on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's records
-        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's update waits
 
     def __copy__(self) -> "PipelinedOperation":
         return self._fresh(dict(self.__dict__))
@@ -109,8 +108,7 @@ class PipelinedOperation(Recoverable):
         the key, training the copy trained the original's weights)."""
         new = object.__new__(type(self))
         new.__dict__.update(state, key=f"pipeline/{next(_IDS)}", _clusters=weakref.WeakKeyDictionary(),
-                            _last_on=weakref.WeakKeyDictionary(), _staged=weakref.WeakKeyDictionary(),
-                            last_records={}, all_records={})
+                            _last_on=weakref.WeakKeyDictionary(), last_records={}, all_records={})
         if "_rec" in state:  # the committed state travels with the copy; the clusters holding it do not
             new.__dict__["_rec"] = state["_rec"].fork()
         return new
@@ -191,9 +189,12 @@ class PipelinedOperation(Recoverable):
                 cluster.put(r, self.key + "/x", xs[part], block=False)
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
-        commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
-        replies = cluster.run(step_keeping, self.key, len(xs[0]), commit, self._recovery.driver_copy)
-        self._staged[cluster] = True
+        want = self._recovery.held[cluster]  # the state version the devices hold once their last step is settled
+        try:
+            replies = cluster.run(step_keeping, self.key, len(xs[0]), want, self._recovery.driver_copy)
+        except BaseException:
+            self._failed(cluster)
+            raise
         self._commit(cluster, [r[3] for r in replies])
         replies = [r[:3] for r in replies]
         self.last_records = {}
@@ -211,7 +212,7 @@ class PipelinedOperation(Recoverable):
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
         check_ran(self, cluster)
-        parts = cluster.run(_params, self.key, self._staged.pop(cluster, False))
+        parts = cluster.run(_params, self.key, self._recovery.held[cluster])
         out: dict[str, np.ndarray] = {}
         for stage_params in parts:
             for s, params in stage_params.items():
@@ -291,6 +292,6 @@ def _place(dev: Any, key: str, payload: dict) -> None:
     }
 
 
-def _params(dev: Any, key: str, commit: bool = False) -> dict[int, dict[str, np.ndarray]]:
-    settle_all(dev.state[key], commit)
+def _params(dev: Any, key: str, want: int) -> dict[int, dict[str, np.ndarray]]:
+    settle_all(dev.state[key], want, key)
     return dict(dev.state[key]["params"])

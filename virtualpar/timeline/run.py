@@ -99,7 +99,6 @@ class TimelineParallel(Recoverable):
         self.axis = model.get_group()
         self.key = f"timeline/{id(self)}"
         self._clusters: weakref.WeakSet = weakref.WeakSet()  # the clusters holding its weights
-        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its last step's update waits
         self.last_records: dict[int, list] = {}
 
     def execute_on(self, cluster: Any, inputs: tuple, labels: tuple) -> float:
@@ -127,9 +126,12 @@ class TimelineParallel(Recoverable):
                         block=False)
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
-        commit = self._staged.pop(cluster, False)  # the last step here succeeded on every device
-        replies = cluster.run(step_keeping, self.key, None, commit, self._recovery.driver_copy)
-        self._staged[cluster] = True
+        want = self._recovery.held[cluster]  # the state version the devices hold once their last step is settled
+        try:
+            replies = cluster.run(step_keeping, self.key, None, want, self._recovery.driver_copy)
+        except BaseException:
+            self._failed(cluster)
+            raise
         self._commit(cluster, [r[3] for r in replies])
         replies = [r[:3] for r in replies]
         self.last_records = {}
@@ -170,7 +172,7 @@ class TimelineParallel(Recoverable):
         check_ran(self, cluster)
         if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < cluster.size:
             raise UsageError(f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}")
-        return cluster.run(_weights, self.key, self._staged.pop(cluster, False))[rank]
+        return cluster.run(_weights, self.key, self._recovery.held[cluster])[rank]
 
     def timeline(self, clock: str = "auto") -> str:
         """The last step as it ran, one row per time segment's device.  ``clock="auto"`` uses the
@@ -191,7 +193,7 @@ def _place(dev: Any, key: str, spec: StepSpec, model: SequencePipe, optimizer: n
                       "optimizers": {s: copy.deepcopy(optimizer)}, "flops": {s: 0.0}}
 
 
-def _weights(dev: Any, key: str, commit: bool = False) -> dict[str, np.ndarray]:
-    settle_all(dev.state[key], commit)
+def _weights(dev: Any, key: str, want: int) -> dict[str, np.ndarray]:
+    settle_all(dev.state[key], want, key)
     (params,) = dev.state[key]["params"].values()
     return {k: np.array(v) for k, v in params.items()}
