@@ -6,8 +6,9 @@ commits it once every device succeeded.  This mixin keeps, per operation, on the
 - ``step``: the committed steps, and a version that moves with every commit or load (a cluster
   whose state has another version is stale and gets the committed state placed on it);
 - the **driver copy**: every stage's weights and optimizer state after the last committed step,
-  shipped with the step's replies by one device per stage (``driver_copy=True``, the default), so
-  that it outlives the devices; its cost per step is measured by ``benchmarks/bench_pipeline.py``;
+  written by one device per stage into slot files only the driver can reach once the devices are
+  gone (:mod:`.spill`; without them, shipped with the step's replies), read only when needed
+  (``driver_copy=True``, the default); its cost per step is measured by ``benchmarks/bench_pipeline.py``;
 - optionally a checkpoint every ``checkpoint_every`` steps in ``checkpoint_dir``.
 
 When the operation next runs on a cluster that does not hold its last committed state — a new one
@@ -23,7 +24,7 @@ before it settled the step before adopts that one late).
 
 An operation provides the hooks: ``key``, ``optimizer``, ``_ensure_placed(cluster)``, ``_stage_names()`` (stage -> {its name: model name}),
 ``_model_weights()``, ``_shard_name(stage)``, ``_layout()``, and the device functions
-``_fetch_fn(dev, key, version)`` and ``_place_fn(dev, key, stages, version)``.
+``_fetch_fn(dev, key, version)``, ``_place_fn(dev, key, stages, version)`` and ``_spill_fn(dev, key, prefix)``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import UsageError, VirtualParError
+from .spill import Spill
 from .state import StageState, TrainingState, from_checkpoint, to_shards
 from .store import INDEX, Checkpoint, CheckpointError, write_checkpoint
 
@@ -57,7 +59,10 @@ class _Recovery:
 
     def __init__(self) -> None:
         self.head = _Head(0, 0)
-        self.committed: TrainingState | None = None
+        self.committed: TrainingState | None = None  # in memory, valid while committed_version is head's
+        self.committed_version = -1
+        self.spills: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its slot files
+        self.source: tuple[Spill, int] | None = None  # the slot files holding a committed version
         self.held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> version it holds
         self.last: Any = None  # weakref to the cluster of the last commit
         self.driver_copy = True
@@ -68,7 +73,13 @@ class _Recovery:
     def fork(self) -> "_Recovery":
         """For a copy of the operation: the same committed state and settings, no clusters."""
         new = _Recovery()
-        new.head, new.committed = self.head, self.committed
+        new.head = self.head
+        new.committed, new.committed_version = self.committed, self.committed_version
+        if self.source is not None and self.source[1] == self.head.version != self.committed_version:
+            # read now: the original's next steps rewrite these slots
+            stages = self.source[0].read(self.head.version)
+            new.committed = TrainingState(self.head.step, {s: StageState(*v) for s, v in stages.items()})
+            new.committed_version = self.head.version
         new.driver_copy, new.every, new.directory = self.driver_copy, self.every, self.directory
         return new
 
@@ -112,7 +123,18 @@ class Recoverable:
     def committed(self) -> TrainingState | None:
         """The driver copy: the state after the last committed step (None if not kept)."""
         rec = self._recovery
-        return rec.committed if rec.committed is not None and rec.committed.step == rec.head.step else None
+        if rec.committed is not None and rec.committed_version == rec.head.version:
+            return rec.committed
+        if rec.source is not None and rec.source[1] == rec.head.version:
+            stages = rec.source[0].read(rec.head.version)
+            if set(stages) == set(self._stage_names()):
+                self._keep(TrainingState(rec.head.step, {s: StageState(*v) for s, v in stages.items()}))
+                return rec.committed
+        return None
+
+    def _keep(self, state: TrainingState) -> None:
+        rec = self._recovery
+        rec.committed, rec.committed_version = state, rec.head.version
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save(self, cluster: Any, path: str | os.PathLike) -> Path:
@@ -139,8 +161,8 @@ class Recoverable:
         ckpt = Checkpoint(path)
         state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
         rec = self._recovery
-        rec.committed = state
         rec.head = _Head(rec.head.version + 1, state.step)
+        self._keep(state)
         if cluster is not None:
             self._ensure_placed(cluster)
             self._install(cluster, state)
@@ -151,6 +173,8 @@ class Recoverable:
     def _resume(self, cluster: Any) -> None:
         """Before a step on ``cluster`` (placed): if it does not hold the last committed state, place it there."""
         rec = self._recovery
+        if cluster not in rec.held and rec.driver_copy:
+            self._open_spill(cluster)
         held = rec.held.setdefault(cluster, 0)  # placed from the model's weights: version 0
         if held == rec.head.version:
             return
@@ -179,9 +203,22 @@ class Recoverable:
         state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
         redo = rec.head.step - state.step
         rec.note = f"; checkpoint {rec.directory}" + (f", {redo} committed steps are redone" if redo else "")
-        rec.committed = state
         rec.head = _Head(rec.head.version + 1, state.step)
+        self._keep(state)
         return state
+
+    def _open_spill(self, cluster: Any) -> None:
+        """Slot files for the driver copy on a new cluster; without them the copy goes with the replies."""
+        try:
+            spill = Spill(cluster.size)
+        except OSError as exc:
+            log.info("%s: no slot files for the driver copy (%s); it goes with the step's replies", self.key, exc)
+            return
+        try:
+            cluster.run(self._spill_fn, self.key, spill.prefix)
+        finally:
+            spill.unlink()  # every device opened its files, or failed: no name outlives this call
+        self._recovery.spills[cluster] = spill
 
     def _install(self, cluster: Any, state: TrainingState) -> None:
         version = self._recovery.head.version
@@ -198,8 +235,11 @@ class Recoverable:
         for snap in snapshots:
             for s, (params, opt) in (snap or {}).items():
                 merged.setdefault(s, StageState(params, opt))
-        complete = rec.driver_copy and set(merged) == set(self._stage_names())
-        rec.committed = TrainingState(head.step, merged) if complete else rec.committed
+        spill = rec.spills.get(cluster)
+        if rec.driver_copy and spill is not None:
+            rec.source = (spill, head.version)
+        elif rec.driver_copy and set(merged) == set(self._stage_names()):
+            rec.committed, rec.committed_version = TrainingState(head.step, merged), head.version
         rec.head = head
         rec.last = weakref.ref(cluster)
         if rec.every is not None and head.step % rec.every == 0:

@@ -32,7 +32,7 @@ from .. import nn
 from ..checkpoint import Recoverable
 from ..errors import UsageError
 from .actions import Action, Schedule
-from .committed import fetch_state, place_state, settle_all, step_keeping
+from .committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from .lower import lower
 from .partition import Pipeline
 from .placement import Placement
@@ -225,6 +225,7 @@ class PipelinedOperation(Recoverable):
     # -- checkpoint hooks (checkpoint/recovery.py) --------------------------------------------------
     _fetch_fn = staticmethod(fetch_state)
     _place_fn = staticmethod(place_state)
+    _spill_fn = staticmethod(open_spill)
 
     def _stage_names(self) -> dict[int, dict[str, str]]:
         """Stage -> {its parameter's name: the model's name for it}."""

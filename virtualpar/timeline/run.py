@@ -23,7 +23,7 @@ from .. import nn
 from ..checkpoint import Recoverable
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
-from ..pipeline.committed import fetch_state, place_state, settle_all, step_keeping
+from ..pipeline.committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
 from ..pipeline.actions import Action
@@ -154,6 +154,7 @@ class TimelineParallel(Recoverable):
     # -- checkpoint hooks (checkpoint/recovery.py): one set of weights, every device a copy: one shard
     _fetch_fn = staticmethod(fetch_state)
     _place_fn = staticmethod(place_state)
+    _spill_fn = staticmethod(open_spill)
 
     def _stage_names(self) -> dict[int, dict[str, str]]:
         return {0: {k: k for k in self.model.parameters()}}
