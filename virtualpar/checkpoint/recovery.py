@@ -132,6 +132,17 @@ class Recoverable:
                 return rec.committed
         return None
 
+    def committed_state_dict(self) -> dict[str, Any]:
+        """The weights after the last committed step, keyed by the model's names, from the driver copy:
+        readable after every device died (``state_dict(cluster)`` asks the devices)."""
+        state = self.committed()
+        if state is None:
+            raise ResumeError(f"{self.key}: the driver holds no copy of step {self.step} (the driver copy is off, or "
+                              "the operation has not run); ask a cluster that holds it: op.state_dict(cluster)")
+        names = self._stage_names()
+        out = {names[s][k]: v for s, st in state.stages.items() for k, v in st.params.items()}
+        return {k: out[k] for k in self._model_weights() if k in out}
+
     def _keep(self, state: TrainingState) -> None:
         rec = self._recovery
         rec.committed, rec.committed_version = state, rec.head.version
