@@ -4,13 +4,15 @@ exactly as if never stopped, and a device killed mid-run costs nothing but the s
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 
 import numpy as np
 import pytest
 
-from virtualpar import DeviceDied, Mesh, UsageError, VirtualCluster, nn
-from virtualpar.checkpoint import Checkpoint, ResumeError
+from virtualpar import ClusterClosedError, DeviceDied, Mesh, UsageError, VirtualCluster, nn
+from virtualpar.checkpoint import Checkpoint, ResumeError, recovery
 from virtualpar.pipeline import Pipeline, PipelinedOperation
 from virtualpar.strategies import STRATEGIES, StrategyOperation
 from virtualpar.timeline import TimelineParallel
@@ -136,7 +138,14 @@ def test_a_pipeline_checkpoint_recut_into_other_stages_trains_on_as_if_never_sto
         _equal(state, whole.state_dict(cluster))
 
 
-def test_a_device_killed_mid_run_resumes_on_a_new_cluster_with_the_fault_free_weights(caplog):
+@pytest.mark.parametrize("slots", [True, False], ids=["slot-files", "in-replies"])
+def test_a_device_killed_mid_run_resumes_on_a_new_cluster_with_the_fault_free_weights(caplog, monkeypatch, slots):
+    """The driver copy lives in slot files no name points to (checkpoint/spill.py), or, when they
+    cannot be made, comes with each step's replies: either way the kill costs only its step."""
+    if not slots:
+        def no_room(devices):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(recovery, "Spill", no_room)
     whole = pipe_op([2])
     with VirtualCluster(2) as cluster:
         train(whole, cluster, 5)
@@ -144,17 +153,65 @@ def test_a_device_killed_mid_run_resumes_on_a_new_cluster_with_the_fault_free_we
     op = pipe_op([2])
     with VirtualCluster(2) as cluster:
         train(op, cluster, 3)
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"virtualpar-{os.getpid()}-keep")]
         cluster.inject(1, 2, "kill")
         with pytest.raises(DeviceDied):
             cluster.execute(op, *batch(op.step))
-        with pytest.raises(Exception):  # the devices are gone: the state lives on in the driver
+        with pytest.raises(ClusterClosedError):  # the devices are gone: the state lives on in the driver
             op.state_dict(cluster)
     assert op.step == 3
+    mid = op.committed_state_dict()
     with caplog.at_level(logging.WARNING, logger="virtualpar.checkpoint"), VirtualCluster(2) as cluster:
-        train(op, cluster, 2)
+        assert train(op, cluster, 1)[0] == pytest.approx(float(np.mean([  # step 3's loss from step 3's weights
+            nn.mse_loss(_forward(mid, xm), ym) for xm, ym in zip(np.split(batch(3)[0], 2), np.split(batch(3)[1], 2))])),
+            rel=1e-12)
+        train(op, cluster, 1)
         _equal(op.state_dict(cluster), want)
-    lines = [r.getMessage() for r in caplog.records if r.name == "virtualpar.checkpoint"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "virtualpar.checkpoint" and r.levelno >= logging.WARNING]
     assert lines == [f"resuming {op.key} from step 3 (the cluster that held it closed)"]
+
+
+def _forward(weights: dict, x: np.ndarray) -> np.ndarray:
+    model = mlp()
+    model.load_state_dict(weights)
+    return model(x)
+
+
+def test_a_timeline_operation_resumes_after_a_kill(caplog):
+    inputs, labels = example.synthetic(batch=4, length=12)
+    make = lambda: TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.Adam(0.05))  # noqa: E731
+    whole = make()
+    with VirtualCluster(Mesh({"time": 2})) as cluster:
+        want = [cluster.execute(whole, inputs, labels) for _ in range(4)]
+    op = make()
+    with VirtualCluster(Mesh({"time": 2})) as cluster:
+        losses = [cluster.execute(op, inputs, labels) for _ in range(2)]
+        cluster.inject(0, 1, "kill")
+        with pytest.raises(DeviceDied):
+            cluster.execute(op, inputs, labels)
+    with VirtualCluster(Mesh({"time": 2})) as cluster:
+        losses += [cluster.execute(op, inputs, labels) for _ in range(2)]
+        _equal(op.state_dict(cluster), whole.committed_state_dict())
+    assert losses == want
+    assert f"resuming {op.key} from step 2 (the cluster that held it closed)" in caplog.text
+
+
+def test_a_copy_of_an_operation_carries_its_committed_state_and_a_loaded_one_says_where_from(tmp_path, caplog):
+    op = pipe_op([2])
+    with VirtualCluster(2) as cluster:
+        train(op, cluster, 2)
+        twin = copy.deepcopy(op)
+        train(op, cluster, 1)  # rewrites the slot files the copy was made from
+    assert twin.step == 2 and twin.key != op.key
+    with VirtualCluster(2) as cluster:
+        train(twin, cluster, 1)
+        _equal(twin.state_dict(cluster), op.committed_state_dict())
+    op.save(None, tmp_path / "c")
+    other = pipe_op([1, 2, 3])
+    other.load(None, tmp_path / "c")
+    with VirtualCluster(4) as cluster:
+        train(other, cluster, 1)
+    assert f"resuming {other.key} from step 3 (loaded from {tmp_path / 'c'})" in caplog.text
 
 
 def test_without_a_driver_copy_the_newest_checkpoint_is_resumed_and_the_lost_steps_redone(tmp_path, caplog):

@@ -69,6 +69,7 @@ class _Recovery:
         self.every: int | None = None
         self.directory: Path | None = None
         self.note = ""  # how the committed state was recovered, for the resume's line
+        self.origin: str | None = None  # where a state loaded for no cluster came from
 
     def fork(self) -> "_Recovery":
         """For a copy of the operation: the same committed state and settings, no clusters."""
@@ -160,6 +161,8 @@ class Recoverable:
             state = self._fetch(cluster) if rec.held[cluster] == rec.head.version else self.committed()
         else:
             state = self.committed()
+        if state is None and rec.head.step == 0:
+            raise UsageError(f"{self.key} has not run: nothing to save yet; run a step first: cluster.execute(op, ...)")
         if state is None:
             raise ResumeError(f"{self.key}: no copy of step {rec.head.step} is left to save (the cluster is closed "
                               "and the driver copy is off)")
@@ -174,8 +177,10 @@ class Recoverable:
         rec = self._recovery
         rec.head = _Head(rec.head.version + 1, state.step)
         self._keep(state)
+        rec.origin = f"loaded from {path}"
         if cluster is not None:
             self._ensure_placed(cluster)
+            self._adopt(cluster)
             self._install(cluster, state)
         log.info("%s loaded step %d from %s", self.key, state.step, path)
         return state.step
@@ -184,13 +189,11 @@ class Recoverable:
     def _resume(self, cluster: Any) -> None:
         """Before a step on ``cluster`` (placed): if it does not hold the last committed state, place it there."""
         rec = self._recovery
-        if cluster not in rec.held and rec.driver_copy:
-            self._open_spill(cluster)
-        held = rec.held.setdefault(cluster, 0)  # placed from the model's weights: version 0
-        if held == rec.head.version:
+        if self._adopt(cluster) == rec.head.version:
             return
         last = rec.last() if rec.last is not None else None
-        why = "the cluster that held it closed" if last is None or last.closed else "it moves from another cluster"
+        why = rec.origin or ("the cluster that held it closed" if last is None or last.closed
+                             else "it moves from another cluster")
         state = self.committed() or self._from_directory(rec)
         if state is None:
             raise ResumeError(f"{self.key} committed {rec.head.step} steps and {why}, but no copy of them is left "
@@ -199,6 +202,16 @@ class Recoverable:
         log.warning("resuming %s from step %d (%s%s)", self.key, state.step, why, rec.note)
         rec.note = ""
         self._install(cluster, state)
+
+    def _adopt(self, cluster: Any) -> int:
+        """The state version ``cluster`` holds; a cluster new to the operation (placed from the model's
+        weights: version 0) gets its slot files for the driver copy first."""
+        rec = self._recovery
+        if cluster not in rec.held:
+            if rec.driver_copy:
+                self._open_spill(cluster)
+            rec.held[cluster] = 0
+        return rec.held[cluster]
 
     def _failed(self, cluster: Any) -> None:
         """A step failed.  If it took the cluster down and the driver holds no copy of the last committed
@@ -252,7 +265,7 @@ class Recoverable:
         elif rec.driver_copy and set(merged) == set(self._stage_names()):
             rec.committed, rec.committed_version = TrainingState(head.step, merged), head.version
         rec.head = head
-        rec.last = weakref.ref(cluster)
+        rec.last, rec.origin = weakref.ref(cluster), None
         if rec.every is not None and head.step % rec.every == 0:
             state = self.committed() or self._fetch(cluster)
             shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer)

@@ -5,13 +5,18 @@
     loss = cluster.execute(op, x, y)          # one step: forward, backward, optimizer
     weights = op.state_dict(cluster)          # keyed like model.state_dict()
     print(op.timeline())                      # what ran, per rank, on the modelled clock
+    op.save(cluster, "ckpt/")                 # weights, optimizer state, step: one file per stage
 
 The schedule is validated, simulated (a schedule that cannot finish is refused before anything
 runs) and lowered once; the stages' weights and optimizer state are placed on a cluster's devices
-at the first step the operation runs there, and stay there: every cluster an operation runs on
-trains its own copy, starting from the model's weights.  Each step puts the batch on the first
+at the first step the operation runs there, and stay there.  An operation is one training run:
+``op.step`` counts its committed steps, and a cluster that does not hold the last of them — a new
+one after a device died — gets it placed before its step, from the driver's copy or a checkpoint
+(:mod:`virtualpar.checkpoint`, which also gives ``save``, ``load`` and ``configure_recovery``);
+it never starts again from the model's weights once a step committed.  Each step puts the batch on the first
 stage's devices and the targets on the last's (host traffic), runs
-:func:`~virtualpar.pipeline.device_step.run_step` on every device, and returns the mean
+:func:`~virtualpar.pipeline.device_step.run_step` on every device (through
+:func:`~virtualpar.pipeline.committed.step_keeping`, which keeps the driver's copy), and returns the mean
 microbatch loss.  ``dp_axis`` names a data-parallel mesh axis:
 its replicas split the batch and average their gradients.  ``costs`` ({kind: FLOPs}) replaces
 the stages' own FLOP counts on the modelled clock, e.g. unit costs on a 1 FLOP/s device to
