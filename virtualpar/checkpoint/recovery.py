@@ -22,9 +22,11 @@ once its last successful step is settled; a device adopts its prepared update on
 makes exactly this version, and drops it otherwise (a failed step; a device the failure stopped
 before it settled the step before adopts that one late).
 
-An operation provides the hooks: ``key``, ``optimizer``, ``_ensure_placed(cluster)``, ``_stage_names()`` (stage -> {its name: model name}),
+An operation provides the hooks: ``key``, ``optimizer``, ``_ensure_placed(cluster)``,
+``_stage_names()`` (stage -> {its name: model name}),
 ``_model_weights()``, ``_shard_name(stage)``, ``_layout()``, and the device functions
-``_fetch_fn(dev, key, version)``, ``_place_fn(dev, key, stages, version)`` and ``_spill_fn(dev, key, prefix)``.
+``_fetch_fn(dev, key, version)``, ``_place_fn(dev, key, stages, version)`` and
+``_spill_fn(dev, key, prefix)``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ log = logging.getLogger("virtualpar.checkpoint")
 
 
 class ResumeError(VirtualParError):
-    """An operation's committed state cannot be recovered: it will not start again from its initial weights."""
+    """An operation's committed state cannot be recovered (it never starts again from its initial weights)."""
 
 
 class _Head(NamedTuple):
@@ -109,13 +111,15 @@ class Recoverable:
     def configure_recovery(self, *, driver_copy: bool = True, checkpoint_every: int | None = None,
                            checkpoint_dir: str | os.PathLike | None = None) -> "Recoverable":
         """``driver_copy``: keep the last committed step on the driver (default on); ``checkpoint_every=k``
-        with ``checkpoint_dir``: also write a checkpoint there every k committed steps.  Returns the operation."""
-        if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int)
-                                             or checkpoint_every < 1):
-            raise UsageError(f"checkpoint_every must be an int >= 1 (steps between checkpoints), got {checkpoint_every!r}")
-        if (checkpoint_every is None) != (checkpoint_dir is None):
-            raise UsageError("checkpoint_every and checkpoint_dir go together: every how many steps, and where "
-                             f"(got checkpoint_every={checkpoint_every!r}, checkpoint_dir={checkpoint_dir!r})")
+        with ``checkpoint_dir``: also write a checkpoint there every k committed steps.  Returns the
+        operation."""
+        every = checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise UsageError(f"checkpoint_every must be an int >= 1 (steps between checkpoints), got "
+                             f"{every!r}")
+        if (every is None) != (checkpoint_dir is None):
+            raise UsageError("checkpoint_every and checkpoint_dir go together: every how many steps, and "
+                             f"where (got checkpoint_every={every!r}, checkpoint_dir={checkpoint_dir!r})")
         rec = self._recovery
         rec.driver_copy, rec.every = bool(driver_copy), checkpoint_every
         rec.directory = None if checkpoint_dir is None else Path(checkpoint_dir)
@@ -138,8 +142,9 @@ class Recoverable:
         readable after every device died (``state_dict(cluster)`` asks the devices)."""
         state = self.committed()
         if state is None:
-            raise ResumeError(f"{self.key}: the driver holds no copy of step {self.step} (the driver copy is off, or "
-                              "the operation has not run); ask a cluster that holds it: op.state_dict(cluster)")
+            raise ResumeError(f"{self.key}: the driver holds no copy of step {self.step} (the driver copy is "
+                              "off, or the operation has not run); ask a cluster that holds it: "
+                              "op.state_dict(cluster)")
         names = self._stage_names()
         out = {names[s][k]: v for s, st in state.stages.items() for k, v in st.params.items()}
         return {k: out[k] for k in self._model_weights() if k in out}
@@ -156,22 +161,25 @@ class Recoverable:
         rec = self._recovery
         if cluster is not None and not cluster.closed:
             if cluster not in rec.held:
-                raise UsageError(f"{type(self).__name__} {self.key!r} has not run on this cluster, so it holds none "
-                                 f"of its state; run a step first, or save(None, path) for the driver's copy")
+                raise UsageError(f"{type(self).__name__} {self.key!r} has not run on this cluster, so it "
+                                 "holds none of its state; run a step first, or save(None, path) for the "
+                                 "driver's copy")
             state = self._fetch(cluster) if rec.held[cluster] == rec.head.version else self.committed()
         else:
             state = self.committed()
         if state is None and rec.head.step == 0:
-            raise UsageError(f"{self.key} has not run: nothing to save yet; run a step first: cluster.execute(op, ...)")
+            raise UsageError(f"{self.key} has not run: nothing to save yet; run a step first: "
+                             "cluster.execute(op, ...)")
         if state is None:
-            raise ResumeError(f"{self.key}: no copy of step {rec.head.step} is left to save (the cluster is closed "
-                              "and the driver copy is off)")
+            raise ResumeError(f"{self.key}: no copy of step {rec.head.step} is left to save (the cluster is "
+                              "closed and the driver copy is off)")
         shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer)
         return write_checkpoint(path, shards, step=state.step, layout=self._layout(), meta=meta)
 
     def load(self, cluster: Any, path: str | os.PathLike) -> int:
         """Make the checkpoint at ``path`` (saved under any layout of the same model) the operation's
-        committed state and place it on ``cluster`` (None: on the next cluster it runs on); returns its step."""
+        committed state and place it on ``cluster`` (None: on the next cluster it runs on); returns its
+        step."""
         ckpt = Checkpoint(path)
         state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
         rec = self._recovery
@@ -187,7 +195,7 @@ class Recoverable:
 
     # -- what the operations' execute_on calls -------------------------------------------------------
     def _resume(self, cluster: Any) -> None:
-        """Before a step on ``cluster`` (placed): if it does not hold the last committed state, place it there."""
+        """Before a step on ``cluster`` (placed): the last committed state placed there if it lacks it."""
         rec = self._recovery
         if self._adopt(cluster) == rec.head.version:
             return
@@ -196,9 +204,10 @@ class Recoverable:
                              else "it moves from another cluster")
         state = self.committed() or self._from_directory(rec)
         if state is None:
-            raise ResumeError(f"{self.key} committed {rec.head.step} steps and {why}, but no copy of them is left "
-                              "(the driver copy is off and no checkpoint was written); load one with op.load(cluster, "
-                              "path), or build a new operation to start from the model's weights")
+            raise ResumeError(f"{self.key} committed {rec.head.step} steps and {why}, but no copy of them is "
+                              "left (the driver copy is off and no checkpoint was written); load one with "
+                              "op.load(cluster, path), or build a new operation to start from the model's "
+                              "weights")
         log.warning("resuming %s from step %d (%s%s)", self.key, state.step, why, rec.note)
         rec.note = ""
         self._install(cluster, state)
@@ -236,7 +245,7 @@ class Recoverable:
         try:
             spill = Spill(cluster.size)
         except OSError as exc:
-            log.info("%s: no slot files for the driver copy (%s); it goes with the step's replies", self.key, exc)
+            log.info("%s: no slot files for the driver copy (%s); it goes with the replies", self.key, exc)
             return
         try:
             cluster.run(self._spill_fn, self.key, spill.prefix)

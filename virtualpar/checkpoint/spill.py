@@ -37,7 +37,8 @@ _ALIGN = 64
 
 
 def _directory() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    ram = "/dev/shm"
+    return ram if os.path.isdir(ram) and os.access(ram, os.W_OK) else tempfile.gettempdir()
 
 
 def _close(fds: list[int]) -> None:
@@ -109,8 +110,10 @@ def write_slot(fd: int, version: int, stages: dict[int, tuple[dict, dict]]) -> N
         return [a.dtype.str, list(a.shape)]
 
     for s, (params, opt) in stages.items():
-        meta[str(s)] = {"params": {k: place(v) for k, v in params.items()}, "t": int(opt["t"]), "lr": float(opt["lr"]),
-                        "state": {k: {slot: place(v) for slot, v in d.items()} for k, d in opt["state"].items()}}
+        meta[str(s)] = {"params": {k: place(v) for k, v in params.items()},
+                        "t": int(opt["t"]), "lr": float(opt["lr"]),
+                        "state": {k: {slot: place(v) for slot, v in d.items()}
+                                  for k, d in opt["state"].items()}}
     header = json.dumps(meta).encode()
     offset = -(-(_HEAD.size + len(header)) // _ALIGN) * _ALIGN
     starts = []

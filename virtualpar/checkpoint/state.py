@@ -27,7 +27,8 @@ __all__ = ["StageState", "TrainingState", "to_shards", "from_checkpoint", "fork_
 
 @dataclass(frozen=True)
 class StageState:
-    """One stage's parameters (its own names) and optimizer state ``{"t", "lr", "state": {name: {slot: array}}}``."""
+    """A stage's parameters (its own names) and optimizer state ``{"t", "lr", "state": {name: {slot: ...}}}``
+    (``t`` its steps, ``state`` its arrays per parameter: momentum, Adam's m, v and step)."""
 
     params: dict[str, np.ndarray]
     optimizer: dict[str, Any]
@@ -86,12 +87,12 @@ def from_checkpoint(ckpt: Checkpoint, names: Mapping[int, Mapping[str, str]], mo
                                                       f"not in the model {extra[:6]}" if extra else "") if s))
     opt = ckpt.meta.get("optimizer", {})
     if opt.get("type") != type(optimizer).__name__:
-        raise CheckpointError(f"checkpoint {ckpt.path} holds {opt.get('type')!r} optimizer state; the operation's "
-                              f"optimizer is {type(optimizer).__name__}")
+        raise CheckpointError(f"checkpoint {ckpt.path} holds {opt.get('type')!r} optimizer state; the "
+                              f"operation's optimizer is {type(optimizer).__name__}")
     ts = set(opt.get("t", {}).values())
     if len(ts) != 1:
-        raise CheckpointError(f"checkpoint {ckpt.path}: its shards' optimizers took different numbers of steps "
-                              f"{opt.get('t')}; they cannot be re-cut into other stages")
+        raise CheckpointError(f"checkpoint {ckpt.path}: its shards' optimizers took different numbers of "
+                              f"steps {opt.get('t')}; they cannot be re-cut into other stages")
     t, lr = ts.pop(), float(opt["lr"])
     slots: dict[str, list[tuple[str, str]]] = {}
     for k in ckpt.keys():
@@ -105,8 +106,8 @@ def from_checkpoint(ckpt: Checkpoint, names: Mapping[int, Mapping[str, str]], mo
             value = ckpt.tensor(f"model/{name}")
             want = np.asarray(model[name])
             if value.shape != want.shape or value.dtype != want.dtype:
-                raise CheckpointError(f"checkpoint {ckpt.path}: {name!r} is {value.dtype} {value.shape}, the model's "
-                                      f"{want.dtype} {want.shape}")
+                raise CheckpointError(f"checkpoint {ckpt.path}: {name!r} is {value.dtype} {value.shape}, the "
+                                      f"model's {want.dtype} {want.shape}")
             params[local] = value
             if name in slots:
                 state[local] = {slot: ckpt.tensor(k) for slot, k in slots[name]}

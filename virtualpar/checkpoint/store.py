@@ -1,4 +1,4 @@
-"""A checkpoint on disk: one ``.npz`` per shard plus ``index.json``, written atomically, read without running code.
+"""A checkpoint on disk: an ``.npz`` per shard and ``index.json``, written atomically, read running no code.
 
 Layout of a checkpoint directory (torch's distributed checkpoint keeps the same split: a file per
 rank and one small metadata file)::
@@ -72,12 +72,14 @@ def _sha256(path: Path) -> str:
 def _check_target(path: Path) -> None:
     """Write only into a new or empty directory, or over a checkpoint of ours."""
     if path.exists() and not path.is_dir():
-        raise CheckpointError(f"cannot write a checkpoint to {path}: it is a file (a checkpoint is a directory)")
+        raise CheckpointError(f"cannot write a checkpoint to {path}: it is a file (a checkpoint is a "
+                              "directory)")
     if path.is_dir() and not (path / INDEX).exists():
         foreign = [p.name for p in path.iterdir() if not _OURS.match(p.name)]
         if foreign:
-            raise CheckpointError(f"refusing to write a checkpoint into {path}: it holds {sorted(foreign)[:5]} "
-                                  f"and no {INDEX} (not a virtualpar checkpoint); choose an empty or new directory")
+            raise CheckpointError(f"refusing to write a checkpoint into {path}: it holds "
+                                  f"{sorted(foreign)[:5]} and no {INDEX} (not a virtualpar checkpoint); "
+                                  "choose an empty or new directory")
 
 
 def _entries(shards: Mapping[str, Mapping[str, Any]]) -> dict[str, list[tuple[str, Piece]]]:
@@ -90,8 +92,8 @@ def _entries(shards: Mapping[str, Mapping[str, Any]]) -> dict[str, list[tuple[st
             piece = value if isinstance(value, Piece) else Piece(np.asarray(value))
             a = np.asarray(piece.array)
             if a.dtype.hasobject or a.dtype.kind not in "biufc":
-                raise CheckpointError(f"tensor {key!r} of shard {stem!r} is {a.dtype}: a checkpoint holds numeric "
-                                      "arrays only (anything else would need pickle to load)")
+                raise CheckpointError(f"tensor {key!r} of shard {stem!r} is {a.dtype}: a checkpoint holds "
+                                      "numeric arrays only (anything else would need pickle to load)")
             a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a 0-d array 1-d)
             items.append((str(key), Piece(a, piece.start, piece.full_shape)))
         out[stem] = items
@@ -126,8 +128,9 @@ def write_checkpoint(path: str | os.PathLike, shards: Mapping[str, Mapping[str, 
                 entry = tensors.setdefault(key, {"shape": list(p.full_shape), "dtype": p.array.dtype.str,
                                                  "pieces": []})
                 if entry["shape"] != list(p.full_shape) or entry["dtype"] != p.array.dtype.str:
-                    raise CheckpointError(f"tensor {key!r} is {entry['dtype']} {tuple(entry['shape'])} in one shard "
-                                          f"and {p.array.dtype.str} {p.full_shape} in shard {stem!r}")
+                    raise CheckpointError(f"tensor {key!r} is {entry['dtype']} {tuple(entry['shape'])} in "
+                                          f"one shard and {p.array.dtype.str} {p.full_shape} in shard "
+                                          f"{stem!r}")
                 entry["pieces"].append({"file": name, "array": f"a{i}", "box": p.box()})
         index = {"format": FORMAT, "version": VERSION, "step": int(step), "layout": dict(layout),
                  "meta": dict(meta or {}), "files": files, "tensors": tensors}
@@ -163,21 +166,22 @@ class Checkpoint:
         if not path.exists():
             raise CheckpointError(f"no checkpoint at {path}: it does not exist")
         if not path.is_dir():
-            raise CheckpointError(f"not a virtualpar checkpoint: {path} is a file (a checkpoint is a directory "
-                                  f"holding {INDEX})")
+            raise CheckpointError(f"not a virtualpar checkpoint: {path} is a file (a checkpoint is a "
+                                  f"directory holding {INDEX})")
         if not (path / INDEX).is_file():
             raise CheckpointError(f"not a virtualpar checkpoint: missing {INDEX} in {path}")
         try:
             index = json.loads((path / INDEX).read_text())
         except (ValueError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"not a virtualpar checkpoint: {path / INDEX} is not JSON ({exc})") from None
+            raise CheckpointError(f"not a virtualpar checkpoint: {path / INDEX} is not JSON ({exc})") \
+                from None
         if not isinstance(index, dict) or index.get("format") != FORMAT:
             got = index.get("format") if isinstance(index, dict) else type(index).__name__
             raise CheckpointError(f"not a virtualpar checkpoint: {path / INDEX} has format {got!r}, "
                                   f"expected {FORMAT!r}")
         if not isinstance(index.get("version"), int) or index["version"] > VERSION:
-            raise CheckpointError(f"checkpoint {path} has format version {index.get('version')!r}; this virtualpar "
-                                  f"reads versions up to {VERSION}")
+            raise CheckpointError(f"checkpoint {path} has format version {index.get('version')!r}; this "
+                                  f"virtualpar reads versions up to {VERSION}")
         for field in ("step", "layout", "meta", "files", "tensors"):
             if field not in index:
                 raise CheckpointError(f"checkpoint index {path / INDEX} lacks the field {field!r}")
@@ -197,8 +201,9 @@ class Checkpoint:
         """The full tensor ``key``, from every piece of it in every file."""
         entry = self.index["tensors"].get(key)
         if entry is None:
-            raise CheckpointError(f"checkpoint {self.path} holds no tensor {key!r}; it holds {len(self.keys())}: "
-                                  f"{self.keys()[:8]}{' ...' if len(self.keys()) > 8 else ''}")
+            keys = self.keys()
+            raise CheckpointError(f"checkpoint {self.path} holds no tensor {key!r}; it holds {len(keys)}: "
+                                  f"{keys[:8]}{' ...' if len(keys) > 8 else ''}")
         pieces = [(p["box"], self._array(p["file"], p["array"], key)) for p in entry["pieces"]]
         try:
             return assemble(key, entry["shape"], np.dtype(entry["dtype"]), pieces)
@@ -217,17 +222,18 @@ class Checkpoint:
         info = self.index["files"].get(name)
         target = self.path / name
         if info is None:
-            raise CheckpointError(f"checkpoint {self.path}: a tensor names the file {name}, which the index does "
-                                  "not list")
+            raise CheckpointError(f"checkpoint {self.path}: a tensor names the file {name}, which the index "
+                                  "does not list")
         if not target.is_file():
             raise CheckpointError(f"shard file {name} listed in {self.path / INDEX} is missing")
         size = target.stat().st_size
         if size < info["bytes"]:
-            raise CheckpointError(f"shard file {name} is truncated (expected {info['bytes']} bytes, found {size})")
+            raise CheckpointError(f"shard file {name} is truncated (expected {info['bytes']} bytes, found "
+                                  f"{size})")
         if size != info["bytes"]:
             raise CheckpointError(f"shard file {name} has {size} bytes, the index says {info['bytes']}")
         if _sha256(target) != info["sha256"]:
-            raise CheckpointError(f"shard file {name} is corrupted: its sha256 differs from the one in the index")
+            raise CheckpointError(f"shard file {name} is corrupted: its sha256 differs from the index's")
         if not zipfile.is_zipfile(target):  # np.load would take it for a pickle (and refuse it as one)
             raise CheckpointError(f"shard file {name} is not a readable npz (not a zip archive)")
         out: dict[str, np.ndarray] = {}
@@ -237,11 +243,12 @@ class Checkpoint:
                     out[member] = npz[member]
         except ValueError as exc:
             if "allow_pickle" in str(exc):
-                raise CheckpointError(f"shard file {name} holds a pickled object array; refused (loading it would "
-                                      "run code)") from None
+                raise CheckpointError(f"shard file {name} holds a pickled object array; refused (loading it "
+                                      "would run code)") from None
             raise CheckpointError(f"shard file {name} cannot be read as npz: {exc}") from None
         except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise CheckpointError(f"shard file {name} is not a readable npz ({type(exc).__name__}: {exc})") from None
+            raise CheckpointError(f"shard file {name} is not a readable npz ({type(exc).__name__}: "
+                                  f"{exc})") from None
         if len(out) < info["arrays"]:
             raise CheckpointError(f"shard file {name} is truncated (expected {info['arrays']} arrays, "
                                   f"read {len(out)})")

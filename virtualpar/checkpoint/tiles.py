@@ -61,8 +61,8 @@ def cut(shape: Sequence[int], axis: int, parts: int) -> list[tuple[slice, ...]]:
     shards); refuses a length that does not divide, as an even sharding would."""
     n = int(shape[axis])
     if parts < 1 or n % parts:
-        raise TileError(f"cannot cut dim {axis} of shape {tuple(shape)} into {parts} equal slices: {n} is not "
-                        f"divisible by {parts}")
+        raise TileError(f"cannot cut dim {axis} of shape {tuple(shape)} into {parts} equal slices: {n} is "
+                        f"not divisible by {parts}")
     step = n // parts
     return [tuple(slice(i * step, (i + 1) * step) if d == axis else slice(None) for d in range(len(shape)))
             for i in range(parts)]
@@ -82,10 +82,11 @@ def assemble(key: str, shape: Sequence[int], dtype: np.dtype | str,
             raise TileError(f"tensor {key!r} of shape {shape}: a piece's box {box} lies outside it")
         want = tuple(b - a for a, b in box)
         if np.shape(array) != want:
-            raise TileError(f"tensor {key!r}: the piece at {box} holds an array of shape {np.shape(array)}, its box "
-                            f"{want}")
+            raise TileError(f"tensor {key!r}: the piece at {box} holds an array of shape {np.shape(array)}, "
+                            f"its box {want}")
         if np.asarray(array).dtype != dtype:
-            raise TileError(f"tensor {key!r}: the piece at {box} is {np.asarray(array).dtype}, the tensor {dtype}")
+            raise TileError(f"tensor {key!r}: the piece at {box} is {np.asarray(array).dtype}, the tensor "
+                            f"{dtype}")
         index = tuple(slice(a, b) for a, b in box)
         if covered[index].any():
             raise TileError(f"tensor {key!r} of shape {shape}: the piece at {box} overlaps another piece")
@@ -93,5 +94,6 @@ def assemble(key: str, shape: Sequence[int], dtype: np.dtype | str,
         out[index] = array
     if not covered.all():
         hole = tuple(int(i[0]) for i in np.nonzero(~covered))
-        raise TileError(f"tensor {key!r} of shape {shape}: its pieces leave a hole (element {hole} is in none)")
+        raise TileError(f"tensor {key!r} of shape {shape}: its pieces leave a hole (element {hole} is in "
+                        "none)")
     return out

@@ -115,6 +115,7 @@ def place_state(dev: Any, key: str, stages: dict[int, StageState], version: int)
         st["params"][s] = {k: np.array(v, copy=True) for k, v in src.params.items()}
         opt = st["optimizers"][s]
         opt.t, opt.lr = int(src.optimizer["t"]), float(src.optimizer["lr"])
-        opt.state = {k: {slot: np.array(v, copy=True) for slot, v in d.items()} for k, d in src.optimizer["state"].items()}
+        opt.state = {k: {slot: np.array(v, copy=True) for slot, v in d.items()}
+                     for k, d in src.optimizer["state"].items()}
     st["staged"] = st["prepared"] = None
     st["version"] = version

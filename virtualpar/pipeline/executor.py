@@ -155,7 +155,7 @@ class PipelinedOperation(Recoverable):
 
     # -- running ------------------------------------------------------------------------------------
     def _ensure_placed(self, cluster: Any) -> StepSpec:
-        """The step planned for ``cluster``, the stages placed there from the model's weights the first time."""
+        """The step planned for ``cluster``; the first time, the stages placed there (the model's weights)."""
         mesh = cluster.mesh
         check_axes(mesh, self.axis, self.dp_axis)
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
@@ -171,7 +171,7 @@ class PipelinedOperation(Recoverable):
     def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
         mesh = cluster.mesh
         spec = self._ensure_placed(cluster)
-        self._resume(cluster)  # the last committed state, if this cluster does not hold it (checkpoint/recovery.py)
+        self._resume(cluster)  # the last committed state, if this cluster lacks it (checkpoint/recovery.py)
         p, M = spec.placement, self.microbatches
         first = {p.rank_of(0, m) for m in range(M)}
         last = {p.rank_of(p.stages - 1, m) for m in range(M)}
@@ -194,7 +194,7 @@ class PipelinedOperation(Recoverable):
                 cluster.put(r, self.key + "/x", xs[part], block=False)
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
-        want = self._recovery.held[cluster]  # the state version the devices hold once their last step is settled
+        want = self._recovery.held[cluster]  # the state version its devices hold, their last step settled
         try:
             replies = cluster.run(step_keeping, self.key, len(xs[0]), want, self._recovery.driver_copy)
         except BaseException:
@@ -243,8 +243,8 @@ class PipelinedOperation(Recoverable):
         return f"stage{stage}"
 
     def _layout(self) -> dict[str, Any]:
-        return {"kind": type(self).__name__, "stages": len(self.pipeline),
-                "first_layers": [st.first_layer for st in self.pipeline.stages], "schedule": self.schedule_name}
+        return {"kind": type(self).__name__, "stages": len(self.pipeline), "schedule": self.schedule_name,
+                "first_layers": [st.first_layer for st in self.pipeline.stages]}
 
     # -- what ran -----------------------------------------------------------------------------------
     def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:

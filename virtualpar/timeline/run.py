@@ -118,7 +118,7 @@ class TimelineParallel(Recoverable):
             raise UsageError(f"a sequence of {T} steps does not split into {D} equal time segments "
                              f"(the size of mesh axis {self.axis!r})")
         self._ensure_placed(cluster)
-        self._resume(cluster)  # the last committed state, if this cluster does not hold it (checkpoint/recovery.py)
+        self._resume(cluster)  # the last committed state, if this cluster lacks it (checkpoint/recovery.py)
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
@@ -126,7 +126,7 @@ class TimelineParallel(Recoverable):
                         block=False)
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
-        want = self._recovery.held[cluster]  # the state version the devices hold once their last step is settled
+        want = self._recovery.held[cluster]  # the state version its devices hold, their last step settled
         try:
             replies = cluster.run(step_keeping, self.key, None, want, self._recovery.driver_copy)
         except BaseException:
