@@ -64,7 +64,7 @@ class _Recovery:
         self.committed: TrainingState | None = None  # in memory, valid while committed_version is head's
         self.committed_version = -1
         self.spills: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> its slot files
-        self.source: tuple[Spill, int] | None = None  # the slot files holding a committed version
+        self.sources: dict[int, Spill] = {}  # version -> the slot files holding it (the head's, at least)
         self.held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> version it holds
         self.last: Any = None  # weakref to the cluster of the last commit
         self.driver_copy = True
@@ -74,16 +74,17 @@ class _Recovery:
         self.origin: str | None = None  # where a state loaded for no cluster came from
 
     def fork(self) -> "_Recovery":
-        """For a copy of the operation: the same committed state and settings, no clusters."""
+        """For a copy of the operation: the same committed state, no clusters, no checkpoint directory."""
         new = _Recovery()
         new.head = self.head
         new.committed, new.committed_version = self.committed, self.committed_version
-        if self.source is not None and self.source[1] == self.head.version != self.committed_version:
+        spill = self.sources.get(self.head.version)
+        if spill is not None and self.head.version != self.committed_version:
             # read now: the original's next steps rewrite these slots
-            stages = self.source[0].read(self.head.version)
+            stages = spill.read(self.head.version)
             new.committed = TrainingState(self.head.step, {s: StageState(*v) for s, v in stages.items()})
             new.committed_version = self.head.version
-        new.driver_copy, new.every, new.directory = self.driver_copy, self.every, self.directory
+        new.driver_copy = self.driver_copy  # not the checkpoint directory: the two would overwrite each other
         return new
 
     def __deepcopy__(self, memo: dict) -> "_Recovery":
@@ -130,8 +131,9 @@ class Recoverable:
         rec = self._recovery
         if rec.committed is not None and rec.committed_version == rec.head.version:
             return rec.committed
-        if rec.source is not None and rec.source[1] == rec.head.version:
-            stages = rec.source[0].read(rec.head.version)
+        spill = rec.sources.get(rec.head.version)
+        if spill is not None:
+            stages = spill.read(rec.head.version)
             if set(stages) == set(self._stage_names()):
                 self._keep(TrainingState(rec.head.step, {s: StageState(*v) for s, v in stages.items()}))
                 return rec.committed
@@ -270,10 +272,12 @@ class Recoverable:
                 merged.setdefault(s, StageState(params, opt))
         spill = rec.spills.get(cluster)
         if rec.driver_copy and spill is not None:
-            rec.source = (spill, head.version)
+            rec.sources[head.version] = spill
         elif rec.driver_copy and set(merged) == set(self._stage_names()):
             rec.committed, rec.committed_version = TrainingState(head.step, merged), head.version
-        rec.head = head
+        rec.head = head  # the commit: one assignment (an interrupt leaves the old head or the new one)
+        for v in [v for v in rec.sources if v < head.version]:
+            del rec.sources[v]
         rec.last, rec.origin = weakref.ref(cluster), None
         if rec.every is not None and head.step % rec.every == 0:
             state = self.committed() or self._fetch(cluster)
