@@ -220,3 +220,38 @@ def test_pieces_from_the_index_can_name_a_box_in_a_larger_tensor(tmp_path):
     write_checkpoint(tmp_path / "c", {"a": {"v": Piece(full[5:], (5,), (10,))}, "b": {"v": Piece(full[:5], (0,), (10,))}},
                      step=0, layout={})
     assert np.array_equal(Checkpoint(tmp_path / "c").tensor("v"), full)
+
+
+def test_a_state_split_over_tensor_parallel_shards_recuts_into_another_degree(tmp_path):
+    """The state of a dp=2 x tp=2 layout (columns of w split over tp; the bias and Adam's step count
+    whole, held by every shard; replicas alike) saved, then loaded as tp=4: each shard takes its
+    quarter of w and of its slots, the whole bias and step; assembled again, it is the original."""
+    from virtualpar.checkpoint import StageState, TrainingState, from_checkpoint, to_shards
+
+    class Adam:  # only the type name and lr are read
+        lr = 0.5
+
+    rng = np.random.default_rng(4)
+    w, m, b = rng.standard_normal((3, 8)), rng.standard_normal((3, 8)), rng.standard_normal(8)
+    cols = lambda i, n: (slice(None), slice(i * 8 // n, (i + 1) * 8 // n))  # noqa: E731
+    stages, names = {}, {}
+    for dp in range(2):
+        for tp in range(2):
+            s = 2 * dp + tp
+            names[s] = {"w": ("w", cols(tp, 2)), "b": "b"}
+            stages[s] = StageState({"w": w[cols(tp, 2)], "b": b},
+                                   {"t": 3, "lr": 0.5, "state": {"w": {"m": m[cols(tp, 2)], "step": np.array(3)}}})
+    shards, meta = to_shards(TrainingState(3, stages), names, lambda s: f"rank{s}", Adam(), {"w": (3, 8), "b": (8,)})
+    assert list(shards["rank0"]) == ["model/w", "optim/w/m", "optim/w/step", "model/b"]
+    assert list(shards["rank1"]) == ["model/w", "optim/w/m"] and shards["rank2"] == shards["rank3"] == {}
+    write_checkpoint(tmp_path / "c", shards, step=3, layout={"dp": 2, "tp": 2}, meta=meta)
+    ck = Checkpoint(tmp_path / "c")
+    assert [p["box"] for p in ck.index["tensors"]["model/w"]["pieces"]] == [[[0, 3], [0, 4]], [[0, 3], [4, 8]]]
+    target = {i: {"w": ("w", cols(i, 4)), "b": "b"} for i in range(4)}
+    got = from_checkpoint(ck, target, {"w": w, "b": b}, Adam())
+    assert got.step == 3
+    for i, st in got.stages.items():
+        assert np.array_equal(st.params["w"], w[cols(i, 4)]) and np.array_equal(st.params["b"], b)
+        assert np.array_equal(st.optimizer["state"]["w"]["m"], m[cols(i, 4)])
+        assert st.optimizer["state"]["w"]["step"] == 3 and (st.optimizer["t"], st.optimizer["lr"]) == (3, 0.5)
+    assert np.array_equal(np.concatenate([got.stages[i].params["w"] for i in range(4)], axis=1), w)

@@ -37,6 +37,8 @@ import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ..errors import UsageError, VirtualParError
 from .spill import Spill
 from .state import StageState, TrainingState, from_checkpoint, to_shards
@@ -148,7 +150,8 @@ class Recoverable:
                               "off, or the operation has not run); ask a cluster that holds it: "
                               "op.state_dict(cluster)")
         names = self._stage_names()
-        out = {names[s][k]: v for s, st in state.stages.items() for k, v in st.params.items()}
+        out = {names[s][k]: v for s, st in state.stages.items() for k, v in st.params.items()
+               if isinstance(names[s][k], str)}  # (a layout holding parts of tensors assembles them itself)
         return {k: out[k] for k in self._model_weights() if k in out}
 
     def _keep(self, state: TrainingState) -> None:
@@ -175,8 +178,7 @@ class Recoverable:
         if state is None:
             raise ResumeError(f"{self.key}: no copy of step {rec.head.step} is left to save (the cluster is "
                               "closed and the driver copy is off)")
-        shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer)
-        return write_checkpoint(path, shards, step=state.step, layout=self._layout(), meta=meta)
+        return self._write(path, state)
 
     def load(self, cluster: Any, path: str | os.PathLike) -> int:
         """Make the checkpoint at ``path`` (saved under any layout of the same model) the operation's
@@ -280,9 +282,12 @@ class Recoverable:
             del rec.sources[v]
         rec.last, rec.origin = weakref.ref(cluster), None
         if rec.every is not None and head.step % rec.every == 0:
-            state = self.committed() or self._fetch(cluster)
-            shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer)
-            write_checkpoint(rec.directory, shards, step=state.step, layout=self._layout(), meta=meta)
+            self._write(rec.directory, self.committed() or self._fetch(cluster))
+
+    def _write(self, path: str | os.PathLike, state: TrainingState) -> Path:
+        shapes = {k: np.shape(v) for k, v in self._model_weights().items()}
+        shards, meta = to_shards(state, self._stage_names(), self._shard_name, self.optimizer, shapes)
+        return write_checkpoint(path, shards, step=state.step, layout=self._layout(), meta=meta)
 
     def _fetch(self, cluster: Any) -> TrainingState:
         parts = cluster.run(self._fetch_fn, self.key, self._recovery.held[cluster])
