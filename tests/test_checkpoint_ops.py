@@ -289,3 +289,27 @@ def test_recovery_settings_are_checked():
         op.configure_recovery(checkpoint_every=3)
     with VirtualCluster(2) as cluster, pytest.raises(UsageError, match="has not run on this cluster"):
         op.save(cluster, "unused")
+
+
+def test_a_data_parallel_pipeline_resumes_with_one_copy_of_each_stage_kept(tmp_path):
+    """dp=2 x pp=2: the first replica reports each stage; after a kill the new cluster's replicas all
+    take the kept copy, and the run ends where the fault-free one does, bit for bit."""
+    make = lambda: PipelinedOperation(Pipeline(mlp(), cuts=[2]), "1f1b", microbatches=2,  # noqa: E731
+                                      optimizer=nn.Adam(0.01), axis="pp", dp_axis="dp")
+    mesh = {"dp": 2, "pp": 2}
+    whole = make()
+    with VirtualCluster(Mesh(mesh)) as cluster:
+        train(whole, cluster, 4)
+        want = whole.state_dict(cluster)
+    op = make()
+    with VirtualCluster(Mesh(mesh)) as cluster:
+        train(op, cluster, 2)
+        cluster.inject(3, 1, "kill")
+        with pytest.raises(DeviceDied):
+            cluster.execute(op, *batch(op.step))
+    assert set(op.committed().stages) == {0, 1}
+    with VirtualCluster(Mesh(mesh)) as cluster:
+        train(op, cluster, 2)
+        _equal(op.state_dict(cluster), want)
+        op.save(cluster, tmp_path / "c")
+    assert len(Checkpoint(tmp_path / "c").index["files"]) == 2
