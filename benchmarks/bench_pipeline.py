@@ -12,6 +12,11 @@
    statistic: the median of 3 steps.  Target ≤ 1.3×, on the median of 5 rounds that each measure
    the floor and then the cluster's steps (paired, as ``_report.py`` explains).
 4. The simulator's own speed: 1F1B at S = 32, M = 1024 (target: about a second).
+5. The driver copy of each committed step (issue 43: what lets an operation resume on a new
+   cluster after a device died): the same step as 3 with the copy on, then off, on one cluster,
+   median per round (the first step after a switch is not timed: it settles the step before it
+   the other way); the cost is the difference of the medians as a share of a step without it.
+   Target < 5%, on the median of the rounds.
 
     python benchmarks/bench_pipeline.py [--json]
 """
@@ -170,6 +175,64 @@ def floor_and_wall(rounds: int = 5, steps: int = 3) -> dict:
     return {"batch": batch, "microbatches": M, "bytes_sent": sent, "rounds": per_round, **mid, "target": 1.3}
 
 
+def _slot_write_seconds(dev, key: str, reps: int) -> tuple[float, int]:
+    """On a device: the median time of writing the stages it reports into a slot file, as each
+    committed step does (checkpoint/spill.py), into a file of its own in the same place (the first
+    write, which gives the file its pages, untimed, as the step's slots keep theirs); and the bytes."""
+    import os
+    import tempfile
+
+    from virtualpar.checkpoint.spill import _directory, write_slot
+    from virtualpar.checkpoint.state import optimizer_state
+    from virtualpar.pipeline.committed import _reported
+
+    st = dev.state[key]
+    mine = {s: (st["params"][s], optimizer_state(st["optimizers"][s])) for s in _reported(dev, st)}
+    if not mine:
+        return 0.0, 0
+    with tempfile.TemporaryFile(dir=_directory()) as f:
+        write_slot(f.fileno(), 1, mine)
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            write_slot(f.fileno(), i + 2, mine)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times), os.fstat(f.fileno()).st_size
+
+
+def driver_copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:
+    """Section 5.  The copy's own work, per round: every reporting device's slot write (median of
+    ``reps``), summed over the devices — as if no two overlapped, an upper bound on what it adds to
+    a step on 2 cores — against the median of ``steps`` steps with the copy on.  Beside it, the
+    paired difference of whole steps with the copy on and off (median(on) - median(off), the first
+    step after a switch untimed): the direct answer, but on this shared machine its noise (±30%
+    of a step at a load of 10) is larger than the cost."""
+    batch, M = 512, 8
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, 256)).astype(np.float32)
+    y = rng.standard_normal((batch, 256)).astype(np.float32)
+    op = PipelinedOperation(Pipeline(seed_mlp(), cuts=[2, 4, 6]), "1f1b", microbatches=M, optimizer=nn.SGD(0.01))
+    per_round = []
+    with VirtualCluster(4, hardware="h100-node") as cluster:
+        cluster.execute(op, x, y)
+        for _ in range(rounds):
+            walls: dict[bool, list[float]] = {True: [], False: []}
+            for on in (True, False):
+                op.configure_recovery(driver_copy=on)
+                cluster.execute(op, x, y)  # the switch: this step settles the last one's update either way
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    cluster.execute(op, x, y)
+                    walls[on].append(time.perf_counter() - t0)
+            writes = cluster.run(_slot_write_seconds, op.key, reps)
+            on, off = statistics.median(walls[True]), statistics.median(walls[False])
+            copy_s = sum(t for t, _ in writes)
+            per_round.append({"copy_s": copy_s, "bytes": sum(n for _, n in writes), "with_s": on, "without_s": off,
+                              "ratio": copy_s / on, "paired_ratio": (on - off) / off})
+    mid = sorted(per_round, key=lambda r: r["ratio"])[len(per_round) // 2]
+    return {"batch": batch, "microbatches": M, "rounds": per_round, **mid, "target": 0.05}
+
+
 def simulator_speed() -> dict:
     sched, placement = build("1f1b", 32, 1024)
     t0 = time.perf_counter()
@@ -181,7 +244,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = {"bubbles": bubbles(), "executed": executed(), "floor": floor_and_wall(), "simulator": simulator_speed()}
+    result = {"bubbles": bubbles(), "executed": executed(), "floor": floor_and_wall(), "simulator": simulator_speed(),
+              "driver_copy": driver_copy_cost()}
     if args.json:
         print(json.dumps(result))
         return
@@ -203,7 +267,15 @@ def main() -> None:
           + " ".join(f"{r['best_ratio']:.2f}" for r in f["rounds"]) + ")")
     s = result["simulator"]
     print(f"\n# simulator: 1F1B at S={s['S']}, M={s['M']} in {s['seconds']:.2f} s (makespan {s['makespan']:g})")
-
+    d = result["driver_copy"]
+    verdict = "PASS" if d["ratio"] < d["target"] else "FAIL"
+    print(f"\n# driver copy of each committed step (the speed target's step, SGD): {d['bytes'] / 2**20:.1f} MiB "
+          "written into slot files per step")
+    print(f"copy {d['copy_s'] * 1e3:.2f} ms summed over the devices, a step {d['with_s'] * 1e3:.2f} ms: "
+          f"{d['ratio'] * 100:.1f}% of a step (target < {d['target'] * 100:.0f}%: {verdict}; the median of "
+          f"{len(d['rounds'])} rounds: " + " ".join(f"{r['ratio'] * 100:.1f}%" for r in d["rounds"])
+          + "; paired whole steps on - off, noise included: "
+          + " ".join(f"{r['paired_ratio'] * 100:+.0f}%" for r in d["rounds"]) + ")")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -172,17 +172,24 @@ def test_every_stage_is_charged_its_flops_on_the_modelled_clock():
         assert took[f"{rank}F0"] == pytest.approx(flops) and took[f"{rank}B0"] == pytest.approx(2 * flops), rank
 
 
-def test_one_operation_trains_a_copy_of_its_own_on_each_cluster_it_runs_on():
+def test_one_operation_is_one_run_whichever_cluster_takes_its_next_step(caplog):
+    """A second cluster started again from the model's weights, silently (issue 43); now each step
+    continues from the last committed one, wherever it was taken, and a cluster left behind (stale)
+    gets the committed state placed again, momentum included."""
     x, y = _data(8, 16, seed=5)
-    ref_losses, ref_state = nn.reference_train(deep_mlp(4), [(x, y)], nn.mse_loss, nn.SGD(0.05), 2, 2)
-    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[2]), "1f1b", microbatches=2, optimizer=nn.SGD(0.05))
-    with VirtualCluster(2) as first:
+    opt = lambda: nn.SGD(0.05, momentum=0.9)  # noqa: E731
+    ref_losses, ref_state = nn.reference_train(deep_mlp(4), [(x, y)], nn.mse_loss, opt(), 4, 2)
+    op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[2]), "1f1b", microbatches=2, optimizer=opt())
+    with VirtualCluster(2) as first, VirtualCluster(2) as second:
         with pytest.raises(UsageError, match="has not run on this cluster"):
             op.state_dict(first)
-        np.testing.assert_allclose([first.execute(op, x, y) for _ in range(2)], ref_losses, rtol=1e-9)
-    with VirtualCluster(2) as second:  # starts again from the model's weights, not a KeyError
-        np.testing.assert_allclose([second.execute(op, x, y) for _ in range(2)], ref_losses, rtol=1e-9)
-        _close(op.state_dict(second), ref_state)
+        losses = [first.execute(op, x, y), second.execute(op, x, y), second.execute(op, x, y), first.execute(op, x, y)]
+        state = op.state_dict(first)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-9)
+    _close(state, ref_state)
+    assert op.step == 4
+    for step in (1, 3):
+        assert f"resuming {op.key} from step {step} (it moves from another cluster)" in caplog.text
 
 
 @pytest.mark.parametrize("S, M", [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 8)])

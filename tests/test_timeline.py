@@ -53,15 +53,21 @@ def test_the_seed_example_learns():
         op.timeline(clock="modelled")  # was the wall clock, silently
 
 
-def test_one_operation_runs_on_a_second_cluster_from_the_model_weights():
+def test_one_operation_resumes_on_a_second_cluster_from_its_last_committed_step(caplog):
+    """Issue 43: a second cluster started again from the model's weights, silently (the loss went
+    back to step 1's); it now continues the uninterrupted run's losses exactly, and says so."""
     inputs, labels = example.synthetic(batch=4, length=12)
+    whole = TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.SGD(0.1))
+    with VirtualCluster(Mesh({"time": 2})) as cluster:
+        want = [cluster.execute(whole, inputs, labels) for _ in range(4)]
     op = TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.SGD(0.1))
     losses = []
     for _ in range(2):
         with VirtualCluster(Mesh({"time": 2})) as cluster:
-            losses.append([cluster.execute(op, inputs, labels) for _ in range(2)])
+            losses += [cluster.execute(op, inputs, labels) for _ in range(2)]
             weights = op.state_dict(cluster)
-    assert losses[0] == losses[1] and losses[0][1] < losses[0][0]
+    assert losses == want and want[1] < want[0]
+    assert f"resuming {op.key} from step 2 (the cluster that held it closed)" in caplog.text
     with VirtualCluster(Mesh({"time": 2})) as fresh, pytest.raises(UsageError, match="has not run on this cluster"):
         op.state_dict(fresh)
     assert weights

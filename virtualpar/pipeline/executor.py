@@ -5,13 +5,18 @@
     loss = cluster.execute(op, x, y)          # one step: forward, backward, optimizer
     weights = op.state_dict(cluster)          # keyed like model.state_dict()
     print(op.timeline())                      # what ran, per rank, on the modelled clock
+    op.save(cluster, "ckpt/")                 # weights, optimizer state, step: one file per stage
 
 The schedule is validated, simulated (a schedule that cannot finish is refused before anything
 runs) and lowered once; the stages' weights and optimizer state are placed on a cluster's devices
-at the first step the operation runs there, and stay there: every cluster an operation runs on
-trains its own copy, starting from the model's weights.  Each step puts the batch on the first
+at the first step the operation runs there, and stay there.  An operation is one training run:
+``op.step`` counts its committed steps, and a cluster that does not hold the last of them — a new
+one after a device died — gets it placed before its step, from the driver's copy or a checkpoint
+(:mod:`virtualpar.checkpoint`, which also gives ``save``, ``load`` and ``configure_recovery``);
+it never starts again from the model's weights once a step committed.  Each step puts the batch on the first
 stage's devices and the targets on the last's (host traffic), runs
-:func:`~virtualpar.pipeline.device_step.run_step` on every device, and returns the mean
+:func:`~virtualpar.pipeline.device_step.run_step` on every device (through
+:func:`~virtualpar.pipeline.committed.step_keeping`, which keeps the driver's copy), and returns the mean
 microbatch loss.  ``dp_axis`` names a data-parallel mesh axis:
 its replicas split the batch and average their gradients.  ``costs`` ({kind: FLOPs}) replaces
 the stages' own FLOP counts on the modelled clock, e.g. unit costs on a 1 FLOP/s device to
@@ -28,10 +33,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import nn
+from ..checkpoint import Recoverable
 from ..errors import UsageError
-from ..ops.placement import PlacedOperation, without_cluster_state
+from ..ops.placement import without_cluster_state
 from .actions import Action, Schedule
-from .device_step import run_step, settle
+from .committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from .lower import lower
 from .partition import Pipeline
 from .placement import Placement
@@ -61,7 +67,7 @@ class StepSpec:
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
 
 
-class PipelinedOperation(PlacedOperation):
+class PipelinedOperation(Recoverable):
     """One training step of ``pipeline`` on a cluster, run by ``cluster.execute(op, x, y)`` (see the module doc).
 
     ``schedule``: a name in ``SCHEDULES`` (``"gpipe"``, ``"1f1b"``, ...) or a ``(schedule, placement)`` pair;
@@ -73,12 +79,12 @@ class PipelinedOperation(PlacedOperation):
                  loss: Callable[[Any, Any], Any] = nn.mse_loss, optimizer: nn.Optimizer | None = None,
                  axis: Any = None, dp_axis: Any = None, virtual: int | None = None,
                  costs: Mapping[str, float] | None = None) -> None:
+        self.pipeline = pipeline
         if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or not microbatches > 0:
             raise UsageError(f"PipelinedOperation: microbatches must be a positive int, got {microbatches!r}")
         if isinstance(schedule, str) and schedule not in SCHEDULES:  # here, not at the first execute
             raise UsageError(f"PipelinedOperation: unknown schedule {schedule!r}; choose one of "
                              f"{', '.join(SCHEDULES)} or pass a (schedule, Placement) pair")
-        self.pipeline = pipeline
         self.microbatches = int(microbatches)
         self.optimizer = optimizer or nn.SGD(0.1)
         check_costs(costs, "PipelinedOperation")
@@ -95,7 +101,7 @@ class PipelinedOperation(PlacedOperation):
                              f"a (schedule, Placement) pair, got {type(schedule).__name__}")
         self.key = f"pipeline/{next(_IDS)}"
         # the clusters holding this op's weights (PlacedOperation): per cluster "spec" (the step planned
-        # for its ranks), "last_records" (its last step's records), "staged" (its last step's update waits)
+        # for its ranks), "last_records" (its last step's records), "version" (the committed state it holds)
         self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
         self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
 
@@ -111,6 +117,8 @@ class PipelinedOperation(PlacedOperation):
         the key, training the copy trained the original's weights)."""
         new = object.__new__(type(self))
         new.__dict__.update(state, key=f"pipeline/{next(_IDS)}", last_records={}, all_records={})
+        if "_rec" in state:  # the committed state travels with the copy; the clusters holding it do not
+            new.__dict__["_rec"] = state["_rec"].fork()
         return new
 
     # -- planning -----------------------------------------------------------------------------------
@@ -149,7 +157,8 @@ class PipelinedOperation(PlacedOperation):
                         self.axis, self.dp_axis, self.costs)
 
     # -- running ------------------------------------------------------------------------------------
-    def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
+    def _ensure_placed(self, cluster: Any) -> StepSpec:
+        """The step planned for ``cluster``; the first time, the stages placed there (the model's weights)."""
         mesh = cluster.mesh
         check_axes(mesh, self.axis, self.dp_axis)
         ranks = len(mesh.group_of(0, mesh.axes(self.axis)))
@@ -160,6 +169,12 @@ class PipelinedOperation(PlacedOperation):
                        "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
             cluster.run(_place, self.key, payload)
             self.hold(cluster, spec=spec)
+        return spec
+
+    def execute_on(self, cluster: Any, x: np.ndarray, y: np.ndarray) -> float:
+        mesh = cluster.mesh
+        spec = self._ensure_placed(cluster)
+        self._resume(cluster)  # the last committed state, if this cluster lacks it (checkpoint/recovery.py)
         p, M = spec.placement, self.microbatches
         first = {p.rank_of(0, m) for m in range(M)}
         last = {p.rank_of(p.stages - 1, m) for m in range(M)}
@@ -182,14 +197,19 @@ class PipelinedOperation(PlacedOperation):
                 cluster.put(r, self.key + "/x", xs[part], block=False)
             if pos in last:
                 cluster.put(r, self.key + "/y", ys[part], block=False)
-        commit = self.state_for(cluster).pop("staged", False)  # the last step here succeeded on every device
-        replies = cluster.run(run_step, self.key, len(xs[0]), commit)
-        self.state_for(cluster)["staged"] = True
+        want = self._held(cluster)  # the state version its devices hold, their last step settled
+        try:
+            replies = cluster.run(step_keeping, self.key, len(xs[0]), want, self._recovery.driver_copy)
+        except BaseException:
+            self._failed(cluster)
+            raise
+        self._commit(cluster, [r[3] for r in replies])
+        replies = [r[:3] for r in replies]
         self.last_records = {}
         self.all_records = {r: records for r, (_, _, records) in enumerate(replies)}
         for loss, prank, records in replies:  # rank order: the first replica of each pipeline rank
             self.last_records.setdefault(prank, records)
-        self.state_for(cluster)["last_records"] = self.last_records
+        self.hold(cluster, last_records=self.last_records)
         # the mean over every microbatch: a device's mean weighs as many microbatches as it ended
         # (a strategy may give its workers unequal numbers; data-parallel replicas have equal ones)
         last = Action(p.stages - 1, "F", 0)
@@ -200,7 +220,7 @@ class PipelinedOperation(PlacedOperation):
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
         check_ran(self, cluster)
-        parts = cluster.run(_params, self.key, self.state_for(cluster).pop("staged", False))
+        parts = cluster.run(_params, self.key, self._held(cluster))
         out: dict[str, np.ndarray] = {}
         for stage_params in parts:
             for s, params in stage_params.items():
@@ -210,6 +230,25 @@ class PipelinedOperation(PlacedOperation):
                     out.setdefault(f"{int(head) + offset}.{rest}", v)
         return {k: out[k] for k in self.pipeline.model.state_dict()}
 
+    # -- checkpoint hooks (checkpoint/recovery.py) --------------------------------------------------
+    _fetch_fn = staticmethod(fetch_state)
+    _place_fn = staticmethod(place_state)
+    _spill_fn = staticmethod(open_spill)
+
+    def _stage_names(self) -> dict[int, dict[str, str]]:
+        """Stage -> {its parameter's name: the model's name for it}."""
+        return {st.index: dict(zip(st.module.parameters(), st.parameters())) for st in self.pipeline.stages}
+
+    def _model_weights(self) -> dict[str, np.ndarray]:
+        return self.pipeline.model.parameters()
+
+    def _shard_name(self, stage: int) -> str:
+        return f"stage{stage}"
+
+    def _layout(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__, "stages": len(self.pipeline), "schedule": self.schedule_name,
+                "first_layers": [st.first_layer for st in self.pipeline.stages]}
+
     # -- what ran -----------------------------------------------------------------------------------
     def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
         """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
@@ -218,7 +257,7 @@ class PipelinedOperation(PlacedOperation):
         check_clock(clock, ("model", "wall"))
         if cluster is not None:
             check_ran(self, cluster)
-        records = self.last_records if cluster is None else self.state_for(cluster).get("last_records", {})
+        records = self.last_records if cluster is None else (self.state_for(cluster) or {}).get("last_records", {})
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
         return format_timeline(rows, compute_only)
@@ -262,6 +301,6 @@ def _place(dev: Any, key: str, payload: dict) -> None:
     }
 
 
-def _params(dev: Any, key: str, commit: bool = False) -> dict[int, dict[str, np.ndarray]]:
-    settle(dev.state[key], commit)
+def _params(dev: Any, key: str, want: int) -> dict[int, dict[str, np.ndarray]]:
+    settle_all(dev.state[key], want, key)
     return dict(dev.state[key]["params"])

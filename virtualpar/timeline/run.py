@@ -19,10 +19,10 @@ from numbers import Integral
 import numpy as np
 
 from .. import nn
+from ..checkpoint import Recoverable
 from ..errors import UsageError
-from ..ops.placement import PlacedOperation
 from ..pipeline import build, lower, simulate, validate
-from ..pipeline.device_step import run_step, settle
+from ..pipeline.committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
 from ..pipeline.actions import Action
@@ -79,7 +79,7 @@ class _TupleGrad:
         return (dx,), g
 
 
-class TimelineParallel(PlacedOperation):
+class TimelineParallel(Recoverable):
     """One training step of ``model`` (a ``SequencePipe``) with its time axis split over ``model.get_group()``.
 
     ``microbatches`` per step; ``optimizer`` (default ``nn.SGD(0.1)``); ``costs``: ``{"F": flops, "B": flops}`` on
@@ -97,7 +97,7 @@ class TimelineParallel(PlacedOperation):
         self.costs = costs
         self.axis = model.get_group()
         self.key = f"timeline/{id(self)}"
-        # the clusters holding its weights (PlacedOperation): per cluster "staged" (the update waits)
+        # the clusters holding its weights (PlacedOperation): per cluster "version" (the committed state it holds)
         self.last_records: dict[int, list] = {}
 
     def execute_on(self, cluster: Any, inputs: tuple, labels: tuple) -> float:
@@ -116,14 +116,8 @@ class TimelineParallel(PlacedOperation):
         if T % D:
             raise UsageError(f"a sequence of {T} steps does not split into {D} equal time segments "
                              f"(the size of mesh axis {self.axis!r})")
-        if not self.is_placed_on(cluster):
-            sched, placement = build("1f1b", D, self.microbatches)
-            validate(sched, placement, self.microbatches)
-            simulate(sched, placement, self.microbatches)
-            spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
-                            stage_forward=stage_forward, shared_axis=self.axis)
-            cluster.run(_place, self.key, spec, self.model, self.optimizer)
-            self.hold(cluster)
+        self._ensure_placed(cluster)
+        self._resume(cluster)  # the last committed state, if this cluster lacks it (checkpoint/recovery.py)
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
@@ -131,20 +125,54 @@ class TimelineParallel(PlacedOperation):
                         block=False)
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
-        commit = self.state_for(cluster).pop("staged", False)  # the last step here succeeded on every device
-        replies = cluster.run(run_step, self.key, None, commit)
-        self.state_for(cluster)["staged"] = True
+        want = self._held(cluster)  # the state version its devices hold, their last step settled
+        try:
+            replies = cluster.run(step_keeping, self.key, None, want, self._recovery.driver_copy)
+        except BaseException:
+            self._failed(cluster)
+            raise
+        self._commit(cluster, [r[3] for r in replies])
+        replies = [r[:3] for r in replies]
         self.last_records = {}
         for _, prank, records in replies:
             self.last_records.setdefault(prank, records)
         return float(np.mean([loss for loss, _, _ in replies if loss is not None]))
+
+    def _ensure_placed(self, cluster: Any) -> None:
+        """Plan the step for ``cluster``'s axis and place the model's weights there, the first time."""
+        if not self.is_placed_on(cluster):
+            D = len(cluster.mesh.group_of(0, cluster.mesh.axes(self.axis)))
+            sched, placement = build("1f1b", D, self.microbatches)
+            validate(sched, placement, self.microbatches)
+            simulate(sched, placement, self.microbatches)
+            spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
+                            stage_forward=stage_forward, shared_axis=self.axis)
+            cluster.run(_place, self.key, spec, self.model, self.optimizer)
+            self.hold(cluster)
+
+    # -- checkpoint hooks (checkpoint/recovery.py): one set of weights, every device a copy: one shard
+    _fetch_fn = staticmethod(fetch_state)
+    _place_fn = staticmethod(place_state)
+    _spill_fn = staticmethod(open_spill)
+
+    def _stage_names(self) -> dict[int, dict[str, str]]:
+        return {0: {k: k for k in self.model.parameters()}}
+
+    def _model_weights(self) -> dict[str, np.ndarray]:
+        return self.model.parameters()
+
+    def _shard_name(self, stage: int) -> str:
+        return "model"
+
+    def _layout(self) -> dict[str, Any]:
+        return {"kind": "TimelineParallel", "axis": str(self.axis), "replicated": True}
 
     def state_dict(self, cluster: Any, rank: int = 0) -> dict[str, np.ndarray]:
         """The trained weights (every device of the axis holds the same copy)."""
         check_ran(self, cluster)
         if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < cluster.size:
             raise UsageError(f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}")
-        return cluster.run(_weights, self.key, self.state_for(cluster).pop("staged", False))[rank]
+        return cluster.run(_weights, self.key, self._held(cluster))[rank]
 
     def timeline(self, clock: str = "auto") -> str:
         """The last step as it ran, one row per time segment's device.  ``clock="auto"`` uses the
@@ -165,7 +193,7 @@ def _place(dev: Any, key: str, spec: StepSpec, model: SequencePipe, optimizer: n
                       "optimizers": {s: copy.deepcopy(optimizer)}, "flops": {s: 0.0}}
 
 
-def _weights(dev: Any, key: str, commit: bool = False) -> dict[str, np.ndarray]:
-    settle(dev.state[key], commit)
+def _weights(dev: Any, key: str, want: int) -> dict[str, np.ndarray]:
+    settle_all(dev.state[key], want, key)
     (params,) = dev.state[key]["params"].values()
     return {k: np.array(v) for k, v in params.items()}
