@@ -233,7 +233,7 @@ def test_ctrl_c_ends_a_run_in_one_line_and_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "virtualpar", "run", f"{script}:sleepy", "-n", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not proc.stdout.readline().startswith("started") and time.monotonic() < deadline:
+    while "started" not in proc.stdout.readline() and time.monotonic() < deadline:
         pass
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
