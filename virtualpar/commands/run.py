@@ -25,6 +25,7 @@ import traceback
 
 from ..trace.fmt import WIDTH, fit, seconds
 from ._args import default_hardware, natural_int, output_file, parse_mesh, positive_float, positive_int
+from ._output import can_draw, table_width
 
 __all__ = ["register"]
 
@@ -192,16 +193,6 @@ def _unlink_job_segments() -> None:
             pass  # another rank unlinked it first
 
 
-def _width(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 40:
-        raise argparse.ArgumentTypeError(f"width must be an int of at least 40 columns, got {text!r}")
-    return n
-
-
 def _shown(value) -> str:
     """A device's result as a person reads it: numpy scalars as plain numbers, arrays with numpy's
     own layout (shape and dtype named), anything else as Python writes it."""
@@ -232,17 +223,13 @@ def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> Non
     if args.png:
         from ..trace.gantt import to_png
 
-        try:
-            path = to_png(trace, args.png, clock="model", title=f"virtualpar run {args.target} on {mesh}")
-        except ImportError as exc:
-            print(f"virtualpar run: --png: {exc}", file=sys.stderr)
-            return
+        path = to_png(trace, args.png, clock="model", title=f"virtualpar run {args.target} on {mesh}")
         print(f"timeline: {path} (modelled clock)")
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.mpi:
-        return _run_mpi(args)
+        return _run_mpi(args) if not args.png or can_draw("run") else 1
     if "--mpi" in args.script_args:
         print(f"usage: {args.usage}\nvirtualpar run: error: --mpi goes before FILE.py: what follows an mpi4py "
               "script is the script's own arguments", file=sys.stderr)
@@ -260,8 +247,10 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--shuffle", type=natural_int, default=args.shuffle)
         late.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=args.tag_output)
         late.add_argument("--png", type=output_file, default=args.png)
-        late.add_argument("--width", type=_width, default=args.width)
+        late.add_argument("--width", type=table_width, default=args.width)
         late.parse_args(args.script_args, namespace=args)
+    if args.png and not can_draw("run"):
+        return 1
     if any(v in os.environ for v in _MPI_ENV):
         if args.eager_limit is not None or args.shuffle is not None:
             print("virtualpar run: --eager-limit and --shuffle are modes of the emulator; under mpiexec the MPI "
@@ -312,7 +301,7 @@ def register(sub) -> None:
     p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
                    help="draw the run's Gantt chart (modelled clock, each collective named on its boxes); "
                         "needs matplotlib: pip install \"virtualpar[viz]\"")
-    p.add_argument("--width", type=_width, default=WIDTH, metavar="N",
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
                    help=f"columns of the printed tables (default {WIDTH})")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"

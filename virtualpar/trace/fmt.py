@@ -10,7 +10,8 @@ Rules (each value keeps 4 significant digits, never scientific notation):
   (``0.0125`` → ``"12.5 ms"``); a value that rounds up to 1000 of a unit moves to the next one
   (``0.99999`` → ``"1 s"``, not ``"1000 ms"``); at or above 1000 s it is whole seconds with
   thousands separators (``"12,346 s"``); below 1 ps it is ``"0 s"`` (float residue of differences);
-* bytes → binary units ``B``, ``KiB``, ``MiB``, ``GiB``, ``TiB`` (1 KiB = 1024 B), whole bytes below 1 KiB;
+* bytes → binary units ``B``, ``KiB``, ``MiB``, ``GiB``, ``TiB`` (1 KiB = 1024 B), whole bytes below 1 KiB
+  (``1000 KiB`` stays so; what rounds to 1024 of a unit moves up: ``"1 MiB"``);
 * rates, bytes per second → decimal ``B/s``, ``kB/s``, ``MB/s``, ``GB/s``, ``TB/s`` (1 GB/s = 1e9 B/s,
   the unit of link datasheets and of the benchmarks);
 * counts (FLOPs, elements) → decimal prefixes ``k``, ``M``, ``G``, ``T``, ``P``.
@@ -58,13 +59,14 @@ def number(x: Any, digits: int = 4) -> str:
     return text
 
 
-def _scaled(value: float, steps: Sequence[tuple[float, str]], digits: int) -> str:
-    """``value`` in the largest unit of ``steps`` (scale, name; largest first) where it is >= 1."""
+def _scaled(value: float, steps: Sequence[tuple[float, str]], digits: int, base: float = 1000) -> str:
+    """``value`` in the largest unit of ``steps`` (scale, name; largest first) where it is >= 1;
+    one that rounds up to ``base`` of its unit moves up one unit."""
     a = abs(value)
     for k, (scale, unit) in enumerate(steps):
         if a >= scale or k == len(steps) - 1:
             shown = float(f"{a / scale:.{digits}g}")
-            if shown >= 1000 and k > 0:  # 999.99 ms rounds to 1000 ms: say 1 s
+            if shown >= base and k > 0:  # 999.99 ms rounds to 1000 ms: say 1 s
                 scale, unit = steps[k - 1]
             return f"{number(value / scale, digits)} {unit}"
     raise AssertionError("unreachable")  # pragma: no cover
@@ -88,7 +90,7 @@ def nbytes(n: float, digits: int = 4) -> str:
     if abs(n) < 1024:
         return f"{int(round(n))} B"
     steps = [(1024.0 ** k, u) for k, u in reversed(list(enumerate(_BYTES)))]
-    return _scaled(float(n), steps, digits)
+    return _scaled(float(n), steps, digits, base=1024)
 
 
 def rate(bytes_per_second: float, digits: int = 4) -> str:
@@ -131,8 +133,9 @@ def table(head: Sequence[str], rows: Iterable[Sequence[Any]], width: int = WIDTH
 
     Cells are ``str`` of what they hold (numbers through :func:`number`).  ``right[i]``: right-align
     column ``i`` (default: columns whose cells all start with a digit).  When the natural widths do
-    not fit, the widest column is narrowed one column at a time, down to its longest word, and its
-    cells wrap onto further lines; if even that does not fit, words break.
+    not fit, the widest column is narrowed one column at a time, down to its longest word (a
+    right-aligned cell: down to its whole text, numbers never wrap), and its cells wrap onto further
+    lines; if even that does not fit, words break.
     """
     if isinstance(width, bool) or not isinstance(width, int) or width < 20:
         raise ValueError(f"table: width must be an int >= 20 columns, got {width!r}")
@@ -146,7 +149,9 @@ def table(head: Sequence[str], rows: Iterable[Sequence[Any]], width: int = WIDTH
         right = [bool(cells) and all(r[i][:1].isdigit() or r[i][:1] == "-" and r[i][1:2].isdigit()
                                      for r in cells if r[i] not in ("", "-")) for i in range(ncol)]
     widths = [max([len(head[i])] + [len(r[i]) for r in cells]) for i in range(ncol)]
-    floors = [max([_min_width(head[i])] + [_min_width(r[i]) for r in cells]) for i in range(ncol)]
+    # a right-aligned (numeric) cell never wraps: "46.31 µs" split over two lines reads as two values
+    floors = [max([_min_width(head[i])] + [len(r[i]) if right[i] else _min_width(r[i]) for r in cells])
+              for i in range(ncol)]
     budget = width - gap * (ncol - 1)
     for limit in (floors, [3] * ncol):  # first keep words whole, then let them break
         while sum(widths) > budget:
