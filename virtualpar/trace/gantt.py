@@ -25,7 +25,7 @@ from virtualpar.trace.event import check_clock
 from virtualpar.trace.events import Trace
 from virtualpar.trace.fmt import seconds
 
-__all__ = ["to_png", "COLOURS"]
+__all__ = ["to_png", "figure", "COLOURS", "TINTS"]
 
 #: Bar colour of each event kind.
 COLOURS: dict[str, str] = {"compute": "#4c72b0", "send": "#dd8452", "recv": "#55a868",
@@ -49,8 +49,15 @@ def to_png(trace: Trace, path: str | os.PathLike[str], clock: str = "model", tit
            flows: bool = True, dpi: int = 120) -> str:
     """Draw ``trace`` on ``clock`` as a Gantt chart and write it to ``path`` as PNG; returns the path.
 
-    Raises ``ImportError`` (with the ``pip install virtualpar[viz]`` hint) when matplotlib is missing.
+    Raises ``ImportError`` (with the ``pip install "virtualpar[viz]"`` hint) when matplotlib is missing.
     """
+    fig = figure(trace, clock, title, flows, dpi)
+    fig.savefig(path, format="png")
+    return os.fspath(path)
+
+
+def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: bool = True, dpi: int = 120):
+    """The Gantt chart of ``trace`` as a ``matplotlib.figure.Figure`` (shown by a notebook as is)."""
     check_clock(clock, "to_png")
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -125,8 +132,7 @@ def to_png(trace: Trace, path: str | os.PathLike[str], clock: str = "model", tit
                   fontsize=8, ncol=min(len(handles), 8), frameon=False)
     ax.set_title(title or f"virtualpar trace ({clock} clock, span {seconds(t1 - t0)})", loc="left")
     fig.tight_layout()
-    fig.savefig(path, format="png")
-    return os.fspath(path)
+    return fig
 
 
 def _tints(trace: Trace) -> dict[str, str]:
