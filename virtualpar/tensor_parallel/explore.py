@@ -31,6 +31,7 @@ from typing import Any
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
 from .layout import Layout, format_layout
+from ..trace.fmt import nbytes
 
 __all__ = ["Step", "DerivedMatMul", "derive", "assignments", "Candidate", "explore", "choose"]
 
@@ -203,4 +204,4 @@ def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float
             return c
     from ..errors import ShardingError
 
-    raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits {hardware.device.memory_capacity:.3g} B per device")
+    raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits {nbytes(hardware.device.memory_capacity)} per device")
