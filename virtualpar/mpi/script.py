@@ -31,6 +31,8 @@ def run_script(dev: Any, path: str, argv: list[str]) -> int:
     sys.modules["mpi4py"], sys.modules["mpi4py.MPI"] = pkg, mpi
     argv0, sys.argv = sys.argv, [path, *argv]
     code = 0
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _line_buffered(sys.stdout), _line_buffered(sys.stderr)
     try:
         try:
             runpy.run_path(path, run_name="__main__")
@@ -50,14 +52,26 @@ def run_script(dev: Any, path: str, argv: list[str]) -> int:
                            rank=dev.rank, errorcode=1) from None
     finally:
         sys.argv = argv0
+        for ours, theirs in zip((sys.stdout, sys.stderr), streams):  # flushed before the reply
+            try:
+                ours.close() if ours is not theirs else ours.flush()  # (closefd=False: the descriptor stays)
+            except (OSError, ValueError, AttributeError):
+                pass
+        sys.stdout, sys.stderr = streams
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
-        for stream in (sys.stdout, sys.stderr):  # before the reply: the driver writes them out first
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
     return code
+
+
+def _line_buffered(stream: Any) -> Any:
+    """A line-buffered text stream on ``stream``'s descriptor, so that each line leaves in one
+    write as it is printed, even into a pipe (``reconfigure(line_buffering=True)`` writes a print's
+    text and its newline apart, and two ranks' lines then glue); ``stream`` itself if it has none."""
+    try:
+        stream.flush()
+        return open(stream.fileno(), "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    except (AttributeError, OSError, ValueError):
+        return stream

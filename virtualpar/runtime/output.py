@@ -14,7 +14,9 @@ Each device then gets two pipes (stdout, stderr) as its descriptors 1 and 2, and
 line-buffered ``sys.stdout``/``sys.stderr`` on them, so each line leaves the device as it is printed
 (a pipe would otherwise be block-buffered until the command ends).  In the driver one reader thread
 waits on every pipe (one ``select`` for all devices) and writes what arrives to whatever
-``sys.stdout``/``sys.stderr`` is *at that moment*, flushing after each batch.  A device flushes its
+``sys.stdout``/``sys.stderr`` is *at that moment*, flushing after each batch, a whole line at a time
+(a line's unfinished end waits for its newline, or for the end of the run), so that two devices'
+lines never glue into one.  A device flushes its
 streams before it replies, and :meth:`OutputRelay.sync` (called by ``cluster.run`` before it returns
 or raises) drains what is already in the pipes, so ``run`` ends with the devices' prints written.
 
@@ -157,6 +159,8 @@ class OutputRelay:
         """Write out everything the devices have printed so far (what is in the pipes now)."""
         with self._lock:
             self._pump(list(self._read))
+            for key in list(self._partial):
+                self._flush_partial(key, end=False)
 
     def close(self) -> None:
         """After the devices are gone: write out what is left, end unfinished lines, stop the thread.
@@ -215,26 +219,28 @@ class OutputRelay:
             _flush(stream)
 
     def _emit(self, key: tuple[int, int], data: bytes) -> None:
+        """Whole lines go out at once (prefixed ``[rank] `` when tagging); a line's unfinished end
+        waits for its newline, so that two devices' lines never glue into one."""
         dec = self._decoders.get(key)
         if dec is None:
             dec = self._decoders[key] = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = dec.decode(data)
-        if not self.tag:
-            _write(key[1], text)
-            return
-        text = self._partial.pop(key, "") + text
+        text = self._partial.pop(key, "") + dec.decode(data)
         *lines, rest = text.split("\n")
         if lines:
-            prefix = f"[{key[0]}] "
+            prefix = f"[{key[0]}] " if self.tag else ""
             _write(key[1], "".join(f"{prefix}{line}\n" for line in lines))
         if rest:
             self._partial[key] = rest
 
-    def _flush_partial(self, key: tuple[int, int]) -> None:
-        rest = self._partial.pop(key, "")
-        if rest:
-            _write(key[1], f"[{key[0]}] {rest}\n")
-            _flush(key[1])
+    def _flush_partial(self, key: tuple[int, int], end: bool = True) -> None:
+        """Write out a line's unfinished end: tagged, as a line of its own (``end``: at exit or
+        close) or not yet; untagged, as it is (at the end of every run, as a terminal shows it)."""
+        rest = self._partial.get(key, "")
+        if not rest or self.tag and not end:
+            return
+        del self._partial[key]
+        _write(key[1], f"[{key[0]}] {rest}\n" if self.tag else rest)
+        _flush(key[1])
 
 
 def _stream(which: int) -> Any:
