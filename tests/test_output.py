@@ -106,3 +106,18 @@ def test_run_mpi_streams_each_line_as_it_is_printed():
     assert ended - first >= 1.5, [(round(t - first, 2), text) for t, text in arrivals]
     last_ticks = [t for t, text in arrivals if text.endswith("tick 2")]
     assert min(last_ticks) - first >= 1.5  # lines came a second apart, not in one burst
+
+
+def _hello(dev):
+    print("hi", dev.rank)
+    return dev.rank
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_the_relay_reaches_devices_under_every_start_method(start_method, monkeypatch):
+    """Spawned devices receive their pipes by pickling (each end is duplicated into the child)."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    with VirtualCluster(2, start_method=start_method, tag_output=True) as cluster:
+        assert cluster.run(_hello) == [0, 1]
+        assert sorted(out.getvalue().splitlines()) == ["[0] hi 0", "[1] hi 1"]
