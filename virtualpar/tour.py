@@ -160,5 +160,5 @@ def _print_table(out: TextIO, rows: list[TourRow]) -> None:
     head = f"{'op':<15}{'group':<7}{'algorithm':<10}{'bytes moved':>12}{'modelled':>12}  correct"
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in rows:
-        out.write(f"{r.op:<15}{r.group:<7}{r.algorithm:<10}{format_bytes(r.nbytes):>12}{seconds(r.modelled):>12}  "
-                  f"{'yes' if r.correct else 'NO'}\n")
+        out.write(f"{r.op:<15}{r.group:<7}{r.algorithm:<10}{format_bytes(r.nbytes):>12}"
+                  f"{seconds(r.modelled):>12}  {'yes' if r.correct else 'NO'}\n")

@@ -17,7 +17,8 @@ def table_width(text: str) -> int:
     except ValueError:
         n = 0
     if n < MIN_WIDTH:
-        raise argparse.ArgumentTypeError(f"width must be an int of at least {MIN_WIDTH} columns, got {text!r}")
+        raise argparse.ArgumentTypeError(f"width must be an int of at least {MIN_WIDTH} columns, "
+                                         f"got {text!r}")
     return n
 
 
@@ -26,7 +27,8 @@ def can_draw(command: str) -> bool:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print(f'virtualpar {command}: --png needs matplotlib, which is not installed: pip install "virtualpar[viz]"',
+        print(f"virtualpar {command}: --png needs matplotlib, which is not installed: "
+              'pip install "virtualpar[viz]"',
               file=sys.stderr)
         return False
     return True

@@ -43,7 +43,8 @@ def draw(rows: Sequence[Any], path: str | os.PathLike[str], title: str) -> str:
     ys = list(range(n))[::-1]  # the first row on top
     ok = [not r.error for r in rows]
 
-    tunit = _scaled([r.modelled_s for r in rows if not r.error] + [r.modelled_closed_form_s for r in rows if not r.error],
+    shown = [r for r in rows if not r.error]
+    tunit = _scaled([r.modelled_s for r in shown] + [r.modelled_closed_form_s for r in shown],
                     [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")])
     ax = axes[0]
     comp = [r.modelled_compute_s / tunit[0] if k else 0.0 for r, k in zip(rows, ok)]
@@ -69,7 +70,8 @@ def draw(rows: Sequence[Any], path: str | os.PathLike[str], title: str) -> str:
         shown = [v / unit[0] if k else 0.0 for v, k in zip(values, ok)]
         ax.barh(ys, shown, color=colour, height=0.6)
         for y, v, s, k in zip(ys, values, shown, ok):
-            ax.text(s, y, f" {nbytes(v)}" if k else " n/a", va="center", fontsize=8, color="black" if k else _BAD)
+            ax.text(s, y, f" {nbytes(v)}" if k else " n/a", va="center", fontsize=8,
+                    color="black" if k else _BAD)
         ax.set_xlabel(f"{what} [{unit[1]}]")
         ax.set_title(what, fontsize=10, loc="left")
 
@@ -80,7 +82,8 @@ def draw(rows: Sequence[Any], path: str | os.PathLike[str], title: str) -> str:
         ax.set_xlim(0, (top or 1.0) * 1.3)  # room for the value labels; an all-zero panel still has an axis
         ax.tick_params(axis="y", length=0)
     axes[0].set_yticks(ys)
-    axes[0].set_yticklabels([r.policy + ("" if r.correct or r.error else "  (WRONG)") for r in rows], fontsize=9)
+    axes[0].set_yticklabels([r.policy + ("" if r.correct or r.error else "  (WRONG)") for r in rows],
+                            fontsize=9)
     axes[0].set_ylim(-0.7, n - 0.3)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11)
     fig.tight_layout()

@@ -13,10 +13,12 @@ from ._progress import bar
 
 __all__ = ["register", "format_rows"]
 
-_HEAD = ("policy", "ok", "model", "estimate", "sent/dev", "FLOP/dev", "peak/dev", "host in", "host out", "wall")
+_HEAD = ("policy", "ok", "model", "estimate", "sent/dev", "FLOP/dev", "peak/dev", "host in", "host out",
+         "wall")
 _NOTE = ("model: the modelled time of one forward, which also charges each kernel's memory traffic (the "
          "roofline), which small shapes are bound by; estimate: the closed form the explorer ranks by (each "
-         "collective's steps·α + bytes/β, FLOPs at peak); sent: bytes to other devices; host in / out: bytes "
+         "collective's steps·α + bytes/β, FLOPs at peak); sent: bytes to other devices; host in / out: "
+         "bytes "
          "placed on / fetched from all devices together; wall: on this machine. Above: each policy's layouts "
          "and the collectives it ran")
 
@@ -77,7 +79,8 @@ def _policies(args: argparse.Namespace) -> int:
 
             total = len(FFN_POLICIES) if args.ffn else len(MATMUL_POLICIES) + 1  # + "auto"
             with bar(total, "policies run", "policy") as progress:
-                rows = policy_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype), progress=progress)
+                rows = policy_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype),
+                                   progress=progress)
     if args.png:
         from ._policy_chart import draw
 
@@ -89,7 +92,8 @@ def _policies(args: argparse.Namespace) -> int:
     else:
         which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
         head = (f"# {what} = {','.join(map(str, args.shape))}, {args.dtype}, mesh {args.mesh}, hardware "
-                f"{hardware or 'the mesh links'}; {which}; each measured on its second execute, weights resident; "
+                f"{hardware or 'the mesh links'}; {which}; each measured on its second execute, weights "
+                "resident; "
                 "/dev: the most any device sent, computed or held; n/a: the policy cannot apply (why: below)")
         print("\n".join(fit(head, args.width)))
         print(format_rows(rows, args.width))
@@ -109,7 +113,8 @@ def register(sub) -> None:
                    help="instead of the named policies: every assignment of mesh axes (the explorer), fastest "
                         "modelled first, each run and checked; N: only the first N")
     p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
-                   help="also draw the comparison: per policy, modelled time (compute and communication), bytes "
+                   help="also draw the comparison: per policy, modelled time (compute and communication), "
+                        "bytes "
                         "moved and peak memory per device; needs matplotlib: pip install \"virtualpar[viz]\"")
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
                    help=f"columns of the printed table (default {WIDTH})")

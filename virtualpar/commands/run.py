@@ -120,7 +120,8 @@ def _run_mpi(args: argparse.Namespace) -> int:
     args.n = args.n or 2
     mesh = Mesh({"world": args.n})
     try:
-        with VirtualCluster(mesh, hardware=_hardware(args, args.n), **_cluster_options(args, mesh.size)) as cluster:
+        options = _cluster_options(args, mesh.size)
+        with VirtualCluster(mesh, hardware=_hardware(args, args.n), **options) as cluster:
             codes = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
             _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace or args.png else None, args)
     except VirtualParError as exc:
@@ -133,8 +134,8 @@ def _run_mpi(args: argparse.Namespace) -> int:
 
 def _cluster_options(args: argparse.Namespace, size: int) -> dict:
     tag = size > 1 if args.tag_output is None else args.tag_output
-    return dict(timeout=args.timeout, run_timeout=args.run_timeout, eager_limit=args.eager_limit, shuffle=args.shuffle,
-                tag_output=tag)
+    return dict(timeout=args.timeout, run_timeout=args.run_timeout, eager_limit=args.eager_limit,
+                shuffle=args.shuffle, tag_output=tag)
 
 
 def _mpi_tags(text: str) -> str:
@@ -211,7 +212,8 @@ def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> Non
         head, text, tail = f"device {rank} {mesh.index(rank)}:", _shown(value), f"(modelled {seconds(clock)})"
         if "\n" in text or len(head) + len(text) + len(tail) + 4 > args.width:  # the value below, indented
             print(f"{head}   {tail}")
-            print("\n".join("    " + line for part in text.splitlines() for line in fit(part, args.width - 4)))
+            body = (line for part in text.splitlines() for line in fit(part, args.width - 4))
+            print("\n".join("    " + line for line in body))
         else:
             print(f"{head} {text}   {tail}")
     if args.stats:
@@ -265,10 +267,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **_cluster_options(args, mesh.size)) as cluster:
+    options = _cluster_options(args, mesh.size)
+    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **options) as cluster:
         results = cluster.run(fn)
-        _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace or args.png else None,
-               args)
+        trace = cluster.trace if args.trace or args.png else None
+        _print(mesh, results, cluster.clocks(), cluster.stats(), trace, args)
     return 0
 
 
@@ -296,7 +299,8 @@ def register(sub) -> None:
                         "on arrival order changes across seeds")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
     p.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
-                   help="prefix each line a device prints with [rank], as mpiexec --tag-output (default: on for "
+                   help="prefix each line a device prints with [rank], as mpiexec --tag-output (default: on "
+                        "for "
                         "more than one device); device prints stream as they come either way")
     p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
                    help="draw the run's Gantt chart (modelled clock, each collective named on its boxes); "

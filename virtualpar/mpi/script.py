@@ -72,6 +72,7 @@ def _line_buffered(stream: Any) -> Any:
     text and its newline apart, and two ranks' lines then glue); ``stream`` itself if it has none."""
     try:
         stream.flush()
-        return open(stream.fileno(), "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+        return open(stream.fileno(), "w", buffering=1, encoding="utf-8", errors="backslashreplace",
+                    closefd=False)
     except (AttributeError, OSError, ValueError):
         return stream

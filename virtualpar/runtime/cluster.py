@@ -155,7 +155,8 @@ class VirtualCluster:
             clocks = [DeviceClock(r, topology, device_spec) for r in range(n)]
             # device_main is looked up here, at call time: tests replace it to fail a start-up
             sup, doorbells, self.pids = start_devices(self.mesh, self.config, self.layout, self._arena,
-                                                      start_method, clocks, abort_grace, relay.wrap(device_main))
+                                                      start_method, clocks, abort_grace,
+                                                      relay.wrap(device_main))
         except BaseException:
             self._arena.close()  # start_devices already reaped whatever it started
             relay.close()

@@ -204,4 +204,5 @@ def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float
             return c
     from ..errors import ShardingError
 
-    raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits {nbytes(hardware.device.memory_capacity)} per device")
+    raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits "
+                        f"{nbytes(hardware.device.memory_capacity)} per device")

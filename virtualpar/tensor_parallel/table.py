@@ -225,7 +225,8 @@ def _measure(cluster: Any, name: str, layouts: str, closed: PhaseCost, op: Tenso
     st = cluster.stats()
     events = [e for e in cluster.trace() if e.kind in ("collective", "compute")]
     slowest = max(range(mesh.size), key=lambda r: after[r])
-    compute_s = min(modelled, sum(e.duration("model") for e in events if e.kind == "compute" and e.rank == slowest))
+    compute_s = min(modelled, sum(e.duration("model") for e in events
+                                  if e.kind == "compute" and e.rank == slowest))
     flops = [0.0] * mesh.size
     for e in events:
         if e.kind == "compute":

@@ -33,7 +33,8 @@ COLOURS: dict[str, str] = {"compute": "#4c72b0", "send": "#dd8452", "recv": "#55
 _MAX_FLOWS = 2000  # beyond this the arrows hide the bars and cost more than they tell
 _MAX_LABELS = 400  # box labels drawn at most (beyond, boxes are too many to read their names anyway)
 #: Pale tints for collectives, one per collective name in order of first appearance.
-TINTS: tuple[str, ...] = ("#c9b8e8", "#f2c9a0", "#a8d8c8", "#f0b8c8", "#c8d8a0", "#b8cce8", "#e8d8a8", "#d0d0d0")
+TINTS: tuple[str, ...] = ("#c9b8e8", "#f2c9a0", "#a8d8c8", "#f0b8c8", "#c8d8a0", "#b8cce8", "#e8d8a8",
+                          "#d0d0d0")
 _CHARS_PER_AXIS = 150  # characters of a 7-point label across the whole x axis of a 12-inch figure
 _INSTALL_HINT = 'to_png needs matplotlib, which is not installed: pip install "virtualpar[viz]"'
 
@@ -96,14 +97,16 @@ def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: 
     for (kind, y, height), spans in sorted(bars.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
         if kind == "collective":
             continue
-        ax.broken_barh(spans, (y - height / 2, height), facecolors=COLOURS[kind], edgecolors="black", linewidth=0.3)
+        ax.broken_barh(spans, (y - height / 2, height), facecolors=COLOURS[kind], edgecolors="black",
+                       linewidth=0.3)
     for name, tint in tints.items():
         spans = [((e.start(clock) - t0) / scale, max(e.duration(clock) / scale, min_w)) for e in trace.events
                  if e.kind == "collective" and e.name == name]
         ys = [row[(e.rank, "comm")] for e in trace.events if e.kind == "collective" and e.name == name]
         for y in sorted(set(ys)):
             mine = [sp for sp, yy in zip(spans, ys) if yy == y]
-            ax.broken_barh(mine, (y - 0.4, 0.8), facecolors=tint, edgecolors="#555555", linewidth=0.6, zorder=0.5)
+            ax.broken_barh(mine, (y - 0.4, 0.8), facecolors=tint, edgecolors="#555555", linewidth=0.6,
+                           zorder=0.5)
     _label_boxes(ax, trace, clock, t0, scale, extent, row, tints)
 
     if flows:
@@ -126,10 +129,12 @@ def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: 
         ax.text(0.5, 0.5, "(no events)", ha="center", va="center", transform=ax.transAxes)
     kinds = [k for k in COLOURS if k != "collective" and any(e.kind == k for e in trace.events)]
     handles = [Patch(facecolor=COLOURS[k], edgecolor="black", linewidth=0.3, label=k) for k in kinds]
-    handles += [Patch(facecolor=tint, edgecolor="#555555", linewidth=0.6, label=name) for name, tint in tints.items()]
+    handles += [Patch(facecolor=tint, edgecolor="#555555", linewidth=0.6, label=name)
+                for name, tint in tints.items()]
     if handles:
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.3 / fig.get_figheight()),
-                  fontsize=8, ncol=min(len(handles), 8), frameon=False)
+        below = -0.08 - 0.3 / fig.get_figheight()  # under the x label, whatever the figure's height
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, below), fontsize=8,
+                  ncol=min(len(handles), 8), frameon=False)
     ax.set_title(title or f"virtualpar trace ({clock} clock, span {seconds(t1 - t0)})", loc="left")
     fig.tight_layout()
     return fig
@@ -138,7 +143,8 @@ def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: 
 def _tints(trace: Trace) -> dict[str, str]:
     """A pale tint per collective name, in order of first appearance (the palette cycles)."""
     names: dict[str, str] = {}
-    for e in sorted((e for e in trace.events if e.kind == "collective"), key=lambda e: (e.model_start, e.rank)):
+    collectives = [e for e in trace.events if e.kind == "collective"]
+    for e in sorted(collectives, key=lambda e: (e.model_start, e.rank)):
         if e.name not in names:
             names[e.name] = TINTS[len(names) % len(TINTS)]
     return names
