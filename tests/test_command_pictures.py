@@ -142,3 +142,27 @@ def test_run_png_without_matplotlib_says_how_to_install(tmp_path, capsys, monkey
     _no_matplotlib(monkeypatch)
     assert main(["run", f"{script}:step", "--png", str(tmp_path / "x.png")]) == 1
     assert 'pip install "virtualpar[viz]"' in capsys.readouterr().err
+
+
+def test_a_cluster_of_64_devices_shows_its_start_on_a_terminal(monkeypatch):
+    """The library draws nothing: it calls ``progress()`` as each device is ready; the command's bar
+    counts them, on a terminal only."""
+    from virtualpar import Mesh, VirtualCluster
+    from virtualpar.commands._progress import start_cluster
+
+    ready = []
+    with VirtualCluster(3, progress=lambda: ready.append(len(ready)), warm_up=False):
+        assert ready == [0, 1, 2]
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    with start_cluster(Mesh({"world": 64}), warm_up=False) as cluster:
+        assert cluster.size == 64
+    assert "starting 64 devices" in tty.getvalue() and "/64" in tty.getvalue()
+    with start_cluster(Mesh({"world": 8}), warm_up=False):
+        pass
+    assert "starting 8" not in tty.getvalue()  # 8 devices start in a blink: no bar
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    with start_cluster(Mesh({"world": 64}), warm_up=False):
+        pass
+    assert quiet.getvalue() == ""

@@ -9,7 +9,7 @@ import sys
 from ..trace.fmt import WIDTH, count, fit, nbytes, seconds, table
 from ._args import default_hardware, output_file, parse_mesh, positive_int
 from ._output import can_draw, table_width
-from ._progress import bar
+from ._progress import bar, start_cluster
 
 __all__ = ["register", "format_rows"]
 
@@ -57,7 +57,6 @@ def format_rows(rows, width: int = WIDTH) -> str:
 def _policies(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .. import VirtualCluster
     from ..tensor_parallel.table import explore_rows, policy_rows
 
     want = 4 if args.ffn else 3
@@ -68,7 +67,7 @@ def _policies(args: argparse.Namespace) -> int:
         return 1
     hardware = default_hardware(args.hardware, args.mesh.size)
     what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
-    with VirtualCluster(args.mesh, hardware=hardware) as cluster:
+    with start_cluster(args.mesh, hardware=hardware) as cluster:
         if args.explore is not None:
             with bar(None, "candidates run", "candidate") as progress:
                 rows = explore_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype),

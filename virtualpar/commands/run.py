@@ -26,6 +26,7 @@ import traceback
 from ..trace.fmt import WIDTH, fit, seconds
 from ._args import default_hardware, natural_int, output_file, parse_mesh, positive_float, positive_int
 from ._output import can_draw, table_width
+from ._progress import start_cluster
 
 __all__ = ["register"]
 
@@ -102,7 +103,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
     """An unmodified mpi4py script on ``-n`` emulated devices; each rank's lines stream to this
     terminal as they are printed, prefixed ``[rank]`` when there is more than one (mpiexec's
     ``--tag-output``; ``--no-tag-output`` turns it off); exit code the largest of the ranks'."""
-    from .. import Mesh, VirtualCluster, VirtualParError
+    from .. import Mesh, VirtualParError
     from ..mpi.facade import MPIAbort
     from ..mpi.script import run_script
 
@@ -121,7 +122,7 @@ def _run_mpi(args: argparse.Namespace) -> int:
     mesh = Mesh({"world": args.n})
     try:
         options = _cluster_options(args, mesh.size)
-        with VirtualCluster(mesh, hardware=_hardware(args, args.n), **options) as cluster:
+        with start_cluster(mesh, hardware=_hardware(args, args.n), **options) as cluster:
             codes = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
             _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace or args.png else None, args)
     except VirtualParError as exc:
@@ -259,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
                   "library decides (MPICH: MPIR_CVAR_CH3_EAGER_MAX_MSG_SIZE)", file=sys.stderr)
             return 2
         return _run_under_mpiexec(args)
-    from .. import Mesh, VirtualCluster
+    from .. import Mesh
 
     if args.mesh is not None and args.n is not None and args.n != args.mesh.size:  # -n was silently ignored
         print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} devices) disagree; give one",
@@ -268,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
     options = _cluster_options(args, mesh.size)
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **options) as cluster:
+    with start_cluster(mesh, hardware=_hardware(args, mesh.size), **options) as cluster:
         results = cluster.run(fn)
         trace = cluster.trace if args.trace or args.png else None
         _print(mesh, results, cluster.clocks(), cluster.stats(), trace, args)

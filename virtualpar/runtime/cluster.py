@@ -103,7 +103,8 @@ class VirtualCluster:
     its function once all have been handed it (on by default; runtime/start_line.py).
     ``tag_output``: prefix each line a device prints with ``[rank] `` (mpiexec's --tag-output).  Prints
     reach the driver's ``sys.stdout``/``sys.stderr`` even when those are no file (a notebook, a
-    StringIO): ``run`` returns once they are written (runtime/output.py).
+    StringIO): ``run`` returns once they are written (runtime/output.py).  ``progress()``, if given,
+    is called as each device is ready (a command's progress bar; the library itself never draws).
     """
 
     def __init__(
@@ -127,6 +128,7 @@ class VirtualCluster:
         warm_up: bool = True,
         start_line: bool = True,
         tag_output: bool = False,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
@@ -156,7 +158,7 @@ class VirtualCluster:
             # device_main is looked up here, at call time: tests replace it to fail a start-up
             sup, doorbells, self.pids = start_devices(self.mesh, self.config, self.layout, self._arena,
                                                       start_method, clocks, abort_grace,
-                                                      relay.wrap(device_main))
+                                                      relay.wrap(device_main), progress)
         except BaseException:
             self._arena.close()  # start_devices already reaped whatever it started
             relay.close()
