@@ -1,6 +1,7 @@
 """A PNG Gantt chart of a trace (needs matplotlib: ``pip install virtualpar[viz]``).
 
-Two rows per device, top to bottom by rank: ``compute`` and ``comm``.  On the comm row a
+Two rows per device, top to bottom by rank: ``compute`` and ``comm`` (one, ``comm``, when nothing
+in the trace computes).  On the comm row a
 collective is a full-height pale bar and the send/recv events inside it are thin bars on top of it
 (sends in the upper half, recvs in the lower, so overlapping ones both show), so a ring all_reduce
 reads as one block striped by its steps.  Each collective has its own pale tint (one per name, in
@@ -72,13 +73,15 @@ def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: 
     scale, unit = _unit(t1 - t0)
     extent = (t1 - t0) / scale or 1.0  # a trace of zero-length events still gets an x axis
     min_w = extent / 1000
+    per = 2 if any(e.kind == "compute" for e in trace.events) else 1  # no compute at all: no empty rows
     row = {}  # (rank, "compute" | "comm") -> y of the row's centre
     for k, rank in enumerate(ranks):
-        base = 2 * (len(ranks) - 1 - k)  # rank 0 on top
-        row[(rank, "compute")] = base + 1.0
+        base = per * (len(ranks) - 1 - k)  # rank 0 on top
+        if per == 2:
+            row[(rank, "compute")] = base + 1.0
         row[(rank, "comm")] = float(base)
 
-    fig = Figure(figsize=(12, max(2.5, 0.55 * 2 * len(ranks) + 1.2)), dpi=dpi)
+    fig = Figure(figsize=(12, max(2.5, 0.55 * per * len(ranks) + 1.2)), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     bars: dict[tuple[str, float, float], list[tuple[float, float]]] = {}
@@ -120,8 +123,9 @@ def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: 
 
     ticks = sorted(row.items(), key=lambda kv: kv[1])
     ax.set_yticks([y for _, y in ticks])
-    ax.set_yticklabels([f"{trace.device_name(rank)}: {track}" for (rank, track), _ in ticks], fontsize=8)
-    ax.set_ylim(-0.8, 2 * len(ranks) - 0.2 if ranks else 1)
+    ax.set_yticklabels([f"{trace.device_name(rank)}: {track}" if per == 2 else trace.device_name(rank)
+                        for (rank, track), _ in ticks], fontsize=8)
+    ax.set_ylim(-0.8, per * len(ranks) - 0.2 if ranks else 1)
     ax.set_xlim(0, extent * 1.01)
     ax.set_xlabel(f"{clock} time [{unit}]" + (f" from {seconds(t0)}" if t0 else ""))
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
@@ -132,7 +136,7 @@ def figure(trace: Trace, clock: str = "model", title: str | None = None, flows: 
     handles += [Patch(facecolor=tint, edgecolor="#555555", linewidth=0.6, label=name)
                 for name, tint in tints.items()]
     if handles:
-        below = -0.08 - 0.3 / fig.get_figheight()  # under the x label, whatever the figure's height
+        below = -0.6 / max(fig.get_figheight() - 1.2, 0.8)  # ~0.6 inch down: under the x label
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, below), fontsize=8,
                   ncol=min(len(handles), 8), frameon=False)
     ax.set_title(title or f"virtualpar trace ({clock} clock, span {seconds(t1 - t0)})", loc="left")
