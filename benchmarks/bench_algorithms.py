@@ -41,6 +41,7 @@ import numpy as np
 from virtualpar import VirtualCluster
 from virtualpar.collectives import ALGORITHMS, default_algorithm
 from virtualpar.commands._args import positive_int, positive_ints
+from virtualpar.commands._progress import bar
 from virtualpar.errors import UsageError
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
@@ -67,34 +68,42 @@ def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5, col
     rows = []
     algos = tuple(ALGORITHMS[collective])
     contenders = (*algos, None)
-    for n in devices:
-        with VirtualCluster(n, timeout=120) as cluster:
-            for nbytes in sizes:
-                runs = []  # the contenders that take this size: 'direct' refuses what the machine cannot hold
-                for algo in contenders:
-                    try:
-                        cluster.run(_timed, collective, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
-                        runs.append(algo)
-                    except UsageError:
-                        pass
-                per_round: list[dict[str, float]] = []
-                for k in range(rounds):
-                    times = {}
-                    for i in range(len(runs)):  # a rotated order each round
-                        algo = runs[(i + k) % len(runs)]
-                        per_device = cluster.run(_timed, collective, nbytes // 8, algo, iters)
-                        times[algo or "default"] = statistics.median(max(col) for col in zip(*per_device))
-                    per_round.append(times)
-                ran = [a for a in algos if a in runs]
-                row = {"collective": collective, "devices": n, "bytes": nbytes, "algorithms": ran,
-                       "s": {a: statistics.median(t[a] for t in per_round) for a in per_round[0]}}
-                row["best"] = min(ran, key=lambda a: row["s"][a])
-                piece = nbytes // n if collective == "all_gather" else nbytes
-                chosen = row["chosen"] = default_algorithm(collective, piece, n, shared_memory=True)
-                row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in ran) for t in per_round)
-                row["default_vs_chosen"] = statistics.median(t["default"] / t[chosen] for t in per_round)
-                rows.append(row)
+    with bar(len(devices) * len(sizes), f"bench_algorithms {collective}", "size") as step:
+        for n in devices:
+            _sweep_cluster(n, sizes, iters, rounds, collective, algos, contenders, rows, step)
     return rows
+
+
+def _sweep_cluster(n: int, sizes: list[int], iters: int, rounds: int, collective: str, algos: tuple, contenders: tuple,
+                   rows: list[dict], step) -> None:
+    """Every size on one cluster of ``n`` devices; ``step()`` after each (the progress bar)."""
+    with VirtualCluster(n, timeout=120) as cluster:
+        for nbytes in sizes:
+            runs = []  # the contenders that take this size: 'direct' refuses what the machine cannot hold
+            for algo in contenders:
+                try:
+                    cluster.run(_timed, collective, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
+                    runs.append(algo)
+                except UsageError:
+                    pass
+            per_round: list[dict[str, float]] = []
+            for k in range(rounds):
+                times = {}
+                for i in range(len(runs)):  # a rotated order each round
+                    algo = runs[(i + k) % len(runs)]
+                    per_device = cluster.run(_timed, collective, nbytes // 8, algo, iters)
+                    times[algo or "default"] = statistics.median(max(col) for col in zip(*per_device))
+                per_round.append(times)
+            ran = [a for a in algos if a in runs]
+            row = {"collective": collective, "devices": n, "bytes": nbytes, "algorithms": ran,
+                   "s": {a: statistics.median(t[a] for t in per_round) for a in per_round[0]}}
+            row["best"] = min(ran, key=lambda a: row["s"][a])
+            piece = nbytes // n if collective == "all_gather" else nbytes
+            chosen = row["chosen"] = default_algorithm(collective, piece, n, shared_memory=True)
+            row["chosen_vs_best"] = statistics.median(t[chosen] / min(t[a] for a in ran) for t in per_round)
+            row["default_vs_chosen"] = statistics.median(t["default"] / t[chosen] for t in per_round)
+            rows.append(row)
+            step()
 
 
 def main() -> None:

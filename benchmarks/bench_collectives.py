@@ -43,6 +43,7 @@ from _report import evaluate_targets, print_report  # noqa: E402
 
 from virtualpar import VirtualCluster  # noqa: E402
 from virtualpar.commands._args import positive_float, positive_int  # noqa: E402
+from virtualpar.commands._progress import bar  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB ... 64 MiB
@@ -258,23 +259,28 @@ def header(s: Settings) -> dict[str, Any]:
 
 
 def run(s: Settings) -> dict[str, Any]:
-    result: dict[str, Any] = {"meta": header(s)}
-    result["memcpy"] = bench_memcpy(s)
-    with VirtualCluster(2, check_collectives=False, trace=False, hardware=s.hardware) as c:
-        result["p2p_latency"] = bench_p2p_latency(c, s)
-        result["p2p_bandwidth"] = bench_p2p_bandwidth(c, s)
-    rows = []
-    for n in DEVICE_COUNTS:
-        with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as c:
-            for op, algorithms in COLLECTIVES.items():
-                for algorithm in algorithms:
-                    rows.extend(bench_collective(c, s, op, algorithm))
-    result["collectives"] = rows
-    result["contract_check"] = bench_contract_check(s)
-    result["startup"] = bench_startup(s)
-    result["references"] = bench_references(s)
-    result["latency_rounds"] = bench_latency_rounds(s)
-    result["allreduce_rounds"] = bench_allreduce_rounds(s)
+    steps = 7 + len(DEVICE_COUNTS)  # the sections below, one step each (a progress bar on a terminal only)
+    with bar(steps, "bench_collectives", "section") as step:
+        result: dict[str, Any] = {"meta": header(s)}
+        result["memcpy"] = bench_memcpy(s)
+        step()
+        with VirtualCluster(2, check_collectives=False, trace=False, hardware=s.hardware) as c:
+            result["p2p_latency"] = bench_p2p_latency(c, s)
+            result["p2p_bandwidth"] = bench_p2p_bandwidth(c, s)
+        step()
+        rows = []
+        for n in DEVICE_COUNTS:
+            with VirtualCluster(n, check_collectives=False, trace=False, hardware=s.hardware) as c:
+                for op, algorithms in COLLECTIVES.items():
+                    for algorithm in algorithms:
+                        rows.extend(bench_collective(c, s, op, algorithm))
+            step()
+        result["collectives"] = rows
+        for key, section in (("contract_check", bench_contract_check), ("startup", bench_startup),
+                             ("references", bench_references), ("latency_rounds", bench_latency_rounds),
+                             ("allreduce_rounds", bench_allreduce_rounds)):
+            result[key] = section(s)
+            step()
     result["meta"]["loadavg_end"] = os.getloadavg()[0]
     result["targets"] = evaluate_targets(result)
     return result

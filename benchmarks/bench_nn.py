@@ -19,6 +19,7 @@ import numpy as np
 
 from virtualpar import nn
 from virtualpar.commands._args import positive_int
+from virtualpar.commands._progress import bar
 from virtualpar.pipeline.demo import seed_mlp
 
 SIZES = (256, 512, 1024, 512, 256)
@@ -96,7 +97,11 @@ def main() -> None:
     ap.add_argument("--iters", type=positive_int, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = {"mlp": bench_mlp(args.repeats, args.iters), "gru": bench_gru(max(2, args.iters // 5))}
+    with bar(2, "bench_nn", "section") as step:
+        result = {"mlp": bench_mlp(args.repeats, args.iters)}
+        step()
+        result["gru"] = bench_gru(max(2, args.iters // 5))
+        step()
     if args.json:
         print(json.dumps(result))
         return

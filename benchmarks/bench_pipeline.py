@@ -34,6 +34,7 @@ import numpy as np
 from virtualpar import VirtualCluster, nn
 from virtualpar.pipeline import Pipeline, PipelinedOperation, build, simulate
 from virtualpar.pipeline.demo import seed_mlp
+from virtualpar.commands._progress import bar
 
 UNIT = {"F": 1.0, "B": 1.0}
 
@@ -244,8 +245,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    result = {"bubbles": bubbles(), "executed": executed(), "floor": floor_and_wall(), "simulator": simulator_speed(),
-              "driver_copy": driver_copy_cost()}
+    result = {}
+    with bar(5, "bench_pipeline", "section") as step:
+        for key, section in (("bubbles", bubbles), ("executed", executed), ("floor", floor_and_wall),
+                             ("simulator", simulator_speed), ("driver_copy", driver_copy_cost)):
+            result[key] = section()
+            step()
     if args.json:
         print(json.dumps(result))
         return

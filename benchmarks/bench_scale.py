@@ -50,6 +50,7 @@ from _references import _mpiexec, module_version  # noqa: E402
 
 from virtualpar import VirtualCluster  # noqa: E402
 from virtualpar.commands._args import positive_int, positive_ints  # noqa: E402
+from virtualpar.commands._progress import bar  # noqa: E402
 
 KIB = 1024
 OPS = ("barrier", "all_reduce_8KiB", "all_reduce_512KiB", "all_gather_512KiB", "broadcast_512KiB")
@@ -257,14 +258,16 @@ def main() -> None:
     if len(set(sizes)) != len(sizes):
         ap.error(f"--sizes lists a device count twice: {','.join(map(str, sizes))}")
     rows, refs, paired = [], {}, {}
-    for n in sizes:
-        rounds = args.rounds if n <= args.mpi_max else 1
-        pairs = [(measure(n), mpich(n) if n <= args.mpi_max else {}) for _ in range(rounds)]
-        rows.append(_median([ours for ours, _ in pairs]))
-        if n <= args.mpi_max:
-            paired[n] = pairs
-            good = [ref for _, ref in pairs if "first_s" in ref]
-            refs[n] = _median(good) if good else pairs[0][1]
+    with bar(len(sizes), "bench_scale", "size") as step:
+        for n in sizes:
+            rounds = args.rounds if n <= args.mpi_max else 1
+            pairs = [(measure(n), mpich(n) if n <= args.mpi_max else {}) for _ in range(rounds)]
+            rows.append(_median([ours for ours, _ in pairs]))
+            if n <= args.mpi_max:
+                paired[n] = pairs
+                good = [ref for _, ref in pairs if "first_s" in ref]
+                refs[n] = _median(good) if good else pairs[0][1]
+            step()
     round_trip = first_all_reduce_round_trip(128) if 128 in sizes else None
     checks = targets(rows, refs, paired, round_trip)
     if args.json:

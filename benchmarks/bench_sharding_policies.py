@@ -32,6 +32,7 @@ from virtualpar.tensor_parallel.autodiff import KERNEL_LOG  # noqa: E402
 from virtualpar.tensor_parallel.ffn import FFN_POLICIES  # noqa: E402
 from virtualpar.tensor_parallel.matmul import MATMUL_POLICIES  # noqa: E402
 from virtualpar.tensor_parallel.table import build_op  # noqa: E402
+from virtualpar.commands._progress import bar  # noqa: E402
 
 SEED_003 = {("matmul", "matched_inner"): 18.0, ("matmul", "unsharded"): 9.9, ("ffn", "gspmd"): 2.8}
 TARGET_RATIO, TARGET_VS_SEED = 1.5, 10.0
@@ -128,10 +129,13 @@ def main(argv=None) -> int:
     with VirtualCluster(Mesh({"x": 2, "y": 4}), trace=False) as cluster:
         if args.blas_default:
             cluster.run(_blas_off)
-        for name in MATMUL_POLICIES:
-            rows.append(bench_policy(cluster, "matmul", name, mm, repeats, bandwidth, not args.quick))
-        for name in FFN_POLICIES:
-            rows.append(bench_policy(cluster, "ffn", name, ff, repeats, bandwidth, not args.quick))
+        with bar(len(MATMUL_POLICIES) + len(FFN_POLICIES), "bench_sharding_policies", "policy") as step:
+            for name in MATMUL_POLICIES:
+                rows.append(bench_policy(cluster, "matmul", name, mm, repeats, bandwidth, not args.quick))
+                step()
+            for name in FFN_POLICIES:
+                rows.append(bench_policy(cluster, "ffn", name, ff, repeats, bandwidth, not args.quick))
+                step()
     bandwidth = max(bandwidth, memcpy_bandwidth())  # measured again after: the faster figure is the floor's
     for r in rows:
         r["floor_s"] = r["kernels_s"] + r["bytes_moved"] / bandwidth

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,13 @@ def test_tour_checks_every_collective_and_writes_a_trace(tmp_path):
     assert ring_tp.nbytes == 4 * 2 * (2 - 1) * 96 // 2
     direct_all = next(r for r in rows if (r.op, r.group, r.algorithm) == ("all_reduce", "all", "direct"))
     assert direct_all.nbytes == 4 * (4 - 1) * 96
+    # every line fits 100 columns, in one spelling of units (lines went up to 205 columns, with "us"
+    # and 1.59e-08 seconds); the pipeline and strategy sections, drawn by their own grids, are not
+    # checked here
+    own = text.split("\n== Pipeline parallelism")[0].splitlines()
+    assert "== Tensor parallelism" in "\n".join(own)
+    assert [line for line in own if len(line) > 100 and line.strip() != str(trace_path)] == []
+    assert not [line for line in own if re.search(r"\d us\b|\de-\d\d", line)]
 
 
 def test_the_tour_runs_on_any_mesh_of_two_devices_or_more(tmp_path, monkeypatch):
@@ -233,7 +241,7 @@ def test_ctrl_c_ends_a_run_in_one_line_and_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "virtualpar", "run", f"{script}:sleepy", "-n", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not proc.stdout.readline().startswith("started") and time.monotonic() < deadline:
+    while "started" not in proc.stdout.readline() and time.monotonic() < deadline:
         pass
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

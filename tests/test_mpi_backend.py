@@ -40,7 +40,15 @@ def _mpiexec() -> str | None:
 
 
 def _results(text: str) -> list[str]:
-    return [line.split("   (modelled")[0] for line in text.strip().splitlines()]
+    """One entry per device: its line without the modelled clock, a long value's indented lines
+    (the command wraps them at --width) joined back on."""
+    out: list[str] = []
+    for line in text.strip().splitlines():
+        if line.startswith("    ") and out:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line.split("   (modelled")[0])
+    return out
 
 
 @pytest.mark.parametrize("n, mesh", [(2, []), (4, ["--mesh", "dp=2,tp=2"])], ids=["2", "4-dp2xtp2"])
@@ -500,8 +508,10 @@ def test_self_sends_are_recorded_once_and_a_bad_out_is_its_own_receives_error(tm
     an irecv whose out= did not fit raised a ValueError from whichever wait took its message."""
     emu, real = _both(tmp_path, SELF_AND_BAD_OUT, 2, "--timeout", "20")
     assert _results(real) == _results(emu)
-    assert "(1.0, 2.0, 11.0, True)" in emu and ("(1.0, 2.0, 11.0, True, 'hello', 'UsageError', 'recv buffer has shape (4,) "
-                                          "and dtype float64, but the message holds shape (6,) and dtype float64')") in emu
+    joined = "\n".join(_results(emu))  # a long value is wrapped at the width, its lines indented
+    assert "(1.0, 2.0, 11.0, True)" in joined and ("(1.0, 2.0, 11.0, True, 'hello', 'UsageError', 'recv buffer has "
+                                              "shape (4,) and dtype float64, but the message holds shape (6,) and "
+                                              "dtype float64')") in joined
 
 
 def test_the_leak_check_reports_a_new_segment_only_when_no_process_maps_it():

@@ -23,8 +23,8 @@ def _lines(text: str) -> list[str]:
 
 
 def _emulate(prog: str, n: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", str(n), os.path.join(HERE, prog),
-                           *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "--no-tag-output", "-n", str(n),
+                           os.path.join(HERE, prog), *args], capture_output=True, text=True, timeout=120)
 
 
 def _mpiexec() -> str | None:

@@ -234,31 +234,81 @@ def test_chrome_is_deterministic_and_plain_json(tmp_path):
 # -- text timeline -----------------------------------------------------------------------------------
 
 def test_text_timeline_hand_example():
-    out = example_late_send().to_text(width=40)
+    """width 51 with 8-character labels leaves 40 columns of 100 µs for the 4 ms span."""
+    out = example_late_send().to_text(width=51)
     lines = out.splitlines()
-    assert lines[0] == "timeline (model clock): 2 devices, 0 s .. 4 ms, 1 column = 100 µs"
-    assert lines[1] == "device 0 |" + "#" * 20 + ">" * 10 + "." * 10 + "|"
-    assert lines[2] == "device 1 |" + "." * 10 + "<" * 20 + "#" * 10 + "|"
-    assert lines[3] == " " * 10 + "0 s" + " " * 33 + "4 ms"
-    assert lines[4].startswith("legend") and "# compute" in lines[4] and ". idle" in lines[4]
-    assert len(lines) == 5
-    wall = example_late_send().to_text(clock="wall", width=40).splitlines()
-    assert wall[0] == "timeline (wall clock): 2 devices, 100 ms .. 108 ms, 1 column = 200 µs"
-    assert wall[1:3] == lines[1:3]  # a linear clock map leaves the picture alone
+    assert lines[0:2] == ["timeline (model clock): 2 devices, 0 s .. 4 ms, 1", "column = 100 µs"]
+    assert lines[2] == "device 0 |" + "#" * 20 + ">" * 10 + "." * 10 + "|"
+    assert lines[3] == "device 1 |" + "." * 10 + "<" * 20 + "#" * 10 + "|"
+    # ticks every 1 ms (10 columns: the smallest 1-2-5 step whose labels fit), the last label
+    # pulled left so that it ends with the grid
+    assert lines[4] == " " * 9 + "+---------+---------+---------+---------+"
+    assert lines[5] == " " * 9 + "0 s       1 ms      2 ms      3 ms   4 ms"
+    assert lines[6].startswith("legend") and "# compute" in lines[6] and ". idle" in lines[7]
+    assert len(lines) == 8  # nothing is shorter than a column: no list
+    assert all(len(line) <= 51 for line in lines)
+    wall = example_late_send().to_text(clock="wall", width=51).splitlines()
+    assert wall[0] == "timeline (wall clock): 2 devices, 100 ms .. 108 ms,"
+    assert wall[2:4] == lines[2:4]  # a linear clock map leaves the picture alone
+    assert wall[5] == " " * 9 + "100 ms    102 ms    104 ms    106 ms"  # no room left for "108 ms"
+
+
+def test_text_time_axis_steps():
+    from virtualpar.trace.text import time_axis
+
+    # 0..1 s over 50 columns (20 ms each): labels are up to 6 wide + 2, so steps of 200 ms (10 columns)
+    marks, labels = time_axis(0.0, 1.0, 50)
+    assert marks == ("+" + "-" * 9) * 5 + "+"
+    assert labels == "0 s       200 ms    400 ms    600 ms    800 ms  1 s"
+    # an axis that does not start at a round time: the first tick is the first multiple of the step
+    marks, labels = time_axis(0.5e-6, 10.5e-6, 20)  # 0.5 µs a column; step 5 µs = 10 columns
+    assert marks == "-" * 9 + "+" + "-" * 9 + "+" + "-"
+    assert labels == " " * 9 + "5 µs" + " " * 3 + "10 µs"  # the last label ends with the grid
+
+
+def test_text_lists_the_actions_too_short_to_show():
+    """A 1 µs send and a zero-length barrier wait in a 4 ms trace are under one column: listed
+    below the grid in time order; the collective's own steps are not."""
+    g = (0, 1)
+    t = Trace([ev(0, "compute", "matmul", 0, 4),
+               ev(1, "send", "ping", 2, 2.001, peer=0, nbytes=8),
+               ev(1, "wait", "barrier", 1, 1),
+               ev(1, "collective", "all_reduce", 3, 3.5, group=g),
+               ev(1, "send", "send", 3, 3.01, peer=0, group=g)])
+    lines = t.to_text(width=51).splitlines()
+    at = lines.index("too short to show (under 1 column = 100 µs), in")
+    assert lines[at + 1] == "time order:"
+    wide = t.to_text(width=100).splitlines()
+    assert lines[at + 2:] == [line[:50] + "…" for line in wide[-2:]]
+    assert wide[-2:] == ["  device 1  " + "wait barrier".ljust(28) + " at " + "1 ms".ljust(10) + " for 0 s",
+                         "  device 1  " + "send ping to 0".ljust(28) + " at " + "2 ms".ljust(10) + " for 1 µs"]
+    assert wide[1] == "device 0 |" + "#" * 89 + "|"  # 100 - 8 - 3 columns
+    many = Trace([ev(0, "compute", "c", 0, 100)] + [ev(1, "send", f"s{k}", k, k, peer=0) for k in range(20)])
+    text = many.to_text(width=80).splitlines()
+    assert text[-1] == "  ... and 8 more" and text[-2].startswith("  device 1  send s11 to 0")
+
+
+def test_text_lines_fit_every_width():
+    t = example_collective()
+    for width in (20, 33, 60, 100, 140):
+        lines = t.to_text(width=width).splitlines()
+        assert all(len(line) <= width for line in lines), (width, lines)
+        rows = [line for line in lines if line.endswith("|")]
+        assert len(rows) == 2 and all(len(r) == width for r in rows)  # the grid takes the rest of the line
 
 
 def test_text_priorities_names_and_width():
     t = example_collective()
-    lines = t.to_text(width=10).splitlines()
+    rows = [line for line in t.to_text(width=34).splitlines() if line.endswith("|")]  # 10 columns of 0.5 ms
     # compute beats the collective it overlaps; the collective hides its nested send/recv
-    assert lines[1] == "device 0 (dp=0, tp=0) |###=====##|"
-    assert lines[2] == "device 1 (dp=0, tp=1) |#####====.|"
-    for width in (1, 7, 100):
-        rows = t.to_text(width=width).splitlines()[1:3]
-        assert all(len(r.split("|")[1]) == width for r in rows)
+    assert rows == ["device 0 (dp=0, tp=0) |###=====##|", "device 1 (dp=0, tp=1) |#####====.|"]
+    # names too long for a 10-column grid in 20: the ranks name the rows
+    assert [line for line in t.to_text(width=20).splitlines() if line.endswith("|")] == [
+        "0 |#####=======####|", "1 |########=======.|"]
     both = Trace([ev(0, "send", "send", 0, 2, peer=1), ev(0, "recv", "recv", 1, 3, peer=1),
                   ev(1, "wait", "barrier", 0, 3)])
-    assert both.to_text(width=3).splitlines()[1:3] == ["device 0 |>x<|", "device 1 |~~~|"]
+    assert [line for line in both.to_text(width=14).splitlines() if line.endswith("|")] == [
+        "0 |>>>xxxx<<<|", "1 |~~~~~~~~~~|"]  # 0.3 ms a column
     with pytest.raises(ValueError, match="width must be a positive int"):
         t.to_text(width=0)
     with pytest.raises(ValueError, match="unknown clock"):
@@ -267,10 +317,12 @@ def test_text_priorities_names_and_width():
 
 def test_text_zero_length_event_and_empty_trace():
     t = Trace([ev(0, "compute", "x", 0, 4), ev(1, "send", "ping", 2, 2, peer=0)])
-    row = t.to_text(width=10).splitlines()[2]
-    assert row == "device 1 |.....>....|"
+    lines = t.to_text(width=21).splitlines()
+    assert [line for line in lines if line.endswith("|")][1] == "device 1 |.....>....|"
+    assert lines[-1] == "  device 1  send pin…"  # listed below, cut to the width
     assert Trace().to_text() == "(no events)"
-    assert Trace([ev(0, "send", "s", 1, 1)]).to_text(width=5).splitlines()[1] == "device 0 |>....|"
+    assert [line for line in Trace([ev(0, "send", "s", 1, 1)]).to_text(width=16).splitlines()
+            if line.endswith("|")] == ["0 |>...........|"]  # a 5-column grid is too narrow: ranks as names
 
 
 def test_format_units():
@@ -355,7 +407,7 @@ def test_png_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     import virtualpar.trace.gantt as gantt
     importlib.reload(gantt)  # the module itself imports without matplotlib
-    with pytest.raises(ImportError, match=r"pip install virtualpar\[viz\]"):
+    with pytest.raises(ImportError, match=r'pip install "virtualpar\[viz\]"'):
         gantt.to_png(example_late_send(), tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 
@@ -401,7 +453,9 @@ def test_summary_and_path_invariants(trace):
         crosses = prev.kind == "send" and nxt.kind == "recv" and prev.flow == nxt.flow is not None
         assert crosses or (prev.rank == nxt.rank and prev.model_end <= nxt.model_start + 1e-15)
     json.dumps(trace.to_chrome())
-    assert len(trace.to_text(width=20).splitlines()) == (len(trace.ranks) + 3 if len(trace) else 1)
+    text = trace.to_text(width=40).splitlines()
+    assert all(len(line) <= 40 for line in text)
+    assert sum(1 for line in text if line.endswith("|")) == (len(trace.ranks) if len(trace) else 0)
 
 
 def _tree_broadcast(dev):

@@ -19,7 +19,8 @@ from .collectives import ALGORITHMS, reference
 from .errors import UsageError
 from .mesh import Mesh
 from .runtime import VirtualCluster
-from .trace.summary import format_bytes
+from .trace.fmt import nbytes as format_bytes
+from .trace.fmt import seconds
 
 __all__ = ["run_tour", "tour_collectives", "TourRow", "TOUR_CASES", "TOUR_SECTIONS"]
 
@@ -138,7 +139,7 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
         demo = cluster.trace()
     _print_table(out, rows)
     path = trace.write_chrome(trace_path, clock="model")
-    out.write(f"\ntrace: {os.path.abspath(path)}  ({len(trace)} events, modelled clock)\n")
+    out.write(f"\ntrace ({len(trace)} events, modelled clock) written to\n  {os.path.abspath(path)}\n")
     out.write("  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing\n\n")
     out.write("One training-like step: device r computes (r+1) x 20 GFLOP, then all devices all_reduce 64 MiB\n")
     out.write("of gradients. The fast devices enter the all_reduce early and wait inside it ('=') for the\n")
@@ -159,8 +160,5 @@ def _print_table(out: TextIO, rows: list[TourRow]) -> None:
     head = f"{'op':<15}{'group':<7}{'algorithm':<10}{'bytes moved':>12}{'modelled':>12}  correct"
     out.write(head + "\n" + "-" * len(head) + "\n")
     for r in rows:
-        out.write(f"{r.op:<15}{r.group:<7}{r.algorithm:<10}{format_bytes(r.nbytes):>12}{_us(r.modelled):>12}  {'yes' if r.correct else 'NO'}\n")
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.2f} us"
+        out.write(f"{r.op:<15}{r.group:<7}{r.algorithm:<10}{format_bytes(r.nbytes):>12}"
+                  f"{seconds(r.modelled):>12}  {'yes' if r.correct else 'NO'}\n")

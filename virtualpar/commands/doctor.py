@@ -13,6 +13,8 @@ cannot work); the exit code is 1 if anything failed.
 
 from __future__ import annotations
 
+from ..trace.fmt import seconds
+
 import argparse
 import importlib
 import json
@@ -165,7 +167,7 @@ def live(n: int) -> list[Finding]:
         if n > 1:
             cluster.run(_ping, 20)  # warm
             one_way = cluster.run(_ping, 200)[0]
-            found.append(("OK", "latency", f"{one_way * 1e6:.1f} µs one way for 4 KiB (median of 200)"))
+            found.append(("OK", "latency", f"{seconds(one_way)} one way for 4 KiB (median of 200)"))
             direct = cluster.run(_direct_copy)[1]
             found.append(("OK", "large messages", "copied straight from the sender's memory (process_vm_readv)")
                          if direct else ("WARN", "large messages", "streamed through the rings: this kernel's "

@@ -6,12 +6,21 @@ import argparse
 import json
 import sys
 
-from ._args import default_hardware, parse_mesh, positive_int
+from ..trace.fmt import WIDTH, count, fit, nbytes, seconds, table
+from ._args import default_hardware, output_file, parse_mesh, positive_int
+from ._output import can_draw, table_width
+from ._progress import bar, start_cluster
 
 __all__ = ["register", "format_rows"]
 
-_HEAD = ("policy", "ok", "collectives", "dev<->dev B", "host->devs B", "devs->host B", "FLOPs/dev",
-         "peak B/dev", "wall s", "model s", "comm+FLOP s")
+_HEAD = ("policy", "ok", "model", "estimate", "sent/dev", "FLOP/dev", "peak/dev", "host in", "host out",
+         "wall")
+_NOTE = ("model: the modelled time of one forward, which also charges each kernel's memory traffic (the "
+         "roofline), which small shapes are bound by; estimate: the closed form the explorer ranks by (each "
+         "collective's steps·α + bytes/β, FLOPs at peak); sent: bytes to other devices; host in / out: "
+         "bytes "
+         "placed on / fetched from all devices together; wall: on this machine. Above: each policy's layouts "
+         "and the collectives it ran")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -24,31 +33,30 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def format_rows(rows) -> str:
-    """The rows as an aligned text table (one line per policy, then the layouts and any errors)."""
-    cells = [_HEAD] + [
+def format_rows(rows, width: int = WIDTH) -> str:
+    """The rows as a table of at most ``width`` columns (one row per policy; long cells wrap), then
+    the layouts and any errors, each wrapped at ``width`` too."""
+    cells = [
         (r.policy, ("yes" if r.correct else "NO") + ("" if r.matches_closed_form else "*"),
-         " ".join(r.collectives) or "-", f"{r.bytes_device_to_device:,}", f"{r.bytes_host_to_device:,}",
-         f"{r.bytes_device_to_host:,}", f"{r.flops_per_device:.3g}", f"{r.peak_bytes_per_device:,}",
-         f"{r.wall_s:.4f}", f"{r.modelled_s:.3g}", f"{r.modelled_closed_form_s:.3g}")
+         seconds(r.modelled_s), seconds(r.modelled_closed_form_s), nbytes(r.bytes_device_to_device),
+         count(r.flops_per_device), nbytes(r.peak_bytes_per_device), nbytes(r.bytes_host_to_device),
+         nbytes(r.bytes_device_to_host), seconds(r.wall_s))
         if not r.error else (r.policy, "n/a", *["-"] * (len(_HEAD) - 2))  # cannot apply here: the reason follows
         for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(_HEAD))]
-    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(_HEAD))) for c in cells]
-    lines.append("")
-    lines += [f"{r.policy}: {r.error or r.layouts}" for r in rows]
-    lines.append("comm+FLOP s: the closed form the explorer ranks by (each collective's steps·α + bytes/β, FLOPs at "
-                 "peak); model s also charges each kernel's memory traffic (the roofline), which small shapes are "
-                 "bound by")
+    right = [False, False] + [True] * (len(_HEAD) - 2)
+    lines = [table(_HEAD, cells, width=width, right=right), ""]
+    for r in rows:
+        what = r.error or f"{r.layouts}; {' '.join(r.collectives) or 'no collective'}"
+        lines += fit(f"{r.policy}: {what}", width)
+    lines += [""] + fit(_NOTE, width)
     if any(not r.matches_closed_form and not r.error for r in rows):
-        lines.append("* measured bytes or FLOPs differ from the policy's closed form")
+        lines += fit("* measured bytes or FLOPs differ from the policy's closed form", width)
     return "\n".join(lines)
 
 
 def _policies(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .. import VirtualCluster
     from ..tensor_parallel.table import check_shape_fits, explore_rows, policy_rows
 
     want = 4 if args.ffn else 3
@@ -56,21 +64,39 @@ def _policies(args: argparse.Namespace) -> int:
         print(f"virtualpar policies: --shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got {args.shape}", file=sys.stderr)
         return 2
     check_shape_fits(args.shape, args.ffn, np.dtype(args.dtype))  # before the cluster starts
+    if args.png and not can_draw("policies"):
+        return 1
     hardware = default_hardware(args.hardware, args.mesh.size)
-    with VirtualCluster(args.mesh, hardware=hardware) as cluster:
+    what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
+    with start_cluster(args.mesh, hardware=hardware) as cluster:
         if args.explore is not None:
-            rows = explore_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype), limit=args.explore or None)
+            with bar(None, "candidates run", "candidate") as progress:
+                rows = explore_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype),
+                                    limit=args.explore or None, progress=progress)
         else:
-            rows = policy_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype))
+            from ..tensor_parallel.ffn import FFN_POLICIES
+            from ..tensor_parallel.matmul import MATMUL_POLICIES
+
+            total = len(FFN_POLICIES) if args.ffn else len(MATMUL_POLICIES) + 1  # + "auto"
+            with bar(total, "policies run", "policy") as progress:
+                rows = policy_rows(cluster, args.shape, ffn=args.ffn, dtype=np.dtype(args.dtype),
+                                   progress=progress)
+    if args.png:
+        from ._policy_chart import draw
+
+        title = (f"{what} = {','.join(map(str, args.shape))}, {args.dtype}, mesh {args.mesh}, "
+                 f"{hardware or 'the mesh links'}")
+        print(f"chart: {draw(rows, args.png, title)}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False))
     else:
-        what = "FeedForward b,s,m,h" if args.ffn else "MatMul m,k,n"
         which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
-        print(f"# {what} = {args.shape}, {args.dtype}, mesh {args.mesh}, hardware {hardware or 'the mesh links'}; {which}; "
-              "each measured on its second execute, weights resident; per device: the most any device sent, computed or "
-              "held; host columns: all devices together; n/a: the policy cannot apply (why: below)")
-        print(format_rows(rows))
+        head = (f"# {what} = {','.join(map(str, args.shape))}, {args.dtype}, mesh {args.mesh}, hardware "
+                f"{hardware or 'the mesh links'}; {which}; each measured on its second execute, weights "
+                "resident; "
+                "/dev: the most any device sent, computed or held; n/a: the policy cannot apply (why: below)")
+        print("\n".join(fit(head, args.width)))
+        print(format_rows(rows, args.width))
     return 0 if all(r.correct for r in rows if not r.error) else 1
 
 
@@ -86,7 +112,14 @@ def register(sub) -> None:
     p.add_argument("--explore", type=positive_int, nargs="?", const=0, default=None, metavar="N",
                    help="instead of the named policies: every assignment of mesh axes (the explorer), fastest "
                         "modelled first, each run and checked; N: only the first N")
+    p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
+                   help="also draw the comparison: per policy, modelled time (compute and communication), "
+                        "bytes "
+                        "moved and peak memory per device; needs matplotlib: pip install \"virtualpar[viz]\"")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
+                   help=f"columns of the printed table (default {WIDTH})")
     p.set_defaults(func=_run)
+
 
 
 def _run(args: argparse.Namespace) -> int:

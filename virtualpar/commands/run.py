@@ -23,7 +23,10 @@ import sys
 import time
 import traceback
 
+from ..trace.fmt import WIDTH, fit, seconds
 from ._args import default_hardware, natural_int, output_file, parse_mesh, positive_float, positive_int
+from ._output import can_draw, table_width
+from ._progress import start_cluster
 
 __all__ = ["register"]
 
@@ -97,9 +100,10 @@ def _load(target: str):
 
 
 def _run_mpi(args: argparse.Namespace) -> int:
-    """An unmodified mpi4py script on ``-n`` emulated devices; output as mpiexec gives it (each
-    rank's stdout and stderr, rank by rank), exit code the largest of the ranks'."""
-    from .. import Mesh, VirtualCluster, VirtualParError
+    """An unmodified mpi4py script on ``-n`` emulated devices; each rank's lines stream to this
+    terminal as they are printed, prefixed ``[rank]`` when there is more than one (mpiexec's
+    ``--tag-output``; ``--no-tag-output`` turns it off); exit code the largest of the ranks'."""
+    from .. import Mesh, VirtualParError
     from ..mpi.facade import MPIAbort
     from ..mpi.script import run_script
 
@@ -117,26 +121,22 @@ def _run_mpi(args: argparse.Namespace) -> int:
     args.n = args.n or 2
     mesh = Mesh({"world": args.n})
     try:
-        with VirtualCluster(mesh, hardware=_hardware(args, args.n), **_cluster_options(args)) as cluster:
-            outputs = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
-            for out, err, _ in outputs:
-                sys.stdout.write(out)
-                sys.stderr.write(err)
-            sys.stdout.flush()
-            _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace else None, args)
+        options = _cluster_options(args, mesh.size)
+        with start_cluster(mesh, hardware=_hardware(args, args.n), **options) as cluster:
+            codes = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
+            _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace or args.png else None, args)
     except VirtualParError as exc:
-        for out, err, _ in (v for _, v in sorted(getattr(exc, "returned", {}).items())):  # the ranks that finished
-            sys.stdout.write(out)
-            sys.stderr.write(err)
         sys.stdout.flush()
         text = str(exc) if isinstance(exc, MPIAbort) else _mpi_tags(str(exc))  # an abort quotes the script's words
         print(f"virtualpar run --mpi: {type(exc).__name__}: {text}", file=sys.stderr)
         return exc.errorcode if isinstance(exc, MPIAbort) else 1
-    return max(code for _, _, code in outputs)
+    return max(codes)
 
 
-def _cluster_options(args: argparse.Namespace) -> dict:
-    return dict(timeout=args.timeout, run_timeout=args.run_timeout, eager_limit=args.eager_limit, shuffle=args.shuffle)
+def _cluster_options(args: argparse.Namespace, size: int) -> dict:
+    tag = size > 1 if args.tag_output is None else args.tag_output
+    return dict(timeout=args.timeout, run_timeout=args.run_timeout, eager_limit=args.eager_limit,
+                shuffle=args.shuffle, tag_output=tag)
 
 
 def _mpi_tags(text: str) -> str:
@@ -195,19 +195,44 @@ def _unlink_job_segments() -> None:
             pass  # another rank unlinked it first
 
 
+def _shown(value) -> str:
+    """A device's result as a person reads it: numpy scalars as plain numbers, arrays with numpy's
+    own layout (shape and dtype named), anything else as Python writes it."""
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, np.ndarray):
+        body = np.array2string(value, max_line_width=90, threshold=64)
+        return f"{value.dtype} array of shape {value.shape}\n{body}" if value.ndim else body
+    return repr(value)
+
+
 def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> None:
     for rank, (value, clock) in enumerate(zip(results, clocks)):
-        print(f"device {rank} {mesh.index(rank)}: {value!r}   (modelled {clock * 1e6:.3f} us)")
+        head, text, tail = f"device {rank} {mesh.index(rank)}:", _shown(value), f"(modelled {seconds(clock)})"
+        if "\n" in text or len(head) + len(text) + len(tail) + 4 > args.width:  # the value below, indented
+            print(f"{head}   {tail}")
+            body = (line for part in text.splitlines() for line in fit(part, args.width - 4))
+            print("\n".join("    " + line for line in body))
+        else:
+            print(f"{head} {text}   {tail}")
     if args.stats:
         print(stats.format())
-    if args.trace:
+    if args.trace or args.png:
         trace = trace() if callable(trace) else trace  # the emulator's is fetched only when asked for
+    if args.trace:
         print(f"trace: {trace.write_chrome(args.trace)} (open in chrome://tracing or ui.perfetto.dev)")
+    if args.png:
+        from ..trace.gantt import to_png
+
+        path = to_png(trace, args.png, clock="model", title=f"virtualpar run {args.target} on {mesh}")
+        print(f"timeline: {path} (modelled clock)")
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.mpi:
-        return _run_mpi(args)
+        return _run_mpi(args) if not args.png or can_draw("run") else 1
     if "--mpi" in args.script_args:
         print(f"usage: {args.usage}\nvirtualpar run: error: --mpi goes before FILE.py: what follows an mpi4py "
               "script is the script's own arguments", file=sys.stderr)
@@ -223,14 +248,19 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--run-timeout", type=positive_float, default=args.run_timeout)
         late.add_argument("--eager-limit", type=natural_int, default=args.eager_limit)
         late.add_argument("--shuffle", type=natural_int, default=args.shuffle)
+        late.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=args.tag_output)
+        late.add_argument("--png", type=output_file, default=args.png)
+        late.add_argument("--width", type=table_width, default=args.width)
         late.parse_args(args.script_args, namespace=args)
+    if args.png and not can_draw("run"):
+        return 1
     if any(v in os.environ for v in _MPI_ENV):
         if args.eager_limit is not None or args.shuffle is not None:
             print("virtualpar run: --eager-limit and --shuffle are modes of the emulator; under mpiexec the MPI "
                   "library decides (MPICH: MPIR_CVAR_CH3_EAGER_MAX_MSG_SIZE)", file=sys.stderr)
             return 2
         return _run_under_mpiexec(args)
-    from .. import Mesh, VirtualCluster
+    from .. import Mesh
 
     if args.mesh is not None and args.n is not None and args.n != args.mesh.size:  # -n was silently ignored
         print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} devices) disagree; give one",
@@ -238,9 +268,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **_cluster_options(args)) as cluster:
+    options = _cluster_options(args, mesh.size)
+    with start_cluster(mesh, hardware=_hardware(args, mesh.size), **options) as cluster:
         results = cluster.run(fn)
-        _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
+        trace = cluster.trace if args.trace or args.png else None
+        _print(mesh, results, cluster.clocks(), cluster.stats(), trace, args)
     return 0
 
 
@@ -267,6 +299,15 @@ def register(sub) -> None:
                    help="shuffled mode: seeded random pauses before sends and receives, so a result that depends "
                         "on arrival order changes across seeds")
     p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
+    p.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefix each line a device prints with [rank], as mpiexec --tag-output (default: on "
+                        "for "
+                        "more than one device); device prints stream as they come either way")
+    p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
+                   help="draw the run's Gantt chart (modelled clock, each collective named on its boxes); "
+                        "needs matplotlib: pip install \"virtualpar[viz]\"")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
+                   help=f"columns of the printed tables (default {WIDTH})")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
     p.set_defaults(func=_run, usage=p.format_usage().partition("usage: ")[2].strip())

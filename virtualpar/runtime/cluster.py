@@ -38,6 +38,7 @@ from .config import ClusterConfig, check_fault, check_options, check_sizes
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
+from .output import relay_for
 from .recorder import merged_trace
 from .startup import check_not_bootstrapping, start_devices
 from .shipping import dumps_call as _dumps, resident as _resident
@@ -102,6 +103,10 @@ class VirtualCluster:
     that the user's first ones cost what later ones do; the first call that needs the devices waits
     for it (on by default; runtime/warmup.py).  ``start_line``: every device of a ``run`` begins
     its function once all have been handed it (on by default; runtime/start_line.py).
+    ``tag_output``: prefix each line a device prints with ``[rank] `` (mpiexec's --tag-output).  Prints
+    reach the driver's ``sys.stdout``/``sys.stderr`` even when those are no file (a notebook, a
+    StringIO): ``run`` returns once they are written (runtime/output.py).  ``progress()``, if given,
+    is called as each device is ready (a command's progress bar; the library itself never draws).
     """
 
     def __init__(
@@ -124,6 +129,8 @@ class VirtualCluster:
         bind: bool = True,
         warm_up: bool = True,
         start_line: bool = True,
+        tag_output: bool = False,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if start_method not in START_METHODS:
@@ -146,16 +153,20 @@ class VirtualCluster:
         global _created
         _created += 1
         self._arena = SharedArena.create(self.layout.total_bytes)
+        self._relay = relay = relay_for(n, start_method, bool(tag_output))
         try:
             from ..sim.clock import DeviceClock
 
             clocks = [DeviceClock(r, topology, device_spec) for r in range(n)]
             # device_main is looked up here, at call time: tests replace it to fail a start-up
             sup, doorbells, self.pids = start_devices(self.mesh, self.config, self.layout, self._arena,
-                                                      start_method, clocks, abort_grace, device_main)
+                                                      start_method, clocks, abort_grace,
+                                                      relay.wrap(device_main), progress)
         except BaseException:
             self._arena.close()  # start_devices already reaped whatever it started
+            relay.close()
             raise
+        relay.started()
         self._ctl = ClusterControl(self.mesh, self.config, self.layout, self._arena, sup, doorbells)
         weakref.finalize(self, self._ctl.collected, f"VirtualCluster({self.mesh})")  # dropped unclosed: close it
         if detect_deadlocks:
@@ -184,6 +195,7 @@ class VirtualCluster:
         """Stop every device, reap every process, free the shared memory.  Idempotent."""
         if self._ctl is not None:
             self._ctl.close()
+            self._relay.close()
 
     # -- running code -----------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
@@ -198,7 +210,10 @@ class VirtualCluster:
         ctl = self._open()
         name = getattr(fn, "__qualname__", repr(fn))
         payload = _dumps(name, fn, args, kwargs)
-        return ctl.broadcast(("run", payload), name, self.run_timeout)
+        try:
+            return ctl.broadcast(("run", payload), name, self.run_timeout)
+        finally:
+            self._relay.sync()  # what the devices printed is written before run returns or raises
 
     def execute(self, op: Any, /, *args: Any, **kwargs: Any) -> Any:
         """Run an executable on this cluster and return what it returns to the host.

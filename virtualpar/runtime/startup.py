@@ -60,11 +60,13 @@ def start_devices(
     clocks: list[Any],
     abort_grace: float,
     target: Callable[..., None],
+    ready: Callable[[], None] | None = None,
 ) -> tuple[Supervisor, list[Any], list[int]]:
     """Start ``mesh.size`` processes running ``target(WorkerArgs, arena or None)``; wait until each is ready.
 
     ``clocks``: each device's modelled clock (a ``DeviceClock``).  Returns the supervisor watching
     the processes, the doorbells (index ``layout.host`` is the host's) and the devices' pids.
+    ``ready()``, if given, is called as each device reports ready (a command's progress bar).
     """
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
@@ -80,7 +82,11 @@ def start_devices(
     try:
         _spawn(ctx, sup, mesh, config, layout, arena, doorbells, clocks, target, forked)
         deadline = time.monotonic() + READY_TIMEOUT
-        pids = [sup.recv_reply(r, deadline, "start-up")[1] for r in range(mesh.size)]
+        pids = []
+        for r in range(mesh.size):
+            pids.append(sup.recv_reply(r, deadline, "start-up")[1])
+            if ready is not None:
+                ready()
     except BaseException:
         sup.kill_all()
         sup.release()

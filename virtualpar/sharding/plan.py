@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ShardingError
 from .spec import DimSharding, TensorSharding, bounds
+from ..trace.fmt import nbytes, seconds
 
 __all__ = ["Step", "RedistributionPlan", "plan_redistribution"]
 
@@ -106,8 +107,8 @@ class RedistributionPlan:
                          "all_to_all": m * n / (n - 1), "all_gather": m * n / (n - 1)}[s.collective]
                 f = {"all_reduce": analytic.ring_all_reduce, "reduce_scatter": analytic.ring_reduce_scatter,
                      "all_gather": analytic.ring_all_gather, "all_to_all": analytic.ring_all_gather}[s.collective]
-                t = f"  modelled {f(n, total, a, b) * 1e6:.2f} us"
-            lines.append(f"  {str(s):<40} {s.bytes_per_device:>12,.0f} B/device{t}")
+                t = f"  modelled {seconds(f(n, total, a, b))}"
+            lines.append(f"  {str(s):<40} {nbytes(s.bytes_per_device):>10}/device{t}")
         if not self.steps:
             lines.append("  (nothing to do)")
         return "\n".join(lines)

@@ -38,6 +38,7 @@ from ..sharding import TensorSharding
 from .layout import format_layout
 
 Layout = tuple[tuple[str, ...], ...]  # per dim, the mesh axes that shard it (a TensorSharding's .axes)
+from ..trace.fmt import nbytes
 
 __all__ = ["Step", "DerivedMatMul", "derive", "assignments", "Candidate", "explore", "choose"]
 
@@ -200,4 +201,5 @@ def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float
     for c in explore(m, k, n, mesh, hardware, dtype, replicate_output):
         if c.fits:
             return c
-    raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits {hardware.device.memory_capacity:.3g} B per device")
+    raise ShardingError(f"no assignment of {mesh} to a {m}x{k} @ {k}x{n} matmul fits "
+                        f"{nbytes(hardware.device.memory_capacity)} per device")

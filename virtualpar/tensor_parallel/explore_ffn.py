@@ -23,6 +23,7 @@ from ..errors import ShardingError
 from .costs import PolicyCost, estimate_hardware, modelled_estimate
 from .ffn import FeedForwardShardingPolicy
 from .layout import axes_size
+from ..trace.fmt import nbytes
 
 __all__ = ["FFNCandidate", "explore_ffn", "choose_ffn", "ffn_peak_bytes"]
 
@@ -107,4 +108,4 @@ def choose_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: 
         if c.fits:
             return c
     raise ShardingError(f"no FeedForward policy for b,s,m,h={(b, s, m, h)} on {mesh} fits "
-                        f"{hardware.device.memory_capacity:.3g} B per device")
+                        f"{nbytes(hardware.device.memory_capacity)} per device")

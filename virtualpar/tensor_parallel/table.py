@@ -49,6 +49,8 @@ class PolicyRow:
     modelled_closed_form_s: float
     matches_closed_form: bool
     error: str = ""
+    modelled_compute_s: float = 0.0  # of modelled_s, the slowest device's compute (its kernels' roofline)
+    modelled_comm_s: float = 0.0  # the rest of modelled_s: its collectives, waits included
 
     def to_dict(self) -> dict[str, Any]:
         """The row as JSON-safe fields: a policy that cannot apply (``error``) has ``correct`` and
@@ -143,8 +145,9 @@ def _inputs(shape: tuple[int, ...], ffn: bool, dtype: np.dtype, seed: int) -> li
 
 
 def policy_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype: Any = np.float32,
-                names: tuple[str, ...] | None = None, seed: int = 0) -> list[PolicyRow]:
-    """Run every named policy (or ``names``) once on ``cluster`` and measure it."""
+                names: tuple[str, ...] | None = None, seed: int = 0, progress: Any = None) -> list[PolicyRow]:
+    """Run every named policy (or ``names``) once on ``cluster`` and measure it; ``progress()``, if
+    given, is called after each policy (a command's progress bar: the library draws nothing)."""
     mesh, hw = cluster.mesh, cluster.hardware
     dtype = np.dtype(dtype)
     names = names or (tuple(FFN_POLICIES) if ffn else (*MATMUL_POLICIES, "auto"))
@@ -156,35 +159,48 @@ def policy_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype: 
             policy, op, _ = build_op(name, mesh, shape, ffn, hw, dtype)
         except ShardingError as exc:
             rows.append(PolicyRow(name, "-", False, float("nan"), (), 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, False, str(exc)))
+            if progress is not None:
+                progress()
             continue
         rows.append(_measure(cluster, name, str(policy).split(": ", 1)[1], policy.cost(*shape, mesh, dtype.itemsize).forward,
                              op, inputs, want, dtype))
+        if progress is not None:
+            progress()
     return rows
 
 
 def explore_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype: Any = np.float32,
-                 seed: int = 0, limit: int | None = None) -> list[PolicyRow]:
+                 seed: int = 0, limit: int | None = None, progress: Any = None) -> list[PolicyRow]:
     """The explorer's candidates (MatMul: every assignment of mesh axes to A's and B's dims, C
     replicated; FFN: every policy x role assignment), fastest modelled first, each run once,
-    checked against numpy and measured.  ``limit``: only the first ``limit`` of the ranking."""
+    checked against numpy and measured.  ``limit``: only the first ``limit`` of the ranking.
+    ``progress(total)``, if given, is called once with the number of candidates, then
+    ``progress()`` after each."""
     mesh, hw = cluster.mesh, cluster.hardware
     dtype = np.dtype(dtype)
     inputs = _inputs(shape, ffn, dtype, seed)
     want = reference(inputs, ffn)
     rows = []
+    tick = progress or (lambda total=None: None)
     if ffn:
-        for c in explore_ffn(*shape, mesh, hw, dtype)[:limit]:
+        candidates = explore_ffn(*shape, mesh, hw, dtype)[:limit]
+        tick(len(candidates))
+        for c in candidates:
             b, s, m, h = shape
             op = TensorParallelOp(FeedForward(c.policy), ((b, s, m), (m, h), (h,), (h, m), (m,)), (b, s, m), weights=(1, 2, 3, 4))
             roles = ",".join(f"{k}={'+'.join(v)}" for k, v in c.policy.roles)
             rows.append(_measure(cluster, f"{c.policy.name}({roles})", str(c.policy).split(": ", 1)[1],
                                  c.cost.forward, op, inputs, want, dtype))
+            tick()
         return rows
     m, k, n = shape
-    for c in explore(m, k, n, mesh, hw, dtype, replicate_output=True)[:limit]:
+    candidates = explore(m, k, n, mesh, hw, dtype, replicate_output=True)[:limit]
+    tick(len(candidates))
+    for c in candidates:
         op = TensorParallelOp(c.layer, ((m, k), (k, n)), (m, n), weights=(1,))
         rows.append(_measure(cluster, c.layer.name, f"{c.layer.name} -> C{c.layer.output_layout()}",
                              c.cost.forward, op, inputs, want, dtype))
+        tick()
     return rows
 
 
@@ -203,9 +219,13 @@ def _measure(cluster: Any, name: str, layouts: str, closed: PhaseCost, op: Tenso
     t0 = time.perf_counter()
     out = cluster.execute(op, *acts)
     wall = time.perf_counter() - t0
-    modelled = max(cluster.clocks()) - max(before)
+    after = cluster.clocks()
+    modelled = max(after) - max(before)
     st = cluster.stats()
     events = [e for e in cluster.trace() if e.kind in ("collective", "compute")]
+    slowest = max(range(mesh.size), key=lambda r: after[r])
+    compute_s = min(modelled, sum(e.duration("model") for e in events
+                                  if e.kind == "compute" and e.rank == slowest))
     flops = [0.0] * mesh.size
     for e in events:
         if e.kind == "compute":
@@ -219,4 +239,5 @@ def _measure(cluster: Any, name: str, layouts: str, closed: PhaseCost, op: Tenso
         rel_error=rel, collectives=colls, bytes_device_to_device=max(st.sent(r) for r in range(mesh.size)),
         bytes_host_to_device=int(st.host_to_device.sum()), bytes_device_to_host=int(st.device_to_host.sum()),
         flops_per_device=int(max(flops)), peak_bytes_per_device=int(peak), wall_s=wall, modelled_s=modelled,
-        modelled_closed_form_s=modelled_estimate(closed, mesh, hw, dtype), matches_closed_form=ok_closed)
+        modelled_closed_form_s=modelled_estimate(closed, mesh, hw, dtype), matches_closed_form=ok_closed,
+        modelled_compute_s=compute_s, modelled_comm_s=max(0.0, modelled - compute_s))

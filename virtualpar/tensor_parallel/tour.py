@@ -14,6 +14,7 @@ def tour_section(out: TextIO, hardware: str | None) -> bool:
     True when every output matched numpy and every byte and FLOP count matched its closed form."""
     from .. import Mesh, VirtualCluster
     from ..commands.policies import format_rows
+    from ..trace.fmt import fit, nbytes, seconds
     from .explore import explore
     from .table import policy_rows
 
@@ -22,15 +23,18 @@ def tour_section(out: TextIO, hardware: str | None) -> bool:
     with VirtualCluster(mesh, hardware=hardware or "h100-node") as cluster:
         for ffn, shape, what in ((False, (64, 32, 48), "MatMul C = A·B, m,k,n"), (True, (2, 16, 32, 64), "FeedForward, b,s,m,h")):
             rows = policy_rows(cluster, shape, ffn=ffn, dtype=np.float64)
-            out.write(f"{what} = {shape}, float64, mesh {mesh}; bytes per device (host columns: all devices "
-                      f"together), weights resident\n")
+            head = (f"{what} = {','.join(map(str, shape))}, float64, mesh {mesh}; /dev: the most any device "
+                    "sent, computed or held; weights resident")
+            out.write("\n".join(fit(head, 100)) + "\n")
             out.write(format_rows(rows) + "\n\n")
             ok &= all(r.correct and r.matches_closed_form for r in rows if not r.error)
         hw = cluster.hardware
     best = explore(4096, 2048, 4096, Mesh({"x": 2, "y": 4}), hw, "float32", replicate_output=True)[:3]
-    out.write(f"explorer, 4096x2048 @ 2048x4096 float32 on x=2,y=4 ({hw.name}), C replicated: fastest of 81 assignments\n")
+    out.write(f"explorer, 4096x2048 @ 2048x4096 float32 on x=2,y=4 ({hw.name}), C replicated: "
+              "fastest of 81\n")
     for c in best:
         colls = " ".join(map(str, c.cost.forward.collectives)) or "-"
-        out.write(f"  {c.layer.name:<28} {colls:<36} modelled {c.modelled_forward_s * 1e3:.3f} ms, peak {c.peak_bytes / 2**20:.0f} MiB\n")
+        out.write(f"  {c.layer.name:<28} {colls:<36} modelled {seconds(c.modelled_forward_s)}, "
+                  f"peak {nbytes(c.peak_bytes)}\n")
     out.write(f"{'every policy matched numpy and its closed-form bytes and FLOPs' if ok else 'SOME POLICY FAILED its checks'}\n")
     return bool(ok)

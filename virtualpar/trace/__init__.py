@@ -4,10 +4,13 @@ Every device records :class:`Event` objects timed on two clocks (``wall``: this 
 ``model``: the virtual hardware); the driver merges them into a :class:`Trace`, which renders as
 
 * Chrome trace JSON for Perfetto / chrome://tracing (:func:`to_chrome`, :func:`write_chrome`),
-* a text timeline for terminals and error messages (:func:`to_text`),
-* a PNG Gantt chart (:func:`to_png`, needs ``pip install virtualpar[viz]``),
+* a text timeline for terminals and error messages, on a time axis, within a width (:func:`to_text`),
+* a PNG Gantt chart, each collective named on its boxes (:func:`to_png`, needs
+  ``pip install "virtualpar[viz]"``),
 * a :class:`Summary`: busy / comm / idle time, bytes per link, the critical path (:func:`summarize`).
 
+Every text view formats through :mod:`virtualpar.trace.fmt` (time in ``s``/``ms``/``µs``/``ns``,
+bytes in ``B``/``KiB``/``MiB``, rates in ``GB/s``, tables that fit a width), as do the commands.
 Everything here is pure: no processes, no numpy required.
 """
 

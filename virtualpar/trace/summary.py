@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 from virtualpar.trace.event import Event, check_clock
 from virtualpar.trace.events import Trace
-from virtualpar.trace.text import format_seconds
+from virtualpar.trace.fmt import WIDTH, fit, nbytes
+from virtualpar.trace.fmt import seconds as format_seconds
 
 __all__ = ["Summary", "summarize", "critical_path", "format_bytes"]
 
@@ -78,15 +79,8 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
     return total
 
 
-def format_bytes(n: int) -> str:
-    """``n`` bytes in binary units: ``"512 B"``, ``"1.5 KiB"``, ``"12 MiB"``."""
-    if abs(n) < 1024:
-        return f"{int(n)} B"
-    units = ("KiB", "MiB", "GiB", "TiB")
-    value, k = n / 1024, 0
-    while abs(value) >= 1024 and k < len(units) - 1:
-        value, k = value / 1024, k + 1
-    return f"{value:.4g} {units[k]}"
+#: ``n`` bytes in binary units (the one spelling of :mod:`virtualpar.trace.fmt`).
+format_bytes = nbytes
 
 
 def critical_path(trace: Trace, clock: str = "model") -> tuple[tuple[Event, ...], float]:
@@ -162,17 +156,18 @@ class Summary:
     critical_path_length: float
     shared_bytes: int = 0
 
-    def format(self, max_path: int = 20) -> str:
-        """A readable table: per-device times, bytes per link, the critical path (``max_path`` rows)."""
+    def format(self, max_path: int = 20, width: int = WIDTH) -> str:
+        """A readable table: per-device times, bytes per link, the critical path (``max_path`` rows);
+        the opening sentence wraps at ``width`` columns."""
         n = len(self.ranks)
         sent = f"{format_bytes(self.total_bytes)} sent in {self.messages} message{'s' if self.messages != 1 else ''}"
         if self.shared_bytes:
             sent = (f"{format_bytes(self.total_bytes + self.shared_bytes)} moved: {sent}, "
                     f"{format_bytes(self.shared_bytes)} through shared memory by collectives")
-        lines = [f"summary ({self.clock} clock): {n} device{'s' if n != 1 else ''}, "
-                 f"span {format_seconds(self.span)}, {sent}"]
+        lines = fit(f"summary ({self.clock} clock): {n} device{'s' if n != 1 else ''}, "
+                    f"span {format_seconds(self.span)}, {sent}", width)
         if not self.ranks:
-            return lines[0]
+            return "\n".join(lines)
         pad = max(6, *(len(self.device_names[r]) for r in self.ranks))
         lines.append(f"{'device':<{pad}}  {'busy':>10}  {'comm':>10}  {'idle':>10}  {'busy%':>6}")
         for r in self.ranks:
