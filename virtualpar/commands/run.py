@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 
-from ._args import default_hardware, natural_int, output_file, parse_mesh, positive_float, positive_int
+from ._args import default_hardware, hardware_choices, natural_int, output_file, parse_mesh, positive_float, positive_int
 
 __all__ = ["register"]
 
@@ -216,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
         late = argparse.ArgumentParser(prog="virtualpar run", usage=args.usage)
         late.add_argument("--mesh", type=parse_mesh, default=args.mesh)
         late.add_argument("-n", type=positive_int, default=args.n)
-        late.add_argument("--hardware", default=args.hardware)
+        late.add_argument("--hardware", default=args.hardware, choices=hardware_choices())
         late.add_argument("--stats", action="store_true", default=args.stats)
         late.add_argument("--trace", type=output_file, default=args.trace)
         late.add_argument("--timeout", type=positive_float, default=args.timeout)
@@ -249,7 +249,7 @@ def register(sub) -> None:
     p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
     p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (not with --mpi: use -n)")
     p.add_argument("-n", type=positive_int, default=None, help="devices of a 1-D mesh when --mesh is not given (default 2)")
-    p.add_argument("--hardware", default=None,
+    p.add_argument("--hardware", default=None, choices=hardware_choices(),
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")

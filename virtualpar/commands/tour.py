@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._args import default_hardware, output_file, parse_mesh
+from ._args import default_hardware, hardware_choices, output_file, parse_mesh
 
 __all__ = ["register"]
 
@@ -21,7 +21,8 @@ def _tour(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     tour = sub.add_parser("tour", help="run every collective on a 2x2 mesh, check it against numpy, write a trace")
     tour.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (default); each axis of more than one device is a group of the tour")
-    tour.add_argument("--hardware", default=None, help="modelled hardware preset (laptop, h100-node, h100-cluster); "
-                      "default: h100-node up to 8 devices, h100-cluster for multiples of 8")
+    tour.add_argument("--hardware", default=None, choices=hardware_choices(),
+                      help="modelled hardware preset, one of %(choices)s; default: h100-node up to 8 devices, "
+                           "h100-cluster for multiples of 8")
     tour.add_argument("--trace", type=output_file, default="virtualpar-trace.json", help="where to write the Chrome trace")
     tour.set_defaults(func=_tour)

@@ -37,7 +37,8 @@ from .partition import Pipeline
 from .placement import Placement
 from .schedules import SCHEDULES, build
 from .simulate import check_costs, simulate
-from .timeline_grid import format_timeline
+from .diagram import Diagram
+from .timeline_grid import Timeline, format_timeline
 from .validate import validate
 
 __all__ = ["PipelinedOperation", "StepSpec"]
@@ -210,17 +211,23 @@ class PipelinedOperation:
         return {k: out[k] for k in self.pipeline.model.state_dict()}
 
     # -- what ran -----------------------------------------------------------------------------------
-    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
+    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> Timeline:
         """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
         the shortest compute action on ``clock`` ("model" or "wall"); the last step on ``cluster``
-        when one is given, else the last step on any."""
+        when one is given, else the last step on any.  The text is a :class:`Timeline`: also
+        ``.to_png(path)`` and ``.to_html(path)``, boxes on the same clock, transfers in a lane."""
         check_clock(clock, ("model", "wall"))
         if cluster is not None:
             check_ran(self, cluster)
         records = self.last_records if cluster is None else self._last_on.get(cluster, {})
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
-        return format_timeline(rows, compute_only)
+        # seconds, unless the modelled clock counts cost units (the demo's unit costs on a 1 FLOP/s device)
+        unit = getattr(self, "clock_unit", "s") if clock == "model" else "s"
+        name = self.schedule_name if self.schedule_name != "custom" else type(self).__name__
+        title = f"{name}: {len(rows)} ranks, {self.microbatches} microbatches, {clock} clock"
+        return Timeline(format_timeline(rows, compute_only),
+                        Diagram.from_records(rows, self.placement, title, unit))
 
 
 def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:

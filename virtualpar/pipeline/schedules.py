@@ -49,7 +49,8 @@ from .actions import Action, Schedule
 from .placement import Placement
 
 __all__ = ["SCHEDULES", "build", "default_virtual", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs", "zb_h1",
-           "zbv", "zb_h1_makespan", "zbv_makespan", "ZB_H1_REGION", "ZBV_REGION", "KINDS_RUN", "used_kinds"]
+           "zbv", "zb_h1_makespan", "zbv_makespan", "ZB_H1_REGION", "ZBV_REGION", "KINDS_RUN", "used_kinds",
+           "check_size", "MAX_RANKS", "MAX_MICROBATCHES", "MAX_ACTIONS"]
 
 
 def _check(name: str, ranks: int, microbatches: int, virtual: int, allowed_virtual: Callable[[int], bool]) -> None:
@@ -247,3 +248,28 @@ def used_kinds(name: str) -> tuple[str, ...]:
     if name not in KINDS_RUN:
         raise UsageError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     return KINDS_RUN[name]
+
+
+#: Sizes the commands accept (the library itself takes any): more ranks than a grid or a picture
+#: can show, or more actions than the simulator times in a few seconds (~11 µs and ~300 bytes
+#: each), are refused before anything is built.
+MAX_RANKS, MAX_MICROBATCHES, MAX_ACTIONS = 512, 4096, 1 << 18
+
+
+def check_size(name: str, ranks: int, microbatches: int, virtual: int | None = None,
+               flags: tuple[str, str] = ("--stages", "--microbatches")) -> None:
+    """Refuse sizes past :data:`MAX_RANKS`, :data:`MAX_MICROBATCHES` or :data:`MAX_ACTIONS` with
+    the limit and why, in O(1): nothing is built.  ``flags`` name the options in the message."""
+    v = virtual or (default_virtual(name) if name in SCHEDULES else 1)
+    kinds = len(KINDS_RUN.get(name, ("F", "B")))
+    if ranks > MAX_RANKS:
+        raise UsageError(f"{flags[0]} {ranks}: at most {MAX_RANKS} pipeline ranks (a grid or picture of more is "
+                         f"unreadable, and {name} would time {ranks * v * microbatches * kinds:,} actions)")
+    if microbatches > MAX_MICROBATCHES:
+        raise UsageError(f"{flags[1]} {microbatches}: at most {MAX_MICROBATCHES} microbatches (the bubble is "
+                         f"(R-1)/(M+R-1) < {1 / MAX_MICROBATCHES:.1e} per rank long before)")
+    actions = ranks * v * microbatches * kinds
+    if actions > MAX_ACTIONS:
+        raise UsageError(f"{flags[0]} {ranks} {flags[1]} {microbatches}: {name} would time {actions:,} actions "
+                         f"({ranks} ranks x {v} chunks x {microbatches} microbatches x {kinds} kinds); at most "
+                         f"{MAX_ACTIONS:,} (about 3 s and 100 MB to simulate)")

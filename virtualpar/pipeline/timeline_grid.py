@@ -1,11 +1,33 @@
-"""The text grid of a pipeline step as it ran: :func:`format_timeline`, from the actions' times."""
+"""The text grid of a pipeline step as it ran: :func:`format_timeline`, from the actions' times;
+:class:`Timeline`, that text with the step's :class:`~virtualpar.pipeline.diagram.Diagram` for
+``.to_png(path)`` and ``.to_html(path)``."""
 
 from __future__ import annotations
 
 from .actions import Action, Schedule
+from .diagram import Diagram
 from .validate import format_grid
 
-__all__ = ["format_timeline"]
+__all__ = ["format_timeline", "Timeline"]
+
+
+class Timeline(str):
+    """What :meth:`PipelinedOperation.timeline` returns: the text grid (a ``str``, printed as
+    before) that also draws the step — ``.to_png(path)`` (matplotlib) and ``.to_html(path)`` (a
+    self-contained page with inline SVG) — from ``.diagram``, the boxes of the same records."""
+
+    diagram: Diagram
+
+    def __new__(cls, text: str, diagram: Diagram) -> "Timeline":
+        obj = super().__new__(cls, text)
+        obj.diagram = diagram
+        return obj
+
+    def to_png(self, path: str, dpi: int = 120) -> str:
+        return self.diagram.to_png(path, dpi)
+
+    def to_html(self, path: str | None = None) -> str:
+        return self.diagram.to_html(path)
 
 
 def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], compute_only: bool = True,

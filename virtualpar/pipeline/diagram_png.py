@@ -1,0 +1,68 @@
+"""A :class:`~virtualpar.pipeline.diagram.Diagram` as a PNG (matplotlib, the ``viz`` extra).
+
+The same layout and colours as the SVG (:mod:`.diagram_svg`): ranks as rows from the top, time
+along x, boxes coloured by kind and shaded by chunk, labels where they fit, transfers in a thin
+lane under each row, the legend under the axis, makespan and bubble in the title.  matplotlib is
+imported here only, and drawn through ``matplotlib.figure.Figure`` on an Agg canvas, so the
+process-wide backend is untouched.
+"""
+
+from __future__ import annotations
+
+from .diagram import Diagram, fmt_time
+from .diagram_svg import COLOURS, legend_entries, shade, text_colour, ticks
+
+__all__ = ["to_png", "INSTALL_HINT"]
+
+INSTALL_HINT = "drawing a PNG needs matplotlib, which is not installed: pip install virtualpar[viz]"
+
+
+def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
+    """Write the diagram to ``path`` as a PNG; returns ``path``.  Raises ``ImportError`` naming
+    ``pip install virtualpar[viz]`` when matplotlib is missing."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch, Rectangle
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+
+    span = d.makespan or 1.0
+    lane = 0.16 if any(b.kind == "comm" for b in d.boxes) else 0.0
+    width_in = 14.0
+    top_in, bottom_in, rows_in = 0.45, 1.05, 0.42 * d.ranks * (1 + lane)
+    height_in = top_in + rows_in + bottom_in
+    fig = Figure(figsize=(width_in, height_in), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.06, bottom_in / height_in, 0.92, rows_in / height_in))
+    pitch = 1.0 + lane
+    px_per_unit = width_in * 0.92 * dpi / span
+    for b in d.boxes:
+        y = b.rank * pitch
+        w = b.end - b.start
+        x0 = b.start - d.t0
+        if b.kind == "comm":
+            ax.add_patch(Rectangle((x0, y + 0.86), max(w, span * 1e-4), lane, facecolor=COLOURS["comm"],
+                                   edgecolor="none"))
+            continue
+        fill = shade(COLOURS.get(b.kind, "#333333"), b.chunk, d.chunks)
+        ax.add_patch(Rectangle((x0, y + 0.04), max(w, span * 1e-4), 0.8, facecolor=fill, edgecolor="white",
+                               linewidth=0.6))
+        if w * px_per_unit >= 7.0 * len(b.label) + 4:
+            ax.text(x0 + w / 2, y + 0.45, b.label, ha="center", va="center", fontsize=8, color=text_colour(fill))
+    ax.set_xlim(0, span)
+    ax.set_ylim(d.ranks * pitch, -0.1)
+    ax.set_yticks([r * pitch + 0.44 for r in range(d.ranks)], [f"{d.row_name} {r}" for r in range(d.ranks)])
+    ts = ticks(span)
+    ax.set_xticks(ts, [fmt_time(t, d.unit) for t in ts])
+    ax.set_xlabel(f"time ({'seconds' if d.unit == 's' else 'cost units'})")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(d.heading, fontsize=12, fontweight="bold", loc="left")
+    handles = [Patch(facecolor=c, label=t) for c, t in legend_entries(d)]
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.06, 0.0), ncol=min(len(handles), 8),
+               frameon=False, fontsize=9, title=f"gaps are bubbles; {d.label_note}", title_fontsize=8, alignment="left")
+    fig.savefig(path, format="png")
+    return path
