@@ -306,7 +306,7 @@ def test_pipeline_command_runs_every_schedule_it_lists_with_its_defaults(name, c
 def test_pipeline_command_says_how_many_devices_the_mlp_allows(capsys):
     from virtualpar.cli import main
 
-    assert main(["pipeline", "--schedule", "zbv", "--stages", "4"]) == 1
+    assert main(["pipeline", "--schedule", "zbv", "--stages", "4"]) == 2  # a usage error, found before any device
     assert ("zbv on 4 devices with 2 model chunks each needs 8 stages, but the MLP has 7 layers to cut; "
             "use at most 3 devices") in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
