@@ -39,7 +39,7 @@ def _import(path: str):
     """Import the user's script; an error in it is shown as ``python FILE.py`` would show it,
     from the script's own frames, without virtualpar's import machinery above them."""
     if os.path.isdir(path) or not path.endswith(".py"):
-        raise SystemExit(f"virtualpar run: {path!r} is not a Python file (FILE.py:FUNCTION)")
+        raise _usage(f"virtualpar run: {path!r} is not a Python file (FILE.py:FUNCTION)")
     spec = importlib.util.spec_from_file_location("__virtualpar_run__", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -76,23 +76,29 @@ def _defined(path: str) -> list[str]:
                   and not n.name.startswith("_"))
 
 
+def _usage(message: str) -> SystemExit:
+    """A usage error found while loading the target: the message on stderr, exit 2 as argparse's."""
+    print(message, file=sys.stderr)
+    return SystemExit(2)
+
+
 def _load(target: str):
     path, _, func = target.rpartition(":")
     if not path or not func:
         path = path or target.rstrip(":")
         if not os.path.exists(path):
-            raise SystemExit(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
+            raise _usage(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
         names = _defined(path)
         hint = f"; {path} defines {', '.join(names)}: e.g. virtualpar run {path}:{names[0]}" if names else ""
-        raise SystemExit(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
+        raise _usage(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
                          f"--mpi to run an mpi4py script; got {target!r}{hint}")
     if not os.path.exists(path):
-        raise SystemExit(f"virtualpar run: no such file {path!r}")
+        raise _usage(f"virtualpar run: no such file {path!r}")
     module = _import(path)
     fn = getattr(module, func, None)
     if not callable(fn):
         what = f"has no function {func!r}" if fn is None else f"defines {func!r} as {type(fn).__name__}, not a function"
-        raise SystemExit(f"virtualpar run: {path} {what}; its functions: {_functions(module)}")
+        raise _usage(f"virtualpar run: {path} {what}; its functions: {_functions(module)}")
     return fn
 
 
