@@ -175,3 +175,28 @@ def test_cuckoo_lowering_names_forward_and_backward_workers_the_right_way_round(
     run = simulate(4, 4, 8, STRATEGIES["cuckoo"](4, 4, 8))
     with pytest.raises(UsageError, match="stage 3 of batch 0 runs its forward on worker 3 and its backward on worker 0"):
         lower_strategy(run)
+
+
+def test_every_hardware_option_lists_its_presets_and_these_commands_have_json():
+    from virtualpar.cli import build_parser
+    from virtualpar.sim.hardware import HARDWARE
+
+    subs = build_parser()._subparsers._group_actions[0].choices
+    with_hardware = []
+    for name, parser in subs.items():
+        for action in parser._actions:
+            if "--hardware" in action.option_strings:
+                with_hardware.append(name)
+                assert tuple(action.choices) == tuple(HARDWARE), name
+    assert {"tour", "pipeline", "run", "policies"} <= set(with_hardware)
+    for name in ("schedule", "pipeline", "strategy", "tour"):
+        assert any("--json" in a.option_strings for a in subs[name]._actions), name
+    for name in ("schedule", "pipeline", "strategy"):
+        costs = next(a for a in subs[name]._actions if "--costs" in a.option_strings)
+        assert "cost units" in costs.help, name  # the unit of every cost argument
+
+
+def test_schedule_help_gives_the_default_costs(capsys):
+    code, out, _ = _run(["schedule", "--help"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "default F=1,B=2 for gpipe" in text and "F=1,I=1,W=1 for zb_h1" in text
