@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file",
-           "natural_int", "hardware_choices", "usage_error", "check_cost_kinds", "png_file", "add_picture_args"]
+__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float",
+           "output_file", "natural_int", "hardware_choices", "usage_error", "check_cost_kinds", "png_file",
+           "add_picture_args"]
 
 
 def positive_int(text: str) -> int:
@@ -145,14 +146,16 @@ def png_file(path: str) -> str:
     """A PNG to write: like :func:`output_file`, and the name ends in ``.png``."""
     output_file(path)
     if not path.lower().endswith(".png"):
-        raise argparse.ArgumentTypeError(f"{path!r} is not a .png file name (for a self-contained picture without "
-                                         f"matplotlib, use --html FILE.html)")
+        raise argparse.ArgumentTypeError(f"{path!r} is not a .png file name (for a self-contained picture "
+                                         f"without matplotlib, use --html FILE.html)")
     return path
 
 
 def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
     """``--png FILE`` and ``--html FILE``: the diagram of ``what`` (ranks as rows, time along x)."""
     p.add_argument("--png", type=png_file, default=None, metavar="FILE.png",
-                   help=f"write the diagram of {what} as a PNG (needs matplotlib: pip install virtualpar[viz])")
+                   help=f"write the diagram of {what} as a PNG (needs matplotlib: "
+                        "pip install virtualpar[viz])")
     p.add_argument("--html", type=output_file, default=None, metavar="FILE.html",
-                   help=f"write the diagram of {what} as a self-contained HTML page (inline SVG, no dependency)")
+                   help=f"write the diagram of {what} as a self-contained HTML page (inline SVG, "
+                        "no dependency)")

@@ -26,7 +26,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     name = args.name
     if args.schedule is not None:  # the old flag, kept working: the schedule is positional everywhere now
         if name is not None and name != args.schedule:
-            return usage_error("pipeline", f"the schedule is given twice: {name!r} and --schedule {args.schedule!r}")
+            return usage_error("pipeline", f"the schedule is given twice: {name!r} and --schedule "
+                                           f"{args.schedule!r}")
         name = args.schedule
     name = name or "1f1b"
     if name not in SCHEDULES:
@@ -37,8 +38,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     refused = check_cost_kinds(args.costs, kinds, name)
     if refused:
         return usage_error("pipeline", refused)
-    costs = {k: 1.0 for k in kinds} if args.unit_costs else \
-        {**{k: 1.0 for k in kinds}, **({"B": 2.0} if "B" in kinds else {}), **args.costs} if args.costs else None
+    defaults = {k: 2.0 if k == "B" else 1.0 for k in kinds}
+    costs = {k: 1.0 for k in kinds} if args.unit_costs else {**defaults, **args.costs} if args.costs else None
     try:
         check_size(name, args.stages or 1, args.microbatches, args.virtual)
         plan_demo(name, args.stages, args.microbatches, args.batch, args.virtual)
@@ -50,8 +51,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     if args.json:
         text = io.StringIO()
         report(text, run, args.steps, args.clock)
-        print(json.dumps({"schedule": name, "devices": run.devices, "virtual": run.virtual, "stages": run.stages,
-                          "microbatches": run.microbatches, "batch": run.batch, "losses": run.losses,
+        print(json.dumps({"schedule": name, "devices": run.devices, "virtual": run.virtual,
+                          "stages": run.stages, "microbatches": run.microbatches, "batch": run.batch, "losses": run.losses,
                           "costs": costs, "cost_unit": "cost units" if costs else None,
                           "hardware": None if costs else run.hardware,
                           "clock": run.clock, "clock_unit": "cost units" if costs else "seconds",
@@ -88,11 +89,13 @@ def register(sub) -> None:
     p.add_argument("--unit-costs", action="store_true",
                    help="model every kind the schedule runs at 1 cost unit on free links (the textbook grid)")
     p.add_argument("--costs", type=parse_costs, default=None, metavar="KIND=UNITS,...",
-                   help="model the actions at these costs, in cost units on free links and a 1 FLOP/s device, "
-                        "instead of --hardware; " + COST_HELP.split("; ", 1)[1])
+                   help="model the actions at these costs, in cost units on free links and a 1 FLOP/s "
+                        "device, instead of --hardware; " + COST_HELP.split("; ", 1)[1])
     p.add_argument("--clock", choices=("model", "wall"), default="model",
-                   help="the clock the timeline and the diagram show: modelled (default) or this machine's wall clock")
+                   help="the clock the timeline and the diagram show: modelled (default) or this machine's "
+                        "wall clock")
     p.add_argument("--json", action="store_true",
-                   help="one JSON object: losses, costs used, modelled clock, the step's makespan and bubble, the check")
+                   help="one JSON object: losses, costs used, modelled clock, the step's makespan and bubble, "
+                        "the check")
     add_picture_args(p, "the last executed step")
     p.set_defaults(func=_pipeline)

@@ -1,6 +1,6 @@
-"""``virtualpar schedule NAME [--stages R] [--microbatches M] [--virtual V] [--costs F=1,I=1,W=1 | --unit-costs]
-[--json] [--png FILE] [--html FILE]``: the simulator's grid, makespan, bubble and peak activations per stage,
-and the schedule's diagram — no processes."""
+"""``virtualpar schedule NAME [--stages R] [--microbatches M] [--virtual V]
+[--costs F=1,I=1,W=1 | --unit-costs] [--json] [--png FILE] [--html FILE]``: the simulator's grid,
+makespan, bubble and peak activations per stage, and the schedule's diagram — no processes."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ __all__ = ["register", "default_costs", "COST_HELP"]
 #: The grid is printed (and put in --json) up to this many cells, ranks x columns.
 MAX_GRID_CELLS = 50_000
 
-COST_HELP = ("costs per action kind in cost units (any one time unit; makespan and the axis are in the same "
-             "unit), e.g. F=1,I=1,W=1; default F=1,B=2 for gpipe, 1f1b, interleaved_1f1b and looped_bfs, F=1,I=1,W=1 "
-             "for zb_h1 and zbv (which split B into I and W); kinds not given take the default; a kind the schedule "
-             "never runs is refused")
+COST_HELP = ("costs per action kind in cost units (any one time unit; makespan and the axis are in the "
+             "same unit), e.g. F=1,I=1,W=1; default F=1,B=2 for gpipe, 1f1b, interleaved_1f1b and looped_bfs, "
+             "F=1,I=1,W=1 for zb_h1 and zbv (which split B into I and W); kinds not given take the default; "
+             "a kind the schedule never runs is refused")
 
 
 def default_costs(name: str) -> dict[str, float]:
@@ -50,7 +50,8 @@ def _schedule(args: argparse.Namespace) -> int:
     from ._pictures import write_pictures
 
     if args.name not in SCHEDULES:
-        return usage_error("schedule", f"unknown schedule {args.name!r}; choose one of {', '.join(SCHEDULES)}")
+        return usage_error("schedule", f"unknown schedule {args.name!r}; choose one of "
+                                       f"{', '.join(SCHEDULES)}")
     kinds = used_kinds(args.name)
     if args.unit_costs and args.costs:
         return usage_error("schedule", "--unit-costs sets every kind to 1; give it or --costs, not both")
@@ -66,21 +67,23 @@ def _schedule(args: argparse.Namespace) -> int:
         return usage_error("schedule", exc.message)
     cells = _grid_cells(sim)
     grid = sim.grid() if cells <= MAX_GRID_CELLS else None
-    omitted = (f"grid omitted: {sim.ranks} ranks x ~{cells // sim.ranks} columns is more than {MAX_GRID_CELLS:,} "
-               f"cells; draw it with --html/--png, or use fewer microbatches") if grid is None else None
+    omitted = (f"grid omitted: {sim.ranks} ranks x ~{cells // sim.ranks} columns is more than "
+               f"{MAX_GRID_CELLS:,} cells; draw it with --html/--png, or use fewer microbatches") \
+        if grid is None else None
     title = f"{args.name}: {args.stages} ranks, {placement.stages} stages, {args.microbatches} microbatches"
     if args.json:
         print(json.dumps({"schedule": args.name, "ranks": args.stages, "stages": placement.stages,
                           "microbatches": args.microbatches, "costs": costs, "cost_unit": "cost units",
-                          "makespan": sim.makespan, "bubble": sim.bubble, "peak_activations": sim.peak_activations,
-                          "utilisation": sim.utilisation,
+                          "makespan": sim.makespan, "bubble": sim.bubble,
+                          "peak_activations": sim.peak_activations, "utilisation": sim.utilisation,
                           "grid": None if grid is None else {str(r): [str(a) if a else None for a in row]
                                                              for r, row in grid.items()},
                           **({"grid_omitted": omitted} if omitted else {})}))
     else:
         print(f"{title}; costs {', '.join(f'{k}={v:g}' for k, v in costs.items())} (cost units)")
         print(format_grid(grid) if grid is not None else f"({omitted})")
-        print(f"makespan {sim.makespan:g}   bubble {sim.bubble:.4f}   peak activations per stage {sim.peak_activations}")
+        print(f"makespan {sim.makespan:g}   bubble {sim.bubble:.4f}   peak activations per stage "
+              f"{sim.peak_activations}")
     if args.png or args.html:
         try:
             diagram = Diagram.from_simulation(sim, placement, title)
@@ -93,7 +96,8 @@ def _schedule(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from ..pipeline.schedules import SCHEDULES
 
-    p = sub.add_parser("schedule", help="simulate a pipeline schedule: grid, makespan, bubble, peak activations, diagram")
+    p = sub.add_parser("schedule",
+                       help="simulate a pipeline schedule: grid, makespan, bubble, peak activations, diagram")
     p.add_argument("name", metavar="NAME", help=f"the schedule: {', '.join(SCHEDULES)}")
     p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks (default 4; at most 512)")
     p.add_argument("--microbatches", type=positive_int, default=8, help="microbatches per step (default 8)")

@@ -1,6 +1,6 @@
-"""``virtualpar strategy NAME [--workers W] [--stages S] [--batches B] [--group-size G] [--costs F=1,B=2]
-[--json] [--png FILE] [--html FILE]``: the unified scheme's schedule of one strategy, its statistics and its
-worker x time diagram."""
+"""``virtualpar strategy NAME [--workers W] [--stages S] [--batches B] [--group-size G]
+[--costs F=1,B=2] [--json] [--png FILE] [--html FILE]``: the unified scheme's schedule of one
+strategy, its statistics and its worker x time diagram."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ def _limits(args: argparse.Namespace) -> str | None:
     for flag, value, most in (("--workers", args.workers, MAX_WORKERS), ("--stages", args.stages, MAX_STAGES),
                               ("--batches", args.batches, MAX_BATCHES)):
         if value > most:
-            return f"{flag} {value}: at most {most} (a diagram of more is unreadable, and the scheduler's work grows " \
-                   f"as stages x batches^2)"
+            return (f"{flag} {value}: at most {most} (a diagram of more is unreadable, and the scheduler's "
+                    f"work grows as stages x batches^2)")
     items = 2 * args.stages * args.batches
     if items > MAX_ITEMS:
-        return (f"--stages {args.stages} --batches {args.batches}: {items:,} work items (2 x stages x batches); at most "
-                f"{MAX_ITEMS:,}: the scheduler compares every batch for each item, {items * args.batches:,} steps here")
+        return (f"--stages {args.stages} --batches {args.batches}: {items:,} work items (2 x stages x "
+                f"batches); at most {MAX_ITEMS:,}: the scheduler compares every batch for each item, "
+                f"{items * args.batches:,} steps here")
     return None
 
 
@@ -35,9 +36,11 @@ def _strategy(args: argparse.Namespace) -> int:
     from ._pictures import write_pictures
 
     if args.name not in STRATEGIES:
-        return usage_error("strategy", f"unknown strategy {args.name!r}; choose one of {', '.join(STRATEGIES)}")
+        return usage_error("strategy", f"unknown strategy {args.name!r}; choose one of "
+                                       f"{', '.join(STRATEGIES)}")
     if args.group_size is not None and args.name not in ("looped", "fs_looped"):
-        return usage_error("strategy", f"--group-size applies to looped and fs_looped; {args.name} has no batch groups")
+        return usage_error("strategy", f"--group-size applies to looped and fs_looped; {args.name} has no "
+                                       f"batch groups")
     refused = check_cost_kinds(args.costs, ("F", "B"), f"the strategy {args.name}")
     if refused or _limits(args):
         return usage_error("strategy", refused or _limits(args))
@@ -68,7 +71,8 @@ def _strategy(args: argparse.Namespace) -> int:
         print(f"latency {run.latency:g}  throughput {run.throughput:.3f} items/time/worker  peak activations "
               f"{run.peak_activations}  mean {run.mean_activations:.2f}")
         print(f"transmissions: activations {run.activation_transmissions}, weights {run.weight_transmissions} "
-              f"(of which gradients back {run.gradient_transmissions}); weights stored per worker {run.weight_storage}")
+              f"(of which gradients back {run.gradient_transmissions}); weights stored per worker "
+              f"{run.weight_storage}")
     if args.png or args.html:
         title = f"{args.name}: {args.workers} workers, {args.stages} stages, {args.batches} batches"
         return write_pictures(Diagram.from_strategy(run, title), args, "strategy")
@@ -88,9 +92,9 @@ def register(sub) -> None:
                    help="which ready work a free worker takes first (default oldest-batch)")
     p.add_argument("--max-activations", type=positive_int, default=None, help="per-worker cap (1F1B emerges from gpipe)")
     p.add_argument("--costs", type=parse_costs, default=None, metavar="KIND=UNITS,...",
-                   help="forward and backward costs in cost units (any one time unit; latency is in the same unit), "
-                        "default F=1,B=2; the scheme runs F and B only, so I or W is refused")
-    p.add_argument("--json", action="store_true", help="print the statistics, the costs used and the schedule as "
-                   "one JSON object")
+                   help="forward and backward costs in cost units (any one time unit; latency is in the same "
+                        "unit), default F=1,B=2; the scheme runs F and B only, so I or W is refused")
+    p.add_argument("--json", action="store_true",
+                   help="print the statistics, the costs used and the schedule as one JSON object")
     add_picture_args(p, "the strategy's schedule (workers as rows)")
     p.set_defaults(func=_strategy)

@@ -74,12 +74,13 @@ def plan_demo(schedule: str, devices: int | None, microbatches: int, batch: int,
     stages = devices * virtual
     layers = 2 * (len(SIZES) - 1) - 1  # Linear, ReLU, ..., Linear
     if not 1 <= stages <= layers:
-        raise UsageError(f"{schedule} on {devices} devices with {counted(virtual, 'model chunk')} each needs {stages} stages, but "
-                         f"the MLP has {layers} layers to cut; use at most {layers // virtual} devices")
+        raise UsageError(f"{schedule} on {devices} devices with {counted(virtual, 'model chunk')} each needs "
+                         f"{stages} stages, but the MLP has {layers} layers to cut; use at most "
+                         f"{layers // virtual} devices")
     build(schedule, devices, microbatches, virtual)  # e.g. interleaved_1f1b's multiple of the devices
     if batch % microbatches:
-        raise UsageError(f"a batch of {batch} rows does not split into {microbatches} equal microbatches: give a "
-                         f"batch that is a multiple of {microbatches}")
+        raise UsageError(f"a batch of {batch} rows does not split into {microbatches} equal microbatches: "
+                         f"give a batch that is a multiple of {microbatches}")
     return devices, virtual
 
 
@@ -112,33 +113,33 @@ def run_demo(schedule: str = "1f1b", devices: int | None = None, microbatches: i
         clock = max(cluster.clocks())
     matches = None
     if check:
-        ref_losses, ref_state = nn.reference_train(seed_mlp(dtype), [(x, y)], nn.mse_loss, nn.SGD(0.01), steps,
-                                                   microbatches)
+        ref_losses, ref_state = nn.reference_train(seed_mlp(dtype), [(x, y)], nn.mse_loss, nn.SGD(0.01),
+                                                   steps, microbatches)
         matches = bool(np.allclose(losses, ref_losses, rtol=1e-9) and all(
             np.allclose(state[k], ref_state[k], rtol=1e-9, atol=1e-12) for k in ref_state))
-    return DemoRun(schedule, devices, virtual, stages, microbatches, batch, [float(v) for v in losses], float(clock),
-                   costs, hardware, op, matches)
+    return DemoRun(schedule, devices, virtual, stages, microbatches, batch, [float(v) for v in losses],
+                   float(clock), costs, hardware, op, matches)
 
 
 def report(out: TextIO, run: DemoRun, steps: int, clock: str = "model") -> None:
     """The demo's text: losses, modelled time, the last step's timeline, the check."""
     chunks = f" ({run.virtual} chunks each)" if run.virtual > 1 else ""
-    out.write(f"{run.schedule}: {run.stages} stages on {run.devices} devices{chunks} x {run.microbatches} microbatches, "
-              f"batch {run.batch}; losses {', '.join(f'{v:.4f}' for v in run.losses)}\n")
+    out.write(f"{run.schedule}: {run.stages} stages on {run.devices} devices{chunks} x {run.microbatches} "
+              f"microbatches, batch {run.batch}; losses {', '.join(f'{v:.4f}' for v in run.losses)}\n")
     if run.costs is not None:
         given = ", ".join(f"{k} = {v:g}" for k, v in run.costs.items())
         out.write(f"modelled with {given} cost units on free links: {steps} steps took {run.clock:g} units\n")
     else:
         out.write(f"modelled time of {steps} steps on {run.hardware}: {run.clock * 1e3:.3f} ms\n")
-    out.write(f"the last step as it ran ({'modelled' if clock == 'model' else 'wall'} clock; F forward, B backward, "
-              f"I/W split backward):\n")
+    out.write(f"the last step as it ran ({'modelled' if clock == 'model' else 'wall'} clock; F forward, "
+              f"B backward, I/W split backward):\n")
     out.write(run.op.timeline(clock=clock) + "\n")
     if run.matches is not None:
         out.write(f"matches single-process training (float64, 1e-9): {'yes' if run.matches else 'NO'}\n")
 
 
-def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8, steps: int = 3,
-               batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False,
+def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8,
+               steps: int = 3, batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False,
                virtual: int | None = None, costs: dict[str, float] | None = None) -> bool:
     """:func:`run_demo` printed by :func:`report`; ``unit``: every kind the schedule runs costs 1 unit.
     Returns False only when the check ran and failed."""
@@ -154,5 +155,5 @@ def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, 
 def tour_section(out: TextIO, hardware: str | None) -> bool:
     out.write("Seed 003's MLP (256-512-1024-512-256) cut into 4 stages on 4 devices, trained with 1F1B.\n")
     ok = train_demo(out, "1f1b", devices=4, microbatches=8, steps=2, batch=32, hardware=hardware, unit=True)
-    out.write("Try: virtualpar schedule zb_h1 --costs F=1,I=1,W=1 --png zb_h1.png   (same memory, smaller bubble)\n")
+    out.write("Try: virtualpar schedule zb_h1 --png zb_h1.png   (the same peak memory, a smaller bubble)\n")
     return ok

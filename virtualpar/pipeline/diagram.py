@@ -90,8 +90,9 @@ class Diagram:
 
     def __post_init__(self) -> None:
         if len(self.boxes) > MAX_BOXES:
-            raise UsageError(f"a diagram of {len(self.boxes)} boxes is more than the {MAX_BOXES} it draws (a picture "
-                             f"that large is unreadable and its file hundreds of MB); draw fewer ranks or microbatches")
+            raise UsageError(f"a diagram of {len(self.boxes)} boxes is more than the {MAX_BOXES} it draws "
+                             f"(a picture that large is unreadable and its file hundreds of MB); draw fewer "
+                             f"ranks or microbatches")
 
     # -- what the picture states ------------------------------------------------------------------
     @property
@@ -152,7 +153,8 @@ class Diagram:
                 if not a.is_compute and not transfers:
                     continue
                 kind = a.kind if a.is_compute else "comm"
-                boxes.append(_box(r, s - t0, e - t0, kind, a.microbatch, chunk_of.get(a.stage, 0), a.stage, str(a)))
+                chunk = chunk_of.get(a.stage, 0)
+                boxes.append(_box(r, s - t0, e - t0, kind, a.microbatch, chunk, a.stage, str(a)))
         ranks = max(rows, default=-1) + 1
         chunks = _count_chunks(placement) if placement is not None else 1
         return cls(_sorted(tuple(boxes)), ranks, title, unit, chunks)
@@ -161,8 +163,8 @@ class Diagram:
     def from_strategy(cls, run: Any, title: str = "strategy") -> "Diagram":
         """A strategy run: each item on its compute worker, F or B, labelled batch and stage."""
         boxes = tuple(Box(i.workers.compute, i.start, i.end, "F" if i.work.direction.value == "f" else "B",
-                          i.work.batch, 0, i.work.stage, f"{i.work}:{i.work.batch}", f"s{i.work.stage}:{i.work.batch}")
-                      for i in run.items)
+                          i.work.batch, 0, i.work.stage, f"{i.work}:{i.work.batch}",
+                          f"s{i.work.stage}:{i.work.batch}") for i in run.items)
         return cls(_sorted(boxes), run.num_workers, title, "unit", 1, "worker")
 
     # -- renderers (each a thin call into its module) --------------------------------------------

@@ -49,7 +49,8 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
         ax.add_patch(Rectangle((x0, y + 0.04), max(w, span * 1e-4), 0.8, facecolor=fill, edgecolor="white",
                                linewidth=0.6))
         if w * px_per_unit >= 7.0 * len(b.label) + 4:
-            ax.text(x0 + w / 2, y + 0.45, b.label, ha="center", va="center", fontsize=8, color=text_colour(fill))
+            ax.text(x0 + w / 2, y + 0.45, b.label, ha="center", va="center", fontsize=8,
+                    color=text_colour(fill))
     ax.set_xlim(0, span)
     ax.set_ylim(d.ranks * pitch, -0.1)
     ax.set_yticks([r * pitch + 0.44 for r in range(d.ranks)], [f"{d.row_name} {r}" for r in range(d.ranks)])
@@ -63,6 +64,7 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
     ax.set_title(d.heading, fontsize=12, fontweight="bold", loc="left")
     handles = [Patch(facecolor=c, label=t) for c, t in legend_entries(d)]
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.06, 0.0), ncol=min(len(handles), 8),
-               frameon=False, fontsize=9, title=f"gaps are bubbles; {d.label_note}", title_fontsize=8, alignment="left")
+               frameon=False, fontsize=9, title=f"gaps are bubbles; {d.label_note}", title_fontsize=8,
+               alignment="left")
     fig.savefig(path, format="png")
     return path

@@ -70,10 +70,11 @@ def to_svg(d: Diagram) -> str:
     for r in range(d.ranks):
         y = _TOP + r * (row + _GAP)
         out.append(f'<rect x="{_LEFT}" y="{y}" width="{plot}" height="{_ROW}" fill="#f4f4f4"/>')
-        out.append(f'<text x="{_LEFT - 8}" y="{y + _ROW / 2 + 4}" font-size="12" text-anchor="end">{d.row_name} {r}</text>')
+        out.append(f'<text x="{_LEFT - 8}" y="{y + _ROW / 2 + 4}" font-size="12" text-anchor="end">'
+                   f'{d.row_name} {r}</text>')
     for t in ticks(span):
-        out.append(f'<line x1="{x(t):.2f}" y1="{_TOP - 4}" x2="{x(t):.2f}" y2="{_TOP + rows_h}" stroke="#dddddd" '
-                   f'stroke-width="1"/>')
+        out.append(f'<line x1="{x(t):.2f}" y1="{_TOP - 4}" x2="{x(t):.2f}" y2="{_TOP + rows_h}" '
+                   f'stroke="#dddddd" stroke-width="1"/>')
         out.append(f'<text x="{x(t):.2f}" y="{_TOP + rows_h + 14}" font-size="11" text-anchor="middle">'
                    f'{html.escape(fmt_time(t, d.unit))}</text>')
     out.append(f'<text x="{_LEFT + plot / 2}" y="{_TOP + rows_h + 28}" font-size="11" text-anchor="middle">'
@@ -91,8 +92,8 @@ def to_svg(d: Diagram) -> str:
         out.append(f'<rect x="{x0:.2f}" y="{y}" width="{max(w, 0.5):.2f}" height="{_ROW}" fill="{fill}" '
                    f'stroke="#ffffff" stroke-width="0.8"><title>{tip}</title></rect>')
         if w >= _CHAR * len(b.label) + 4:
-            out.append(f'<text x="{x0 + w / 2:.2f}" y="{y + _ROW / 2 + 4}" font-size="11" text-anchor="middle" '
-                       f'fill="{text_colour(fill)}">{html.escape(b.label)}</text>')
+            out.append(f'<text x="{x0 + w / 2:.2f}" y="{y + _ROW / 2 + 4}" font-size="11" '
+                       f'text-anchor="middle" fill="{text_colour(fill)}">{html.escape(b.label)}</text>')
     out.append(_legend(d, legend_y))
     out.append("</svg>")
     return "\n".join(out)
@@ -124,5 +125,6 @@ def _legend(d: Diagram, y: float) -> str:
 def to_html(d: Diagram) -> str:
     """A complete HTML page holding the SVG: no script, no stylesheet, no external asset."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(d.heading)}</title></head>\n<body style=\"margin:16px;background:#ffffff\">\n"
+            f"<title>{html.escape(d.heading)}</title></head>\n"
+            "<body style=\"margin:16px;background:#ffffff\">\n"
             f"{to_svg(d)}\n</body></html>\n")

@@ -48,9 +48,9 @@ from ..errors import UsageError
 from .actions import Action, Schedule
 from .placement import Placement
 
-__all__ = ["SCHEDULES", "build", "default_virtual", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs", "zb_h1",
-           "zbv", "zb_h1_makespan", "zbv_makespan", "ZB_H1_REGION", "ZBV_REGION", "KINDS_RUN", "used_kinds",
-           "check_size", "MAX_RANKS", "MAX_MICROBATCHES", "MAX_ACTIONS"]
+__all__ = ["SCHEDULES", "build", "default_virtual", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs",
+           "zb_h1", "zbv", "zb_h1_makespan", "zbv_makespan", "ZB_H1_REGION", "ZBV_REGION", "KINDS_RUN",
+           "used_kinds", "check_size", "MAX_RANKS", "MAX_MICROBATCHES", "MAX_ACTIONS"]
 
 
 def _check(name: str, ranks: int, microbatches: int, virtual: int, allowed_virtual: Callable[[int], bool]) -> None:
@@ -263,13 +263,13 @@ def check_size(name: str, ranks: int, microbatches: int, virtual: int | None = N
     v = virtual or (default_virtual(name) if name in SCHEDULES else 1)
     kinds = len(KINDS_RUN.get(name, ("F", "B")))
     if ranks > MAX_RANKS:
-        raise UsageError(f"{flags[0]} {ranks}: at most {MAX_RANKS} pipeline ranks (a grid or picture of more is "
-                         f"unreadable, and {name} would time {ranks * v * microbatches * kinds:,} actions)")
+        raise UsageError(f"{flags[0]} {ranks}: at most {MAX_RANKS} pipeline ranks (a grid or picture of more "
+                         f"is unreadable, and {name} would time {ranks * v * microbatches * kinds:,} actions)")
     if microbatches > MAX_MICROBATCHES:
         raise UsageError(f"{flags[1]} {microbatches}: at most {MAX_MICROBATCHES} microbatches (the bubble is "
                          f"(R-1)/(M+R-1) < {1 / MAX_MICROBATCHES:.1e} per rank long before)")
     actions = ranks * v * microbatches * kinds
     if actions > MAX_ACTIONS:
-        raise UsageError(f"{flags[0]} {ranks} {flags[1]} {microbatches}: {name} would time {actions:,} actions "
-                         f"({ranks} ranks x {v} chunks x {microbatches} microbatches x {kinds} kinds); at most "
-                         f"{MAX_ACTIONS:,} (about 3 s and 100 MB to simulate)")
+        raise UsageError(f"{flags[0]} {ranks} {flags[1]} {microbatches}: {name} would time {actions:,} "
+                         f"actions ({ranks} ranks x {v} chunks x {microbatches} microbatches x {kinds} "
+                         f"kinds); at most {MAX_ACTIONS:,} (about 3 s and 100 MB to simulate)")

@@ -50,9 +50,9 @@ def dumps_call(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
                 "dev (its collectives, dev.state)") if held else ""
         found = _unpicklable_capture(fn, cloudpickle) if culprit == f"{name}()" and not held else None
         if found:
-            raise PayloadError(f"cannot send {name}() to the devices: it captures {found}, which cannot be pickled "
-                               f"({exc}); create it inside the function, on the device, or pass what it holds "
-                               "instead") from None
+            raise PayloadError(f"cannot send {name}() to the devices: it captures {found}, which cannot be "
+                               f"pickled ({exc}); create it inside the function, on the device, or pass what "
+                               "it holds instead") from None
         raise PayloadError(f"cannot send {culprit} of {name}() to the devices: {exc}{hint}. Everything passed to "
                            "cluster.run must be picklable (functions may be lambdas or closures)") from None
 

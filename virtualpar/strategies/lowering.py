@@ -51,9 +51,9 @@ def lower_strategy(run: StrategyRun) -> tuple[dict[int, list[Action]], Placement
         schedule[item.workers.compute].append(Action(w.stage, kind, w.batch))
         key = (w.stage, w.batch)
         if forward_on[key] != item.workers.compute:  # a backward away from its forward (Cuckoo)
-            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker {forward_on[key]} and its "
-                             f"backward on worker {item.workers.compute}: moving the stashed activation is not "
-                             "supported by the executor (simulate this strategy instead)")
+            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker {forward_on[key]} "
+                             f"and its backward on worker {item.workers.compute}: moving the stashed activation "
+                             "is not supported by the executor (simulate this strategy instead)")
         compute[key] = item.workers.compute
         weights.setdefault(w.stage, set()).add(item.workers.weight)
         local[w.stage] = local.get(w.stage, True) and item.workers.weight == item.workers.compute

@@ -208,13 +208,13 @@ def _check_callables(strategy: Any, policy: Any) -> None:
     and the seed notebook's ``OldestStageFirst(num_stages, num_batches)`` calls it, giving a tuple
     that failed deep inside as "'tuple' object is not callable"."""
     if not callable(strategy):
-        raise UsageError(f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, or "
-                         f"STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}")
+        raise UsageError(f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, "
+                         f"or STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}")
     if not callable(policy):
         hint = (" — pass the policy itself, OldestStageFirst or OldestBatchFirst, not a call of it such as "
                 "OldestStageFirst(6, 12)") if isinstance(policy, tuple) else ""
-        raise UsageError(f"simulate: policy must be a function (batch, position) -> sort key, such as OldestBatchFirst "
-                         f"or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}")
+        raise UsageError(f"simulate: policy must be a function (batch, position) -> sort key, such as "
+                         f"OldestBatchFirst or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}")
 
 
 def _slot_free_at(releases: list[float], cap: int, k: int = 1) -> float | None:
