@@ -10,7 +10,7 @@ process-wide backend is untouched.
 from __future__ import annotations
 
 from .diagram import Diagram, fmt_time
-from .diagram_svg import COLOURS, legend_entries, shade, text_colour, ticks
+from .diagram_svg import COLOURS, legend_entries, plot_width, shade, text_colour, ticks
 
 __all__ = ["to_png", "INSTALL_HINT"]
 
@@ -29,7 +29,8 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
 
     span = d.makespan or 1.0
     lane = 0.16 if any(b.kind == "comm" for b in d.boxes) else 0.0
-    width_in = 14.0
+    # wide enough for the labels of the shortest boxes (8 pt text ~ 7 px per character at 120 dpi)
+    width_in = plot_width(d, 7.0 * dpi / 120, 12.9 * dpi, 36 * dpi) / dpi / 0.92
     top_in, bottom_in, rows_in = 0.45, 1.05, 0.42 * d.ranks * (1 + lane)
     height_in = top_in + rows_in + bottom_in
     fig = Figure(figsize=(width_in, height_in), dpi=dpi)

@@ -17,7 +17,7 @@ import html
 
 from .diagram import KIND_NAMES, Diagram, fmt_time
 
-__all__ = ["to_svg", "to_html", "COLOURS", "shade", "text_colour", "ticks"]
+__all__ = ["to_svg", "to_html", "COLOURS", "shade", "text_colour", "ticks", "plot_width"]
 
 COLOURS = {"F": "#4e79a7", "B": "#f28e2b", "I": "#59a14f", "W": "#b07aa1", "comm": "#9c9c9c"}
 
@@ -53,19 +53,31 @@ def ticks(span: float, target: int = 10) -> list[float]:
     return [k * step for k in range(n + 1)]
 
 
+def plot_width(d: Diagram, char_px: float, low: float, high: float) -> float:
+    """Pixels for the time axis: wide enough that the shortest compute box holds the longest
+    label (so labels show), within [low, high] (the page scrolls; the PNG stays a sane size)."""
+    boxes = [b for b in d.compute if b.end > b.start]
+    if not boxes:
+        return low
+    shortest = min(b.end - b.start for b in boxes)
+    longest = max(len(b.label) for b in boxes)
+    return max(low, min(high, (char_px * longest + 6) * (d.makespan or 1.0) / shortest))
+
+
 def to_svg(d: Diagram) -> str:
     """The diagram as one ``<svg>`` element (see the module doc)."""
     span = d.makespan or 1.0
-    plot = _WIDTH - _LEFT - _RIGHT
+    plot = plot_width(d, _CHAR, _WIDTH - _LEFT - _RIGHT, 3600)
+    width = round(plot + _LEFT + _RIGHT)
     lane = _LANE if any(b.kind == "comm" for b in d.boxes) else 0
     row = _ROW + lane
     rows_h = d.ranks * (row + _GAP)
-    legend_y = _TOP + rows_h + 34
-    height = legend_y + 26
+    legend_y = _TOP + rows_h + 52
+    height = legend_y + 40
     x = lambda t: _LEFT + plot * (t / span)  # noqa: E731 - a local scale
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
-           f'viewBox="0 0 {_WIDTH} {height}" font-family="Helvetica, Arial, sans-serif">',
-           f'<rect x="0" y="0" width="{_WIDTH}" height="{height}" fill="#ffffff"/>',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif">',
+           f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
            f'<text x="{_LEFT}" y="24" font-size="15" font-weight="bold">{html.escape(d.heading)}</text>']
     for r in range(d.ranks):
         y = _TOP + r * (row + _GAP)
@@ -115,8 +127,8 @@ def _legend(d: Diagram, y: float) -> str:
     for colour, text in legend_entries(d):
         parts.append(f'<rect x="{x:.1f}" y="{y - 11}" width="14" height="14" fill="{colour}"/>')
         parts.append(f'<text x="{x + 19:.1f}" y="{y}" font-size="12">{html.escape(text)}</text>')
-        x += 19 + _CHAR * 1.05 * len(text) + 18
-    parts.append(f'<text x="{x:.1f}" y="{y}" font-size="12" fill="#555555">gaps are bubbles; '
+        x += 19 + 7.5 * len(text) + 22
+    parts.append(f'<text x="{_LEFT}" y="{y + 22}" font-size="12" fill="#555555">gaps are bubbles; '
                  f'{html.escape(d.label_note)}</text>')
     parts.append("</g>")
     return "".join(parts)
