@@ -200,3 +200,19 @@ def test_schedule_help_gives_the_default_costs(capsys):
     code, out, _ = _run(["schedule", "--help"], capsys)
     text = " ".join(out.split())
     assert code == 0 and "default F=1,B=2 for gpipe" in text and "F=1,I=1,W=1 for zb_h1" in text
+
+
+def test_the_executor_says_what_the_batch_must_be_a_multiple_of():
+    import numpy as np
+
+    from virtualpar import VirtualCluster, nn
+    from virtualpar.errors import UsageError
+    from virtualpar.pipeline import Pipeline, PipelinedOperation
+
+    model = nn.Sequential(nn.Linear(4, 4, seed=0), nn.ReLU(), nn.Linear(4, 4, seed=1))
+    op = PipelinedOperation(Pipeline(model, cuts=[2]), "1f1b", microbatches=6)
+    x = np.ones((8, 4), dtype=np.float32)
+    with VirtualCluster(2) as cluster:
+        with pytest.raises(UsageError, match="a batch of 8 rows does not split into 6 equal microbatches: give a "
+                                             "batch whose rows are a multiple of 6"):
+            cluster.execute(op, x, x)

@@ -173,7 +173,8 @@ class PipelinedOperation:
             raise UsageError(f"a batch of {len(x)} rows does not split into {dp} equal data-parallel replicas "
                              f"(mesh axis {self.dp_axis!r}); use a multiple of {dp} rows")
         if (len(x) // dp) % M:  # said by one arbitrary device, with its traceback, before
-            raise UsageError(f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a multiple")
+            raise UsageError(f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a "
+                             f"batch whose rows are a multiple of {dp * M}")
         xs, ys = np.array_split(x, dp), np.array_split(y, dp)
         for r in range(mesh.size):
             pos = mesh.group_of(r, mesh.axes(self.axis)).index(r)
