@@ -216,3 +216,11 @@ def test_the_executor_says_what_the_batch_must_be_a_multiple_of():
         with pytest.raises(UsageError, match="a batch of 8 rows does not split into 6 equal microbatches: give a "
                                              "batch whose rows are a multiple of 6"):
             cluster.execute(op, x, x)
+
+
+@pytest.mark.slow
+def test_tour_json_is_one_object_with_every_check(tmp_path, capsys):
+    code, out, _ = _run(["tour", "--json", "--trace", str(tmp_path / "t.json")], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["correct"] is True and len(doc["rows"]) > 40
+    assert {"op", "group", "algorithm", "nbytes", "modelled", "correct"} == set(doc["rows"][0])
