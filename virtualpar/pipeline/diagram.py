@@ -22,6 +22,7 @@ would be unreadable, and the file hundreds of megabytes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterable, NamedTuple
 
 from ..errors import UsageError
@@ -94,33 +95,33 @@ class Diagram:
                              f"(a picture that large is unreadable and its file hundreds of MB); draw fewer "
                              f"ranks or microbatches")
 
-    # -- what the picture states ------------------------------------------------------------------
-    @property
+    # -- what the picture states (each computed once: a renderer reads them per box) --------------
+    @cached_property
     def compute(self) -> list[Box]:
         return [b for b in self.boxes if b.kind != "comm"]
 
-    @property
+    @cached_property
     def t0(self) -> float:
         return min((b.start for b in self.compute), default=0.0)
 
-    @property
+    @cached_property
     def makespan(self) -> float:
         """From the first compute start to the last compute end."""
         return max((b.end for b in self.compute), default=0.0) - self.t0
 
-    @property
+    @cached_property
     def busy(self) -> list[float]:
         out = [0.0] * self.ranks
         for b in self.compute:
             out[b.rank] += b.end - b.start
         return out
 
-    @property
+    @cached_property
     def bubble(self) -> float:
         total = self.ranks * self.makespan
         return 1.0 - sum(self.busy) / total if total else 0.0
 
-    @property
+    @cached_property
     def kinds(self) -> list[str]:
         """The kinds present, in legend order."""
         present = {b.kind for b in self.boxes}

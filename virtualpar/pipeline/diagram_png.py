@@ -23,7 +23,7 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from matplotlib.patches import Patch, Rectangle
+        from matplotlib.patches import Patch
     except ImportError as exc:
         raise ImportError(INSTALL_HINT) from exc
 
@@ -31,30 +31,34 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
     lane = 0.16 if any(b.kind == "comm" for b in d.boxes) else 0.0
     # wide enough for the labels of the shortest boxes (8 pt text ~ 7 px per character at 120 dpi)
     width_in = plot_width(d, 7.0 * dpi / 120, 12.9 * dpi, 36 * dpi) / dpi / 0.92
-    top_in, bottom_in, rows_in = 0.45, 1.05, 0.42 * d.ranks * (1 + lane)
+    top_in, bottom_in, rows_in = 0.45, 1.05, min(0.42 * d.ranks * (1 + lane), 20.0)  # <= 20 in of rows
     height_in = top_in + rows_in + bottom_in
     fig = Figure(figsize=(width_in, height_in), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.06, bottom_in / height_in, 0.92, rows_in / height_in))
     pitch = 1.0 + lane
     px_per_unit = width_in * 0.92 * dpi / span
+    # one collection per (rank, colour): 65 536 boxes drew in 25 s as single patches, ~1 s as bars
+    bars: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}
+    t0, thin = d.t0, span * 1e-4
     for b in d.boxes:
-        y = b.rank * pitch
+        comm = b.kind == "comm"
+        fill = COLOURS["comm"] if comm else shade(COLOURS.get(b.kind, "#333333"), b.chunk, d.chunks)
+        bars.setdefault((b.rank, fill, comm), []).append((b.start - t0, max(b.end - b.start, thin)))
         w = b.end - b.start
-        x0 = b.start - d.t0
-        if b.kind == "comm":
-            ax.add_patch(Rectangle((x0, y + 0.86), max(w, span * 1e-4), lane, facecolor=COLOURS["comm"],
-                                   edgecolor="none"))
-            continue
-        fill = shade(COLOURS.get(b.kind, "#333333"), b.chunk, d.chunks)
-        ax.add_patch(Rectangle((x0, y + 0.04), max(w, span * 1e-4), 0.8, facecolor=fill, edgecolor="white",
-                               linewidth=0.6))
-        if w * px_per_unit >= 7.0 * len(b.label) + 4:
-            ax.text(x0 + w / 2, y + 0.45, b.label, ha="center", va="center", fontsize=8,
+        if not comm and w * px_per_unit >= 7.0 * len(b.label) + 4 and rows_in / d.ranks >= 0.3:
+            ax.text(b.start - t0 + w / 2, b.rank * pitch + 0.45, b.label, ha="center", va="center", fontsize=8,
                     color=text_colour(fill))
+    for (rank, fill, comm), spans in bars.items():
+        y = rank * pitch
+        if comm:
+            ax.broken_barh(spans, (y + 0.86, lane), facecolors=fill, edgecolor="none")
+        else:
+            ax.broken_barh(spans, (y + 0.04, 0.8), facecolors=fill, edgecolor="white", linewidth=0.6)
     ax.set_xlim(0, span)
     ax.set_ylim(d.ranks * pitch, -0.1)
-    ax.set_yticks([r * pitch + 0.44 for r in range(d.ranks)], [f"{d.row_name} {r}" for r in range(d.ranks)])
+    shown = range(0, d.ranks, max(1, -(-d.ranks // 48)))  # a label per row up to 48 rows
+    ax.set_yticks([r * pitch + 0.44 for r in shown], [f"{d.row_name} {r}" for r in shown])
     ts = ticks(span)
     ax.set_xticks(ts, [fmt_time(t, d.unit) for t in ts])
     ax.set_xlabel(f"time ({'seconds' if d.unit == 's' else 'cost units'})")

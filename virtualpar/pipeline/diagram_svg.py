@@ -69,9 +69,13 @@ def to_svg(d: Diagram) -> str:
     span = d.makespan or 1.0
     plot = plot_width(d, _CHAR, _WIDTH - _LEFT - _RIGHT, 3600)
     width = round(plot + _LEFT + _RIGHT)
-    lane = _LANE if any(b.kind == "comm" for b in d.boxes) else 0
-    row = _ROW + lane
-    rows_h = d.ranks * (row + _GAP)
+    # many ranks: thinner rows, so the page stays under ~2400 px tall (labels drop where they do not fit)
+    box_h = max(4.0, min(float(_ROW), 2400 / max(d.ranks, 1) - _GAP))
+    gap = _GAP if box_h >= 12 else 1
+    lane = (_LANE if box_h >= 12 else 0) if any(b.kind == "comm" for b in d.boxes) else 0
+    row = box_h + lane
+    rows_h = d.ranks * (row + gap)
+    every = max(1, -(-d.ranks // 60))  # a rank label on every row up to 60 ranks
     legend_y = _TOP + rows_h + 52
     height = legend_y + 40
     x = lambda t: _LEFT + plot * (t / span)  # noqa: E731 - a local scale
@@ -80,10 +84,11 @@ def to_svg(d: Diagram) -> str:
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
            f'<text x="{_LEFT}" y="24" font-size="15" font-weight="bold">{html.escape(d.heading)}</text>']
     for r in range(d.ranks):
-        y = _TOP + r * (row + _GAP)
-        out.append(f'<rect x="{_LEFT}" y="{y}" width="{plot}" height="{_ROW}" fill="#f4f4f4"/>')
-        out.append(f'<text x="{_LEFT - 8}" y="{y + _ROW / 2 + 4}" font-size="12" text-anchor="end">'
-                   f'{d.row_name} {r}</text>')
+        y = _TOP + r * (row + gap)
+        out.append(f'<rect x="{_LEFT}" y="{y}" width="{plot}" height="{box_h}" fill="#f4f4f4"/>')
+        if r % every == 0:
+            out.append(f'<text x="{_LEFT - 8}" y="{y + box_h / 2 + 4}" font-size="12" text-anchor="end">'
+                       f'{d.row_name} {r}</text>')
     for t in ticks(span):
         out.append(f'<line x1="{x(t):.2f}" y1="{_TOP - 4}" x2="{x(t):.2f}" y2="{_TOP + rows_h}" '
                    f'stroke="#dddddd" stroke-width="1"/>')
@@ -92,19 +97,21 @@ def to_svg(d: Diagram) -> str:
     out.append(f'<text x="{_LEFT + plot / 2}" y="{_TOP + rows_h + 28}" font-size="11" text-anchor="middle">'
                f'time ({"seconds" if d.unit == "s" else "cost units"})</text>')
     for b in d.boxes:
-        y = _TOP + b.rank * (row + _GAP)
+        y = _TOP + b.rank * (row + gap)
         x0, w = x(b.start - d.t0), plot * (b.end - b.start) / span
         tip = html.escape(f"{b.text}: {KIND_NAMES.get(b.kind, b.kind)} of microbatch {b.microbatch}, "
                           f"{fmt_time(b.start, d.unit)} to {fmt_time(b.end, d.unit)}")
         if b.kind == "comm":
-            out.append(f'<rect x="{x0:.2f}" y="{y + _ROW + 1}" width="{max(w, 0.5):.2f}" height="{lane - 1}" '
+            if not lane:
+                continue
+            out.append(f'<rect x="{x0:.2f}" y="{y + box_h + 1}" width="{max(w, 0.5):.2f}" height="{lane - 1}" '
                        f'fill="{COLOURS["comm"]}"><title>{tip}</title></rect>')
             continue
         fill = shade(COLOURS.get(b.kind, "#333333"), b.chunk, d.chunks)
-        out.append(f'<rect x="{x0:.2f}" y="{y}" width="{max(w, 0.5):.2f}" height="{_ROW}" fill="{fill}" '
+        out.append(f'<rect x="{x0:.2f}" y="{y}" width="{max(w, 0.5):.2f}" height="{box_h}" fill="{fill}" '
                    f'stroke="#ffffff" stroke-width="0.8"><title>{tip}</title></rect>')
-        if w >= _CHAR * len(b.label) + 4:
-            out.append(f'<text x="{x0 + w / 2:.2f}" y="{y + _ROW / 2 + 4}" font-size="11" '
+        if w >= _CHAR * len(b.label) + 4 and box_h >= 14:
+            out.append(f'<text x="{x0 + w / 2:.2f}" y="{y + box_h / 2 + 4}" font-size="11" '
                        f'text-anchor="middle" fill="{text_colour(fill)}">{html.escape(b.label)}</text>')
     out.append(_legend(d, legend_y))
     out.append("</svg>")
