@@ -92,3 +92,5 @@ def test_outside_the_region_the_schedules_still_finish(name, R, M):
         sim = simulate(sched, placement, M, costs={"F": F, "I": I, "W": W})
         work = (2 if name == "zbv" else 1) * M * (F + I + W)
         assert sim.busy == [work] * R and sim.makespan >= work
+        # a rank runs its actions one at a time, so its peak follows from its order: any costs
+        assert max(_rank_peaks(sim, placement)) <= (2 * R if name == "zbv" else min(R, M))
