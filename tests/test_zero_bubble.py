@@ -8,9 +8,10 @@ import pytest
 from virtualpar.pipeline import build, simulate, validate
 from virtualpar.pipeline.schedules import ZB_H1_REGION, ZBV_REGION, zb_h1_makespan, zbv_makespan
 
-# (F, I, W): equal, and unequal with W the smallest (the paper's assumption), in binary fractions so
-# that sums are exact
-H1_COSTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (3, 2, 1), (2, 3, 0.5), (1.5, 1, 0.25), (4, 4, 2), (1, 1, 0)]
+# (F, I, W): equal, and unequal with W <= F (the region of ZB-H1's closed form), in binary fractions
+# so that sums are exact
+H1_COSTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (3, 2, 1), (2, 3, 0.5), (1.5, 1, 0.25), (4, 4, 2), (1, 1, 0),
+            (2, 1, 1.5), (3, 0.5, 2)]  # the last two: W > I (still W <= F)
 V_COSTS = [(1, 1, 1), (2, 2, 1), (3, 3, 0.5), (0.5, 0.5, 0.25), (2, 2, 0)]
 
 

@@ -16,13 +16,15 @@ Builders only build lists; :mod:`.validate` checks them, :mod:`.simulate` times 
   into I (gradient of the input) and W (gradient of the weights); rank r runs R−1−r warm-up
   forwards, then per microbatch F, I and a W that trails r microbatches behind, so the W's fill
   the tail that 1F1B leaves idle.  Every rank holds at most R microbatches from F to W: the peak
-  of 1F1B's first rank (the paper's memory accounting).  Under costs F, I, W with W ≤ min(F, I)
-  and free links, exactly::
+  of 1F1B's first rank (the paper's memory accounting).  Under costs F, I, W with W ≤ F and
+  free links, exactly::
 
-      makespan = M(F+I+W) + (R−1)(F+I−W) + max(0, R−M)·W
+      makespan = M(F+I+W) + (R−1)(F + max(0, I−W)) + max(0, R−M)·min(I, W)
 
-  (bubble (R−1)(F+I−W) against 1F1B's (R−1)(F+I+W); for M < R the last rank runs its M F/I
-  pairs, the last I drains R−1 ranks, then one W: (R−1+M)(F+I) + W, which no order beats).
+  For W ≤ I that is the paper's bubble (R−1)(F+I−W) against 1F1B's (R−1)(F+I+W) (27 against 33
+  at R = 4, M = 8, F = I = W = 1); for M < R the last rank runs its M F/I pairs from (R−1)F, the
+  last I drains R−1 ranks, then one W: (R−1+M)(F+I) + W, which no order beats (15 at R = 5,
+  M = 3, unit costs: the last rank's six actions end at 10 at the earliest, then 4 I's and a W).
 - ``zbv`` (ZB-V, Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two chunks per
   rank in a V (rank r holds stages r and 2R−1−r, so rank 0 holds the first and the last); rank r
   runs 2(R−r)−1 forwards of chunk 0, r pairs (chunk 1, chunk 0), R−r chunk-1 F, I, W triples,
@@ -139,14 +141,14 @@ def zb_h1(ranks: int, microbatches: int, virtual: int = 1) -> tuple[Schedule, Pl
 
 
 def zb_h1_makespan(ranks: int, microbatches: int, F: float, I: float, W: float) -> float:
-    """ZB-H1's makespan on free links when ``W <= min(F, I)`` (see the module doc)."""
+    """ZB-H1's makespan on free links when ``W <= F`` (see the module doc)."""
     R, M = ranks, microbatches
-    return M * (F + I + W) + (R - 1) * (F + I - W) + max(0, R - M) * W
+    return M * (F + I + W) + (R - 1) * (F + max(0, I - W)) + max(0, R - M) * min(I, W)
 
 
 def ZB_H1_REGION(ranks: int, microbatches: int, F: float, I: float, W: float) -> bool:
-    """Where :func:`zb_h1_makespan` is exact: W no longer than F or I (the paper's assumption)."""
-    return W <= min(F, I)
+    """Where :func:`zb_h1_makespan` is exact: W no longer than F (the paper takes W ≤ F, I)."""
+    return W <= F
 
 
 def zbv(ranks: int, microbatches: int, virtual: int = 2) -> tuple[Schedule, Placement]:
