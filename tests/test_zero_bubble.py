@@ -12,7 +12,8 @@ from virtualpar.pipeline.schedules import ZB_H1_REGION, ZBV_REGION, zb_h1_makesp
 # so that sums are exact
 H1_COSTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (3, 2, 1), (2, 3, 0.5), (1.5, 1, 0.25), (4, 4, 2), (1, 1, 0),
             (2, 1, 1.5), (3, 0.5, 2)]  # the last two: W > I (still W <= F)
-V_COSTS = [(1, 1, 1), (2, 2, 1), (3, 3, 0.5), (0.5, 0.5, 0.25), (2, 2, 0)]
+V_COSTS = [(1, 1, 1), (2, 2, 1), (3, 3, 0.5), (0.5, 0.5, 0.25), (2, 2, 0),
+           (1, 2, 0.5), (1, 3, 1), (0.5, 1.5, 0.5)]  # the last three: F < I
 
 
 def _rank_peaks(sim, placement) -> list[int]:

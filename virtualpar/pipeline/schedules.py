@@ -29,13 +29,15 @@ Builders only build lists; :mod:`.validate` checks them, :mod:`.simulate` times 
   rank in a V (rank r holds stages r and 2R−1−r, so rank 0 holds the first and the last); rank r
   runs 2(R−r)−1 forwards of chunk 0, r pairs (chunk 1, chunk 0), R−r chunk-1 F, I, W triples,
   then F, I, W of each chunk in turn, and drains the I's before the remaining W's.  At most 2R
-  chunk activations per rank (1F1B's peak in chunk halves).  With per-chunk costs F = I ≥ W,
+  chunk activations per rank (1F1B's peak in chunk halves).  With per-chunk costs W ≤ F ≤ I,
   free links and M ≥ 2R − 2, exactly::
 
-      makespan = 2M(F+I+W) + (R−1)·max(F, F+I−2W)
+      makespan = 2M(F+I+W) + (R−1)(I + max(0, I−2W))
 
-  (with F = I = W the paper's ZB-V picture: every rank busy but for R−1 units).  For fewer
-  microbatches or other costs it remains a valid schedule, not claimed optimal.
+  (with F = I = W the paper's ZB-V picture: 6M + R − 1 units, every rank busy but for R − 1;
+  with F = I it is (R−1)·max(F, F+I−2W), the paper's (p−1)(T_F+T_B−2T_W) once that is past F).
+  For fewer microbatches (within one unit of the critical path at M = 1) or F > I it remains a
+  valid schedule at the same peak, not claimed optimal.
 
 ``ZB_H1_REGION`` and ``ZBV_REGION`` state these conditions in code; tests check the closed forms
 on grids of (R, M) and costs inside them.
@@ -200,12 +202,12 @@ def _vee_rank(R: int, M: int, r: int) -> list[Action]:
 
 def zbv_makespan(ranks: int, microbatches: int, F: float, I: float, W: float) -> float:
     """ZB-V's makespan on free links, per-chunk costs, inside :func:`ZBV_REGION` (module doc)."""
-    return 2 * microbatches * (F + I + W) + (ranks - 1) * max(F, F + I - 2 * W)
+    return 2 * microbatches * (F + I + W) + (ranks - 1) * (I + max(0, I - 2 * W))
 
 
 def ZBV_REGION(ranks: int, microbatches: int, F: float, I: float, W: float) -> bool:
-    """Where :func:`zbv_makespan` is exact: F = I >= W and M >= 2R − 2."""
-    return F == I >= W and microbatches >= 2 * ranks - 2
+    """Where :func:`zbv_makespan` is exact: W <= F <= I and M >= 2R − 2."""
+    return W <= F <= I and microbatches >= 2 * ranks - 2
 
 
 def default_virtual(name: str) -> int:
