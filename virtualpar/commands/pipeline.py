@@ -69,7 +69,6 @@ def _pipeline(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from ..pipeline.schedules import SCHEDULES
-    from .schedule import COST_HELP
 
     p = sub.add_parser("pipeline", help="train seed 003's MLP with a pipeline schedule and show what ran")
     p.add_argument("name", nargs="?", default=None, metavar="NAME",
@@ -89,8 +88,10 @@ def register(sub) -> None:
     p.add_argument("--unit-costs", action="store_true",
                    help="model every kind the schedule runs at 1 cost unit on free links (the textbook grid)")
     p.add_argument("--costs", type=parse_costs, default=None, metavar="KIND=UNITS,...",
-                   help="model the actions at these costs, in cost units on free links and a 1 FLOP/s "
-                        "device, instead of --hardware; " + COST_HELP.split("; ", 1)[1])
+                   help="model the actions at these costs in cost units (a 1 FLOP/s device on free links "
+                        "instead of --hardware, so the clock counts the units), e.g. F=1,I=1,W=1; default "
+                        "F=1,B=2, or F=1,I=1,W=1 for zb_h1 and zbv (which split B into I and W); a kind the "
+                        "schedule never runs is refused")
     p.add_argument("--clock", choices=("model", "wall"), default="model",
                    help="the clock the timeline and the diagram show: modelled (default) or this machine's "
                         "wall clock")
