@@ -227,8 +227,9 @@ class PipelinedOperation:
         unit = getattr(self, "clock_unit", "s") if clock == "model" else "s"
         name = self.schedule_name if self.schedule_name != "custom" else type(self).__name__
         title = f"{name}: {len(rows)} ranks, {self.microbatches} microbatches, {clock} clock"
+        placement = self.placement
         return Timeline(format_timeline(rows, compute_only),
-                        Diagram.from_records(rows, self.placement, title, unit))
+                        lambda: Diagram.from_records(rows, placement, title, unit))
 
 
 def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .actions import Action, Schedule
 from .diagram import Diagram
 from .validate import format_grid
@@ -14,14 +16,19 @@ __all__ = ["format_timeline", "Timeline"]
 class Timeline(str):
     """What :meth:`PipelinedOperation.timeline` returns: the text grid (a ``str``, printed as
     before) that also draws the step — ``.to_png(path)`` (matplotlib) and ``.to_html(path)`` (a
-    self-contained page with inline SVG) — from ``.diagram``, the boxes of the same records."""
+    self-contained page with inline SVG) — from ``.diagram``, the boxes of the same records, built
+    on first use (printing a huge step's text never builds them)."""
 
-    diagram: Diagram
-
-    def __new__(cls, text: str, diagram: Diagram) -> "Timeline":
+    def __new__(cls, text: str, diagram: "Diagram | Callable[[], Diagram]") -> "Timeline":
         obj = super().__new__(cls, text)
-        obj.diagram = diagram
+        obj._diagram = diagram
         return obj
+
+    @property
+    def diagram(self) -> Diagram:
+        if not isinstance(self._diagram, Diagram):
+            self._diagram = self._diagram()
+        return self._diagram
 
     def to_png(self, path: str, dpi: int = 120) -> str:
         return self.diagram.to_png(path, dpi)
