@@ -44,6 +44,12 @@ def closed_form(name: str, S: int, M: int, V: int) -> float | None:
         return (S - 1) / (M + S - 1)
     if name == "interleaved_1f1b":
         return (S - 1) / (V * M + S - 1)
+    from virtualpar.pipeline.schedules import zb_h1_makespan, zbv_makespan  # F = I = W = 1 (B unused)
+
+    if name == "zb_h1":
+        return 1 - 3 * M / zb_h1_makespan(S, M, 1, 1, 1)
+    if name == "zbv" and M >= 2 * S - 2:
+        return 1 - 6 * M / zbv_makespan(S, M, 1, 1, 1)
     return None
 
 
@@ -55,7 +61,7 @@ def bubbles() -> list[dict]:
         for S, M in ((2, 4), (4, 8), (4, 16), (8, 32)):
             sim = simulate(*build(name, S, M, V), M, costs=costs)
             rows.append({"schedule": name, "S": S, "M": M, "V": V, "costs": costs, "bubble": sim.bubble,
-                         "closed_form": closed_form(name, S, M, V) if costs is UNIT else None,
+                         "closed_form": closed_form(name, S, M, V) if costs is UNIT or name.startswith("zb") else None,
                          "peak_activations": sim.peak_activations})
     return rows
 

@@ -92,8 +92,11 @@ def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own
     import pytest
 
     def fails(*argv: str) -> str:
+        capsys.readouterr()
         with pytest.raises(SystemExit) as exc:
             main(["run", *argv])
+        if exc.value.code == 2:  # a usage error: the message on stderr, exit 2 as argparse's
+            return capsys.readouterr().err.strip()
         return str(exc.value.code)
 
     step = tmp_path / "step.py"

@@ -52,13 +52,13 @@ def test_run_without_a_function_reads_the_script_without_running_it(tmp_path):
     script.write_text("print('RAN')\ndef step(dev):\n    pass\n")
     done = subprocess.run([sys.executable, "-m", "virtualpar", "run", str(script)], capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 1 and "RAN" not in done.stdout  # an mpi4py script ran real MPI in the driver
+    assert done.returncode == 2 and "RAN" not in done.stdout  # an mpi4py script ran real MPI in the driver
     assert f"defines step: e.g. virtualpar run {script}:step" in done.stderr
     (tmp_path / "notes.txt").write_text("def step(dev):\n    pass\n")
     for target in (f"{tmp_path}:step", f"{tmp_path / 'notes.txt'}:step"):
         done = subprocess.run([sys.executable, "-m", "virtualpar", "run", target], capture_output=True, text=True,
                               timeout=120)
-        assert done.returncode == 1 and "is not a Python file" in done.stderr  # an AttributeError traceback
+        assert done.returncode == 2 and "is not a Python file" in done.stderr  # an AttributeError traceback
     both = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "--mesh", "dp=2,tp=2", "-n", "8"],
                           capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "-n 8 and --mesh (dp=2, tp=2) (4 devices) disagree" in both.stderr

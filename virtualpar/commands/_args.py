@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "output_file",
-           "natural_int"]
+__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float",
+           "output_file", "natural_int", "hardware_choices", "usage_error", "check_cost_kinds", "png_file",
+           "add_picture_args"]
 
 
 def positive_int(text: str) -> int:
@@ -108,3 +109,53 @@ def default_hardware(given: str | None, size: int) -> str | None:
     if given:
         return given
     return "h100-node" if size <= 8 else "h100-cluster" if size % 8 == 0 else None
+
+
+def hardware_choices() -> tuple[str, ...]:
+    """The modelled-hardware presets, for ``--hardware``'s ``choices`` (argparse lists them in
+    ``--help`` and refuses any other name with exit 2)."""
+    from ..sim.hardware import HARDWARE
+
+    return tuple(HARDWARE)
+
+
+def usage_error(command: str, message: str) -> int:
+    """Report a usage error found after parsing as argparse reports one (``virtualpar CMD: error:
+    ...`` on stderr) and return its exit code, 2."""
+    import sys
+
+    print(f"virtualpar {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def check_cost_kinds(costs: dict[str, float] | None, runs: tuple[str, ...], what: str) -> str | None:
+    """The message refusing a kind ``what`` never runs (``runs``: the kinds it does), else None:
+    a B cost for zb_h1, which splits the backward into I and W, would be silently ignored."""
+    if not costs:
+        return None
+    unused = [k for k in costs if k not in runs]
+    if not unused:
+        return None
+    why = " (it splits the backward B into I, the input gradient, and W, the weight gradient)" \
+        if "I" in runs and "B" in unused else " (it runs the backward whole, as B)" if "B" in runs else ""
+    return (f"--costs gives {', '.join(unused)}, which {what} never runs{why}; it runs {', '.join(runs)}: "
+            f"give costs for those only")
+
+
+def png_file(path: str) -> str:
+    """A PNG to write: like :func:`output_file`, and the name ends in ``.png``."""
+    output_file(path)
+    if not path.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"{path!r} is not a .png file name (for a self-contained picture "
+                                         f"without matplotlib, use --html FILE.html)")
+    return path
+
+
+def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
+    """``--png FILE`` and ``--html FILE``: the diagram of ``what`` (ranks as rows, time along x)."""
+    p.add_argument("--png", type=png_file, default=None, metavar="FILE.png",
+                   help=f"write the diagram of {what} as a PNG (needs matplotlib: "
+                        "pip install virtualpar[viz])")
+    p.add_argument("--html", type=output_file, default=None, metavar="FILE.html",
+                   help=f"write the diagram of {what} as a self-contained HTML page (inline SVG, "
+                        "no dependency)")

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..trace.fmt import WIDTH, count, fit, nbytes, seconds, table
-from ._args import default_hardware, output_file, parse_mesh, positive_int
+from ._args import default_hardware, hardware_choices, output_file, parse_mesh, positive_int
 from ._output import can_draw, table_width
 from ._progress import bar, start_cluster
 
@@ -105,7 +105,7 @@ def register(sub) -> None:
     p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"), help="mesh axes, e.g. x=2,y=4 (default)")
     p.add_argument("--shape", type=_shape, default=None, help="m,k,n (MatMul, default 1024,512,1024) or b,s,m,h with --ffn (default 8,128,1024,4096)")
     p.add_argument("--ffn", action="store_true", help="the FeedForward block instead of one MatMul")
-    p.add_argument("--hardware", default=None, help="modelled hardware preset (laptop, h100-node, h100-cluster); "
+    p.add_argument("--hardware", default=None, choices=hardware_choices(), help="modelled hardware preset (%(choices)s); "
                    "default: h100-node up to 8 devices, h100-cluster for multiples of 8, else the mesh's own links")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--json", action="store_true", help="the same rows as JSON, with the field names of PolicyRow")

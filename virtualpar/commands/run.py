@@ -24,7 +24,8 @@ import time
 import traceback
 
 from ..trace.fmt import WIDTH, fit, seconds
-from ._args import default_hardware, natural_int, output_file, parse_mesh, positive_float, positive_int
+from ._args import (default_hardware, hardware_choices, natural_int, output_file, parse_mesh,
+                    positive_float, positive_int)
 from ._output import can_draw, table_width
 from ._progress import start_cluster
 
@@ -42,7 +43,7 @@ def _import(path: str):
     """Import the user's script; an error in it is shown as ``python FILE.py`` would show it,
     from the script's own frames, without virtualpar's import machinery above them."""
     if os.path.isdir(path) or not path.endswith(".py"):
-        raise SystemExit(f"virtualpar run: {path!r} is not a Python file (FILE.py:FUNCTION)")
+        raise _usage(f"virtualpar run: {path!r} is not a Python file (FILE.py:FUNCTION)")
     spec = importlib.util.spec_from_file_location("__virtualpar_run__", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -79,23 +80,29 @@ def _defined(path: str) -> list[str]:
                   and not n.name.startswith("_"))
 
 
+def _usage(message: str) -> SystemExit:
+    """A usage error found while loading the target: the message on stderr, exit 2 as argparse's."""
+    print(message, file=sys.stderr)
+    return SystemExit(2)
+
+
 def _load(target: str):
     path, _, func = target.rpartition(":")
     if not path or not func:
         path = path or target.rstrip(":")
         if not os.path.exists(path):
-            raise SystemExit(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
+            raise _usage(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
         names = _defined(path)
         hint = f"; {path} defines {', '.join(names)}: e.g. virtualpar run {path}:{names[0]}" if names else ""
-        raise SystemExit(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
+        raise _usage(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
                          f"--mpi to run an mpi4py script; got {target!r}{hint}")
     if not os.path.exists(path):
-        raise SystemExit(f"virtualpar run: no such file {path!r}")
+        raise _usage(f"virtualpar run: no such file {path!r}")
     module = _import(path)
     fn = getattr(module, func, None)
     if not callable(fn):
         what = f"has no function {func!r}" if fn is None else f"defines {func!r} as {type(fn).__name__}, not a function"
-        raise SystemExit(f"virtualpar run: {path} {what}; its functions: {_functions(module)}")
+        raise _usage(f"virtualpar run: {path} {what}; its functions: {_functions(module)}")
     return fn
 
 
@@ -241,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
         late = argparse.ArgumentParser(prog="virtualpar run", usage=args.usage)
         late.add_argument("--mesh", type=parse_mesh, default=args.mesh)
         late.add_argument("-n", type=positive_int, default=args.n)
-        late.add_argument("--hardware", default=args.hardware)
+        late.add_argument("--hardware", default=args.hardware, choices=hardware_choices())
         late.add_argument("--stats", action="store_true", default=args.stats)
         late.add_argument("--trace", type=output_file, default=args.trace)
         late.add_argument("--timeout", type=positive_float, default=args.timeout)
@@ -281,7 +288,7 @@ def register(sub) -> None:
     p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
     p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (not with --mpi: use -n)")
     p.add_argument("-n", type=positive_int, default=None, help="devices of a 1-D mesh when --mesh is not given (default 2)")
-    p.add_argument("--hardware", default=None,
+    p.add_argument("--hardware", default=None, choices=hardware_choices(),
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")

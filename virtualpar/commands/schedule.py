@@ -1,45 +1,110 @@
-"""``virtualpar schedule NAME --stages S --microbatches M [--virtual V] [--costs F=1,B=2,W=0] [--json]``:
-the simulator's grid, makespan, bubble and peak activations per stage — no processes."""
+"""``virtualpar schedule NAME [--stages R] [--microbatches M] [--virtual V]
+[--costs F=1,I=1,W=1 | --unit-costs] [--json] [--png FILE] [--html FILE]``: the simulator's grid,
+makespan, bubble and peak activations per stage, and the schedule's diagram — no processes."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from ._args import parse_costs, positive_int
+from ._args import add_picture_args, check_cost_kinds, parse_costs, positive_int, usage_error
 
-__all__ = ["register"]
+__all__ = ["register", "default_costs", "COST_HELP"]
+
+#: The grid is printed (and put in --json) up to this many cells, ranks x columns.
+MAX_GRID_CELLS = 50_000
+
+COST_HELP = ("costs per action kind in cost units (any one time unit; makespan and the axis are in the "
+             "same unit), e.g. F=1,I=1,W=1; default F=1,B=2 for gpipe, 1f1b, interleaved_1f1b and looped_bfs, "
+             "F=1,I=1,W=1 for zb_h1 and zbv (which split B into I and W); kinds not given take the default; "
+             "a kind the schedule never runs is refused")
+
+
+def default_costs(name: str) -> dict[str, float]:
+    """The costs a named schedule is timed with when none are given (model units)."""
+    from ..pipeline.schedules import used_kinds
+
+    return {"F": 1.0, "I": 1.0, "W": 1.0} if "I" in used_kinds(name) else {"F": 1.0, "B": 2.0}
+
+
+def _costs(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, float]:
+    if args.unit_costs:
+        return {k: 1.0 for k in kinds}
+    return {**default_costs(args.name), **(args.costs or {})}
+
+
+def _grid_cells(sim) -> int:
+    """An upper bound on the grid's cells, without building it."""
+    durations = [e - s for _, s, e in sim.times.values() if e > s]
+    columns = len({s for _, s, _ in sim.times.values()})
+    if durations:
+        columns = max(columns, int(sim.makespan / min(durations)) + 1)
+    return sim.ranks * columns
 
 
 def _schedule(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
     from ..pipeline import SCHEDULES, build, format_grid, simulate
+    from ..pipeline.diagram import Diagram
+    from ..pipeline.schedules import check_size, used_kinds
+    from ._pictures import write_pictures
 
     if args.name not in SCHEDULES:
-        print(f"virtualpar schedule: unknown schedule {args.name!r}; choose one of {', '.join(SCHEDULES)}", file=sys.stderr)
-        return 2
-    sched, placement = build(args.name, args.stages, args.microbatches, args.virtual)
-    sim = simulate(sched, placement, args.microbatches, costs=args.costs)
-    grid = sim.grid()
+        return usage_error("schedule", f"unknown schedule {args.name!r}; choose one of "
+                                       f"{', '.join(SCHEDULES)}")
+    kinds = used_kinds(args.name)
+    if args.unit_costs and args.costs:
+        return usage_error("schedule", "--unit-costs sets every kind to 1; give it or --costs, not both")
+    refused = check_cost_kinds(args.costs, kinds, args.name)
+    if refused:
+        return usage_error("schedule", refused)
+    costs = _costs(args, kinds)
+    try:
+        check_size(args.name, args.stages, args.microbatches, args.virtual)
+        sched, placement = build(args.name, args.stages, args.microbatches, args.virtual)
+        sim = simulate(sched, placement, args.microbatches, costs=costs)
+    except UsageError as exc:
+        return usage_error("schedule", exc.message)
+    cells = _grid_cells(sim)
+    grid = sim.grid() if cells <= MAX_GRID_CELLS else None
+    omitted = (f"grid omitted: {sim.ranks} ranks x ~{cells // sim.ranks} columns is more than "
+               f"{MAX_GRID_CELLS:,} cells; draw it with --html/--png, or use fewer microbatches") \
+        if grid is None else None
+    title = f"{args.name}: {args.stages} ranks, {placement.stages} stages, {args.microbatches} microbatches"
     if args.json:
         print(json.dumps({"schedule": args.name, "ranks": args.stages, "stages": placement.stages,
-                          "microbatches": args.microbatches, "makespan": sim.makespan, "bubble": sim.bubble,
+                          "microbatches": args.microbatches, "costs": costs, "cost_unit": "cost units",
+                          "makespan": sim.makespan, "bubble": sim.bubble,
                           "peak_activations": sim.peak_activations, "utilisation": sim.utilisation,
-                          "grid": {str(r): [str(a) if a else None for a in row] for r, row in grid.items()}}))
-        return 0
-    print(f"{args.name}: {args.stages} pipeline ranks, {placement.stages} stages, {args.microbatches} microbatches, "
-          f"costs {dict(sorted({**{'F': 1.0, 'B': 2.0, 'I': 1.0, 'W': 1.0}, **(args.costs or {})}.items()))}")
-    print(format_grid(grid))
-    print(f"makespan {sim.makespan:g}   bubble {sim.bubble:.4f}   peak activations per stage {sim.peak_activations}")
+                          "grid": None if grid is None else {str(r): [str(a) if a else None for a in row]
+                                                             for r, row in grid.items()},
+                          **({"grid_omitted": omitted} if omitted else {})}))
+    else:
+        print(f"{title}; costs {', '.join(f'{k}={v:g}' for k, v in costs.items())} (cost units)")
+        print(format_grid(grid) if grid is not None else f"({omitted})")
+        print(f"makespan {sim.makespan:g}   bubble {sim.bubble:.4f}   peak activations per stage "
+              f"{sim.peak_activations}")
+    if args.png or args.html:
+        try:
+            diagram = Diagram.from_simulation(sim, placement, title)
+        except UsageError as exc:
+            return usage_error("schedule", exc.message)
+        return write_pictures(diagram, args, "schedule")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("schedule", help="simulate a pipeline schedule: grid, makespan, bubble, peak activations")
-    p.add_argument("name", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zb_h1 or zbv")
-    p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks (default 4)")
+    from ..pipeline.schedules import SCHEDULES
+
+    p = sub.add_parser("schedule",
+                       help="simulate a pipeline schedule: grid, makespan, bubble, peak activations, diagram")
+    p.add_argument("name", metavar="NAME", help=f"the schedule: {', '.join(SCHEDULES)}")
+    p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks (default 4; at most 512)")
     p.add_argument("--microbatches", type=positive_int, default=8, help="microbatches per step (default 8)")
     p.add_argument("--virtual", type=positive_int, default=None, help="model chunks per rank (stages = ranks x virtual)")
-    p.add_argument("--costs", type=parse_costs, default=None, help="per-action costs, e.g. F=1,B=2,W=0")
-    p.add_argument("--json", action="store_true", help="fields makespan, bubble, peak_activations, grid")
+    p.add_argument("--costs", type=parse_costs, default=None, metavar="KIND=UNITS,...", help=COST_HELP)
+    p.add_argument("--unit-costs", action="store_true", help="every kind the schedule runs costs 1 cost unit")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object: makespan, bubble, peak_activations, utilisation, costs used, grid")
+    add_picture_args(p, "the simulated schedule")
     p.set_defaults(func=_schedule)

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from .actions import COMPUTE, KINDS, TRANSFER, Action, Schedule
 from .device_step import HANDLERS, PipelineError
+from .diagram import Box, Diagram
 from .executor import PipelinedOperation, format_timeline
 from .lower import lower
 from .partition import Pipeline, PipelineStage
 from .placement import Placement
 from .schedules import SCHEDULES, build, default_virtual
 from .simulate import DEFAULT_COSTS, PipelineDeadlock, Simulation, check_costs, simulate
+from .timeline_grid import Timeline
 from .validate import ScheduleError, format_grid, validate
 
 __all__ = [
     "Action", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
     "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation",
     "PipelineDeadlock", "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
+    "Diagram", "Box", "Timeline",
 ]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TextIO
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from .executor import PipelinedOperation
 from .partition import Pipeline
 from .schedules import default_virtual
 
-__all__ = ["train_demo", "tour_section", "seed_mlp"]
+__all__ = ["train_demo", "run_demo", "plan_demo", "report", "DemoRun", "tour_section", "seed_mlp"]
 
 SIZES = (256, 512, 1024, 512, 256)
 
@@ -29,7 +30,7 @@ def seed_mlp(dtype=np.float32, sizes=SIZES) -> nn.Sequential:
 
 
 def unit_hardware():
-    """Free links and a 1 FLOP/s device: with ``costs={"F": 1, "B": 2}`` the modelled clock counts
+    """Free links and a 1 FLOP/s device: with ``costs={"F": 1, "B": 1}`` the modelled clock counts
     schedule steps, so an executed run's timeline is the textbook picture."""
     from ..sim import Hardware
     from ..sim.hardware import DeviceSpec
@@ -38,16 +39,31 @@ def unit_hardware():
     return Hardware.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
 
 
-def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8, steps: int = 3,
-               batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False,
-               virtual: int | None = None) -> bool:
-    """Train the MLP for ``steps`` steps on ``devices`` pipeline devices, each holding ``virtual``
-    model chunks (default: the schedule's own, 1 or 2), so the MLP is cut into devices × virtual
-    stages; by default the 4 stages of seed 003 (4 devices, or 2 for two-chunk schedules).  Print
-    the losses and the last timeline; with ``check``, compare against single-process training
-    (float64).  ``unit``: model F = 1 and B = 2 time units on free links instead of ``hardware``.
-    Returns True if it matched."""
-    from .. import VirtualCluster  # the driver side of a demo; the device program uses the protocol only
+@dataclass(frozen=True)
+class DemoRun:
+    """What :func:`run_demo` returns: the schedule's shape, the losses, the modelled clock after
+    the steps (seconds, or cost units under ``costs``), the operation (its ``timeline()``), and the
+    comparison with single-process training (None when not checked)."""
+
+    schedule: str
+    devices: int
+    virtual: int
+    stages: int
+    microbatches: int
+    batch: int
+    losses: list[float]
+    clock: float
+    costs: dict[str, float] | None
+    hardware: str | None
+    op: Any
+    matches: bool | None
+
+
+def plan_demo(schedule: str, devices: int | None, microbatches: int, batch: int,
+              virtual: int | None) -> tuple[int, int]:
+    """Check the demo's sizes before any device starts; return ``(devices, virtual)``.  Every
+    refusal is a ``UsageError`` naming the number it wants."""
+    from .schedules import build
 
     virtual = default_virtual(schedule) if virtual is None else virtual
     for name, value in (("devices", devices), ("virtual", virtual)):
@@ -55,43 +71,89 @@ def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, 
             raise UsageError(f"{name} must be a positive int, got {value!r}")
     if devices is None:
         devices = max(1, 4 // virtual)
+    stages = devices * virtual
+    layers = 2 * (len(SIZES) - 1) - 1  # Linear, ReLU, ..., Linear
+    if not 1 <= stages <= layers:
+        raise UsageError(f"{schedule} on {devices} devices with {counted(virtual, 'model chunk')} each needs "
+                         f"{stages} stages, but the MLP has {layers} layers to cut; use at most "
+                         f"{layers // virtual} devices")
+    build(schedule, devices, microbatches, virtual)  # e.g. interleaved_1f1b's multiple of the devices
+    if batch % microbatches:
+        raise UsageError(f"a batch of {batch} rows does not split into {microbatches} equal microbatches: "
+                         f"give a batch that is a multiple of {microbatches}")
+    return devices, virtual
+
+
+def run_demo(schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8, steps: int = 3,
+             batch: int = 64, hardware: str | None = "h100-node", check: bool = True,
+             costs: dict[str, float] | None = None, virtual: int | None = None) -> DemoRun:
+    """Train the MLP for ``steps`` steps on ``devices`` pipeline devices, each holding ``virtual``
+    model chunks (default: the schedule's own, 1 or 2), so the MLP is cut into devices × virtual
+    stages; by default the 4 stages of seed 003 (4 devices, or 2 for two-chunk schedules).  With
+    ``check``, compare against single-process training (float64).  ``costs`` ({kind: cost units}):
+    model each action at that cost on a 1 FLOP/s device with free links instead of ``hardware``,
+    so the modelled clock counts cost units (the textbook picture)."""
+    from .. import VirtualCluster  # the driver side of a demo; the device program uses the protocol only
+
+    devices, virtual = plan_demo(schedule, devices, microbatches, batch, virtual)
     dtype = np.float64 if check else np.float32
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, SIZES[0])).astype(dtype)
     y = rng.standard_normal((batch, SIZES[-1])).astype(dtype)
     model = seed_mlp(dtype)
     stages = devices * virtual
-    if not 1 <= stages <= len(model):
-        raise UsageError(f"{schedule} on {devices} devices with {counted(virtual, 'model chunk')} each needs {stages} stages, but "
-                         f"the MLP has {len(model)} layers to cut; use at most {len(model) // virtual} devices")
     pipe = Pipeline.balanced(model, stages, by="params")
-    costs = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0} if unit else None
     op = PipelinedOperation(pipe, schedule, microbatches=microbatches, optimizer=nn.SGD(0.01), costs=costs,
                             virtual=virtual)
-    with VirtualCluster(devices, hardware=unit_hardware() if unit else hardware) as cluster:
+    if costs is not None:
+        op.clock_unit = "unit"  # the modelled clock counts cost units: titles and axes say so
+    with VirtualCluster(devices, hardware=unit_hardware() if costs is not None else hardware) as cluster:
         losses = [cluster.execute(op, x, y) for _ in range(steps)]
         state = op.state_dict(cluster)
         clock = max(cluster.clocks())
-    chunks = f" ({virtual} chunks each)" if virtual > 1 else ""
-    out.write(f"{schedule}: {stages} stages on {devices} devices{chunks} x {microbatches} microbatches, batch {batch}; "
-              f"losses {', '.join(f'{v:.4f}' for v in losses)}\n")
-    if unit:
-        out.write(f"modelled with F = 1, B = 2 (I = W = 1) time units on free links: {steps} steps took {clock:g} units\n")
+    matches = None
+    if check:
+        ref_losses, ref_state = nn.reference_train(seed_mlp(dtype), [(x, y)], nn.mse_loss, nn.SGD(0.01),
+                                                   steps, microbatches)
+        matches = bool(np.allclose(losses, ref_losses, rtol=1e-9) and all(
+            np.allclose(state[k], ref_state[k], rtol=1e-9, atol=1e-12) for k in ref_state))
+    return DemoRun(schedule, devices, virtual, stages, microbatches, batch, [float(v) for v in losses],
+                   float(clock), costs, hardware, op, matches)
+
+
+def report(out: TextIO, run: DemoRun, steps: int, clock: str = "model") -> None:
+    """The demo's text: losses, modelled time, the last step's timeline, the check."""
+    chunks = f" ({run.virtual} chunks each)" if run.virtual > 1 else ""
+    out.write(f"{run.schedule}: {run.stages} stages on {run.devices} devices{chunks} x {run.microbatches} "
+              f"microbatches, batch {run.batch}; losses {', '.join(f'{v:.4f}' for v in run.losses)}\n")
+    if run.costs is not None:
+        given = ", ".join(f"{k} = {v:g}" for k, v in run.costs.items())
+        out.write(f"modelled with {given} cost units on free links: {steps} steps took {run.clock:g} units\n")
     else:
-        out.write(f"modelled time of {steps} steps on {hardware}: {clock * 1e3:.3f} ms\n")
-    out.write("the last step as it ran (modelled clock; F forward, B backward, I/W split backward):\n")
-    out.write(op.timeline() + "\n")
-    if not check:
-        return True
-    ref_losses, ref_state = nn.reference_train(seed_mlp(dtype), [(x, y)], nn.mse_loss, nn.SGD(0.01), steps, microbatches)
-    ok = np.allclose(losses, ref_losses, rtol=1e-9) and all(
-        np.allclose(state[k], ref_state[k], rtol=1e-9, atol=1e-12) for k in ref_state)
-    out.write(f"matches single-process training (float64, 1e-9): {'yes' if ok else 'NO'}\n")
-    return ok
+        out.write(f"modelled time of {steps} steps on {run.hardware}: {run.clock * 1e3:.3f} ms\n")
+    out.write(f"the last step as it ran ({'modelled' if clock == 'model' else 'wall'} clock; F forward, "
+              f"B backward, I/W split backward):\n")
+    out.write(run.op.timeline(clock=clock) + "\n")
+    if run.matches is not None:
+        out.write(f"matches single-process training (float64, 1e-9): {'yes' if run.matches else 'NO'}\n")
+
+
+def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8,
+               steps: int = 3, batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False,
+               virtual: int | None = None, costs: dict[str, float] | None = None) -> bool:
+    """:func:`run_demo` printed by :func:`report`; ``unit``: every kind the schedule runs costs 1 unit.
+    Returns False only when the check ran and failed."""
+    from .schedules import used_kinds
+
+    if unit and costs is None:
+        costs = {k: 1.0 for k in used_kinds(schedule)}
+    run = run_demo(schedule, devices, microbatches, steps, batch, hardware, check, costs, virtual)
+    report(out, run, steps)
+    return run.matches is not False
 
 
 def tour_section(out: TextIO, hardware: str | None) -> bool:
     out.write("Seed 003's MLP (256-512-1024-512-256) cut into 4 stages on 4 devices, trained with 1F1B.\n")
     ok = train_demo(out, "1f1b", devices=4, microbatches=8, steps=2, batch=32, hardware=hardware, unit=True)
-    out.write("Try: virtualpar schedule zb_h1 --costs F=1,B=2,W=1   (same memory, smaller bubble)\n")
+    out.write("Try: virtualpar schedule zb_h1 --png zb_h1.png   (the same peak memory, a smaller bubble)\n")
     return ok

@@ -43,7 +43,8 @@ from .partition import Pipeline
 from .placement import Placement
 from .schedules import SCHEDULES, build
 from .simulate import check_costs, simulate
-from .timeline_grid import format_timeline
+from .diagram import Diagram
+from .timeline_grid import Timeline, format_timeline
 from .validate import validate
 
 __all__ = ["PipelinedOperation", "StepSpec"]
@@ -188,7 +189,8 @@ class PipelinedOperation(Recoverable):
             raise UsageError(f"a batch of {len(x)} rows does not split into {dp} equal data-parallel replicas "
                              f"(mesh axis {self.dp_axis!r}); use a multiple of {dp} rows")
         if (len(x) // dp) % M:  # said by one arbitrary device, with its traceback, before
-            raise UsageError(f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a multiple")
+            raise UsageError(f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a "
+                             f"batch whose rows are a multiple of {dp * M}")
         xs, ys = np.array_split(x, dp), np.array_split(y, dp)
         for r in range(mesh.size):
             pos = mesh.group_of(r, mesh.axes(self.axis)).index(r)
@@ -250,17 +252,24 @@ class PipelinedOperation(Recoverable):
                 "first_layers": [st.first_layer for st in self.pipeline.stages]}
 
     # -- what ran -----------------------------------------------------------------------------------
-    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> str:
+    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> Timeline:
         """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
         the shortest compute action on ``clock`` ("model" or "wall"); the last step on ``cluster``
-        when one is given, else the last step on any."""
+        when one is given, else the last step on any.  The text is a :class:`Timeline`: also
+        ``.to_png(path)`` and ``.to_html(path)``, boxes on the same clock, transfers in a lane."""
         check_clock(clock, ("model", "wall"))
         if cluster is not None:
             check_ran(self, cluster)
         records = self.last_records if cluster is None else (self.state_for(cluster) or {}).get("last_records", {})
         rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
-        return format_timeline(rows, compute_only)
+        # seconds, unless the modelled clock counts cost units (the demo's unit costs on a 1 FLOP/s device)
+        unit = getattr(self, "clock_unit", "s") if clock == "model" else "s"
+        name = self.schedule_name if self.schedule_name != "custom" else type(self).__name__
+        title = f"{name}: {len(rows)} ranks, {self.microbatches} microbatches, {clock} clock"
+        placement = self.placement
+        return Timeline(format_timeline(rows, compute_only),
+                        lambda: Diagram.from_records(rows, placement, title, unit))
 
 
 def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:

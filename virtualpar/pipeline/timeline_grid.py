@@ -1,11 +1,40 @@
-"""The text grid of a pipeline step as it ran: :func:`format_timeline`, from the actions' times."""
+"""The text grid of a pipeline step as it ran: :func:`format_timeline`, from the actions' times;
+:class:`Timeline`, that text with the step's :class:`~virtualpar.pipeline.diagram.Diagram` for
+``.to_png(path)`` and ``.to_html(path)``."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .actions import Action, Schedule
+from .diagram import Diagram
 from .validate import format_grid
 
-__all__ = ["format_timeline"]
+__all__ = ["format_timeline", "Timeline"]
+
+
+class Timeline(str):
+    """What :meth:`PipelinedOperation.timeline` returns: the text grid (a ``str``, printed as
+    before) that also draws the step — ``.to_png(path)`` (matplotlib) and ``.to_html(path)`` (a
+    self-contained page with inline SVG) — from ``.diagram``, the boxes of the same records, built
+    on first use (printing a huge step's text never builds them)."""
+
+    def __new__(cls, text: str, diagram: "Diagram | Callable[[], Diagram]") -> "Timeline":
+        obj = super().__new__(cls, text)
+        obj._diagram = diagram
+        return obj
+
+    @property
+    def diagram(self) -> Diagram:
+        if not isinstance(self._diagram, Diagram):
+            self._diagram = self._diagram()
+        return self._diagram
+
+    def to_png(self, path: str, dpi: int = 120) -> str:
+        return self.diagram.to_png(path, dpi)
+
+    def to_html(self, path: str | None = None) -> str:
+        return self.diagram.to_html(path)
 
 
 def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], compute_only: bool = True,

@@ -48,6 +48,11 @@ def dumps_call(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
         held = _captured_clusters(fn) if culprit == f"{name}()" else []
         hint = (f"; {name}() uses the cluster {', '.join(held)} itself, which stays in the driver: on a device use "
                 "dev (its collectives, dev.state)") if held else ""
+        found = _unpicklable_capture(fn, cloudpickle) if culprit == f"{name}()" and not held else None
+        if found:
+            raise PayloadError(f"cannot send {name}() to the devices: it captures {found}, which cannot be "
+                               f"pickled ({exc}); create it inside the function, on the device, or pass what "
+                               "it holds instead") from None
         raise PayloadError(f"cannot send {culprit} of {name}() to the devices: {exc}{hint}. Everything passed to "
                            "cluster.run must be picklable (functions may be lambdas or closures)") from None
 
@@ -80,6 +85,52 @@ def _captured_clusters(fn: Any) -> list[str]:
     cells = zip(code.co_freevars, getattr(fn, "__closure__", None) or ())
     found += [n for n, c in cells if type(getattr(c, "cell_contents", None)).__name__ == "VirtualCluster"]
     return found
+
+
+def _unpicklable_capture(fn: Any, cloudpickle: Any, seen: set[int] | None = None) -> str | None:
+    """The first thing ``fn`` takes along that cannot be pickled, named: a closure variable, a
+    default argument or a global it reads (``the variable 'lock' (a _thread.lock)``), looking
+    inside captured functions too (``... of the function 'helper'``); None if none is found."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return None
+    seen.add(id(fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    names: list[tuple[str, str, Any]] = []
+    cells = zip(code.co_freevars, getattr(fn, "__closure__", None) or ())
+    for n, cell in cells:
+        try:
+            names.append(("variable", n, cell.cell_contents))
+        except ValueError:  # an empty cell: nothing to send
+            continue
+    params = code.co_varnames[:code.co_argcount]
+    for n, v in zip(params[len(params) - len(fn.__defaults__ or ()):], fn.__defaults__ or ()):
+        names.append(("default argument", n, v))
+    names += [("default argument", n, v) for n, v in (getattr(fn, "__kwdefaults__", None) or {}).items()]
+    glob = getattr(fn, "__globals__", {})
+    for n in _global_names(code):
+        if n in glob:
+            names.append(("global", n, glob[n]))
+    for what, n, value in names:
+        try:
+            cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            inner = _unpicklable_capture(value, cloudpickle, seen) if callable(value) else None
+            kind = type(value)
+            here = f"the {what} {n!r} (a {kind.__module__}.{kind.__qualname__})"
+            return f"{inner}, inside {here}" if inner else here
+    return None
+
+
+def _global_names(code: Any) -> list[str]:
+    """Global names a code object and its nested functions' code read."""
+    out = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            out += _global_names(const)
+    return list(dict.fromkeys(out))
 
 
 def resident(pid: int) -> dict[str, int]:

@@ -43,15 +43,18 @@ def lower_strategy(run: StrategyRun) -> tuple[dict[int, list[Action]], Placement
     compute: dict[tuple[int, int], int] = {}
     weights: dict[int, set[int]] = {}
     local: dict[int, bool] = {}
+    forward_on = {(i.work.stage, i.work.batch): i.workers.compute for i in run.items
+                  if i.work.direction is Direction.FORWARD}
     for item in order:
         w = item.work
         kind = "F" if w.direction is Direction.FORWARD else "B"
         schedule[item.workers.compute].append(Action(w.stage, kind, w.batch))
         key = (w.stage, w.batch)
-        if compute.setdefault(key, item.workers.compute) != item.workers.compute:
-            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker {compute[key]} and its "
-                             f"backward on worker {item.workers.compute}: moving the stashed activation is not "
-                             "supported by the executor (simulate this strategy instead)")
+        if forward_on[key] != item.workers.compute:  # a backward away from its forward (Cuckoo)
+            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker {forward_on[key]} "
+                             f"and its backward on worker {item.workers.compute}: moving the stashed activation "
+                             "is not supported by the executor (simulate this strategy instead)")
+        compute[key] = item.workers.compute
         weights.setdefault(w.stage, set()).add(item.workers.weight)
         local[w.stage] = local.get(w.stage, True) and item.workers.weight == item.workers.compute
     replicated = tuple((s, tuple(sorted(weights[s]))) for s in range(run.num_stages) if len(weights[s]) > 1)

@@ -130,6 +130,7 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
                     ("activation_cost", activation_cost), ("weight_cost", weight_cost)):
         if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
             raise UsageError(f"simulate: {name} must be a finite number >= 0, got {v!r}")
+    _check_callables(strategy, policy)
     seqs = [_sequence(num_stages, b) for b in range(num_batches)]
     pos = [0] * num_batches
     done_at = [0.0] * num_batches
@@ -200,6 +201,20 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
     peak, mean = _activation_stats(items, num_workers)
     return StrategyRun(num_workers, num_stages, num_batches, items, forward_cost, backward_cost, act_tx, w_tx, g_tx,
                        peak, mean, busy)
+
+
+def _check_callables(strategy: Any, policy: Any) -> None:
+    """Name the argument at the call: a policy is the key function itself (``OldestStageFirst``),
+    and the seed notebook's ``OldestStageFirst(num_stages, num_batches)`` calls it, giving a tuple
+    that failed deep inside as "'tuple' object is not callable"."""
+    if not callable(strategy):
+        raise UsageError(f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, "
+                         f"or STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}")
+    if not callable(policy):
+        hint = (" — pass the policy itself, OldestStageFirst or OldestBatchFirst, not a call of it such as "
+                "OldestStageFirst(6, 12)") if isinstance(policy, tuple) else ""
+        raise UsageError(f"simulate: policy must be a function (batch, position) -> sort key, such as "
+                         f"OldestBatchFirst or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}")
 
 
 def _slot_free_at(releases: list[float], cap: int, k: int = 1) -> float | None:
