@@ -29,7 +29,8 @@ def test_the_mesh_has_the_four_axes_tp_fastest():
 @pytest.mark.parametrize("kw, match", [
     (dict(tp=3), r"heads=4 do not split over tp=3"),
     (dict(pp=3), r"layers=4 do not split over pp × virtual = 3 × 1 = 3"),
-    (dict(pp=2, schedule="interleaved_1f1b", virtual=4), r"layers=4 do not split over pp × virtual = 2 × 4 = 8"),
+    (dict(pp=2, schedule="interleaved_1f1b", virtual=4),
+     r"layers=4 do not split over pp × virtual = 2 × 4 = 8"),
 ])
 def test_a_model_the_degrees_do_not_divide_is_refused_naming_the_dimension(kw, match):
     with pytest.raises(UsageError, match=match):
@@ -75,14 +76,15 @@ def test_refusals_come_before_any_device_runs():
     tokens = rng.integers(0, 32, (6, 8))
     trainer = ParallelTrainer(gpt(), ParallelConfig(dp=2, microbatches=2))
     with VirtualCluster(Mesh({"dp": 2, "pp": 1, "cp": 1, "tp": 2})) as cluster:
-        with pytest.raises(UsageError, match=r"mesh is \{'dp': 2, 'pp': 1, 'cp': 1, 'tp': 2\} \(4 devices\), but "
-                                             r"the configuration needs .*\(2 devices\)"):
+        with pytest.raises(UsageError, match=r"mesh is \{'dp': 2, 'pp': 1, 'cp': 1, 'tp': 2\} \(4 devices\), "
+                                             r"but the configuration needs .*\(2 devices\)"):
             cluster.execute(trainer, tokens[:4], tokens[:4])
         assert not any(cluster.run(lambda dev: any(k.startswith("parallel/") for k in dev.state)))
     with VirtualCluster(ParallelConfig(dp=2, microbatches=2).mesh()) as cluster:
         with pytest.raises(UsageError, match=r"batch=6 does not split"):
             cluster.execute(trainer, tokens, tokens)
-        interleaved = ParallelTrainer(gpt(), ParallelConfig(pp=2, microbatches=3, schedule="interleaved_1f1b"))
+        odd = ParallelConfig(pp=2, microbatches=3, schedule="interleaved_1f1b")
+        interleaved = ParallelTrainer(gpt(), odd)
         with VirtualCluster(interleaved.config.mesh()) as other:
             with pytest.raises(UsageError, match=r"microbatches must be a multiple of 2"):
                 other.execute(interleaved, tokens, tokens)
@@ -131,12 +133,14 @@ def test_a_step_that_fails_anywhere_updates_nothing(rank):
                 cluster.execute(trainer, tokens, targets)
             now = trainer.state_dict(cluster)
             assert all(np.array_equal(now[n], before[n]) for n in before), f"op {k}: half-updated"
-        want, _ = nn.reference_train(gpt(n_layers=2), [(tokens, targets)], nn.cross_entropy, nn.AdamW(1e-2), 2)
+        want, _ = nn.reference_train(gpt(n_layers=2), [(tokens, targets)], nn.cross_entropy, nn.AdamW(1e-2),
+                                     2)
         assert cluster.execute(trainer, tokens, targets) == pytest.approx(want[1], abs=1e-12)
 
 
 def test_the_package_uses_only_the_device_protocol():
-    """virtualpar/parallel imports nothing from runtime/, transport/ or commands/, not even inside a function."""
+    """virtualpar/parallel imports nothing from runtime/, transport/ or commands/, not even inside a
+    function."""
     root = os.path.join(os.path.dirname(__file__), "..", "virtualpar", "parallel")
     offenders = []
     for f in sorted(os.listdir(root)):

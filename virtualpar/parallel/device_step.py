@@ -21,7 +21,11 @@ __all__ = ["place", "step", "fetch"]
 def place(dev: Any, key: str) -> None:
     """Keep what the driver put under ``key + "/init"`` as this device's state for ``key``."""
     init = dev.state.pop(key + "/init")
-    dev.state[key] = {**init, "modules": {}, "staged": None, "update": None}
+    dev.state[key] = {**init, "modules": {}, "staged": None, "update": None, "memory": _fresh_ledger()}
+
+
+def _fresh_ledger() -> dict:
+    return {"held": 0, "activations": 0, "stage": {}, "grads": 0}
 
 
 def settle(st: dict, commit: bool) -> None:
@@ -38,12 +42,14 @@ def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float]
          ) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
     """One training step on this device: the executor runs the schedule (forward, backward, the
     microbatches' gradient sums), then the gradients are reduced and the update staged.  Returns the
-    executor's (loss on a last-stage device — the mean over dp — else None, pipeline rank, records)."""
+    executor's (this replica's loss on a last-stage device, else None; pipeline rank; records)."""
     st = dev.state[key]
     settle(st, commit)
     st["flops"] = flops
+    st["memory"] = _fresh_ledger()
     loss, prank, records = run_step(dev, key, rows, False)
     grads, st["staged"] = st["staged"] or {}, None
+    st["memory"]["grads"] = sum(g.nbytes for stage in grads.values() for g in stage.values())
     meta = st["meta"]
     update = {}
     for s in sorted(grads):
@@ -51,8 +57,6 @@ def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float]
         reduced = reduce_gradients(dev, meta, st["units"][s], grads[s])
         update[s] = (apply_update(dev, meta, st["params"][s], optimizer, reduced), optimizer)
     st["update"] = update
-    if loss is not None and meta["dp"] > 1:
-        loss = float(dev.all_reduce(np.array([loss]), op="avg", group="dp")[0])
     return loss, prank, records
 
 

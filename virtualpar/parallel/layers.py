@@ -30,6 +30,7 @@ from ..nn.layers import affine
 from ..nn.transformer import qkv_heads, silu
 from ..tensor_parallel import autodiff as ad
 from .ring import ring_attention
+from .zero import ring
 
 __all__ = ["Ctx", "embed", "block", "final_loss"]
 
@@ -123,7 +124,7 @@ def block(c: Ctx, P: dict, index: int, x: Any) -> Any:
 def _row_max(z: np.ndarray, dev: Any, tp: int) -> np.ndarray:
     """The max over the whole vocabulary (a constant to autograd: the log-softmax does not depend on it)."""
     m = np.max(z, axis=-1, keepdims=True)
-    return dev.all_reduce(m, op="max", group="tp") if tp > 1 else m
+    return dev.all_reduce(m, op="max", group="tp", algorithm=ring(m)) if tp > 1 else m
 
 
 def final_loss(c: Ctx, P: dict, x: Any, targets: np.ndarray) -> Any:

@@ -27,6 +27,7 @@ from autograd.extend import defvjp_argnums, primitive
 from .. import nn
 from ..tensor_parallel import autodiff as ad
 from .layers import Ctx, block, embed, final_loss
+from .memory import Tracked, saved_bytes
 
 __all__ = ["stage_forward", "checkpoint"]
 
@@ -92,6 +93,9 @@ def stage_forward(step: Any, s: int, m: int, received: Any) -> tuple[Any, Any, f
     fn = stage_program(c, meta, st["units"][s], tokens, targets)
     x = tokens if first else received
     rec = nn.vjp(fn, x, params=st["params"][s], input_grads=not first)
+    nbytes = saved_bytes(rec, st["params"][s].values())
+    st["memory"]["stage"][s] = nbytes
+    rec = Tracked(rec, st, nbytes)
     if last:
         return rec, None, float(rec.output)
     return rec, rec.output, None

@@ -31,6 +31,7 @@ from ..pipeline.executor import StepSpec
 from .config import ParallelConfig
 from .device_step import fetch, place, step
 from .layout import flatten, shard, stage_units, unshard
+from .memory import ledger
 from .stage import stage_forward
 
 __all__ = ["ParallelTrainer"]
@@ -67,6 +68,7 @@ class ParallelTrainer:
         self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> placement
         self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_records: dict[int, list] = {}
+        self.last_step_time = 0.0  # modelled seconds of the last step (the slowest device)
 
     # -- planning -------------------------------------------------------------------------------------
     def _plan(self) -> tuple[StepSpec, Any]:
@@ -148,12 +150,15 @@ class ParallelTrainer:
             if at.pp == last:
                 cluster.put(r, self.key + "/y", np.ascontiguousarray(targets[part]), block=False)
         commit = self._staged.pop(cluster, False)
+        before = max(cluster.clocks())
         replies = cluster.run(step, self.key, rows, commit, self.stage_flops(seq))
+        self.last_step_time = max(cluster.clocks()) - before
         self._staged[cluster] = True
         self.last_records = {}
         for _, prank, records in replies:
             self.last_records.setdefault(prank, records)
-        return float(next(loss for loss, _, _ in replies if loss is not None))
+        losses = [loss for loss, _, _ in replies if loss is not None]  # as many per replica: tp, cp agree
+        return float(np.mean(losses))
 
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, gathered from the devices, keyed like ``model.state_dict()``."""
@@ -176,3 +181,11 @@ class ParallelTrainer:
         if self.model.tie_embeddings:
             out["head.embedding.weight"] = out["tok_emb.weight"]
         return {k: out[k].copy() for k in self.model.state_dict()}
+
+    def memory(self, cluster: Any) -> list[dict[str, Any]]:
+        """Per device (rank order), the memory ledger of the last step, measured on the device:
+        bytes of ``params``, ``grads``, ``optimizer`` state, peak ``activations`` and, per stage, the
+        activations one microbatch keeps (``stage_activations``); see :mod:`.memory`."""
+        if cluster not in self._clusters:
+            raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster; run a step first")
+        return cluster.run(ledger, self.key)

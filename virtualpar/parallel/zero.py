@@ -27,9 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from ..collectives.selection import SHM_MIN_BYTES
 from ..tensor_parallel.autodiff import local_slice
 
 __all__ = ["reduce_gradients", "apply_update", "full_params"]
+
+
+def ring(x: np.ndarray) -> str | None:
+    """The ring below the shared-memory threshold (where the runtime would pick a tree, whose bytes
+    per device are uneven), so the per-device closed forms hold at every size; the shm algorithm
+    above it is counted as the ring (as :mod:`virtualpar.tensor_parallel.autodiff` does)."""
+    return "ring" if x.nbytes < SHM_MIN_BYTES else None
 
 
 def _buckets(names: list[str], sizes: dict[str, int], limit: int) -> list[list[str]]:
@@ -57,7 +65,8 @@ def reduce_gradients(dev: Any, meta: dict, units: list,
             if zero == 3 and dp > 1:
                 mask = local_slice(mask, dev, 0, "dp")
             if mask.any():
-                g[mask] = dev.all_reduce(np.ascontiguousarray(g[mask]), group="tp")
+                part = np.ascontiguousarray(g[mask])
+                g[mask] = dev.all_reduce(part, group="tp", algorithm=ring(part))
         out[u.name] = g
     names = [u.name for u in units]
     if zero == 0:
@@ -65,7 +74,8 @@ def reduce_gradients(dev: Any, meta: dict, units: list,
             itemsize = next(iter(out.values())).itemsize
             sizes = {n: out[n].size * itemsize for n in names}
             for bucket in _buckets(names, sizes, meta["bucket_bytes"]):
-                flat = dev.all_reduce(np.concatenate([out[n] for n in bucket]), group=("dp", "cp"))
+                flat = np.concatenate([out[n] for n in bucket])
+                flat = dev.all_reduce(flat, group=("dp", "cp"), algorithm=ring(flat))
                 at = 0
                 for n in bucket:
                     out[n] = flat[at:at + out[n].size]
@@ -73,7 +83,7 @@ def reduce_gradients(dev: Any, meta: dict, units: list,
     else:
         for n in names:
             if meta["cp"] > 1:
-                out[n] = dev.all_reduce(out[n], group="cp")
+                out[n] = dev.all_reduce(out[n], group="cp", algorithm=ring(out[n]))
             if zero == 1 and dp > 1:
                 out[n] = dev.reduce_scatter(out[n], dim=0, group="dp")
     if dp > 1:
