@@ -152,3 +152,20 @@ def test_the_package_uses_only_the_device_protocol():
             if any(part in ("runtime", "transport", "commands") for m in mods for part in m.split(".")):
                 offenders.append(f"{f}:{node.lineno}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("cuts, match", [
+    (["head"], r"cannot cut the GPT at 'head': .* one of \['blocks.1', 'blocks.2', 'blocks.3'\]"),
+    (["blocks.0"], r"cannot cut the GPT at 'blocks.0'"),
+    (["blocks.2", "blocks.1"], r"increasing and distinct"),
+    (["blocks.1", "blocks.2"], r"2 cuts make 3 stages, but the configuration runs 2"),
+])
+def test_cuts_name_the_blocks_that_start_a_stage(cuts, match):
+    with pytest.raises(UsageError, match=match):
+        ParallelTrainer(gpt(), ParallelConfig(pp=2, microbatches=2), cuts=cuts)
+
+
+def test_uneven_cuts_place_the_blocks_where_named():
+    trainer = ParallelTrainer(gpt(n_layers=3), ParallelConfig(pp=2, microbatches=2), cuts=["blocks.1"])
+    assert [[u.name for u in us] for us in trainer.units] == [["embed", "blocks.0"],
+                                                              ["blocks.1", "blocks.2", "final"]]

@@ -39,12 +39,12 @@ def reference(layers: int, heads: int, batch: int, model_kw: tuple = ()) -> tupl
 
 
 def check_exact(cfg: ParallelConfig, layers: int = 4, heads: int = 4, batch: int = 8,
-                model_kw: tuple = ()) -> None:
+                model_kw: tuple = (), cuts: tuple | None = None) -> None:
     tokens, targets = data(batch)
     want_losses, want = reference(layers, heads, batch, model_kw)
     model = make_gpt(layers, heads, **dict(model_kw))
     start = model.state_dict()
-    trainer = ParallelTrainer(model, cfg, optimizer=nn.AdamW(LR))
+    trainer = ParallelTrainer(model, cfg, optimizer=nn.AdamW(LR), cuts=None if cuts is None else list(cuts))
     with VirtualCluster(cfg.mesh()) as cluster:
         losses = [cluster.execute(trainer, tokens, targets) for _ in range(STEPS)]
         got = trainer.state_dict(cluster)
@@ -117,3 +117,7 @@ def test_every_configuration_up_to_8_devices_equals_one_process(dp, tp, pp, cp, 
     cfg = C(dp=dp, tp=tp, pp=pp, cp=cp, microbatches=microbatches, schedule=schedule, zero=zero,
             sequence_parallel=sp, recompute=recompute)
     check_exact(cfg, layers=pp * chunks, heads=8 if tp == 8 else 4, batch=dp * microbatches)
+
+
+def test_uneven_cuts_train_exactly():
+    check_exact(C(pp=2, tp=2, microbatches=2, sequence_parallel=True), layers=3, cuts=("blocks.1",))

@@ -95,9 +95,10 @@ class ParallelConfig:
                              f"devices), but the configuration needs {want} ({self.size} devices); "
                              f"build the cluster with VirtualCluster(config.mesh())")
 
-    def check_model(self, model: Any) -> None:
+    def check_model(self, model: Any, cuts: Any = None) -> None:
         """Refuse a model these degrees do not divide: heads and vocabulary (and the MLP's hidden
-        width) by tp, layers by pp × virtual; tied embeddings need one pipeline stage."""
+        width) by tp, layers by pp × virtual (unless ``cuts`` place the stages); tied embeddings need
+        one pipeline stage."""
         tp = self.tp
         where = "ParallelTrainer"
         if model.n_heads % tp:
@@ -109,7 +110,7 @@ class ParallelConfig:
         hidden = model.blocks[0].mlp.hidden
         if hidden % tp:
             raise UsageError(f"{where}: the MLP's hidden width {hidden} does not split over tp={tp}")
-        if model.n_layers % self.stages:
+        if cuts is None and model.n_layers % self.stages:
             raise UsageError(f"{where}: layers={model.n_layers} do not split over pp × virtual = {self.pp} × "
                              f"{self.chunks} = {self.stages} pipeline stages")
         if model.tie_embeddings and self.stages > 1:

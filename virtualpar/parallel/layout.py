@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = ["Unit", "tp_dim", "stage_units", "shard", "unshard"]
 
 
@@ -79,17 +81,42 @@ def _local_shape(shape: tuple[int, ...], dim: int | None, tp: int) -> tuple[int,
     return tuple(s)
 
 
-def stage_units(model: object, stages: int, tp: int, dp: int) -> list[list[Unit]]:
-    """The units of each stage: the blocks split evenly, the embeddings on stage 0, the head on the last.
-    Tied embeddings (one stage) list the head's weight once, under ``tok_emb.weight``."""
+def stage_bounds(model: object, stages: int, cuts: list[str] | None = None) -> list[int]:
+    """The first block of each stage and the end: the blocks split evenly, or at ``cuts`` — names of
+    the blocks that start a new stage (``["blocks.2"]``), as the pipeline's cuts name layers."""
+    n = model.n_layers
+    if cuts is None:
+        return [s * n // stages for s in range(stages + 1)]
+    if isinstance(cuts, str) or not all(isinstance(c, str) for c in cuts):
+        raise UsageError(f"cuts must be a list of block names such as ['blocks.2'], got {cuts!r}")
+    names = [f"blocks.{i}" for i in range(1, n)]
+    starts = []
+    for c in cuts:
+        if c not in names:
+            raise UsageError(f"cannot cut the GPT at {c!r}: a stage boundary lies between two blocks, so a "
+                             f"cut names the block that starts a stage, one of {names} (the embeddings stay "
+                             f"with the first block, the final norm and the head with the last)")
+        starts.append(int(c.split(".")[1]))
+    if starts != sorted(set(starts)):
+        raise UsageError(f"cuts must be increasing and distinct, got {list(cuts)}")
+    if len(starts) + 1 != stages:
+        raise UsageError(f"{len(cuts)} cuts make {len(cuts) + 1} stages, but the configuration runs {stages} "
+                         f"(pp × virtual)")
+    return [0, *starts, n]
+
+
+def stage_units(model: object, stages: int, tp: int, dp: int,
+                cuts: list[str] | None = None) -> list[list[Unit]]:
+    """The units of each stage (see :func:`stage_bounds`): the embeddings on stage 0, the head on the
+    last.  Tied embeddings (one stage) list the head's weight once, under ``tok_emb.weight``."""
     params = model.state_dict()
-    per = model.n_layers // stages
+    bounds = stage_bounds(model, stages, cuts)
     out: list[list[Unit]] = []
     for s in range(stages):
         groups = []
         if s == 0:
             groups.append(("embed", ("tok_emb.", "pos_emb.")))
-        groups += [(f"blocks.{i}", (f"blocks.{i}.",)) for i in range(s * per, (s + 1) * per)]
+        groups += [(f"blocks.{i}", (f"blocks.{i}.",)) for i in range(bounds[s], bounds[s + 1])]
         if s == stages - 1:
             groups.append(("final", ("norm.", "head.weight")))
         units = []

@@ -52,18 +52,21 @@ class ParallelTrainer:
     """One training step of ``model`` (an ``nn.GPT``) under ``config``, run by ``cluster.execute``.
 
     ``optimizer``: elementwise (``nn.SGD``, ``nn.Adam``, ``nn.AdamW``; default AdamW(1e-3)), copied
-    per stage on every device.  Every cluster the trainer runs on trains its own copy, starting from
+    per stage on every device.  ``cuts``: the blocks that start a stage (``["blocks.3"]``), else the
+    blocks are split evenly over pp × virtual stages.  Every cluster the trainer runs on trains its own copy, starting from
     ``model``'s weights."""
 
-    def __init__(self, model: nn.GPT, config: ParallelConfig, optimizer: nn.Optimizer | None = None) -> None:
+    def __init__(self, model: nn.GPT, config: ParallelConfig, optimizer: nn.Optimizer | None = None,
+                 cuts: list[str] | None = None) -> None:
         if not isinstance(model, nn.GPT):
             raise UsageError(f"ParallelTrainer needs an nn.GPT, got {type(model).__name__}")
         if not isinstance(config, ParallelConfig):
             raise UsageError(f"ParallelTrainer: config must be a ParallelConfig, got {type(config).__name__}")
-        config.check_model(model)
+        config.check_model(model, cuts)
         self.model, self.config = model, config
         self.optimizer = optimizer if optimizer is not None else nn.AdamW(1e-3)
-        self.units = stage_units(model, config.stages, config.tp, 1 if config.zero == 0 else config.dp)
+        pad = 1 if config.zero == 0 else config.dp  # ZeRO's shards: flat vectors padded to a multiple of dp
+        self.units = stage_units(model, config.stages, config.tp, pad, cuts)
         self.key = f"parallel/{next(_IDS)}"
         self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> placement
         self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
