@@ -138,3 +138,18 @@ def test_pipeline_step_time_shows_the_bubble():
     got = mfu(gpt(4), 8, 8, trainer.last_step_time, cfg.size, 1e9)
     assert 0 < got < 1 - bubble_fraction(2, 4) + 1e-9
     assert bubble_fraction(4, 8) == 3 / 11 and bubble_fraction(4, 8, virtual=2) == 3 / 19
+
+
+def test_mfu_on_the_h100_preset_is_below_one_and_below_free_links():
+    """On the h100-node preset the links cost time, so the same step's MFU is lower than with free
+    links; every device's modelled clock moved by at most the step time."""
+    from virtualpar.sim.hardware import HARDWARE
+
+    h100 = HARDWARE["h100-node"]
+    peak = h100.device.peak("float32")
+    cfg = ParallelConfig(dp=2, tp=2)
+    trainer, _, _ = run(cfg, hardware=h100)
+    real = mfu(gpt(), 8, 8, trainer.last_step_time, cfg.size, peak)
+    ideal = model_flops(gpt(), 8, 8) / cfg.size / peak
+    assert 0 < real < 1 and trainer.last_step_time > ideal
+    assert len(trainer.last_step_times) == 4 and max(trainer.last_step_times) <= trainer.last_step_time + 1e-15

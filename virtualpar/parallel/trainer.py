@@ -72,6 +72,7 @@ class ParallelTrainer:
         self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.last_records: dict[int, list] = {}
         self.last_step_time = 0.0  # modelled seconds of the last step (the slowest device)
+        self.last_step_times: list[float] = []  # per device: how far its modelled clock moved
 
     # -- planning -------------------------------------------------------------------------------------
     def _plan(self) -> tuple[StepSpec, Any]:
@@ -153,9 +154,11 @@ class ParallelTrainer:
             if at.pp == last:
                 cluster.put(r, self.key + "/y", np.ascontiguousarray(targets[part]), block=False)
         commit = self._staged.pop(cluster, False)
-        before = max(cluster.clocks())
+        before = cluster.clocks()
         replies = cluster.run(step, self.key, rows, commit, self.stage_flops(seq))
-        self.last_step_time = max(cluster.clocks()) - before
+        after = cluster.clocks()
+        self.last_step_times = [b - a for a, b in zip(before, after)]
+        self.last_step_time = max(after) - max(before)
         self._staged[cluster] = True
         self.last_records = {}
         for _, prank, records in replies:
