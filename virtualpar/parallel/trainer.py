@@ -53,8 +53,8 @@ class ParallelTrainer:
 
     ``optimizer``: elementwise (``nn.SGD``, ``nn.Adam``, ``nn.AdamW``; default AdamW(1e-3)), copied
     per stage on every device.  ``cuts``: the blocks that start a stage (``["blocks.3"]``), else the
-    blocks are split evenly over pp × virtual stages.  Every cluster the trainer runs on trains its own copy, starting from
-    ``model``'s weights."""
+    blocks are split evenly over pp × virtual stages.  Every cluster the trainer runs on trains its
+    own copy, starting from ``model``'s weights."""
 
     def __init__(self, model: nn.GPT, config: ParallelConfig, optimizer: nn.Optimizer | None = None,
                  cuts: list[str] | None = None) -> None:
