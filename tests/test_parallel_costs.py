@@ -98,15 +98,25 @@ def test_recompute_keeps_each_block_s_input_only():
         assert all(p["activations"] > 5 * r["activations"] for p, r in zip(plain, ledger))
 
 
-def test_tensor_and_sequence_parallelism_divide_the_activations():
-    one = run(ParallelConfig(), steps=1)[2][0]["activations"]
-    tp = run(ParallelConfig(tp=2), steps=1)[2][0]["activations"]
-    sp = run(ParallelConfig(tp=2, sequence_parallel=True), steps=1)[2][0]["activations"]
+def per_layer_activations(**kw) -> int:
+    """Bytes one microbatch's forward keeps per transformer layer: stage 0 of a 2-stage pipeline
+    with two layers minus the same with one (the embeddings cancel)."""
+    cfg = ParallelConfig(pp=2, schedule="gpipe", **kw)
+    two, one = (run(cfg, layers=n, steps=1)[2][0]["stage_activations"][0] for n in (4, 2))
+    return two - one
+
+
+def test_sequence_parallelism_divides_every_activation_by_tp_as_megatron_s_form_does():
+    """Korthikanti et al.: s·b·h·(34 + 5as/h) per layer, divided by t with SP; tensor parallelism
+    alone leaves the norms' and the column-parallel inputs' part whole (10 + 24/t + 5as/(ht))."""
+    one = per_layer_activations()
+    tp = per_layer_activations(tp=2)
+    sp = per_layer_activations(tp=2, sequence_parallel=True)
+    assert sp * 2 == one
     assert sp < tp < one
-    # Megatron's forms order them the same way
-    forms = [megatron_activation_bytes(8, 8, 16, 4, t=2, sp=True),
-             megatron_activation_bytes(8, 8, 16, 4, t=2), megatron_activation_bytes(8, 8, 16, 4)]
-    assert forms == sorted(forms) and len(set(forms)) == 3
+    forms = [megatron_activation_bytes(8, 8, 16, 4, t=t, sp=flag)
+             for t, flag in ((1, False), (2, False), (2, True))]
+    assert forms[2] * 2 == forms[0] and forms[2] < forms[1] < forms[0]
 
 
 @pytest.mark.parametrize("schedule, held", [("gpipe", (4, 4)), ("1f1b", (2, 1))])

@@ -15,4 +15,5 @@ from .trace import trace_calls
 from .traced import TracedPipeline, TracedPipelineOperation
 from .trainer import ParallelTrainer
 
-__all__ = ["ParallelConfig", "ParallelTrainer", "AXES", "TracedPipeline", "TracedPipelineOperation", "trace_calls"]
+__all__ = ["ParallelConfig", "ParallelTrainer", "AXES", "TracedPipeline", "TracedPipelineOperation",
+           "trace_calls"]

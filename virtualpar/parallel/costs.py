@@ -6,7 +6,8 @@ sequence length, h = d_model, a = heads, t = tp, L = layers, Ψ = parameters (el
 
 - **TP** (Shoeybi et al. 2019): per layer per microbatch, 4 all-reduces of b·s·h (2 forward, 2
   backward), on a ring 2(t−1)/t of the array sent per device each; with SP the same bytes as 4
-  all-gathers + 4 reduce-scatters of (t−1)/t.  The vocabulary-parallel ends add 2 more of b·s·h
+  all-gathers + 4 reduce-scatters of (t−1)/t, plus the all_gather each gathered linear repeats in its
+  backward (:mod:`.sp`).  The vocabulary-parallel ends add 2 more of b·s·h
   (the embedding's g forward, the head's f backward) and 3 all-reduces of b·s (the row max and the
   sum of exponentials, and the target's logit); SP adds the replicated parameters' gradient
   all-reduce.
@@ -48,7 +49,9 @@ def tp_bytes(model: Any, cfg: ParallelConfig, batch: int, seq: int, itemsize: in
     big = (4 * model.n_layers + 2) * bsh
     small = 3 * b * seq
     total = _ring(t) * (big + small)
-    if cfg.sequence_parallel:
+    if cfg.sequence_parallel:  # the gathered linears' second all_gather (QKV, MLP in, head), and the
+        # replicated parameters' gradients, partial over the sequence shards
+        total += (t - 1) / t * (2 * model.n_layers + 1) * bsh
         replicated = sum(v.size for k, v in model.state_dict().items() if _replicated(k))
         total += _ring(t) * replicated
     return total * itemsize

@@ -12,7 +12,8 @@ parallelism.  Megatron's regions (Shoeybi 2019; Korthikanti 2022), per block::
     SP:     x ─norm─ all_gather(seq) ─[...]─ reduce_scatter(seq) ─+─norm─ all_gather ─[...]─ reduce_scatter ─+
 
 Bytes per block per microbatch: 4 all-reduces of b·s·h (2 forward, 2 backward), or with SP 4
-all-gathers and 4 reduce-scatters of b·s·h/tp pieces — the same bytes on a ring.
+all-gathers and 4 reduce-scatters of b·s·h/tp pieces — the same bytes on a ring — plus the 2
+all-gathers the gathered linears repeat in the backward so as to keep only the shard (:mod:`.sp`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..nn.layers import affine
 from ..nn.transformer import qkv_heads, silu
 from ..tensor_parallel import autodiff as ad
 from .ring import ring_attention
+from .sp import gathered_affine
 from .zero import ring
 
 __all__ = ["Ctx", "embed", "block", "final_loss"]
@@ -59,6 +61,20 @@ class Ctx:
         if self.tp == 1:
             return x
         return ad.all_gather(x, self.dev, 1, "tp") if self.sp else ad.f(x, self.dev, "tp")
+
+    def linear_in(self, h: Any, weights: list[tuple[Any, Any]]) -> list[Any]:
+        """Column-parallel linears reading ``h``: after f (no SP), or through one gathered linear that
+        keeps only the sequence shard for the backward (SP, :mod:`.sp`); several weights reading
+        the same input (SwiGLU's gate and up) share one gather."""
+        if not (self.sp and self.tp > 1):
+            h = self.enter(h)
+            return [affine(h, w, b) for w, b in weights]
+        if len(weights) == 1:
+            return [gathered_affine(h, weights[0][0], weights[0][1], self.dev)]
+        w = anp.concatenate([w for w, _ in weights], axis=1)
+        b = None if any(b is None for _, b in weights) else anp.concatenate([b for _, b in weights])
+        widths = np.cumsum([np.shape(w)[1] for w, _ in weights])[:-1]
+        return anp.split(gathered_affine(h, w, b, self.dev), widths, axis=-1)
 
     def leave(self, x: Any) -> Any:
         """Out of a tensor-parallel region: g (no SP) or reduce_scatter along the sequence (SP)."""
@@ -98,8 +114,8 @@ def block(c: Ctx, P: dict, index: int, x: Any) -> Any:
     mod = c.skeleton.blocks[index]
     p = f"blocks.{index}."
     heads = mod.attn.n_heads // c.tp
-    h = c.enter(_norm(mod.norm1, P, p + "norm1.", x))
-    q, k, v = qkv_heads(affine(h, P[p + "attn.qkv.weight"], P.get(p + "attn.qkv.bias")), heads)
+    h = _norm(mod.norm1, P, p + "norm1.", x)
+    q, k, v = qkv_heads(c.linear_in(h, [(P[p + "attn.qkv.weight"], P.get(p + "attn.qkv.bias"))])[0], heads)
     if c.cp > 1:
         o = ring_attention(c.dev, q, k, v, mod.attn.causal)
     else:
@@ -108,12 +124,13 @@ def block(c: Ctx, P: dict, index: int, x: Any) -> Any:
     if p + "attn.out.bias" in P:
         y = y + P[p + "attn.out.bias"]
     x = x + y
-    h = c.enter(_norm(mod.norm2, P, p + "norm2.", x))
+    h = _norm(mod.norm2, P, p + "norm2.", x)
+    up = (P[p + "mlp.up.weight"], P.get(p + "mlp.up.bias"))
     if mod.mlp_kind == "swiglu":
-        a = silu(affine(h, P[p + "mlp.gate.weight"], P.get(p + "mlp.gate.bias"))) * \
-            affine(h, P[p + "mlp.up.weight"], P.get(p + "mlp.up.bias"))
+        gate, up = c.linear_in(h, [(P[p + "mlp.gate.weight"], P.get(p + "mlp.gate.bias")), up])
+        a = silu(gate) * up
     else:
-        a = gelu(affine(h, P[p + "mlp.up.weight"], P.get(p + "mlp.up.bias")), mod.mlp.approximate)
+        a = gelu(c.linear_in(h, [up])[0], mod.mlp.approximate)
     y = c.leave(affine(a, P[p + "mlp.down.weight"], None))
     if p + "mlp.down.bias" in P:
         y = y + P[p + "mlp.down.bias"]
@@ -134,9 +151,8 @@ def final_loss(c: Ctx, P: dict, x: Any, targets: np.ndarray) -> Any:
     of exponentials and the target's logit are each reduced over tp (max: a constant; the sums
     through g), then over cp through g, so the loss is invariant over tp and cp and each device's
     backward gives its own tokens' contribution."""
-    h = c.enter(_norm(c.skeleton.norm, P, "norm.", x))
     W = P["head.weight"] if "head.weight" in P else anp.transpose(P["tok_emb.weight"])
-    z = affine(h, W, None)
+    z = c.linear_in(_norm(c.skeleton.norm, P, "norm.", x), [(W, None)])[0]
     z = z - _row_max(z, c.dev, c.tp)
     sumexp = anp.sum(anp.exp(z), axis=-1)
     b, s, vl = np.shape(z)
