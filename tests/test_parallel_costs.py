@@ -140,6 +140,17 @@ def test_mfu_is_one_when_communication_is_free_and_nothing_idles(kw):
     assert mfu(gpt(), 8, 8, trainer.last_step_time, cfg.size, 1e9) == pytest.approx(1.0, rel=1e-9)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(tp=2, sequence_parallel=True), dict(dp=2, zero=3)])
+def test_recompute_costs_one_more_forward_of_every_block(kw):
+    """Full recomputation runs each block's forward again in the backward: on free links the step
+    takes (3·F + F_blocks) / peak, F_blocks = layers × the block's flops_per_token × tokens."""
+    cfg = ParallelConfig(recompute=True, **kw)
+    trainer, _, _ = run(cfg, hardware=FREE_COMM)
+    blocks = sum(b.flops_per_token(8) for b in gpt().blocks) * 8 * 8
+    want = (model_flops(gpt(), 8, 8) + blocks) / cfg.size / 1e9
+    assert trainer.last_step_time == pytest.approx(want, rel=1e-9)
+
+
 def test_pipeline_step_time_shows_the_bubble():
     """With free links a pipelined step's MFU is below 1 by at least the bubble of its equal-FLOP
     part: (p−1)/(m+p−1) of the blocks' time is idle."""

@@ -46,6 +46,7 @@ class Ctx:
     cp: int
     sp: bool
     skeleton: Any  # the model with empty parameters: its norms' forward and its flags
+    block_flops: float = 0.0  # one block's forward FLOPs per batch row on this device (recompute's charge)
 
     @property
     def tp_rank(self) -> int:

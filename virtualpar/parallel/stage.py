@@ -33,15 +33,19 @@ __all__ = ["stage_forward", "checkpoint"]
 
 
 @primitive
-def checkpoint(x: np.ndarray, flat: np.ndarray, fn: Callable[[Any, Any], Any]) -> np.ndarray:
-    """``fn(x, flat)``, keeping nothing of its inside for the backward, which recomputes it."""
+def checkpoint(x: np.ndarray, flat: np.ndarray, fn: Callable[[Any, Any], Any],
+               charge: Callable[[], None] = lambda: None) -> np.ndarray:
+    """``fn(x, flat)``, keeping nothing of its inside for the backward, which recomputes it (and
+    calls ``charge()`` to put the repeated forward on the modelled clock)."""
     return fn(x, flat)
 
 
 def _recompute(argnums: tuple[int, ...], ans: Any, args: tuple, kwargs: dict) -> Callable[[Any], tuple]:
-    x, flat, fn = args
+    x, flat, fn = args[:3]
+    charge = args[3] if len(args) > 3 else kwargs.get("charge", lambda: None)
 
     def vjp(g: Any) -> tuple:
+        charge()
         rec = nn.vjp(lambda p, xx: fn(xx, p["flat"]), x, params={"flat": flat}, input_grads=0 in argnums)
         dx, dp = rec.backward(g)
         grads = {0: dx, 1: dp["flat"]}
@@ -77,7 +81,14 @@ def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any) ->
 
                 def run(xx: Any, flat: Any, u: Any = u, index: int = index) -> Any:
                     return block(c, unpack(c, u, flat, zero3, dp), index, xx)
-                x = checkpoint(x, params[u.name], run) if meta["recompute"] else run(x, params[u.name])
+                if meta["recompute"]:
+                    flops = c.block_flops * np.shape(x)[0]  # rows of this microbatch
+
+                    def charge(flops: float = flops) -> None:
+                        c.dev.compute(flops=flops, name="recompute")
+                    x = checkpoint(x, params[u.name], run, charge)
+                else:
+                    x = run(x, params[u.name])
         return x
     return fn
 
@@ -87,6 +98,7 @@ def stage_forward(step: Any, s: int, m: int, received: Any) -> tuple[Any, Any, f
     st = step.st
     meta = st["meta"]
     c = Ctx(step.dev, meta["tp"], meta["cp"], meta["sp"], st["skeleton"])
+    c.block_flops = st["flops"].get("block", 0.0)
     first, last = s == 0, s == step.spec.placement.stages - 1
     tokens = step.xs[m] if first else None
     targets = step.ys[m] if last else None

@@ -111,9 +111,10 @@ class ParallelTrainer:
             cluster.put(r, self.key + "/init", init)
         cluster.run(place, self.key)
 
-    def stage_flops(self, seq: int) -> dict[int, float]:
+    def stage_flops(self, seq: int) -> dict[int | str, float]:
         """Forward FLOPs per sequence (one batch row) of each stage on one device, from the layers'
-        ``flops_per_token`` (the head's 2·d·vocab on the last stage), divided over tp and cp."""
+        ``flops_per_token`` (the head's 2·d·vocab on the last stage), divided over tp and cp; under
+        ``"block"`` one block's, which recomputation repeats in the backward."""
         m, cfg = self.model, self.config
         out = {}
         for s, units in enumerate(self.units):
@@ -122,6 +123,7 @@ class ParallelTrainer:
             if units[-1].name == "final":
                 per_token += m.flops_per_token(seq) - sum(b.flops_per_token(seq) for b in m.blocks)
             out[s] = per_token * seq / (cfg.tp * cfg.cp)
+        out["block"] = m.blocks[0].flops_per_token(seq) * seq / (cfg.tp * cfg.cp)  # recompute's repeat
         return out
 
     # -- running --------------------------------------------------------------------------------------
