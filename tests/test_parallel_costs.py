@@ -175,3 +175,13 @@ def test_mfu_on_the_h100_preset_is_below_one_and_below_free_links():
     assert 0 < real < 1 and trainer.last_step_time > ideal
     assert len(trainer.last_step_times) == 4
     assert max(trainer.last_step_times) <= trainer.last_step_time + 1e-15
+
+
+def test_the_timeline_shows_every_action_of_the_schedule_per_pipeline_rank():
+    cfg = ParallelConfig(pp=2, microbatches=2, schedule="1f1b", tp=2)
+    trainer, _, _ = run(cfg, hardware=FREE_COMM, steps=1)
+    grid = trainer.timeline()
+    lines = grid.splitlines()
+    for action in ("0F0", "0F1", "0B0", "0B1", "1F0", "1F1", "1B0", "1B1"):
+        assert action in grid
+    assert len(lines) >= 2

@@ -27,7 +27,9 @@ import numpy as np
 from .. import nn
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
+from ..pipeline.actions import Action
 from ..pipeline.executor import StepSpec
+from ..pipeline.timeline_grid import format_timeline
 from .config import ParallelConfig
 from .device_step import fetch, place, step
 from .layout import flatten, shard, stage_units, unshard
@@ -197,3 +199,15 @@ class ParallelTrainer:
         if cluster not in self._clusters:
             raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster; run a step first")
         return cluster.run(ledger, self.key)
+
+    def timeline(self, clock: str = "model", compute_only: bool = True) -> str:
+        """Pipeline rank × time grid of the last step as it ran (the first device of each pipeline
+        rank), on the ``clock`` "model" or "wall" — the executor's own view of its actions."""
+        if clock not in ("model", "wall"):
+            raise UsageError(f"unknown clock {clock!r}; choose one of 'model', 'wall'")
+        if not self.last_records:
+            raise UsageError("ParallelTrainer.timeline: no step has run yet; run cluster.execute(trainer, "
+                             "...)")
+        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1))
+                    for t, w0, w1, m0, m1 in recs] for p, recs in sorted(self.last_records.items())}
+        return format_timeline(rows, compute_only)
