@@ -102,6 +102,7 @@ def test_tied_weights_and_calls_without_an_activation_cannot_start_a_stage():
 def test_balanced_works_on_the_traced_model():
     tok, _ = tokens()
     assert TracedPipeline.balanced(gpt(), (tok[:2],), 2).cuts == ["blocks.2"]
+    assert TracedPipeline.balanced(gpt(), (tok[:2],), 2, by="flops").cuts == ["blocks.2"]
     four = TracedPipeline.balanced(gpt(), (tok[:2],), 4)
     assert len(four) == 4 and all(c.startswith("blocks.") or c in ("norm", "head") for c in four.cuts)
     with pytest.raises(UsageError, match=r"separates only at \['l3'\]"):
