@@ -17,8 +17,15 @@ step's microbatches by the pipeline executor (each seeded with 1/M: the microbat
      forward's all_gather) already summed the gradient shards, so only ÷ dp remains.
 
 The optimizer is elementwise (SGD, Adam, AdamW), so stepping flat shards gives exactly the
-whole-parameter step.  The step is *staged* and applied by the next step or weight fetch, once
-the driver knows every device finished (all or nothing, as the pipeline executor's steps).
+whole-parameter step.  The new parameters and optimizer states are computed next to the committed
+ones and swapped in by the next step or weight fetch, once the driver knows every device finished
+(all or nothing, :mod:`.device_step`).
+
+Not modelled: DDP overlaps each bucket's all-reduce with the rest of the backward; here the
+buckets are reduced after the backward, because the Device protocol's collectives block (an
+overlap on the modelled clock needs a non-blocking all_reduce).  And ZeRO-3 without ``recompute``
+keeps each unit's gathered parameters alive in the recorded forward until its backward (the
+ledger counts them as activations); with ``recompute`` they are freed and gathered again.
 """
 
 from __future__ import annotations
