@@ -1,0 +1,113 @@
+"""A pipeline stage of the GPT on one device: the program the one pipeline executor runs for F, B, I, W.
+
+:func:`stage_forward` is the executor's ``stage_forward`` hook (``StepSpec.stage_forward``): for
+stage s and microbatch m it runs the stage's units — embeddings on the first stage, its blocks,
+the head and the loss on the last — on this device's shards, records the trace with
+:func:`virtualpar.nn.vjp`, and returns (the record, the activation to send on, the loss).  The
+executor's schedules, p2p and gradient accumulation do the rest; what travels between stages is
+the (tp/SP/cp-sharded) activation this device holds.
+
+Parameters arrive as one flat vector per unit (:mod:`.layout`); under ZeRO-3 a flat vector is this
+device's 1/dp shard, all-gathered over dp where the unit runs (the differentiable all_gather, so its
+backward is the reduce_scatter of the gradient: FSDP's per-layer gather, Rajbhandari et al. 2020).
+
+``recompute``: each block runs inside :func:`checkpoint`, whose forward keeps only its input and
+whose backward runs the block's forward again (Chen et al. 2016; Korthikanti et al. 2022's "full"
+recomputation), collectives included.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import autograd.numpy as anp
+import numpy as np
+from autograd.extend import defvjp_argnums, primitive
+
+from .. import nn
+from ..tensor_parallel import autodiff as ad
+from .layers import Ctx, block, embed, final_loss
+from .memory import Tracked, saved_bytes
+
+__all__ = ["stage_forward", "checkpoint"]
+
+
+@primitive
+def checkpoint(x: np.ndarray, flat: np.ndarray, fn: Callable[[Any, Any], Any],
+               charge: Callable[[], None] = lambda: None) -> np.ndarray:
+    """``fn(x, flat)``, keeping nothing of its inside for the backward, which recomputes it (and
+    calls ``charge()`` to put the repeated forward on the modelled clock)."""
+    return fn(x, flat)
+
+
+def _recompute(argnums: tuple[int, ...], ans: Any, args: tuple, kwargs: dict) -> Callable[[Any], tuple]:
+    x, flat, fn = args[:3]
+    charge = args[3] if len(args) > 3 else kwargs.get("charge", lambda: None)
+
+    def vjp(g: Any) -> tuple:
+        charge()
+        rec = nn.vjp(lambda p, xx: fn(xx, p["flat"]), x, params={"flat": flat}, input_grads=0 in argnums)
+        dx, dp = rec.backward(g)
+        grads = {0: dx, 1: dp["flat"]}
+        return tuple(grads[i] for i in argnums)
+    return vjp
+
+
+defvjp_argnums(checkpoint, _recompute)
+
+
+def unpack(c: Ctx, unit: Any, flat: Any, zero3: bool, dp: int) -> dict[str, Any]:
+    """The unit's named local parameters from its flat vector (gathered over dp under ZeRO-3)."""
+    if zero3 and dp > 1:
+        flat = ad.all_gather(flat, c.dev, 0, "dp")
+    return {n: anp.reshape(flat[a:b], shape) for n, a, b, shape in unit.offsets()}
+
+
+def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any) -> Callable[..., Any]:
+    """``fn(params, x)``: the stage's forward on this device (``x``: tokens on the first stage)."""
+    zero3, dp = meta["zero"] == 3, meta["dp"]
+
+    def fn(params: dict[str, Any], x: Any) -> Any:
+        seen: dict[str, Any] = {}
+        for u in units:
+            if u.name == "embed":
+                seen.update(unpack(c, u, params[u.name], zero3, dp))
+                x = embed(c, seen, tokens)
+            elif u.name == "final":
+                seen.update(unpack(c, u, params[u.name], zero3, dp))
+                x = final_loss(c, seen, x, targets)
+            else:
+                index = int(u.name.split(".")[1])
+
+                def run(xx: Any, flat: Any, u: Any = u, index: int = index) -> Any:
+                    return block(c, unpack(c, u, flat, zero3, dp), index, xx)
+                if meta["recompute"]:
+                    flops = c.block_flops * np.shape(x)[0]  # rows of this microbatch
+
+                    def charge(flops: float = flops) -> None:
+                        c.dev.compute(flops=flops, name="recompute")
+                    x = checkpoint(x, params[u.name], run, charge)
+                else:
+                    x = run(x, params[u.name])
+        return x
+    return fn
+
+
+def stage_forward(step: Any, s: int, m: int, received: Any) -> tuple[Any, Any, float | None]:
+    """The executor's hook: stage ``s`` of microbatch ``m`` (see the module doc)."""
+    st = step.st
+    meta = st["meta"]
+    c = Ctx(step.dev, meta["tp"], meta["cp"], meta["sp"], st["skeleton"])
+    c.block_flops = st["flops"].get("block", 0.0)
+    first, last = s == 0, s == step.spec.placement.stages - 1
+    tokens = step.xs[m] if first else None
+    targets = step.ys[m] if last else None
+    fn = stage_program(c, meta, st["units"][s], tokens, targets)
+    x = tokens if first else received
+    rec = nn.vjp(fn, x, params=st["params"][s], input_grads=not first)
+    nbytes = saved_bytes(rec, st["params"][s].values())
+    st["memory"]["stage"][s] = nbytes
+    rec = Tracked(rec, st, nbytes)
+    if last:
+        return rec, None, float(rec.output)
+    return rec, rec.output, None

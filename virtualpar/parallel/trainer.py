@@ -1,0 +1,213 @@
+"""``ParallelTrainer``: one training step of a GPT over DP × TP × PP × CP, with ZeRO, SP and recompute.
+
+    cfg = ParallelConfig(dp=2, tp=2, pp=2, microbatches=2, zero=1, sequence_parallel=True)
+    trainer = ParallelTrainer(nn.GPT.preset("tiny"), cfg, optimizer=nn.AdamW(1e-3))
+    with VirtualCluster(cfg.mesh()) as cluster:
+        loss = cluster.execute(trainer, tokens, targets)     # one step: the mean token loss
+        weights = trainer.state_dict(cluster)                # keyed like model.state_dict()
+
+Composed, not stacked: the driver cuts the model into pipeline stages of units
+(:mod:`.layout`), gives each device its tensor-parallel shards (and under ZeRO-3 its dp shard of
+them), and each step runs the ONE pipeline executor (:func:`virtualpar.pipeline.device_step.run_step`)
+with a stage program (:mod:`.stage`) whose layers (:mod:`.layers`) are written once over the
+differentiable collectives; :mod:`.zero` reduces the gradients and steps the optimizer.  Batch rows
+go to dp replicas (then microbatches), sequence chunks to cp ranks; every configuration is checked
+in the driver before a device runs (:class:`.ParallelConfig`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .. import nn
+from ..errors import UsageError
+from ..pipeline import build, lower, simulate, validate
+from ..pipeline.actions import Action
+from ..pipeline.executor import StepSpec
+from ..pipeline.timeline_grid import format_timeline
+from .config import ParallelConfig
+from .device_step import fetch, place, step
+from .layout import flatten, shard, stage_units, unshard
+from .memory import ledger
+from .stage import stage_forward
+
+__all__ = ["ParallelTrainer"]
+
+_IDS = itertools.count()
+
+
+def skeleton(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters are empty arrays of their dtype: its norms' forward, its
+    flags and sizes, shipped to every device without the weights."""
+    twin = copy.deepcopy(model)
+    for _, owner, leaf, value in list(twin._slots()):
+        object.__setattr__(owner, leaf, np.zeros(0, np.asarray(value).dtype))
+    return twin
+
+
+class ParallelTrainer:
+    """One training step of ``model`` (an ``nn.GPT``) under ``config``, run by ``cluster.execute``.
+
+    ``optimizer``: elementwise (``nn.SGD``, ``nn.Adam``, ``nn.AdamW``; default AdamW(1e-3)), copied
+    per stage on every device.  ``cuts``: the blocks that start a stage (``["blocks.3"]``), else the
+    blocks are split evenly over pp × virtual stages.  Every cluster the trainer runs on trains its
+    own copy, starting from ``model``'s weights."""
+
+    def __init__(self, model: nn.GPT, config: ParallelConfig, optimizer: nn.Optimizer | None = None,
+                 cuts: list[str] | None = None) -> None:
+        if not isinstance(model, nn.GPT):
+            raise UsageError(f"ParallelTrainer needs an nn.GPT, got {type(model).__name__}")
+        if not isinstance(config, ParallelConfig):
+            raise UsageError(f"ParallelTrainer: config must be a ParallelConfig, got {type(config).__name__}")
+        config.check_model(model, cuts)
+        self.model, self.config = model, config
+        self.optimizer = optimizer if optimizer is not None else nn.AdamW(1e-3)
+        pad = 1 if config.zero == 0 else config.dp  # ZeRO's shards: flat vectors padded to a multiple of dp
+        self.units = stage_units(model, config.stages, config.tp, pad, cuts)
+        self.key = f"parallel/{next(_IDS)}"
+        self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> placement
+        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.last_records: dict[int, list] = {}
+        self.last_step_time = 0.0  # modelled seconds of the last step (the slowest device)
+        self.last_step_times: list[float] = []  # per device: how far its modelled clock moved
+
+    # -- planning -------------------------------------------------------------------------------------
+    def _plan(self) -> tuple[StepSpec, Any]:
+        cfg = self.config
+        schedule, placement = build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
+        validate(schedule, placement, cfg.microbatches)
+        simulate(schedule, placement, cfg.microbatches)
+        spec = StepSpec(lower(schedule, placement), placement, cfg.microbatches, None, "pp", None, None,
+                        stage_forward=stage_forward)
+        return spec, placement
+
+    def _meta(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"dp": cfg.dp, "tp": cfg.tp, "cp": cfg.cp, "sp": cfg.sequence_parallel, "zero": cfg.zero,
+                "recompute": cfg.recompute, "bucket_bytes": cfg.bucket_bytes}
+
+    def _place(self, cluster: Any, spec: StepSpec) -> None:
+        cfg, mesh = self.config, cluster.mesh
+        full = self.model.state_dict()
+        dtype = self.model.dtype
+        twin = skeleton(self.model)
+        for r in range(mesh.size):
+            at = mesh.index(r)
+            params, optimizers = {}, {}
+            for s in spec.placement.stages_of(at.pp):
+                flats = {}
+                for u in self.units[s]:
+                    flat = flatten(u, {n: shard(full[n], n, cfg.tp, at.tp) for n in u.names}, dtype)
+                    if cfg.zero == 3:
+                        flat = np.array_split(flat, cfg.dp)[at.dp].copy()
+                    flats[u.name] = flat
+                params[s] = flats
+                optimizers[s] = copy.deepcopy(self.optimizer)
+            init = {"spec": spec, "params": params, "optimizers": optimizers,
+                    "units": dict(enumerate(self.units)), "meta": self._meta(), "skeleton": twin, "flops": {}}
+            cluster.put(r, self.key + "/init", init)
+        cluster.run(place, self.key)
+
+    def stage_flops(self, seq: int) -> dict[int | str, float]:
+        """Forward FLOPs per sequence (one batch row) of each stage on one device, from the layers'
+        ``flops_per_token`` (the head's 2·d·vocab on the last stage), divided over tp and cp; under
+        ``"block"`` one block's, which recomputation repeats in the backward."""
+        m, cfg = self.model, self.config
+        out = {}
+        for s, units in enumerate(self.units):
+            per_token = sum(m.blocks[int(u.name.split(".")[1])].flops_per_token(seq)
+                            for u in units if u.name.startswith("blocks."))
+            if units[-1].name == "final":
+                per_token += m.flops_per_token(seq) - sum(b.flops_per_token(seq) for b in m.blocks)
+            out[s] = per_token * seq / (cfg.tp * cfg.cp)
+        out["block"] = m.blocks[0].flops_per_token(seq) * seq / (cfg.tp * cfg.cp)  # recompute's repeat
+        return out
+
+    # -- running --------------------------------------------------------------------------------------
+    def execute_on(self, cluster: Any, tokens: Any, targets: Any) -> float:
+        cfg, mesh = self.config, cluster.mesh
+        cfg.check_mesh(mesh)
+        tokens = self.model.check_tokens(tokens)
+        targets = np.asarray(targets)
+        if targets.shape != tokens.shape or targets.dtype.kind not in "iu":
+            raise UsageError(f"ParallelTrainer: targets must be integers of the tokens' shape "
+                             f"{tokens.shape}, got {targets.dtype} of shape {targets.shape}")
+        if targets.min() < 0 or targets.max() >= self.model.vocab:
+            raise UsageError(f"ParallelTrainer: targets must lie in 0..{self.model.vocab - 1}, got "
+                             f"{targets.min()}..{targets.max()}")
+        cfg.check_batch(tokens.shape, self.model.seq_len)
+        spec = self._clusters.get(cluster)
+        if spec is None:
+            spec, _ = self._plan()
+            self._place(cluster, spec)
+            self._clusters[cluster] = spec
+        p = spec.placement
+        first, last = p.rank_of(0, 0), p.rank_of(p.stages - 1, 0)
+        batch, seq = tokens.shape
+        rows, chunk = batch // cfg.dp, seq // cfg.cp
+        for r in range(mesh.size):
+            at = mesh.index(r)
+            part = (slice(at.dp * rows, (at.dp + 1) * rows), slice(at.cp * chunk, (at.cp + 1) * chunk))
+            if at.pp == first:
+                cluster.put(r, self.key + "/x", np.ascontiguousarray(tokens[part]), block=False)
+            if at.pp == last:
+                cluster.put(r, self.key + "/y", np.ascontiguousarray(targets[part]), block=False)
+        commit = self._staged.pop(cluster, False)
+        before = cluster.clocks()
+        replies = cluster.run(step, self.key, rows, commit, self.stage_flops(seq))
+        after = cluster.clocks()
+        self.last_step_times = [b - a for a, b in zip(before, after)]
+        self.last_step_time = max(after) - max(before)
+        self._staged[cluster] = True
+        self.last_records = {}
+        for _, prank, records in replies:
+            self.last_records.setdefault(prank, records)
+        losses = [loss for loss, _, _ in replies if loss is not None]  # as many per replica: tp, cp agree
+        return float(np.mean(losses))
+
+    def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
+        """The trained weights, gathered from the devices, keyed like ``model.state_dict()``."""
+        if cluster not in self._clusters:
+            raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster, so it holds none "
+                             f"of its weights; run a step first: cluster.execute(trainer, tokens, targets)")
+        parts = cluster.run(fetch, self.key, self._staged.pop(cluster, False))
+        mesh = cluster.mesh
+        pieces: dict[str, list] = {}
+        for r, stages in enumerate(parts):
+            at = mesh.index(r)
+            if at.dp or at.cp:
+                continue
+            for s, flats in stages.items():
+                for u in self.units[s]:
+                    for n, a, b, shape in u.offsets():
+                        piece = flats[u.name][a:b].reshape(shape)
+                        pieces.setdefault(n, [None] * self.config.tp)[at.tp] = piece
+        out = {n: unshard(v, n) for n, v in pieces.items()}
+        if self.model.tie_embeddings:
+            out["head.embedding.weight"] = out["tok_emb.weight"]
+        return {k: out[k].copy() for k in self.model.state_dict()}
+
+    def memory(self, cluster: Any) -> list[dict[str, Any]]:
+        """Per device (rank order), the memory ledger of the last step, measured on the device:
+        bytes of ``params``, ``grads``, ``optimizer`` state, peak ``activations`` and, per stage, the
+        activations one microbatch keeps (``stage_activations``); see :mod:`.memory`."""
+        if cluster not in self._clusters:
+            raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster; run a step first")
+        return cluster.run(ledger, self.key)
+
+    def timeline(self, clock: str = "model", compute_only: bool = True) -> str:
+        """Pipeline rank × time grid of the last step as it ran (the first device of each pipeline
+        rank), on the ``clock`` "model" or "wall" — the executor's own view of its actions."""
+        if clock not in ("model", "wall"):
+            raise UsageError(f"unknown clock {clock!r}; choose one of 'model', 'wall'")
+        if not self.last_records:
+            raise UsageError("ParallelTrainer.timeline: no step has run yet; run cluster.execute(trainer, "
+                             "...)")
+        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1))
+                    for t, w0, w1, m0, m1 in recs] for p, recs in sorted(self.last_records.items())}
+        return format_timeline(rows, compute_only)
