@@ -367,8 +367,8 @@ def _oversized_fence_payload(dev):
     from virtualpar.runtime.collective_call import CollectiveSpec
     from virtualpar.runtime.group_comm import GroupComm
 
-    spec = CollectiveSpec.build(dev, "barrier", None, dev._group(None), None, {})
-    comm = GroupComm(dev, spec, _time.monotonic() + 5, None, None)
+    spec = CollectiveSpec.build(dev._core, "barrier", None, dev._group(None), None, {})
+    comm = GroupComm(dev._core, spec, _time.monotonic() + 5, None, None)
     with pytest.raises(UsageError, match=r"carries at most 8192 bytes per member, not 8200"):
         comm.fence_exchange(np.zeros(comm.fence_payload_bytes // 8 + 1))
     return comm.fence_payload_bytes

@@ -91,12 +91,14 @@ def result_reserve_bytes(devices: int) -> int:
 
 def warm_up(dev: Any) -> None:
     """Run the warm-up's collectives on ``dev`` (every device of the cluster at once), then forget them."""
-    shuffle, dev._endpoint.shuffle = dev._endpoint.shuffle, None  # shuffled mode's pauses are the user's ops'
+    core = dev._core  # the device's machinery (runtime/core.py)
+    ep = core.endpoint
+    shuffle, ep.shuffle = ep.shuffle, None  # shuffled mode's pauses are the user's ops'
     try:
-        _map_doorbells(dev)
-        n, payload = dev.size, dev._endpoint.arrivals.payload_bytes
+        _map_doorbells(ep)
+        n, payload = dev.size, core.arrivals.payload_bytes
         small = np.zeros(max(1, payload // 8))  # fills this device's fence slots (both parities: two calls)
-        big_bytes = scratch_warm_bytes(n, dev._endpoint.layout.scratch_bytes, payload)
+        big_bytes = scratch_warm_bytes(n, core.scratch_bytes, payload)
         big = np.zeros(big_bytes // 8) if big_bytes else None
         timeout = max(dev.config.timeout, WARM_TIMEOUT)  # a user's short op timeout is for the user's ops
         for _ in range(2):
@@ -112,27 +114,27 @@ def warm_up(dev: Any) -> None:
                 dev.barrier(timeout=timeout)
                 dev.all_reduce(small[:1], timeout=timeout)
         if big is not None:
-            _map_peers(dev, big_bytes)
+            _map_peers(core.scratch_table, big_bytes)
         _warm_reductions()
-        dev._endpoint._pool.reserve(result_reserve_bytes(n))
+        core.pool.reserve(result_reserve_bytes(n))
     finally:
-        dev._endpoint.shuffle = shuffle
-        _forget(dev)
+        ep.shuffle = shuffle
+        _forget(core)
 
 
-def _map_peers(dev: Any, nbytes: int) -> None:
+def _map_peers(scratch_table: np.ndarray, nbytes: int) -> None:
     """Read one byte of every page of the first ``nbytes`` of every peer's scratch, which the
     warm-up's all_reduce has written: the pages are then mapped here too.  That all_reduce reads
     from each peer only the slice this device reduces and the slice the peer reduced, so a user's
     all_reduce of another size still took a minor fault per 64 KiB (the kernel maps 16 pages per
     fault) of each peer's slices it had not read: 46 faults per device in the first 512 KiB
     all_reduce at 16 devices, 0–1 in the next."""
-    int(dev._scratch_table[:, :nbytes:_PAGE].max())  # every device's rows (ours is mapped already)
+    int(scratch_table[:, :nbytes:_PAGE].max())  # every device's rows (ours is mapped already)
 
 
-def _map_doorbells(dev: Any) -> None:
+def _map_doorbells(ep: Any) -> None:
     """Read every device's doorbell once, so that its page is mapped here (see the module docstring)."""
-    for bell in dev._endpoint._bells:
+    for bell in ep.doorbells:
         try:
             bell.get_value()
         except NotImplementedError:  # (macOS has no sem_getvalue)
@@ -157,14 +159,14 @@ def _warm_reductions() -> None:
     np.zeros(2).argsort(kind="stable")
 
 
-def _forget(dev: Any) -> None:
+def _forget(core: Any) -> None:
     """Wipe what the warm-up left on this device (the driver zeroes the shared counters and clocks)."""
-    dev._clock.reset()
-    dev._publish_clock()
-    dev._recorder.reset()
-    dev._events.clear()
-    dev._op_seq = 0
-    dev._last_op = ""
-    dev._group_seq.clear()
-    dev._endpoint.renumber()
-    dev._endpoint._pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing
+    core.clock.reset()
+    core.publish_clock()
+    core.recorder.reset()
+    core.events.clear()
+    core.op_seq = 0
+    core.last_op = ""
+    core.group_seq.clear()
+    core.endpoint.renumber()
+    core.pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing

@@ -47,7 +47,7 @@ CHUNK = 1 << 18  # 256 KiB: the copy granularity of eager messages, so sender an
 
 
 class Receiving:
-    """``_pull``, ``_match`` and ``_finish`` of :class:`~virtualpar.transport.endpoint.Endpoint`."""
+    """``_pull``, ``_match`` and ``finish`` of :class:`~virtualpar.transport.endpoint.Endpoint`."""
 
     def _pull(self, src: int) -> None:
         ch = self._in[src]
@@ -75,7 +75,7 @@ class Receiving:
                         take_offer(self, ch, req)  # taken, held (strict mode) or to come streamed
                         continue
                     if req.expect == 0:
-                        self._finish(req)
+                        self.finish(req)
                         continue
                     elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
                         # The whole array is in the ring (always so for a fast-path frame): one copy.
@@ -88,12 +88,12 @@ class Receiving:
                     elif req.buf is None and ch.readable() >= req.expect:  # a whole pickle in the ring
                         view = ch.peek(req.header.nbytes)
                         if view is not None:
-                            self._finish(req, view)
+                            self.finish(req, view)
                             ch.skip_read(req.expect)
                             continue
                     self._partial[src] = req
                     if req.buf is None:
-                        req.target = self._pool.raw(req.header.nbytes)
+                        req.target = self.pool.raw(req.header.nbytes)
                         req.buf = memoryview(req.target)
                 while req.got < req.expect:
                     avail = ch.readable()
@@ -112,7 +112,7 @@ class Receiving:
                     else:
                         freed = True
                 self._partial.pop(src, None)
-                self._finish(req)
+                self.finish(req)
         finally:
             if freed:
                 self._room_freed(ch, src)
@@ -123,21 +123,21 @@ class Receiving:
             fence()
             if not ch._want[0]:
                 return
-        self._bells[src].release()
+        self.doorbells[src].release()
 
     def _match(self, src: int, header: Header) -> RecvRequest:
         key = (src, header.tag)
         posted = self._posted.get(key)
-        wild = match_any(self, src, header.tag, posted[0] if posted else None) if self._posted_any else None
+        wild = match_any(self.queues, src, header.tag, posted[0] if posted else None) if self._posted_any else None
         if wild is not None or posted:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True
             if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer answers)
-                req.owed = header.seq  # its sender waits to hear it was taken: once it is in (_finish)
+                req.owed = header.seq  # its sender waits to hear it was taken: once it is in (finish)
         else:
             req = RecvRequest(self, src, header.tag)
-            self._order += 1
-            req.order = self._order  # arrival order, for receives from any source
+            queues = self.queues
+            req.order = queues.order = queues.order + 1  # arrival order, for receives from any source
             self._unexpected[key].append(req)
         req.header = header
         req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined
@@ -156,10 +156,10 @@ class Receiving:
                     except UsageError as exc:
                         req.error = exc  # still drain the bytes, then report at wait()
             if target is None:
-                if header.nbytes < self._pool.min_bytes:  # what the pool would do, minus its np.prod
+                if header.nbytes < self.pool.min_bytes:  # what the pool would do, minus its np.prod
                     target = np.empty(header.shape, header_dtype(header.dtype))
                 else:
-                    target = self._pool.array(header.shape, header_dtype(header.dtype))
+                    target = self.pool.array(header.shape, header_dtype(header.dtype))
             req.value = target
             if header.nbytes:
                 req.target = target  # C-contiguous: a rendezvous reads into its address
@@ -174,12 +174,13 @@ class Receiving:
             header = req.header
             if req.target is not None and header is not None and header.kind & 0xFF == KIND_PICKLE:
                 req.buf = None
-                self._pool.give_back(req.target)
+                self.pool.give_back(req.target)
                 req.target = None
         self._partial.clear()
         self._refused.clear()
 
-    def _finish(self, req: RecvRequest, data: Any = None) -> None:
+    def finish(self, req: RecvRequest, data: Any = None) -> None:
+        """Complete a receive whose payload is in (``data``: a whole pickle still in the ring)."""
         header = req.header
         if header is not None and header.kind & 0xFF == KIND_PICKLE:
             try:
@@ -188,7 +189,7 @@ class Receiving:
                 req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be unpickled: {exc}")
             if data is None:
                 req.buf = None  # drop our view before the raw buffer goes back to the pool
-                self._pool.give_back(req.target)
+                self.pool.give_back(req.target)
         req.buf = req.target = None
         req.done = True
         if req.owed:
@@ -209,7 +210,7 @@ class Receiving:
         header = Header(kind, tag, nbytes, 0.0, 0, value.dtype.str if array else "", tuple(value.shape) if array else (), 0)
         key = (self.me, tag)
         posted = self._posted.get(key)
-        wild = match_any(self, self.me, tag, posted[0] if posted else None) if self._posted_any else None
+        wild = match_any(self.queues, self.me, tag, posted[0] if posted else None) if self._posted_any else None
         if wild is not None or posted:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True
@@ -217,8 +218,8 @@ class Receiving:
             return None
         else:
             req = RecvRequest(self, self.me, tag)
-            self._order += 1
-            req.order = self._order
+            queues = self.queues
+            req.order = queues.order = queues.order + 1
             self._unexpected[key].append(req)
         req.header, req.value, req.done = header, value, True
         return req
