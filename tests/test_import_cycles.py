@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent / "virtualpar"
 # each view imports events.Trace; break it (the views take a Trace; Trace's methods move out or the
 # views import nothing from events), then empty this list.  A circle not listed here fails the test.
 KNOWN_CIRCLES = [
-    {"virtualpar.trace.chrome", "virtualpar.trace.events", "virtualpar.trace.gantt", "virtualpar.trace.summary",
-     "virtualpar.trace.text"},
+    {"virtualpar.trace.chrome", "virtualpar.trace.events", "virtualpar.trace.gantt",
+     "virtualpar.trace.summary", "virtualpar.trace.text"},
 ]
 
 
@@ -97,7 +97,8 @@ def test_the_graph_sees_function_local_imports_and_skips_type_checking_ones():
     """The checker itself: a test that cannot fail is a defect."""
     sources = {
         "pkg": "from .a import f\n",
-        "pkg.a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import g\ndef f():\n    pass\n",
+        "pkg.a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import g\n"
+                 "def f():\n    pass\n",
         "pkg.b": "from .a import f\n",
         "pkg.c": "def h():\n    from . import d\n",
         "pkg.d": "import pkg.c\n",
@@ -107,7 +108,7 @@ def test_the_graph_sees_function_local_imports_and_skips_type_checking_ones():
     }
     graph = import_graph(sources=sources)
     assert graph.has_edge("pkg.b", "pkg.a") and not graph.has_edge("pkg.a", "pkg.b")  # TYPE_CHECKING only
-    assert graph.has_edge("pkg.e", "pkg.sub") and graph.has_edge("pkg.e", "pkg.sub.x")  # the package runs first
+    assert graph.has_edge("pkg.e", "pkg.sub") and graph.has_edge("pkg.e", "pkg.sub.x")  # its package runs first
     assert not graph.has_edge("pkg.a", "pkg")  # (the importer's own package is running already)
     assert circles(graph) == [{"pkg.c", "pkg.d"}, {"pkg.e", "pkg.sub"}]
 
@@ -129,4 +130,5 @@ def test_no_import_circles_beyond_the_known_ones():
 @pytest.mark.parametrize("circle", KNOWN_CIRCLES, ids=lambda c: sorted(c)[0])
 def test_a_known_circle_still_exists_or_leaves_the_list(circle):
     """A circle that was broken comes off ``KNOWN_CIRCLES``, so that it cannot come back unseen."""
-    assert circle in circles(import_graph()), f"no longer a circle: remove it from KNOWN_CIRCLES: {sorted(circle)}"
+    assert circle in circles(import_graph()), \
+        f"no longer a circle: remove it from KNOWN_CIRCLES: {sorted(circle)}"

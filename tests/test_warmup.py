@@ -112,7 +112,7 @@ def _failing_warm_up(how):
                     os._exit(7)
                 raise RuntimeError("broken warm-up")
         finally:
-            warmup._forget(dev)  # as the real one does, whatever happens
+            warmup._forget(dev._core)  # as the real one does, whatever happens
         real(dev)
 
     return warm_up

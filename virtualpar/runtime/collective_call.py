@@ -115,9 +115,11 @@ class CollectiveSpec:
         if "root" in params:
             root = params["root"]
             if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
-                raise UsageError(f"{where}: root={root!r} is not an int; root is a position in the group, 0..{n - 1}")
+                raise UsageError(f"{where}: root={root!r} is not an int; root is a position in the group, "
+                                 f"0..{n - 1}")
             if not 0 <= root < n:
-                raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, 0..{n - 1}")
+                raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, "
+                                 f"0..{n - 1}")
             params["root"] = int(root)
         if isinstance(params.get("op"), str):
             params["op"] = str(params["op"])  # np.str_('sum') is 'sum': the same call, the same digest
@@ -127,13 +129,14 @@ class CollectiveSpec:
         if reads_x:
             if not plain_array(x):
                 if isinstance(x, np.ndarray):
-                    raise PayloadError(f"{where}: needs a plain numpy array, got {type(x).__name__}, an ndarray subclass "
-                                       "whose own state (a mask, ...) would be lost; pass np.asarray(x) to reduce its data")
+                    raise PayloadError(f"{where}: needs a plain numpy array, got {type(x).__name__}, an ndarray "
+                                       "subclass whose own state (a mask, ...) would be lost; pass np.asarray(x) "
+                                       "to reduce its data")
                 raise PayloadError(f"{where}: needs a numpy array, got {type(x).__name__}")
             if x.dtype.hasobject or x.dtype.names is not None:
                 what = "objects" if x.dtype.hasobject else "a structured dtype"
-                raise PayloadError(f"{where}: cannot move arrays of {what} ({x.dtype}) as raw bytes; send() and "
-                                   "recv() move them pickled")
+                raise PayloadError(f"{where}: cannot move arrays of {what} ({x.dtype}) as raw bytes; send() "
+                                   "and recv() move them pickled")
             for key in ("dim", "split_dim", "concat_dim"):
                 if key in params:
                     params[key] = _normalize_dim(where, key, params[key], x.ndim)
@@ -155,7 +158,8 @@ class CollectiveSpec:
             check_direct_memory(where, n, x.nbytes, core.size)
         spec = cls(name, axes, ranks, pos, algo, params, gdesc, kind)
         # root-only inputs: non-roots cannot normalise a negative dim, so compare what was passed
-        spec.fingerprint = _fingerprint(name, x, algo, dict(params, **{k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}))
+        passed = {k: v for k, v in raw.items() if name in _ROOT_ONLY_INPUT}
+        spec.fingerprint = _fingerprint(name, x, algo, dict(params, **passed))
         spec.digest = _digest(spec.fingerprint)
         spec.reads_x = reads_x
         spec.run = choices[algo]
@@ -165,7 +169,8 @@ class CollectiveSpec:
         spec.fence_first = (name, algo) in FENCE_FIRST
         spec.tail = f" on {gdesc}: {spec.fingerprint[1]}"
         array = isinstance(x, np.ndarray)
-        spec.traced = (ranks, tuple(x.shape) if array else None, _dtype_name(x.dtype) if array else None, algo)
+        spec.traced = (ranks, tuple(x.shape) if array else None, _dtype_name(x.dtype) if array else None,
+                       algo)
         return spec
 
 
@@ -198,7 +203,7 @@ def run_collective(core: "DeviceCore", spec: CollectiveSpec, x: Any, timeout: fl
                 _exchange_fingerprints(core, spec, seq, deadline, on_timeout)
         comm = GroupComm(core, spec, deadline, on_timeout, check)
         if check is not None and not spec.fence_first:
-            comm.fence()  # the contract check, before any message; shm algorithms make it at their first fence
+            comm.fence()  # the contract check, before any message (shm algorithms: at their first fence)
         if spec.premul and x is not None:
             x = premultiply(x, len(spec.ranks))
         result = spec.run(comm) if spec.name == "barrier" else spec.run(comm, x, **spec.run_params)
@@ -252,7 +257,8 @@ def _exchange_fingerprints(core: "DeviceCore", spec: CollectiveSpec, seq: int, d
         )
 
 
-def _collective_timeout(core: "DeviceCore", spec: CollectiveSpec, seq: int, timeout: float) -> CollectiveTimeout:
+def _collective_timeout(core: "DeviceCore", spec: CollectiveSpec, seq: int,
+                        timeout: float) -> CollectiveTimeout:
     """The error of call ``seq`` of ``spec`` that did not complete within ``timeout`` seconds."""
     key = f" #{seq} on {spec.group_desc}:"
     label = f"{spec.name} #{seq} on {spec.group_desc}"

@@ -46,9 +46,10 @@ Flow = "tuple[int, int, int, int] | None"  # a trace flow id: (src, dst, message
 class DeviceCore:
     """The endpoint, clock, recorder, trace and scratch of one device, and its op bookkeeping."""
 
-    __slots__ = ("rank", "size", "name", "index", "mesh", "config", "timeout", "trace", "endpoint", "arrivals",
-                 "pool", "clock", "clock_slot", "recorder", "recorders", "events", "texts", "scratch",
-                 "scratch_table", "op_seq", "last_op", "run", "faults", "group_seq", "specs")
+    __slots__ = ("rank", "size", "name", "index", "mesh", "config", "timeout", "trace",
+                 "endpoint", "arrivals", "pool", "clock", "clock_slot", "recorder", "recorders", "events",
+                 "texts", "scratch", "scratch_table", "scratch_bytes",
+                 "op_seq", "last_op", "run", "faults", "group_seq", "specs")
 
     def __init__(self, rank: int, mesh: "Mesh", config: "ClusterConfig", endpoint: "Endpoint",
                  recorders: Mapping[int, FlightRecorder], clock: "DeviceClock", clocks: np.ndarray,
@@ -72,6 +73,7 @@ class DeviceCore:
         self.texts = OpTexts()  # flight-recorder texts of recent sends and receives
         # every device's scratch region (shm collectives): row r is device r's, viewed on first use
         self.scratch_table = scratch
+        self.scratch_bytes = endpoint.layout.scratch_bytes  # of each device's region
         self.scratch: Any = [] if scratch is None else \
             Lazy(lambda r: scratch[r, : endpoint.layout.scratch_bytes])
         self.op_seq = 0
@@ -80,10 +82,6 @@ class DeviceCore:
         self.faults: dict[int, tuple[str, dict[str, Any]]] = {}  # op number -> injected fault
         self.group_seq: dict[int, int] = {}  # collective calls per group kind (collective_call.py)
         self.specs: dict[tuple, Any] = {}  # validated collective calls (CollectiveSpec.build)
-
-    @property
-    def scratch_bytes(self) -> int:
-        return self.endpoint.layout.scratch_bytes
 
     # -- ops: count, record, fire faults ----------------------------------------------------------
     def begin_op(self, text: str, raw: bytes | None = None) -> int:
@@ -105,8 +103,8 @@ class DeviceCore:
     def _fire(self, fault: tuple[str, dict[str, Any]], text: str) -> None:
         action, params = fault
         if action == "raise":
-            raise InjectedFault(f"injected fault on {self.name} at op #{self.op_seq} ({text})", rank=self.rank,
-                                op_seq=self.op_seq)
+            raise InjectedFault(f"injected fault on {self.name} at op #{self.op_seq} ({text})",
+                                rank=self.rank, op_seq=self.op_seq)
         if action == "delay":
             time.sleep(float(params.get("seconds", 1.0)))
         elif action == "exit":
@@ -121,8 +119,8 @@ class DeviceCore:
         """An op's ``timeout`` argument as seconds (None: the cluster's default), or ``UsageError``."""
         if timeout is None:
             return self.timeout
-        if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
-                or not timeout > 0:
+        number = isinstance(timeout, (int, float, np.integer, np.floating))
+        if isinstance(timeout, (bool, np.bool_)) or not number or not timeout > 0:
             raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}")
         return float(timeout)
 
@@ -183,8 +181,8 @@ class DeviceCore:
         flight records; ``after`` says what became of the operation."""
         where = dict(rank=self.rank, index=str(self.index), peer=peer, tag=tag, op_seq=self.op_seq)
         if peer < 0:  # a receive from ANY_SOURCE: no one peer to show
-            return P2PTimeout(f"{self.name}: {what} any source (tag {'any' if tag < 0 else tag}) did not complete "
-                              f"within {budget:g} s (op #{self.op_seq}).{after}", **where)
+            return P2PTimeout(f"{self.name}: {what} any source (tag {'any' if tag < 0 else tag}) did not "
+                              f"complete within {budget:g} s (op #{self.op_seq}).{after}", **where)
         records = {r: self.recorders[r].records() for r in (self.rank, peer)}
         return P2PTimeout(
             f"{self.name}: {what} device {peer} (tag {tag}) did not complete within {budget:g} s "

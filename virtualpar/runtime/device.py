@@ -6,7 +6,10 @@ collectives, and keeps two clocks: ``wall`` (seconds on this machine) and ``cloc
 seconds on the virtual hardware).  Collective methods validate their arguments here, at the call
 site, then delegate to :mod:`virtualpar.runtime.collective_call`.
 
-Point-to-point ops (``send``, ``recv``, ``isend``, ``irecv``) come from the :mod:`.p2p` mixin.
+Point-to-point ops (``send``, ``recv``, ``isend``, ``irecv``) come from the :mod:`.p2p` mixin,
+``wait_any`` and the probes from :mod:`.probing`.  They, the requests, the collectives and the
+worker loop reach the endpoint, the clock, the recorder and the scratch through one object, the
+device's :class:`~.core.DeviceCore` (``_core``), never through each other's fields.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class VirtualDevice(PointToPoint, Probing):
     # -- identity ---------------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return f"device {self.rank} {self.index}"
+        return self._core.name  # "device {rank} {index}"
 
     def __repr__(self) -> str:
         return f"VirtualDevice(rank={self.rank}, index={self.index}, mesh={self.mesh!r})"
@@ -115,7 +118,7 @@ class VirtualDevice(PointToPoint, Probing):
         core = self._core
         try:
             start, end = core.clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
-        except UsageError as exc:  # the clock knows its rank, not the mesh: say which device, as every error does
+        except UsageError as exc:  # the clock knows its rank, not the mesh: say which device, as errors do
             raise exc.replace(exc.message.replace(f"compute on rank {self.rank}", f"{self.name}: compute"),
                               index=str(self.index)) from None
         core.publish_clock()
@@ -130,44 +133,56 @@ class VirtualDevice(PointToPoint, Probing):
         return matmul(self, a, b)
 
     # -- collectives (argument checks here; the protocol in collective_call) -----------------------
-    def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> np.ndarray:
         """Every device of ``group`` gets the elementwise reduction of every device's ``x``."""
         return self._collective("all_reduce", x, group, algorithm, timeout, op=op)
 
-    def all_gather(self, x: np.ndarray, dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def all_gather(self, x: np.ndarray, dim: int = 0, group: Group = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> np.ndarray:
         """Concatenate every device's ``x`` along ``dim`` in group order (pieces may differ in size)."""
         return self._collective("all_gather", x, group, algorithm, timeout, dim=dim)
 
-    def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Group = None,
+                       algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Reduce every device's ``x``, then give position i piece i of ``numpy.array_split(.., n, dim)``."""
         return self._collective("reduce_scatter", x, group, algorithm, timeout, dim=dim, op=op)
 
-    def broadcast(self, x: np.ndarray | None, root: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def broadcast(self, x: np.ndarray | None, root: int = 0, group: Group = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> np.ndarray:
         """Every device gets the root's ``x`` (``root`` is a position in the group; others may pass None)."""
         return self._collective("broadcast", x, group, algorithm, timeout, root=root)
 
-    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
+    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Group = None,
+               algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
         """The root gets the reduction of every device's ``x``; other devices get None."""
         return self._collective("reduce", x, group, algorithm, timeout, root=root, op=op)
 
-    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
+    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Group = None,
+               algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
         """The root gets every device's ``x`` concatenated along ``dim``; other devices get None."""
         return self._collective("gather", x, group, algorithm, timeout, root=root, dim=dim)
 
-    def scatter(self, x: np.ndarray | None, root: int = 0, dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def scatter(self, x: np.ndarray | None, root: int = 0, dim: int = 0, group: Group = None,
+                algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Position i gets piece i of ``numpy.array_split(x, n, dim)`` of the root's ``x``."""
         return self._collective("scatter", x, group, algorithm, timeout, root=root, dim=dim)
 
-    def all_to_all(self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
-        """Piece j of ``x`` split along ``split_dim`` goes to position j; received pieces concatenate along ``concat_dim``."""
-        return self._collective("all_to_all", x, group, algorithm, timeout, split_dim=split_dim, concat_dim=concat_dim)
+    def all_to_all(self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, group: Group = None,
+                   algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+        """Piece j of ``x`` split along ``split_dim`` goes to position j; received pieces concatenate
+        along ``concat_dim``."""
+        return self._collective("all_to_all", x, group, algorithm, timeout, split_dim=split_dim,
+                                concat_dim=concat_dim)
 
-    def barrier(self, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> None:
+    def barrier(self, group: Group = None, algorithm: str | None = None,
+                timeout: float | None = None) -> None:
         """Return once every device of ``group`` has entered the barrier (``shm``: one fence over
         shared counters, the default; ``direct``: the dissemination barrier's messages)."""
         self._collective("barrier", None, group, algorithm, timeout)
 
-    def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None, **params: Any) -> Any:
+    def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None,
+                    **params: Any) -> Any:
         core = self._core
         spec = CollectiveSpec.build(core, name, x, self._group(group), algorithm, params)
         timeout = core.timeout if timeout is None else core.budget(timeout)
@@ -206,7 +221,8 @@ class VirtualDevice(PointToPoint, Probing):
 
     def _host_timeout(self, what: str):
         def build() -> P2PTimeout:
-            return P2PTimeout(f"{self.name}: {what} the host did not complete within {self.config.timeout:g} s",
+            return P2PTimeout(f"{self.name}: {what} the host did not complete within "
+                              f"{self.config.timeout:g} s",
                               rank=self.rank, index=str(self.index), peer=self.size, tag=TAG_HOST,
                               op_seq=self._core.op_seq)
         return build

@@ -36,7 +36,8 @@ def _copy(x: Any) -> tuple[Any, int]:
     return pickle.loads(data), len(data)
 
 
-def send_to_self(core: "DeviceCore", x: Any, tag: int, blocking: bool = False, sync: bool = False) -> "SelfSend":
+def send_to_self(core: "DeviceCore", x: Any, tag: int, blocking: bool = False,
+                 sync: bool = False) -> "SelfSend":
     """Queue a copy of ``x`` for this device's own receive; returns the send's request.  A blocking
     send that must wait for its receive (``ssend``; in strict mode, a send above ``eager_limit``)
     completes only if that receive is already posted: else only this device could post it, after
@@ -50,9 +51,9 @@ def send_to_self(core: "DeviceCore", x: Any, tag: int, blocking: bool = False, s
     if msg is None:
         core.fail(slot)
         verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")
-        raise UsageError(f"{core.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op #{core.op_seq} is "
-                         f"{why}: it waits for its receive, none is posted, and only this device could post one "
-                         "once the send returned, so it would wait forever (use isend, then recv)",
+        raise UsageError(f"{core.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op #{core.op_seq} "
+                         f"is {why}: it waits for its receive, none is posted, and only this device could post "
+                         "one once the send returned, so it would wait forever (use isend, then recv)",
                          rank=core.rank, tag=tag)
     core.recorder.finish(slot, core.clock.now)
     return SelfSend(tag, msg if waits and not blocking else None, "issend" if sync else "isend")
@@ -83,8 +84,9 @@ class SelfSend:
 
     def wait(self, timeout: float | None = None) -> None:
         if not self.test():
-            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has taken it, "
-                             "and only this device could, so waiting would wait forever (post the receive first)",
+            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has taken "
+                             "it, and only this device could, so waiting would wait forever (post the receive "
+                             "first)",
                              tag=self._tag)
         return None
 

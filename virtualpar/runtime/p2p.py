@@ -91,7 +91,8 @@ class PointToPoint:
             raise
         return Request(core, inner, "send", dst, tag, deadline, None, slot, flow, budget, wall0)
 
-    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
+    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None,
+              timeout: float | None = None) -> Request:
         """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given);
         ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message this device has
         taken in from its channels (not necessarily the earliest sent, as MPI allows; the request's
@@ -215,8 +216,8 @@ class PointToPoint:
         if not 0 <= peer < self.size:
             raise UsageError(f"{self.name}: {what}={peer} is out of range; ranks are 0..{self.size - 1}")
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < _TAG_END:
-            raise UsageError(f"{self.name}: tag must be an int in 0..2**63-1 (a message header holds 64 bits), "
-                             f"got {tag!r}")
+            raise UsageError(f"{self.name}: tag must be an int in 0..2**63-1 (a message header holds 64 "
+                             f"bits), got {tag!r}")
         return peer == self.rank
 
     def _check_out(self, out: Any) -> None:

@@ -64,8 +64,8 @@ class Probing:
         core = self._core
         reqs = list(requests) if isinstance(requests, (list, tuple)) else None
         if not reqs or any(not (type(r) is Request and r._core is core or type(r) is SelfSend) for r in reqs):
-            raise UsageError(f"{self.name}: wait_any needs a non-empty list of this device's requests (from isend, "
-                             f"irecv or issend), got {requests!r}")
+            raise UsageError(f"{self.name}: wait_any needs a non-empty list of this device's requests (from "
+                             f"isend, irecv or issend), got {requests!r}")
         budget = core.budget(timeout)
         found = [0]
 
@@ -114,4 +114,5 @@ class Probing:
         span, tag = tag_span(tag)
         src, tag = plain_int(src), plain_int(tag)
         self._check_recv(src, tag)
-        return None if src == ANY_SOURCE else src, span if span is not None else None if tag == ANY_TAG else tag
+        want = span if span is not None else None if tag == ANY_TAG else tag
+        return None if src == ANY_SOURCE else src, want

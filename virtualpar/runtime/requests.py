@@ -99,13 +99,14 @@ class Request:
         inner = self._inner
         if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
             value = core.wait(inner, self._slot, 0.0, None)
-        elif self._kind == "recv" and (self._peer == core.rank or self._peer == ANY_SOURCE and core.size == 1):
+        elif self._kind == "recv" and (self._peer == core.rank
+                                       or self._peer == ANY_SOURCE and core.size == 1):
             # only this device could send it, and it waits here
             if self._slot is not None:
                 core.fail(self._slot)
             raise would_wait_forever(core, inner, self._tag)
         else:
-            if timeout is not None:  # the wait's own budget, which its timeout error then names (0: poll once)
+            if timeout is not None:  # the wait's own budget, which its timeout error names (0: poll once)
                 self._budget = 0.0 if timeout == 0 else core.budget(timeout)
             left = self._deadline - time.monotonic() if timeout is None else self._budget
             value = core.wait(inner, self._slot, max(left, 0.0), self._on_timeout or self._timeout_error)

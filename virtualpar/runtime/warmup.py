@@ -1,4 +1,5 @@
-"""The warm-up a cluster runs once, right after start-up, so that its first collectives cost what later ones do.
+"""The warm-up a cluster runs once, right after start-up, so that its first collectives cost what later
+ones do.
 
 Why: a forked device shares the driver's memory copy-on-write, and CPython writes into every
 object and code object it runs (reference counts, the specialising interpreter's caches), so the
@@ -68,8 +69,9 @@ WARM_SCRATCH_BYTES = 32 << 20  # scratch the warm-up may touch, over the whole c
 WARM_MAX_PEERS = 64  # no scratch all_reduce or all_gather in the warm-up of a larger cluster (see above)
 RESULT_RESERVE_BYTES = 1 << 20  # a device's warm reserve for results and receives, at most
 WARM_RESULT_BYTES = 64 << 20  # the reserves of the whole cluster, at most
-WARM_TIMEOUT = 60.0  # seconds each warm-up op may wait, at least (a device that dies is noticed by the driver)
-QUICKEN_ROUNDS = 8  # rounds of the barrier and the small all_reduce: CPython 3.11 specialises a function's code on its 8th call
+WARM_TIMEOUT = 60.0  # seconds each warm-up op may wait, at least (the driver notices a device that dies)
+# rounds of the barrier and the small all_reduce: CPython 3.11 specialises a function's code on its 8th call
+QUICKEN_ROUNDS = 8
 _PAGE = 4096
 
 

@@ -86,12 +86,13 @@ class Endpoint(Receiving, Sending):
         self._out = Lazy(lambda p: VirtualChannel(arena, layout, me, p))
         self._in = Lazy(lambda p: VirtualChannel(arena, layout, p, me))
         self._sendq: Lazy = Lazy(lambda p: deque())  # per destination, FIFO
-        self._offers: Lazy = Lazy(lambda p: {})  # per destination: offer slot -> rendezvous send not answered yet
+        self._offers: Lazy = Lazy(lambda p: {})  # per destination: offer slot -> rendezvous send unanswered
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
         self.offers = Offers(peers, CROSS_MEMORY)  # the rendezvous state (rendezvous.py)
         # the same containers under the names the per-message code reads (one attribute lookup less)
-        self._refused, self._unacked, self._offer_to = self.offers.refused, self.offers.unacked, self.offers.offer_to
+        self._refused, self._unacked = self.offers.refused, self.offers.unacked
+        self._offer_to = self.offers.offer_to
         # How progress finds the sources with unread bytes: every inbound ring's head against its
         # tail, as two strided memoryviews compared in C (~0.4 µs for 64 sources; a Python loop
         # over the channels cost ~25 µs at 64 devices once the caches had gone cold between
@@ -121,12 +122,13 @@ class Endpoint(Receiving, Sending):
         self._bytes_mv = memoryview(self._bytes_row)  # the same words, cheaper to bump
         self._msgs_mv = memoryview(self._msgs_row)
         self._ctrl_mv = memoryview(self._ctrl_row)
-        self.traffic = OwedTraffic(self._bytes_row, self._msgs_row)  # shared-memory collectives' reads, per command
+        # shared-memory collectives' reads, owed to the counters until the command ends
+        self.traffic = OwedTraffic(self._bytes_row, self._msgs_row)
         self._pid = os.getpid()
         self.can_read = CROSS_MEMORY  # False once reading a sender's memory failed
         self.pool = BufferPool()
         self._rdv_min = layout.ring_bytes - 1024  # a frame is header (< 1 KiB) + payload
-        self._small = min(SMALL, layout.ring_bytes // 4)  # so a header + small payload always fits, skip included
+        self._small = min(SMALL, layout.ring_bytes // 4)  # a header + small payload always fits, skip included
         # Devices with a core each overlap sender and receiver: poll before sleeping and post every
         # chunk.  With more devices than cores they take turns: sleep at once, post once per message.
         self._overlap = layout.devices <= usable_cpus()
@@ -137,7 +139,8 @@ class Endpoint(Receiving, Sending):
 
     # -- posting ----------------------------------------------------------------------------------
     def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False,
-              on_send: Callable[[int, int], float] | None = None, sync: bool = False) -> SendRequest | SentRequest:
+              on_send: Callable[[int, int], float] | None = None,
+              sync: bool = False) -> SendRequest | SentRequest:
         """Post ``obj`` to ``dst``, stamped ``stamp`` or ``on_send(dst, nbytes)`` (modelled departure);
         ``sync``: done only once a matching receive has taken it (MPI's ``Issend``), whatever its size."""
         if self.shuffle is not None and not control:
@@ -201,7 +204,7 @@ class Endpoint(Receiving, Sending):
             req = waiting.popleft()  # the oldest message with this key, complete or still arriving
             req.out = out
             req.claimed = True
-            if req.header is not None and req.header.kind & FLAG_SYNC:  # strict mode / Issend: it waits for us
+            if req.header is not None and req.header.kind & FLAG_SYNC:  # strict mode, Issend: it waits for us
                 acknowledge(self, req)
             return req
         req = RecvRequest(self, src, tag, out)

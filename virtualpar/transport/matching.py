@@ -31,7 +31,7 @@ class MatchQueues:
         self.posted_any: list[RecvRequest] = []  # receives from any source / with any tag, in posting order
         self.unexpected: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
         self.order = 0  # numbers receives as posted and unexpected messages as they arrive
-        self.probed: tuple[Any, RecvRequest] | None = None  # (key, message) the last probe reported (wildcard.peek)
+        self.probed: tuple[Any, RecvRequest] | None = None  # (key, message) the last probe reported (peek)
 
     def clear(self) -> None:
         """Forget every receive and message (a reset).  The containers stay the same objects."""

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import PayloadError, UsageError
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .channel import (FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, KIND_ARRAY, KIND_PICKLE, Header,
+                      VirtualChannel)
 from .payload import byte_view, check_out, header_dtype, plain_array
 from .rendezvous import TAG_TAKEN, take_offer, taken, tell_taken
 from .requests import RecvRequest
@@ -56,7 +57,7 @@ class Receiving:
             while True:
                 req = self._partial.get(src)
                 if req is None:
-                    if ch._head[0] == ch._local:
+                    if ch.head[0] == ch.local:
                         return
                     header = ch.read_header()
                     freed = True
@@ -77,7 +78,7 @@ class Receiving:
                     if req.expect == 0:
                         self.finish(req)
                         continue
-                    elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
+                    elif req.buf is not None and ch.head[0] - ch.local >= req.expect:
                         # The whole array is in the ring (always so for a fast-path frame): one copy.
                         ch.read_into(req.buf, header.nbytes, req.expect)
                         req.buf = req.target = None
@@ -121,18 +122,20 @@ class Receiving:
         """Ring ``src``'s doorbell if it waits for room in ``ch`` (always, where we cannot fence)."""
         if FENCED:
             fence()
-            if not ch._want[0]:
+            if not ch.want[0]:
                 return
         self.doorbells[src].release()
 
     def _match(self, src: int, header: Header) -> RecvRequest:
         key = (src, header.tag)
         posted = self._posted.get(key)
-        wild = match_any(self.queues, src, header.tag, posted[0] if posted else None) if self._posted_any else None
+        wild = None
+        if self._posted_any:  # a wildcard receive posted before the head of ``posted`` takes it
+            wild = match_any(self.queues, src, header.tag, posted[0] if posted else None)
         if wild is not None or posted:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True
-            if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer answers)
+            if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer says)
                 req.owed = header.seq  # its sender waits to hear it was taken: once it is in (finish)
         else:
             req = RecvRequest(self, src, header.tag)
@@ -140,7 +143,7 @@ class Receiving:
             req.order = queues.order = queues.order + 1  # arrival order, for receives from any source
             self._unexpected[key].append(req)
         req.header = header
-        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined
+        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded
         if header.kind & 0xFF == KIND_ARRAY:
             target = None
             out = req.out
@@ -186,7 +189,8 @@ class Receiving:
             try:
                 req.value = pickle.loads(data if data is not None else req.target)
             except Exception as exc:
-                req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be unpickled: {exc}")
+                req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be "
+                                         f"unpickled: {exc}")
             if data is None:
                 req.buf = None  # drop our view before the raw buffer goes back to the pool
                 self.pool.give_back(req.target)
@@ -200,17 +204,20 @@ class Receiving:
         tell_taken(self, req.src, req.owed)
         req.owed = 0
 
-    def deliver_to_self(self, tag: int, value: Any, nbytes: int, posted_only: bool = False) -> RecvRequest | None:
+    def deliver_to_self(self, tag: int, value: Any, nbytes: int,
+                        posted_only: bool = False) -> RecvRequest | None:
         """A message to this endpoint itself (``value`` already a private copy; ``nbytes``: what a
         peer would receive of it), matched as a frame from a peer would be (see the module doc);
         returns the receive that took it, or the unexpected message a later one adopts.  With
         ``posted_only``, only to a receive already posted (else nothing happens: None)."""
         array = plain_array(value)
         kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
-        header = Header(kind, tag, nbytes, 0.0, 0, value.dtype.str if array else "", tuple(value.shape) if array else (), 0)
+        header = Header(kind, tag, nbytes, 0.0, 0, value.dtype.str if array else "",
+                        tuple(value.shape) if array else (), 0)
         key = (self.me, tag)
         posted = self._posted.get(key)
-        wild = match_any(self.queues, self.me, tag, posted[0] if posted else None) if self._posted_any else None
+        wild = match_any(self.queues, self.me, tag, posted[0] if posted else None) if self._posted_any \
+            else None
         if wild is not None or posted:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True

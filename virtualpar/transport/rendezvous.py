@@ -33,7 +33,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -84,7 +84,8 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
             return  # strict mode or Issend: no receive is posted yet; acknowledge() takes it when one is
     if req.target is None and h.nbytes:  # (an empty Ssend reads nothing)
         req.target = ep.pool.raw(h.nbytes)
-    err = 0 if not h.nbytes else read_remote(h.pid, h.addr, req.target, h.nbytes) if ep.can_read else errno.EPERM
+    err = 0 if not h.nbytes else \
+        read_remote(h.pid, h.addr, req.target, h.nbytes) if ep.can_read else errno.EPERM
     if not err:
         ch.answer(h.token)
         ep.doorbells[req.src].release()
@@ -120,7 +121,8 @@ def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest
     return 0
 
 
-def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict[int, "SendRequest"], queue) -> None:
+def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict[int, "SendRequest"],
+                    queue: Any) -> None:
     """The sender's side: finish every offer to ``dst`` its receiver has taken; queue every one it
     could not read to be streamed, behind a ``FLAG_RESENT`` header (and, if it never will, later
     ones at once, outside strict mode)."""

@@ -57,7 +57,7 @@ class Sending:
                         q.popleft()
                         continue
                     req.state = SEND_STREAM
-                    if req.kind & FLAG_SYNC:  # done once its receiver says a receive took it (rendezvous.taken)
+                    if req.kind & FLAG_SYNC:  # done once its receiver says a receive took it (rendezvous)
                         self._unacked[(dst, req.seq)] = req
                 while req.written < req.padded:
                     room = ch.writable()
@@ -80,8 +80,8 @@ class Sending:
                 q.popleft()
             if not offers:
                 self._busy.discard(dst)
-            if ch._want[0]:
-                ch._want[0] = 0  # nothing left to write: stop asking for posts
+            if ch.want[0]:
+                ch.want[0] = 0  # nothing left to write: stop asking for posts
         finally:
             if published:
                 self.doorbells[dst].release()
@@ -100,7 +100,7 @@ class Sending:
         send's header left, its receiver holds the message too: see ``leftovers.pending``)."""
         for dst, q in self._sendq.items():
             unacked = [r for (d, _), r in self._unacked.items() if d == dst and r.written >= r.padded]
-            for req in (*self._offers.get(dst, {}).values(), *unacked, *q):  # (an unacked one not whole: in q)
+            for req in (*self._offers.get(dst, {}).values(), *unacked, *q):  # (one not whole yet: in q)
                 yield dst, req
 
     def _count(self, dst: int, nbytes: int, control: bool) -> None:

@@ -38,7 +38,8 @@ from .waitboard import ACK, GEN, KIND, NONE, POKE, describe_wait
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
 
-__all__ = ["wait", "aborted_error", "spin_seconds", "usable_cpus", "share_cpus", "SPIN_SECONDS", "SPIN_BUSY", "SPIN_YIELD"]
+__all__ = ["wait", "aborted_error", "spin_seconds", "usable_cpus", "share_cpus", "SPIN_SECONDS", "SPIN_BUSY",
+           "SPIN_YIELD"]
 
 SPIN_YIELD = True  # sched_yield between doorbell polls (after the first SPIN_BUSY seconds)
 SPIN_SECONDS = 50e-6  # longest doorbell poll before sleeping (only when devices <= cores)

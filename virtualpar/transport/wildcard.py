@@ -1,7 +1,7 @@
 """Receives from any source or with any tag (MPI's ``ANY_SOURCE`` / ``ANY_TAG``).
 
-A wildcard receive (``src`` or ``tag`` None, or ``tag`` a ``range``: any tag within it) first takes the *earliest-arrived* unexpected message
-it matches (each (source, tag) queue is FIFO, so only queue heads compete; every unexpected
+A wildcard receive (``src`` or ``tag`` None, or ``tag`` a ``range``: any tag within it) first takes
+the *earliest-arrived* unexpected message it matches (each (source, tag) queue is FIFO, so only queue heads compete; every unexpected
 message carries its arrival number); else it waits in ``posted_any``, in posting order (the
 endpoint's :class:`~.matching.MatchQueues`).  A frame
 that arrives is matched to the earliest-posted receive that accepts it, a specific one or a
@@ -51,7 +51,8 @@ def _earliest_per_source(queues: "MatchQueues", src: int | None,
 
 
 def _pick(ep: "Endpoint", src: int | None, tag: int | range | None) -> tuple[Any, RecvRequest | None]:
-    """(key, message) of the unexpected message a receive of ``src`` and ``tag`` takes now, or (None, None)."""
+    """(key, message) of the unexpected message a receive of ``src`` and ``tag`` takes now, or
+    (None, None)."""
     queues = ep.queues
     if src is not None and tag is not None and type(tag) is not range:
         waiting = queues.unexpected.get((src, tag))
