@@ -129,9 +129,9 @@ class CollectiveSpec:
         if reads_x:
             if not plain_array(x):
                 if isinstance(x, np.ndarray):
-                    raise PayloadError(f"{where}: needs a plain numpy array, got {type(x).__name__}, an ndarray "
-                                       "subclass whose own state (a mask, ...) would be lost; pass np.asarray(x) "
-                                       "to reduce its data")
+                    raise PayloadError(f"{where}: needs a plain numpy array, got {type(x).__name__}, an "
+                                       "ndarray subclass whose own state (a mask, ...) would be lost; pass "
+                                       "np.asarray(x) to reduce its data")
                 raise PayloadError(f"{where}: needs a numpy array, got {type(x).__name__}")
             if x.dtype.hasobject or x.dtype.names is not None:
                 what = "objects" if x.dtype.hasobject else "a structured dtype"

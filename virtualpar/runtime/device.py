@@ -148,8 +148,8 @@ class VirtualDevice(PointToPoint, Probing):
         """Reduce every device's ``x``, then give position i piece i of ``numpy.array_split(.., n, dim)``."""
         return self._collective("reduce_scatter", x, group, algorithm, timeout, dim=dim, op=op)
 
-    def broadcast(self, x: np.ndarray | None, root: int = 0, group: Group = None, algorithm: str | None = None,
-                  timeout: float | None = None) -> np.ndarray:
+    def broadcast(self, x: np.ndarray | None, root: int = 0, group: Group = None,
+                  algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Every device gets the root's ``x`` (``root`` is a position in the group; others may pass None)."""
         return self._collective("broadcast", x, group, algorithm, timeout, root=root)
 

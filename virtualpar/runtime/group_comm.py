@@ -116,7 +116,7 @@ class GroupComm:
             self._entry = [core.clock.now]
             return
         arrivals, grp = core.arrivals, self._fences
-        c = arrivals.arrive(grp, digest, core.clock.now if first else None)  # the last to arrive wakes the rest
+        c = arrivals.arrive(grp, digest, core.clock.now if first else None)  # the last one wakes the rest
         if not arrivals.arrived(grp, c):
             core.endpoint.wait(lambda: arrivals.arrived(grp, c), self._deadline - time.monotonic(),
                                self._on_timeout, arrivals.waiting_for(grp, c))

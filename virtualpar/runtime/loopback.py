@@ -51,9 +51,10 @@ def send_to_self(core: "DeviceCore", x: Any, tag: int, blocking: bool = False,
     if msg is None:
         core.fail(slot)
         verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")
-        raise UsageError(f"{core.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op #{core.op_seq} "
-                         f"is {why}: it waits for its receive, none is posted, and only this device could post "
-                         "one once the send returned, so it would wait forever (use isend, then recv)",
+        raise UsageError(f"{core.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op "
+                         f"#{core.op_seq} is {why}: it waits for its receive, none is posted, and only this "
+                         "device could post one once the send returned, so it would wait forever (use isend, "
+                         "then recv)",
                          rank=core.rank, tag=tag)
     core.recorder.finish(slot, core.clock.now)
     return SelfSend(tag, msg if waits and not blocking else None, "issend" if sync else "isend")
@@ -84,10 +85,9 @@ class SelfSend:
 
     def wait(self, timeout: float | None = None) -> None:
         if not self.test():
-            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has taken "
-                             "it, and only this device could, so waiting would wait forever (post the receive "
-                             "first)",
-                             tag=self._tag)
+            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has "
+                             "taken it, and only this device could, so waiting would wait forever (post the "
+                             "receive first)", tag=self._tag)
         return None
 
     def __repr__(self) -> str:

@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 from .shm import Layout, SharedArena
 
-__all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS", "FLAG_RESENT",
-           "FLAG_SYNC", "OFFER_SLOTS", "offer_slot", "pack_header"]
+__all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS",
+           "FLAG_RESENT", "FLAG_SYNC", "OFFER_SLOTS", "offer_slot", "pack_header"]
 
 KIND_ARRAY = 1  # raw bytes of a C-contiguous numpy array
 KIND_PICKLE = 2  # a pickled Python object
@@ -138,7 +138,8 @@ class VirtualChannel:
         self.head = arena.word_at(layout.head_offset(src, dst))
         self._tail = arena.word_at(layout.tail_offset(src, dst))
         self.want = arena.word_at(layout.want_offset(src, dst))  # producer: "post me when you free room"
-        self._reply = arena.bytes_at(layout.reply_offset(src, dst), 8 * OFFER_SLOTS).cast("Q")  # one per offer slot
+        # one answer word per offer slot
+        self._reply = arena.bytes_at(layout.reply_offset(src, dst), 8 * OFFER_SLOTS).cast("Q")
         self._ring = arena.bytes_at(layout.ring_offset(src, dst), layout.ring_bytes)
         self.local = 0  # this side's own counter (head for the producer, tail for the consumer)
 
@@ -190,7 +191,8 @@ class VirtualChannel:
             _U32.pack_into(ring, pos, 0)  # "nothing more before the end": the consumer skips
             pos = 0
         st = _STRUCTS[ndim] if ndim < len(_STRUCTS) else _struct(ndim)
-        st.pack_into(ring, pos, length, kind, tag, nbytes, stamp, seq, ndim, 0, _CODES.get(dtype) or _code(dtype), *shape)
+        st.pack_into(ring, pos, length, kind, tag, nbytes, stamp, seq, ndim, 0,
+                     _CODES.get(dtype) or _code(dtype), *shape)
         if nbytes:
             pos += length
             ring[pos : pos + nbytes] = data
@@ -234,7 +236,8 @@ class VirtualChannel:
             self.skip_read(self.capacity - pos)
             return None
         length, kind, tag, nbytes, stamp, seq, ndim, pid, dtype = _FIXED.unpack_from(ring, pos)
-        shape: tuple[int, ...] = _SHAPES[ndim].unpack_from(ring, pos + 64) if ndim < 8 else struct.unpack_from(f"<{ndim}q", ring, pos + 64)
+        shape: tuple[int, ...] = _SHAPES[ndim].unpack_from(ring, pos + 64) if ndim < 8 else \
+            struct.unpack_from(f"<{ndim}q", ring, pos + 64)
         addr = token = 0
         if kind & FLAG_RENDEZVOUS:
             addr, token = _OFFER.unpack_from(ring, pos + 64 + 8 * ndim)

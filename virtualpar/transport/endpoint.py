@@ -128,7 +128,7 @@ class Endpoint(Receiving, Sending):
         self.can_read = CROSS_MEMORY  # False once reading a sender's memory failed
         self.pool = BufferPool()
         self._rdv_min = layout.ring_bytes - 1024  # a frame is header (< 1 KiB) + payload
-        self._small = min(SMALL, layout.ring_bytes // 4)  # a header + small payload always fits, skip included
+        self._small = min(SMALL, layout.ring_bytes // 4)  # a header + small payload fits, skip included
         # Devices with a core each overlap sender and receiver: poll before sleeping and post every
         # chunk.  With more devices than cores they take turns: sleep at once, post once per message.
         self._overlap = layout.devices <= usable_cpus()

@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["pending", "withdraw", "merge_ends", "IN_FLIGHT", "UNFINISHED_RECEIVE"]
 
-UNFINISHED_RECEIVE = ("a receive posted and never matched (an irecv not waited on): it would take a later run's "
-                      "message")
+UNFINISHED_RECEIVE = ("a receive posted and never matched (an irecv not waited on): it would take a later "
+                      "run's message")
 IN_FLIGHT = "still being sent"  # a send whose header left: its receiver lists the message too
 _NOT_SENT = "not yet sent"  # a send still queued whole: nobody else lists it
 

@@ -45,8 +45,8 @@ class Sending:
                         rdv = new_offer(self, req, offers)
                     addr = req.payload.ctypes.data if rdv else 0
                     small = req.padded if not rdv and req.padded <= self._small else 0
-                    if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,
-                                           self._pid, addr, req.token, small):
+                    if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype,
+                                           req.shape, self._pid, addr, req.token, small):
                         if want_room(ch):
                             continue  # room appeared before the consumer could see the flag
                         return

@@ -1,10 +1,10 @@
 """Receives from any source or with any tag (MPI's ``ANY_SOURCE`` / ``ANY_TAG``).
 
 A wildcard receive (``src`` or ``tag`` None, or ``tag`` a ``range``: any tag within it) first takes
-the *earliest-arrived* unexpected message it matches (each (source, tag) queue is FIFO, so only queue heads compete; every unexpected
-message carries its arrival number); else it waits in ``posted_any``, in posting order (the
-endpoint's :class:`~.matching.MatchQueues`).  A frame
-that arrives is matched to the earliest-posted receive that accepts it, a specific one or a
+the *earliest-arrived* unexpected message it matches (each (source, tag) queue is FIFO, so only
+queue heads compete; every unexpected message carries its arrival number); else it waits in
+``posted_any``, in posting order (the endpoint's :class:`~.matching.MatchQueues`).  A frame that
+arrives is matched to the earliest-posted receive that accepts it, a specific one or a
 wildcard one (both carry their posting number) — MPI's non-overtaking rule.  Wildcards match only
 user tags (>= 0): the runtime's own messages (negative tags) are never taken.  Which source an
 any-source receive took shows in its header (``req.src`` is set to it).
