@@ -89,7 +89,7 @@ def test_a_release_rings_only_its_owner_and_only_the_owner_awaits_it():
 
 
 def _release_after(dev):
-    from virtualpar.runtime.collective_call import CollectiveSpec
+    from virtualpar.runtime.collective_spec import CollectiveSpec
     from virtualpar.runtime.group_comm import GroupComm
 
     spec = CollectiveSpec.build(dev._core, "barrier", None, dev._group(None), None, {})

@@ -364,7 +364,7 @@ def test_one_numpy_reduction_over_the_rows_still_adds_them_in_rank_order(n, stri
 def _oversized_fence_payload(dev):
     import time as _time
 
-    from virtualpar.runtime.collective_call import CollectiveSpec
+    from virtualpar.runtime.collective_spec import CollectiveSpec
     from virtualpar.runtime.group_comm import GroupComm
 
     spec = CollectiveSpec.build(dev._core, "barrier", None, dev._group(None), None, {})

@@ -4,7 +4,7 @@
 ``index`` on the mesh), keeps ``state`` across runs, moves data point-to-point or through
 collectives, and keeps two clocks: ``wall`` (seconds on this machine) and ``clock`` (modelled
 seconds on the virtual hardware).  Collective methods validate their arguments here, at the call
-site, then delegate to :mod:`virtualpar.runtime.collective_call`.
+site (:mod:`.collective_spec`), then run in :mod:`.collective_call`.
 
 Point-to-point ops (``send``, ``recv``, ``isend``, ``irecv``) come from the :mod:`.p2p` mixin,
 ``wait_any`` and the probes from :mod:`.probing`.  They, the requests, the collectives and the
@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import P2PTimeout, UsageError
 from ..sim.hardware import dtype_name
-from .collective_call import CollectiveSpec, GroupInfo, run_collective
+from .collective_call import run_collective
+from .collective_spec import CollectiveSpec, GroupInfo
 from .config import TAG_HOST, ClusterConfig
 from .core import DeviceCore
 from .fence_kinds import fence_kind

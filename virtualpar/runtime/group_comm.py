@@ -22,7 +22,7 @@ from .config import TAG_COLLECTIVE
 from .requests import Request
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .collective_call import CollectiveSpec
+    from .collective_spec import CollectiveSpec
     from .core import DeviceCore
 
 __all__ = ["GroupComm"]
