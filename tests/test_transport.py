@@ -374,7 +374,7 @@ def _send_large_twice(dev):
             dev.send(np.full(1 << 17, float(i)), 1)
         else:
             assert (dev.recv(0) == i).all()
-    return dev._core.endpoint.offers.offer_to[1] if dev.rank == 0 else None
+    return dev._core.endpoint.rendezvous.offer_to[1] if dev.rank == 0 else None
 
 
 @pytest.mark.parametrize("errno_, offers_later", [(14, True), (1, False)])

@@ -55,7 +55,7 @@ from .leftovers import UNFINISHED_RECEIVE
 from .payload import encode
 from .receiving import CHUNK, Receiving
 from .sending import Sending
-from .rendezvous import Offers, acknowledge
+from .rendezvous import RendezvousState, acknowledge
 from .requests import RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
 from .lazy import Lazy
@@ -86,13 +86,13 @@ class Endpoint(Receiving, Sending):
         self._out = Lazy(lambda p: VirtualChannel(arena, layout, me, p))
         self._in = Lazy(lambda p: VirtualChannel(arena, layout, p, me))
         self._sendq: Lazy = Lazy(lambda p: deque())  # per destination, FIFO
-        self._offers: Lazy = Lazy(lambda p: {})  # per destination: offer slot -> rendezvous send unanswered
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
-        self.offers = Offers(peers, CROSS_MEMORY)  # the rendezvous state (rendezvous.py)
+        self.rendezvous = RendezvousState(peers, CROSS_MEMORY)  # offers, answers, acknowledgements
         # the same containers under the names the per-message code reads (one attribute lookup less)
-        self._refused, self._unacked = self.offers.refused, self.offers.unacked
-        self._offer_to = self.offers.offer_to
+        rdv = self.rendezvous
+        self._offers, self._offer_to = rdv.offered, rdv.offer_to
+        self._unacked, self._refused = rdv.unacked, rdv.refused
         # How progress finds the sources with unread bytes: every inbound ring's head against its
         # tail, as two strided memoryviews compared in C (~0.4 µs for 64 sources; a Python loop
         # over the channels cost ~25 µs at 64 devices once the caches had gone cold between
@@ -114,9 +114,8 @@ class Endpoint(Receiving, Sending):
         self.doorbells = doorbells
         self.abort_word = arena.word_at(layout.abort_offset)
         self.arrivals = ArrivalCounters(arena, layout, me, doorbells) if me < layout.devices else None
-        E = layout.endpoints
         counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
-        self._bytes_row = counters[0, me]  # numpy views, read by the runtime
+        self._bytes_row = counters[0, me]  # numpy views (the driver reads the whole table)
         self._msgs_row = counters[1, me]
         self._ctrl_row = counters[2, me]
         self._bytes_mv = memoryview(self._bytes_row)  # the same words, cheaper to bump

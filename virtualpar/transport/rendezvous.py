@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, OFFER_SLOTS, offer_slot
+from .lazy import Lazy
 from .payload import byte_view
 from .requests import SEND_NEW
 from .shm import PERMANENT_ERRORS, read_remote
@@ -47,8 +48,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
     from .requests import RecvRequest, SendRequest
 
-__all__ = ["Offers", "take_offer", "new_offer", "collect_answers", "acknowledge", "tell_taken", "taken",
-           "TAG_TAKEN"]
+__all__ = ["RendezvousState", "take_offer", "new_offer", "collect_answers", "acknowledge", "tell_taken",
+           "taken", "TAG_TAKEN"]
 
 TAG_TAKEN = -(1 << 40)  # control message to a sender: a receive took your message number <the stamp>
 _NOTHING = np.empty(0, np.uint8)
@@ -56,20 +57,23 @@ _NOTHING = np.empty(0, np.uint8)
 log = logging.getLogger(__name__)
 
 
-class Offers:
-    """An endpoint's rendezvous state, the one object these functions and the progress engine share:
-    ``token`` (the last offer token given), ``offer_to`` (per peer: False once it could not read
-    our memory), ``refused`` ((source, message number) -> receive: offers this endpoint could not
-    read, to come streamed), ``unacked`` ((destination, message number) -> send: sent, done once a
-    receive took it)."""
+class RendezvousState:
+    """An endpoint's rendezvous state, the one object these functions and the progress engine share.
 
-    __slots__ = ("token", "offer_to", "refused", "unacked")
+    The sender's side: ``offered`` (per destination, built on first use: offer slot -> send whose
+    offer is not answered yet), ``token`` (the last offer token given), ``offer_to`` (per peer: False
+    once it could not read our memory) and ``unacked`` ((destination, message number) -> send: sent,
+    done once a receive took it).  The receiver's: ``refused`` ((source, message number) -> receive:
+    offers this endpoint could not read, to come streamed)."""
+
+    __slots__ = ("offered", "token", "offer_to", "unacked", "refused")
 
     def __init__(self, peers: list[int], cross_memory: bool) -> None:
+        self.offered: Lazy = Lazy(lambda p: {})
         self.token = 0
         self.offer_to = {p: cross_memory for p in peers}
-        self.refused: dict[tuple[int, int], RecvRequest] = {}
         self.unacked: dict[tuple[int, int], SendRequest] = {}
+        self.refused: dict[tuple[int, int], RecvRequest] = {}
 
 
 def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None:
@@ -97,7 +101,7 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
                  ep.me, req.src, os.strerror(err))
     req.expect = (h.nbytes + 7) & ~7
     req.buf = byte_view(req.target) if h.nbytes else None
-    ep.offers.refused[(req.src, h.seq)] = req
+    ep.rendezvous.refused[(req.src, h.seq)] = req
     ch.answer(h.token, refused=True, for_good=not ep.can_read)
     ep.doorbells[req.src].release()
 
@@ -113,9 +117,9 @@ def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest
         return FLAG_RENDEZVOUS
     for slot in range(OFFER_SLOTS):
         if slot not in offers:
-            book = ep.offers
-            book.token += 1
-            req.token = book.token << 3 | slot
+            state = ep.rendezvous
+            state.token += 1
+            req.token = state.token << 3 | slot
             return FLAG_RENDEZVOUS
     req.kind &= ~FLAG_RENDEZVOUS
     return 0
@@ -133,7 +137,7 @@ def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict
         del offers[slot]
         if answer & 1:  # it could not read our memory: stream this one (and, if for good, later ones)
             if answer & 2:
-                ep.offers.offer_to[dst] = False
+                ep.rendezvous.offer_to[dst] = False
             req.kind ^= FLAG_RENDEZVOUS | FLAG_RESENT
             req.state = SEND_NEW
             queue.append(req)
@@ -163,6 +167,6 @@ def tell_taken(ep: "Endpoint", src: int, seq: int) -> None:
 def taken(ep: "Endpoint", src: int, seq: int) -> None:
     """The sender's side of :func:`acknowledge`: message ``seq`` to ``src`` is done once all of it
     is written (a receive may take it as soon as its header arrives)."""
-    req = ep.offers.unacked.pop((src, seq), None)
+    req = ep.rendezvous.unacked.pop((src, seq), None)
     if req is not None and req.written >= req.padded:
         req.done = True

@@ -6,7 +6,7 @@ have a core each (else once per message); a rendezvous offer is only a header, a
 next message may go while the offer waits in one of the channel's slots for its answer
 (:mod:`.rendezvous`).  A message that must wait for its receive (strict mode, ``Issend``) but
 found no free slot goes eager — as does one whose offer the receiver could not read — and is done
-only when its receiver says a receive took it whole (``Offers.unacked``,
+only when its receiver says a receive took it whole (``RendezvousState.unacked``,
 :func:`.rendezvous.acknowledge`).  A producer that finds no room raises
 the channel's want-room flag and returns (:mod:`.want_room`).
 
