@@ -65,14 +65,10 @@ class VirtualDevice(PointToPoint, Probing):
         self._run_ops_from = 0  # op_seq when the current run began: its own ops number above it
         self._groups: dict[Any, GroupInfo] = {}  # resolved group spellings (see _group)
 
-    # The worker loop's handles on the core's op bookkeeping (it counts runs and injects faults).
-    # TODO(issue 39): once worker.py's start-up work is merged, the worker keeps the core it builds.
-    _run = property(lambda self: self._core.run, lambda self, run: setattr(self._core, "run", run))
-    _last_op = property(lambda self: self._core.last_op)
-    _faults = property(lambda self: self._core.faults)
-    _group_seq = property(lambda self: self._core.group_seq)
-    _recorder = property(lambda self: self._core.recorder)
-    _events = property(lambda self: self._core.events)
+    @property
+    def _last_op(self) -> str:
+        """What op #``op_seq`` was (the error packaging's "last op")."""
+        return self._core.last_op
 
     # -- identity ---------------------------------------------------------------------------------
     @property
