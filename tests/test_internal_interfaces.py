@@ -18,8 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "virtualpar"
 PARTS = [f"runtime/{m}.py" for m in ("core", "device", "p2p", "probing", "requests", "group_comm",
                                     "collective_call", "collective_spec", "loopback", "warmup", "start_line")]
-PARTS += [f"transport/{m}.py" for m in ("endpoint", "receiving", "sending", "matching", "wildcard", "rendezvous",
-                                        "leftovers", "waiting", "want_room", "channel", "requests")]
+PARTS += [f"transport/{m}.py" for m in ("endpoint", "receiving", "sending", "matching", "wildcard",
+                                        "rendezvous", "leftovers", "waiting", "want_room", "channel",
+                                        "requests")]
 # (variable, private name): the device's handle on its core, and its cache of resolved groups; and
 # ``wait_any``'s check that a request is this device's (a Request keeps its core, unshown to users)
 ALLOWED = {("dev", "_core"), ("dev", "_group"), ("r", "_core")}
