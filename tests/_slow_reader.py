@@ -20,7 +20,7 @@ def slow_reader_cluster(monkeypatch, fence_number: int, seconds: float = 0.3, ra
 
     def slow_fence(self):
         fence(self)
-        if self._dev.rank == rank:
+        if self._core.rank == rank:
             seen["fences"] += 1
             if seen["fences"] == fence_number:
                 time.sleep(seconds)

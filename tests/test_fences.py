@@ -89,17 +89,17 @@ def test_a_release_rings_only_its_owner_and_only_the_owner_awaits_it():
 
 
 def _release_after(dev):
-    from virtualpar.runtime.collective_call import CollectiveSpec
+    from virtualpar.runtime.collective_spec import CollectiveSpec
     from virtualpar.runtime.group_comm import GroupComm
 
-    spec = CollectiveSpec.build(dev, "barrier", None, dev._group(None), None, {})
-    comm = GroupComm(dev, spec, time.monotonic() + 5, None, None)
+    spec = CollectiveSpec.build(dev._core, "barrier", None, dev._group(None), None, {})
+    comm = GroupComm(dev._core, spec, time.monotonic() + 5, None, None)
     comm.fence()  # a call's first fence carries the members' clocks: its readers may still be reading
     with pytest.raises(RuntimeError, match="must follow a fence that carries nothing"):
         comm.release(0)
     comm.fence()
     comm.release(0)
-    comm = GroupComm(dev, spec, time.monotonic() + 5, None, None)
+    comm = GroupComm(dev._core, spec, time.monotonic() + 5, None, None)
     comm.fence()
     comm.fence_exchange(np.ones(2))  # a payload, likewise
     with pytest.raises(RuntimeError, match="must follow a fence that carries nothing"):

@@ -265,7 +265,7 @@ def waiting_for_any(dev) -> Any:
     for r in (stray, six):  # withdrawn, so that the run ends with nothing left posted
         from virtualpar.transport.leftovers import withdraw
 
-        withdraw(dev._endpoint, r._inner)
+        withdraw(dev._core.endpoint, r._inner)
     return got
 
 

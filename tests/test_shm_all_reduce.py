@@ -364,11 +364,11 @@ def test_one_numpy_reduction_over_the_rows_still_adds_them_in_rank_order(n, stri
 def _oversized_fence_payload(dev):
     import time as _time
 
-    from virtualpar.runtime.collective_call import CollectiveSpec
+    from virtualpar.runtime.collective_spec import CollectiveSpec
     from virtualpar.runtime.group_comm import GroupComm
 
-    spec = CollectiveSpec.build(dev, "barrier", None, dev._group(None), None, {})
-    comm = GroupComm(dev, spec, _time.monotonic() + 5, None, None)
+    spec = CollectiveSpec.build(dev._core, "barrier", None, dev._group(None), None, {})
+    comm = GroupComm(dev._core, spec, _time.monotonic() + 5, None, None)
     with pytest.raises(UsageError, match=r"carries at most 8192 bytes per member, not 8200"):
         comm.fence_exchange(np.zeros(comm.fence_payload_bytes // 8 + 1))
     return comm.fence_payload_bytes

@@ -210,16 +210,16 @@ def test_a_reset_gives_back_a_partly_received_pickles_buffer(pair):
     from virtualpar.transport.channel import KIND_ARRAY, KIND_PICKLE
 
     a, b = pair
-    b._pool.reserve(1 << 20)
-    home = b._pool._reserve.ctypes.data
-    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE), target=b._pool.raw(100_000), buf=b"")
+    b.pool.reserve(1 << 20)
+    home = b.pool._reserve.ctypes.data
+    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE), target=b.pool.raw(100_000), buf=b"")
     array = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_ARRAY), target=np.empty(9), buf=b"")
     b._partial.update({0: pickled, 1: array})
     assert pickled.target.ctypes.data == home
     b.reset()
     assert b._partial == {} and pickled.buf is None and pickled.target is None
     assert array.buf == b""  # an array's buffer goes back through its own lease
-    assert b._pool.raw(200_000).ctypes.data == home and b._pool.idle_bytes == 0
+    assert b.pool.raw(200_000).ctypes.data == home and b.pool.idle_bytes == 0
     assert _xfer(pair, np.arange(5.0)).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]  # and the pair still works
 
 
@@ -374,7 +374,7 @@ def _send_large_twice(dev):
             dev.send(np.full(1 << 17, float(i)), 1)
         else:
             assert (dev.recv(0) == i).all()
-    return dev._endpoint._offer_to[1] if dev.rank == 0 else None
+    return dev._core.endpoint.rendezvous.offer_to[1] if dev.rank == 0 else None
 
 
 @pytest.mark.parametrize("errno_, offers_later", [(14, True), (1, False)])

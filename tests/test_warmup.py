@@ -56,7 +56,7 @@ def test_the_warm_up_leaves_nothing_a_user_can_see(scratch):
 def test_the_warm_up_runs_the_collective_call_paths_and_warm_up_false_skips_them():
     """The devices' caches of validated calls hold the warm-up's barrier and all_reduces."""
     def cached(dev):
-        return sorted({key[0] for key in dev._specs})
+        return sorted({key[0] for key in dev._core.specs})
 
     with VirtualCluster(4) as cluster:
         assert cluster.run(cached)[0] == ["all_gather", "all_reduce", "barrier", "broadcast"]
@@ -112,7 +112,7 @@ def _failing_warm_up(how):
                     os._exit(7)
                 raise RuntimeError("broken warm-up")
         finally:
-            warmup._forget(dev)  # as the real one does, whatever happens
+            warmup._forget(dev._core)  # as the real one does, whatever happens
         real(dev)
 
     return warm_up
@@ -157,7 +157,7 @@ def test_shuffled_mode_draws_the_same_pauses_with_and_without_the_warm_up():
     """The warm-up's message-based collectives (no scratch) drew from the devices' shuffle
     generators, so a seed replayed other pauses than with warm_up=False."""
     def draws(dev):
-        return [dev._endpoint.shuffle.delay() for _ in range(5)]
+        return [dev._core.endpoint.shuffle.delay() for _ in range(5)]
 
     seen = []
     for warm in (True, False):
@@ -185,7 +185,7 @@ def test_a_short_op_timeout_is_the_users_not_the_warm_ups():
 def test_the_warm_up_keeps_no_result_buffer():
     """Its scratch all_reduce's result is a size the user may never use: n of them held for nothing."""
     with VirtualCluster(4) as cluster:
-        assert cluster.run(lambda dev: dev._endpoint._pool.idle_bytes) == [0] * 4
+        assert cluster.run(lambda dev: dev._core.pool.idle_bytes) == [0] * 4
 
 
 def test_result_reserve_bytes_stays_within_its_budgets():
@@ -201,7 +201,7 @@ def test_the_first_large_result_lands_in_the_warm_reserve():
     import resource
 
     def first(dev):
-        pool = dev._endpoint._pool
+        pool = dev._core.pool
         home = None if pool._reserve is None else pool._reserve.ctypes.data
         x = np.full(40_000, 1.0)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -251,7 +251,7 @@ def _unmapped_doorbells(dev) -> int:
             lo, hi = (int(x, 16) for x in head.split("-"))
             spans.append([lo, hi, 0])
     resident = [next(rss for lo, hi, rss in spans if lo <= bell._semlock.handle < hi)
-                for bell in dev._endpoint._bells]
+                for bell in dev._core.endpoint.doorbells]
     return resident.count(0)
 
 

@@ -17,7 +17,8 @@ from virtualpar.collectives.comm import Comm, sendrecv
 from virtualpar.collectives.ops import combine, finalize
 from virtualpar.errors import UsageError
 
-__all__ = ["all_reduce", "all_gather", "gather", "scatter", "all_to_all", "barrier", "check_all_reduce_memory"]
+__all__ = ["all_reduce", "all_gather", "gather", "scatter", "all_to_all", "barrier",
+           "check_all_reduce_memory"]
 
 HELD_PER_TERM = 3  # bytes of memory per byte of the terms in flight: measured, see check_all_reduce_memory
 
@@ -103,9 +104,9 @@ def check_all_reduce_memory(where: str, n: int, nbytes: int, devices: int) -> No
             return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
         raise UsageError(
             f"{where}: algorithm 'direct' would hold ~{size(need)} at once (each of {devices} devices keeps "
-            f"{n - 1} array{'s' if n > 2 else ''} of {nbytes} bytes from its group until it has them all), more than 80% "
-            f"of this machine's "
-            f"{size(MACHINE_BYTES)}; use the default algorithm ('shm') or 'ring', which hold about one array each")
+            f"{n - 1} array{'s' if n > 2 else ''} of {nbytes} bytes from its group until it has them all), "
+            f"more than 80% of this machine's {size(MACHINE_BYTES)}; use the default algorithm ('shm') or "
+            "'ring', which hold about one array each")
 
 
 def all_gather(comm: Comm, x: np.ndarray, dim: int = 0) -> np.ndarray:

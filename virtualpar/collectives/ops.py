@@ -24,7 +24,8 @@ import numpy as np
 
 from virtualpar.errors import UsageError
 
-__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize", "premultiplies", "premultiply", "reduce_floats"]
+__all__ = ["ReduceOp", "REDUCE_OPS", "check_op", "combine", "finalize", "premultiplies", "premultiply",
+           "reduce_floats"]
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,10 @@ def check_op(op: str, dtype: np.dtype | type | str) -> ReduceOp:
             op=op,
             dtype=str(dt),
         )
-    if dt.kind not in _KINDS.get(op, "biufc"):  # numpy would concatenate strings, or fail deep inside an algorithm
-        raise UsageError(f"reduce op {op!r} is not defined on dtype {dt}; reductions take bool, integer, float or "
-                         f"complex arrays{' (and timedelta64 for sum, max, min)' if dt.kind in 'mM' else ''}",
-                         op=op, dtype=str(dt))
+    if dt.kind not in _KINDS.get(op, "biufc"):  # numpy would concatenate strings, or fail deep inside
+        also = " (and timedelta64 for sum, max, min)" if dt.kind in "mM" else ""
+        raise UsageError(f"reduce op {op!r} is not defined on dtype {dt}; reductions take bool, integer, "
+                         f"float or complex arrays{also}", op=op, dtype=str(dt))
     return spec
 
 

@@ -46,7 +46,8 @@ def default_algorithm(collective: str, nbytes: int, size: int, shared_memory: bo
         return "shm"  # one fence over shared counters, no messages
     if collective in ("all_gather", "broadcast", "all_to_all") and shared_memory and size > 1:
         return "shm"  # copied straight out of the owner's scratch: 2 fences (or 1), no messages
-    if collective == "reduce_scatter" and shared_memory and (size > 2 or size == 2 and nbytes >= SHM_MIN_BYTES):
+    if collective == "reduce_scatter" and shared_memory and \
+            (size > 2 or size == 2 and nbytes >= SHM_MIN_BYTES):
         return "shm"  # a pair below 64 KiB: one message each way costs what a fence does
     if collective == "all_reduce":
         if shared_memory and size > 1:

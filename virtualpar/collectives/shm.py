@@ -137,7 +137,7 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
             reduce_rows(ufunc, rows[:, lo:hi], out)
             finalize(op, out, n)
             rows[0][lo:hi] = out  # published where the first member's term was (only we read it)
-        elif hi > lo:  # into the first member's slice r: its term, reduced first, in place (ours if we are it)
+        elif hi > lo:  # into the first member's slice r: its term, reduced first, in place (ours if us)
             acc = rows[0][lo:hi]
             reduce_rows(ufunc, [chunk[lo:hi] if j == r else rows[j][lo:hi] for j in range(n)], acc)
             finalize(op, acc, n)
@@ -157,7 +157,8 @@ def all_reduce(comm: SharedComm, x: np.ndarray, op: str = "sum") -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _charges(total: int, n: int, r: int, capacity: int, itemsize: int) -> tuple[np.ndarray, int, list[int] | None]:
+def _charges(total: int, n: int, r: int, capacity: int,
+             itemsize: int) -> tuple[np.ndarray, int, list[int] | None]:
     """What a call of ``total`` items costs member ``r`` besides its copies, worked out once per
     shape (a loop of all_reduces repeats it; at 16 devices it was ~10 numpy calls per call, each a
     few µs with the caches cold): the bytes each member read of ours — per chunk, peer j's slice j
@@ -196,10 +197,10 @@ def _all_reduce_in_fence(comm: SharedComm, x: np.ndarray, op: str) -> np.ndarray
 
 def barrier(comm: SharedComm) -> None:
     """Barrier as one fence over the arrival counters: a word store and a read of the group's
-    words per member, n−1 wake-ups in all (the last member to arrive wakes the rest), no messages; the dissemination barrier
-    sends n⌈log2 n⌉ messages and wakes every member ⌈log2 n⌉ times.  The runtime's contract
-    check rides on this fence (``registry.FENCE_FIRST``).  Charged to the modelled clock as the
-    dissemination barrier, which is what real hardware would run."""
+    words per member, n−1 wake-ups in all (the last member to arrive wakes the rest), no messages;
+    the dissemination barrier sends n⌈log2 n⌉ messages and wakes every member ⌈log2 n⌉ times.  The
+    runtime's contract check rides on this fence (``registry.FENCE_FIRST``).  Charged to the modelled
+    clock as the dissemination barrier, which is what real hardware would run."""
     if comm.size == 1:
         return
     comm.fence()

@@ -34,10 +34,10 @@ from virtualpar.errors import UsageError
 __all__ = ["all_gather", "broadcast", "usable", "GATHER_HEADER", "COPY_MIN_ROOM"]
 
 
-GATHER_HEADER = 1024  # head of the owner's scratch: the call's stamp, byte count, shape and dtype (see _header)
+GATHER_HEADER = 1024  # head of the owner's scratch: the call's stamp, byte count, shape, dtype (_header)
 STRIDED_MIN_MEMBERS = 8  # from here evenly spaced members' headers and pieces are read as strided rows
 COPY_MIN_ROOM = 64 << 10  # the default takes these only with this much scratch beyond the header
-_DTYPE_AT = GATHER_HEADER - 32  # the header ends with the dtype's ``str`` (a broadcast's non-roots have no array)
+_DTYPE_AT = GATHER_HEADER - 32  # the header ends with the dtype's ``str`` (a broadcast's non-roots: no array)
 _MAX_DIMS = _DTYPE_AT // 8 - 3
 _ALL_GATHER, _BROADCAST = 1, 2  # op codes in a call's stamp
 
@@ -74,7 +74,7 @@ def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
     comm.fence()  # every header and first chunk is published (the contract check rides on this fence)
 
     table = comm.scratch_rows() if n >= STRIDED_MIN_MEMBERS and own.size <= cap else None
-    if table is not None and _headers_alike(table, r, x.ndim):  # every piece is like ours, whole in its scratch
+    if table is not None and _headers_alike(table, r, x.ndim):  # every piece like ours, whole in its scratch
         result = comm.empty(x.shape[:dim] + (n * x.shape[dim],) + x.shape[dim + 1 :], x.dtype)
         if x.size:  # one strided copy: row j of the table is piece j, the result (pre, n, rest) in blocks
             pre = int(np.prod(x.shape[:dim], dtype=np.int64))
@@ -88,18 +88,21 @@ def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
     scratch = [comm.scratch(j) for j in range(n)]
     shapes, sizes = [], []
     for j in range(n):
-        size, shape, dtype = (x.nbytes, x.shape, x.dtype) if j == r else _read_header(scratch[j], stamp, "all_gather", j)
-        if dtype != x.dtype or len(shape) != x.ndim or shape[:dim] + shape[dim + 1 :] != x.shape[:dim] + x.shape[dim + 1 :]:
-            raise UsageError(f"all_gather: member {j} of the group contributes a piece of shape {shape}, {dtype}; "
-                             f"member {r} one of shape {x.shape}, {x.dtype}: pieces may differ only in their length "
-                             f"along dim {dim}")
+        size, shape, dtype = (x.nbytes, x.shape, x.dtype) if j == r else \
+            _read_header(scratch[j], stamp, "all_gather", j)
+        if dtype != x.dtype or len(shape) != x.ndim or \
+                shape[:dim] + shape[dim + 1 :] != x.shape[:dim] + x.shape[dim + 1 :]:
+            raise UsageError(f"all_gather: member {j} of the group contributes a piece of shape "
+                             f"{shape}, {dtype}; member {r} one of shape {x.shape}, {x.dtype}: pieces may "
+                             f"differ only in their length along dim {dim}")
         shapes.append(shape)
         sizes.append(size)
     out_shape = x.shape[:dim] + (sum(s[dim] for s in shapes),) + x.shape[dim + 1 :]
     result = comm.empty(out_shape, x.dtype)
     rounds = max(1, -(-max(sizes) // cap))
     if rounds == 1:  # every piece is whole in its owner's scratch: one copy, straight into the result
-        pieces = [x if j == r else scratch[j][GATHER_HEADER : GATHER_HEADER + sizes[j]].view(x.dtype).reshape(shapes[j])
+        pieces = [x if j == r else
+                  scratch[j][GATHER_HEADER : GATHER_HEADER + sizes[j]].view(x.dtype).reshape(shapes[j])
                   for j in range(n)]
         np.concatenate(pieces, axis=dim, out=result)
     else:
@@ -111,7 +114,8 @@ def all_gather(comm: SharedComm, x: np.ndarray, dim: int = 0) -> np.ndarray:
 
 
 def _gather_in_rounds(comm: SharedComm, scratch: list[np.ndarray], x: np.ndarray, own: np.ndarray, dim: int,
-                      shapes: list[tuple[int, ...]], sizes: list[int], cap: int, rounds: int, result: np.ndarray) -> None:
+                      shapes: list[tuple[int, ...]], sizes: list[int], cap: int, rounds: int,
+                      result: np.ndarray) -> None:
     """A piece larger than the scratch: ``cap`` bytes of every piece per round, each round
     published by a fence and read before the next (the caller's last fence ends the last round)."""
     n, r = comm.size, comm.rank
@@ -169,11 +173,12 @@ def broadcast(comm: SharedComm, x: np.ndarray | None, root: int = 0) -> np.ndarr
             [int(comm.scratch(j)[:8].view(np.int64)[0]) for j in range(n)]
         for j in np.flatnonzero(np.asarray(stamps) != stamp).tolist():
             if j != root:
-                raise UsageError(f"broadcast: member {j} of the group is not in this call with root {root}: the "
-                                 "members called different collectives, roots or groups, or in different orders, "
-                                 "which the contract check (off here) would have named")
+                raise UsageError(f"broadcast: member {j} of the group is not in this call with root {root}: "
+                                 "the members called different collectives, roots or groups, or in different "
+                                 "orders, which the contract check (off here) would have named")
 
-    nbytes, shape, dtype = (x.nbytes, x.shape, x.dtype) if r == root else _read_header(scratch, stamp, "broadcast", root)
+    nbytes, shape, dtype = (x.nbytes, x.shape, x.dtype) if r == root else \
+        _read_header(scratch, stamp, "broadcast", root)
     result = comm.empty(shape, dtype)
     flat = result.reshape(-1).view(np.uint8)
     if r == root:
@@ -201,9 +206,9 @@ def _room(comm: SharedComm, x: np.ndarray, name: str, other: str) -> int:
     cap = comm.scratch_bytes - GATHER_HEADER
     if cap < 1 or x.ndim > _MAX_DIMS or len(x.dtype.str) > GATHER_HEADER - _DTYPE_AT:
         raise UsageError(
-            f"{name} algorithm 'shm' needs scratch memory of more than {GATHER_HEADER} bytes per device and arrays "
-            f"of at most {_MAX_DIMS} dims, but the cluster has scratch_bytes={comm.scratch_bytes} and the array "
-            f"{x.ndim} dims; start it with a larger scratch_bytes or choose algorithm='{other}'")
+            f"{name} algorithm 'shm' needs scratch memory of more than {GATHER_HEADER} bytes per device and "
+            f"arrays of at most {_MAX_DIMS} dims, but the cluster has scratch_bytes={comm.scratch_bytes} and "
+            f"the array {x.ndim} dims; start it with a larger scratch_bytes or choose algorithm='{other}'")
     return cap
 
 
@@ -223,9 +228,9 @@ def _read_header(scratch: np.ndarray, stamp: int, name: str, j: int) -> tuple[in
     head = scratch[:_DTYPE_AT].view(np.int64)
     ndim = int(head[2])
     if int(head[0]) != stamp or not 0 <= ndim <= _MAX_DIMS:
-        raise UsageError(f"{name}: member {j} of the group is not in this call (its scratch holds another call's "
-                         "data): the members called different collectives, roots or groups, or in different orders, "
-                         "which the contract check (off here) would have named")
+        raise UsageError(f"{name}: member {j} of the group is not in this call (its scratch holds another "
+                         "call's data): the members called different collectives, roots or groups, or in "
+                         "different orders, which the contract check (off here) would have named")
     kind = scratch[_DTYPE_AT:GATHER_HEADER].tobytes().rstrip(b"\0").decode()
     return int(head[1]), tuple(int(v) for v in head[3 : 3 + ndim]), np.dtype(kind)
 

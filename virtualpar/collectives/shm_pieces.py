@@ -49,9 +49,9 @@ def piece_rounds(comm: SharedComm, source: np.ndarray, e: list[int], name: str,
     q = comm.scratch_bytes // itemsize // n  # items of each piece per round
     if q < 1 and source.size:
         raise UsageError(
-            f"{name} algorithm 'shm' needs scratch memory of at least one {source.dtype} element per member ({n} here) "
-            f"per device, but the cluster has scratch_bytes={comm.scratch_bytes}; start it with a larger scratch_bytes "
-            f"or choose algorithm='{other}'")
+            f"{name} algorithm 'shm' needs scratch memory of at least one {source.dtype} element per member "
+            f"({n} here) per device, but the cluster has scratch_bytes={comm.scratch_bytes}; start it with a "
+            f"larger scratch_bytes or choose algorithm='{other}'")
     width = n * q * itemsize
     table = comm.scratch_rows() if n >= shm.STRIDED_MIN_MEMBERS else None
     if table is not None:

@@ -168,9 +168,10 @@ class ThreadComm:
             self.world._fence.wait(self.world.timeout)
         except threading.BrokenBarrierError:
             if self.world._abort.is_set():
-                raise DeviceAborted(f"rank {self.rank}: fence aborted because another rank failed", rank=self.rank) from None
-            raise CollectiveTimeout(f"rank {self.rank}: not every rank reached the fence within {self.world.timeout}s",
+                raise DeviceAborted(f"rank {self.rank}: fence aborted because another rank failed",
                                     rank=self.rank) from None
+            raise CollectiveTimeout(f"rank {self.rank}: not every rank reached the fence within "
+                                    f"{self.world.timeout}s", rank=self.rank) from None
 
     def release(self, owner: int) -> None:
         """Threads share one barrier: a release is a fence."""
@@ -188,7 +189,8 @@ class ThreadComm:
         """Threads keep no modelled clock: nothing to charge."""
 
     model_ring_all_reduce = model_barrier = model_tree_all_reduce = _no_clock
-    model_ring_all_gather = model_ring_reduce_scatter = model_tree_broadcast = model_pairwise_all_to_all = _no_clock
+    model_ring_all_gather = model_ring_reduce_scatter = _no_clock
+    model_tree_broadcast = model_pairwise_all_to_all = _no_clock
 
 
 class ThreadWorld:
@@ -197,7 +199,8 @@ class ThreadWorld:
     ``bytes[src, dst]`` and ``messages[src, dst]`` accumulate over every ``run``.
     """
 
-    def __init__(self, size: int, timeout: float = 5.0, scratch_bytes: int = 4096, fence_payload_bytes: int = 0) -> None:
+    def __init__(self, size: int, timeout: float = 5.0, scratch_bytes: int = 4096,
+                 fence_payload_bytes: int = 0) -> None:
         if not isinstance(size, int) or size < 1:
             raise UsageError(f"ThreadWorld size must be a positive int, got {size!r}")
         self.size = size
@@ -290,6 +293,7 @@ class ThreadWorld:
         return results
 
 
-def run_threaded(n: int, fn: Callable[..., Any], *args: Any, timeout: float = 5.0, scratch_bytes: int = 4096) -> list[Any]:
+def run_threaded(n: int, fn: Callable[..., Any], *args: Any, timeout: float = 5.0,
+                 scratch_bytes: int = 4096) -> list[Any]:
     """Run ``fn(comm, *args)`` on n threads, each with its own ``ThreadComm``; results by rank."""
     return ThreadWorld(n, timeout=timeout, scratch_bytes=scratch_bytes).run(fn, *args)

@@ -140,7 +140,7 @@ def _direct_copy(dev: Any) -> bool | None:
         dev.send(np.ones(1 << 20), 1)
     elif dev.rank == 1:
         dev.recv(0)
-        return bool(dev._endpoint._can_read)
+        return bool(dev._core.endpoint.can_read)
     return None
 
 

@@ -48,9 +48,8 @@ from ..errors import Deadlock
 from ..mesh import Mesh
 from ..transport.channel import OFFER_SLOTS, offer_slot
 from ..transport.shm import FENCE_PLANES, Layout, SharedArena, ring_control
-from ..transport.waitboard import (ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, NONE, PEER, POKE, RECV, SEND,
-                                  SEVERAL, TAG,
-                                  board_view)
+from ..transport.waitboard import (ACK, ANY, ANY_TAG, FENCE, GEN, KIND, KIND_NAMES, MASK, NONE, PEER, POKE,
+                                  RECV, SEND, SEVERAL, TAG, board_view)
 from .fence_kinds import kind_axes
 from .recorder import FlightRecorder
 
@@ -74,7 +73,8 @@ class DeadlockWatch:
         self._bells = doorbells
         # numpy views of the shared words, indexed [src, dst]: built in O(1), read only when needed
         ctrl = ring_control(arena, layout)
-        self._heads, self._tails, self._replies = ctrl[:, :n, 0], ctrl[:, :n, 8], ctrl[:n, :n, 9 : 9 + OFFER_SLOTS]
+        self._heads, self._tails = ctrl[:, :n, 0], ctrl[:, :n, 8]
+        self._replies = ctrl[:n, :n, 9 : 9 + OFFER_SLOTS]
         words = arena.view(layout.arrivals_offset, FENCE_PLANES * layout.fence_kinds * n, np.uint64)
         self._counts = words.reshape(FENCE_PLANES, layout.fence_kinds, n)[0]  # fences entered [kind, rank]
         self._candidate: tuple | None = None
@@ -128,7 +128,7 @@ class DeadlockWatch:
             changed = False
             for d in blocked - live:
                 deps = self._deps(d, snap[d])
-                if not deps or any(p >= self.n or p in live for p in deps):  # p >= n: the host, never stuck here
+                if not deps or any(p >= self.n or p in live for p in deps):  # p >= n: the host, never stuck
                     live.add(d)
                     changed = True
         return blocked - live
@@ -216,9 +216,11 @@ class DeadlockWatch:
         what = "a cycle of waits" if not end_note else "waits that nothing can end"
         lines = [f"deadlock ({what}): {cycle}"]
         for d in sorted(dead):
-            lines.append(f"  device {d} {self.mesh.index(d)} in {self._op_text(d)}: waits {self._wait_text(d, snap[d])}")
+            lines.append(f"  device {d} {self.mesh.index(d)} in {self._op_text(d)}: "
+                         f"waits {self._wait_text(d, snap[d])}")
         lines.append("  every device listed sleeps with nothing in flight to it; none of them can act first.")
-        return Deadlock("\n".join(lines), cycle=chain, waits={d: self._wait_text(d, snap[d]) for d in sorted(dead)})
+        waits = {d: self._wait_text(d, snap[d]) for d in sorted(dead)}
+        return Deadlock("\n".join(lines), cycle=chain, waits=waits)
 
 
 def _takes(entry: tuple[int, ...], tag: int) -> bool:

@@ -4,30 +4,31 @@
 ``index`` on the mesh), keeps ``state`` across runs, moves data point-to-point or through
 collectives, and keeps two clocks: ``wall`` (seconds on this machine) and ``clock`` (modelled
 seconds on the virtual hardware).  Collective methods validate their arguments here, at the call
-site, then delegate to :mod:`virtualpar.runtime.collective_call`.
+site (:mod:`.collective_spec`), then run in :mod:`.collective_call`.
 
-Point-to-point ops (``send``, ``recv``, ``isend``, ``irecv``) come from the :mod:`.p2p` mixin.
+Point-to-point ops (``send``, ``recv``, ``isend``, ``irecv``) come from the :mod:`.p2p` mixin,
+``wait_any`` and the probes from :mod:`.probing`.  They, the requests, the collectives and the
+worker loop reach the endpoint, the clock, the recorder and the scratch through one object, the
+device's :class:`~.core.DeviceCore` (``_core``), never through each other's fields.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InjectedFault, P2PTimeout, UsageError
+from ..errors import P2PTimeout, UsageError
 from ..sim.hardware import dtype_name
-from .collective_call import CollectiveSpec, GroupInfo, run_collective
+from .collective_call import run_collective
+from .collective_spec import CollectiveSpec, GroupInfo
 from .config import TAG_HOST, ClusterConfig
+from .core import DeviceCore
 from .fence_kinds import fence_kind
 from .p2p import PointToPoint
 from .probing import Probing
-from .event_log import EventLog
-from .recorder import FlightRecorder, OpTexts
-from ..transport.lazy import Lazy
+from .recorder import FlightRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..mesh import Mesh
@@ -59,31 +60,20 @@ class VirtualDevice(PointToPoint, Probing):
         self.index = mesh.index(rank)
         self.state: dict[str, Any] = {}
         self.config = config
-        self._endpoint = endpoint
-        self._recorders = recorders
-        self._recorder = recorders[rank]
-        self._clock = clock
-        self._clocks = clocks  # every endpoint's published modelled clock (shared memory)
-        self._clock_mv = memoryview(clocks[rank : rank + 1])  # this device's slot (cheaper to store through)
-        # every device's scratch region (shm collectives): row r of ``scratch`` is device r's, viewed on first use
-        self._scratch_table = scratch
-        self._scratch = Lazy(lambda r: scratch[r, : endpoint.layout.scratch_bytes]) if scratch is not None else []
-        self._trace = config.trace
-        self._texts = OpTexts()  # flight-recorder texts of recent sends and receives
-        self._op_seq = 0
-        self._last_op = ""  # what op #_op_seq was, for error messages
-        self._run = 0  # how many cluster.run calls this device has served (same on every device)
+        # what this device's parts share (runtime/core.py); the worker loop, warm-up and start line too
+        self._core = DeviceCore(rank, mesh, config, endpoint, recorders, clock, clocks, scratch)
         self._run_ops_from = 0  # op_seq when the current run began: its own ops number above it
-        self._group_seq: dict[tuple[int, ...], int] = {}
         self._groups: dict[Any, GroupInfo] = {}  # resolved group spellings (see _group)
-        self._specs: dict[tuple, Any] = {}  # validated collective calls (CollectiveSpec.build)
-        self._faults: dict[int, tuple[str, dict[str, Any]]] = {}
-        self._events = EventLog(rank, config.max_events, config.t0)
+
+    @property
+    def _last_op(self) -> str:
+        """What op #``op_seq`` was (the error packaging's "last op")."""
+        return self._core.last_op
 
     # -- identity ---------------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return f"device {self.rank} {self.index}"
+        return self._core.name  # "device {rank} {index}"
 
     def __repr__(self) -> str:
         return f"VirtualDevice(rank={self.rank}, index={self.index}, mesh={self.mesh!r})"
@@ -91,7 +81,7 @@ class VirtualDevice(PointToPoint, Probing):
     @property
     def clock(self) -> float:
         """Modelled seconds since the cluster started, on the virtual hardware."""
-        return self._clock.now
+        return self._core.clock.now
 
     @property
     def wall(self) -> float:
@@ -101,7 +91,7 @@ class VirtualDevice(PointToPoint, Probing):
     @property
     def op_seq(self) -> int:
         """How many communication ops this device has started (the ``op #N`` of error messages)."""
-        return self._op_seq
+        return self._core.op_seq
 
     def group(self, group: Group = None) -> tuple[int, ...]:
         """The ranks of this device's group along mesh axes ``group`` (None: every device)."""
@@ -122,14 +112,15 @@ class VirtualDevice(PointToPoint, Probing):
         slice then covers the work itself.
         """
         wall0 = time.monotonic() if since is None else since + self.config.t0
+        core = self._core
         try:
-            start, end = self._clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
-        except UsageError as exc:  # the clock knows its rank, not the mesh: say which device, as every error does
+            start, end = core.clock.compute(flops=flops, nbytes=bytes, dtype=dtype_name(dtype))
+        except UsageError as exc:  # the clock knows its rank, not the mesh: say which device, as errors do
             raise exc.replace(exc.message.replace(f"compute on rank {self.rank}", f"{self.name}: compute"),
                               index=str(self.index)) from None
-        self._publish_clock()
-        if self._trace:
-            self._events.compute(name, wall0, start, end, self._op_seq, flops, bytes)
+        core.publish_clock()
+        if core.trace:
+            core.events.compute(name, wall0, start, end, core.op_seq, flops, bytes)
         return end - start
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -139,47 +130,60 @@ class VirtualDevice(PointToPoint, Probing):
         return matmul(self, a, b)
 
     # -- collectives (argument checks here; the protocol in collective_call) -----------------------
-    def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def all_reduce(self, x: np.ndarray, op: str = "sum", group: Group = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> np.ndarray:
         """Every device of ``group`` gets the elementwise reduction of every device's ``x``."""
         return self._collective("all_reduce", x, group, algorithm, timeout, op=op)
 
-    def all_gather(self, x: np.ndarray, dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def all_gather(self, x: np.ndarray, dim: int = 0, group: Group = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> np.ndarray:
         """Concatenate every device's ``x`` along ``dim`` in group order (pieces may differ in size)."""
         return self._collective("all_gather", x, group, algorithm, timeout, dim=dim)
 
-    def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Group = None,
+                       algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Reduce every device's ``x``, then give position i piece i of ``numpy.array_split(.., n, dim)``."""
         return self._collective("reduce_scatter", x, group, algorithm, timeout, dim=dim, op=op)
 
-    def broadcast(self, x: np.ndarray | None, root: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def broadcast(self, x: np.ndarray | None, root: int = 0, group: Group = None,
+                  algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Every device gets the root's ``x`` (``root`` is a position in the group; others may pass None)."""
         return self._collective("broadcast", x, group, algorithm, timeout, root=root)
 
-    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
+    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Group = None,
+               algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
         """The root gets the reduction of every device's ``x``; other devices get None."""
         return self._collective("reduce", x, group, algorithm, timeout, root=root, op=op)
 
-    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
+    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Group = None,
+               algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
         """The root gets every device's ``x`` concatenated along ``dim``; other devices get None."""
         return self._collective("gather", x, group, algorithm, timeout, root=root, dim=dim)
 
-    def scatter(self, x: np.ndarray | None, root: int = 0, dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+    def scatter(self, x: np.ndarray | None, root: int = 0, dim: int = 0, group: Group = None,
+                algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
         """Position i gets piece i of ``numpy.array_split(x, n, dim)`` of the root's ``x``."""
         return self._collective("scatter", x, group, algorithm, timeout, root=root, dim=dim)
 
-    def all_to_all(self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
-        """Piece j of ``x`` split along ``split_dim`` goes to position j; received pieces concatenate along ``concat_dim``."""
-        return self._collective("all_to_all", x, group, algorithm, timeout, split_dim=split_dim, concat_dim=concat_dim)
+    def all_to_all(self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, group: Group = None,
+                   algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
+        """Piece j of ``x`` split along ``split_dim`` goes to position j; received pieces concatenate
+        along ``concat_dim``."""
+        return self._collective("all_to_all", x, group, algorithm, timeout, split_dim=split_dim,
+                                concat_dim=concat_dim)
 
-    def barrier(self, group: Group = None, algorithm: str | None = None, timeout: float | None = None) -> None:
+    def barrier(self, group: Group = None, algorithm: str | None = None,
+                timeout: float | None = None) -> None:
         """Return once every device of ``group`` has entered the barrier (``shm``: one fence over
         shared counters, the default; ``direct``: the dissemination barrier's messages)."""
         self._collective("barrier", None, group, algorithm, timeout)
 
-    def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None, **params: Any) -> Any:
-        spec = CollectiveSpec.build(self, name, x, self._group(group), algorithm, params)
-        timeout = self.config.timeout if timeout is None else self._timeout(timeout)
-        return run_collective(self, spec, x if spec.reads_x else None, timeout)
+    def _collective(self, name: str, x: Any, group: Group, algorithm: str | None, timeout: float | None,
+                    **params: Any) -> Any:
+        core = self._core
+        spec = CollectiveSpec.build(core, name, x, self._group(group), algorithm, params)
+        timeout = core.timeout if timeout is None else core.budget(timeout)
+        return run_collective(core, spec, x if spec.reads_x else None, timeout)
 
     def _group(self, group: Group) -> GroupInfo:
         """``group`` resolved on the mesh: (axes, ranks, this device's position, description).
@@ -198,57 +202,24 @@ class VirtualDevice(PointToPoint, Probing):
                 self._groups[group] = info
         return info
 
-    # -- internals shared with collective_call ----------------------------------------------------
-    def _timeout(self, timeout: float | None) -> float:
-        if timeout is None:
-            return self.config.timeout
-        if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
-                or not timeout > 0:
-            raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}")
-        return float(timeout)
-
-    def _begin_op(self, text: str, raw: bytes | None = None) -> int:
-        """Count an op, record it, and fire an injected fault due at it (``raw``: ``text`` encoded, if known)."""
-        seq = self._op_seq = self._op_seq + 1
-        self._last_op = text
-        slot = self._recorder.start(seq, text if raw is None else raw, self._clock.now, self._run)
-        if self._faults:
-            fault = self._faults.pop(seq, None)
-            if fault is not None:
-                self._fire(fault, text)
-        return slot
-
-    def _fire(self, fault: tuple[str, dict[str, Any]], text: str) -> None:
-        action, params = fault
-        if action == "raise":
-            raise InjectedFault(f"injected fault on {self.name} at op #{self._op_seq} ({text})", rank=self.rank, op_seq=self._op_seq)
-        if action == "delay":
-            time.sleep(float(params.get("seconds", 1.0)))
-        elif action == "exit":
-            os._exit(int(params.get("code", 3)))
-        elif action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif action == "hang":
-            while True:  # a stuck device: ignores aborts; the driver has to kill it
-                time.sleep(3600)
-
+    # -- the modelled network ----------------------------------------------------------------------
     def mesh_route_time(self, peer: int, nbytes: int) -> float:
         """Modelled seconds of ``nbytes`` from this device to ``peer``: α_route + nbytes / β_route."""
-        return self._clock.route_time(peer, nbytes)
-
-    def _publish_clock(self) -> None:
-        self._clock_mv[0] = self._clock.now
+        return self._core.clock.route_time(peer, nbytes)
 
     # -- host channel (used by the worker loop) -----------------------------------------------------
     def _from_host(self) -> Any:
-        req = self._endpoint.irecv(self.size, TAG_HOST)
+        req = self._core.endpoint.irecv(self.size, TAG_HOST)
         return req.wait(self.config.timeout, self._host_timeout("receiving from"))
 
     def _to_host(self, x: Any) -> None:
-        self._endpoint.isend(x, self.size, TAG_HOST).wait(self.config.timeout, self._host_timeout("sending to"))
+        req = self._core.endpoint.isend(x, self.size, TAG_HOST)
+        req.wait(self.config.timeout, self._host_timeout("sending to"))
 
     def _host_timeout(self, what: str):
         def build() -> P2PTimeout:
-            return P2PTimeout(f"{self.name}: {what} the host did not complete within {self.config.timeout:g} s",
-                              rank=self.rank, index=str(self.index), peer=self.size, tag=TAG_HOST, op_seq=self._op_seq)
+            return P2PTimeout(f"{self.name}: {what} the host did not complete within "
+                              f"{self.config.timeout:g} s",
+                              rank=self.rank, index=str(self.index), peer=self.size, tag=TAG_HOST,
+                              op_seq=self._core.op_seq)
         return build

@@ -89,8 +89,8 @@ class EventLog:
             return
         self.add(kind, name, wall0 - self.t0, monotonic() - self.t0, model0, model1, seq, fields)
 
-    def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float, model_end: float,
-            seq: int, fields: dict[str, Any]) -> None:
+    def add(self, kind: str, name: str, wall_start: float, wall_end: float, model_start: float,
+            model_end: float, seq: int, fields: dict[str, Any]) -> None:
         """An event whose wall times are given (seconds since ``t0``); the cap is the caller's to check."""
         self._flat += (_FIELDS, kind, name, wall_start, wall_end, model_start, model_end, seq,
                        fields, None, None, None, None, None)
@@ -112,8 +112,8 @@ class EventLog:
                 fields = {"args": (("flops", a), ("bytes", b))}
             else:
                 fields = a
-            yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms, model_end=me,
-                        seq=seq, **fields)
+            yield Event(rank=rank, kind=kind, name=name, wall_start=ws, wall_end=we, model_start=ms,
+                        model_end=me, seq=seq, **fields)
 
     def clear(self) -> None:
         self._flat.clear()

@@ -14,13 +14,16 @@ message, and a reset drops it: it never reaches a later run.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import UsageError
 from ..transport.leftovers import withdraw
 from ..transport.payload import dumps_by_value, plain_array
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .core import DeviceCore
 
 __all__ = ["SelfSend", "send_to_self", "would_wait_forever"]
 
@@ -33,34 +36,37 @@ def _copy(x: Any) -> tuple[Any, int]:
     return pickle.loads(data), len(data)
 
 
-def send_to_self(dev: Any, x: Any, tag: int, blocking: bool = False, sync: bool = False) -> "SelfSend":
+def send_to_self(core: "DeviceCore", x: Any, tag: int, blocking: bool = False,
+                 sync: bool = False) -> "SelfSend":
     """Queue a copy of ``x`` for this device's own receive; returns the send's request.  A blocking
     send that must wait for its receive (``ssend``; in strict mode, a send above ``eager_limit``)
     completes only if that receive is already posted: else only this device could post it, after
     the send returned, so it is raised at once, as MPI would hang there.  An ``issend``'s request
     is done once a receive took the message."""
-    slot = dev._begin_op(*dev._texts.send(x, dev.rank, tag, "ssend" if sync else "send"))
+    slot = core.begin_op(*core.texts.send(x, core.rank, tag, "ssend" if sync else "send"))
     copy, nbytes = _copy(x)
-    limit = dev._endpoint.eager_limit
+    limit = core.endpoint.eager_limit
     waits = sync or limit is not None and nbytes > limit  # for its receive (ssend; strict mode)
-    msg = dev._endpoint.deliver_to_self(tag, copy, nbytes, posted_only=blocking and waits)
+    msg = core.endpoint.deliver_to_self(tag, copy, nbytes, posted_only=blocking and waits)
     if msg is None:
-        dev._recorder.finish(slot, dev.clock, failed=True)
+        core.fail(slot)
         verb, why = ("ssend", "synchronous") if sync else ("send", f"above eager_limit={limit}")
-        raise UsageError(f"{dev.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op #{dev.op_seq} is {why}: "
-                         "it waits for its receive, none is posted, and only this device could post one once the "
-                         "send returned, so it would wait forever (use isend, then recv)", rank=dev.rank, tag=tag)
-    dev._recorder.finish(slot, dev.clock)
+        raise UsageError(f"{core.name}: {verb} to itself (tag {tag}) of {nbytes} bytes at op "
+                         f"#{core.op_seq} is {why}: it waits for its receive, none is posted, and only this "
+                         "device could post one once the send returned, so it would wait forever (use isend, "
+                         "then recv)",
+                         rank=core.rank, tag=tag)
+    core.recorder.finish(slot, core.clock.now)
     return SelfSend(tag, msg if waits and not blocking else None, "issend" if sync else "isend")
 
 
-def would_wait_forever(dev: Any, inner: Any, tag: int) -> UsageError:
+def would_wait_forever(core: "DeviceCore", inner: Any, tag: int) -> UsageError:
     """The error of a receive from this device itself that nothing queued can complete; the
     receive is withdrawn, so it cannot take a later message."""
-    withdraw(dev._endpoint, inner)
-    return UsageError(f"{dev.name}: recv from itself (tag {'any' if tag < 0 else tag}) at op #{dev.op_seq} has no "
-                      "message: no send to itself with that tag is queued, so it would wait forever",
-                      rank=dev.rank, tag=tag)
+    withdraw(core.endpoint, inner)
+    return UsageError(f"{core.name}: recv from itself (tag {'any' if tag < 0 else tag}) at op #{core.op_seq} "
+                      "has no message: no send to itself with that tag is queued, so it would wait forever",
+                      rank=core.rank, tag=tag)
 
 
 class SelfSend:
@@ -79,8 +85,9 @@ class SelfSend:
 
     def wait(self, timeout: float | None = None) -> None:
         if not self.test():
-            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has taken it, and only "
-                             "this device could, so waiting would wait forever (post the receive first)", tag=self._tag)
+            raise UsageError(f"{self._verb} to itself (tag {self._tag}): no receive of this device has "
+                             "taken it, and only this device could, so waiting would wait forever (post the "
+                             "receive first)", tag=self._tag)
         return None
 
     def __repr__(self) -> str:

@@ -1,9 +1,10 @@
 """Point-to-point ops of a device: ``isend``, ``irecv``, ``send``, ``recv``, and their bookkeeping.
 
-A mixin of :class:`~virtualpar.runtime.device.VirtualDevice` (the state it uses is the device's).
+A mixin of :class:`~virtualpar.runtime.device.VirtualDevice`: it checks the arguments against the
+device's identity and does the rest through the device's :class:`~.core.DeviceCore` (``self._core``).
 Every op is counted (``op #N``), recorded in the flight recorder, and charged to the modelled clock
-in program order (``_sent``, ``_received``); collectives reuse ``_post_send``, ``_sent`` and
-``_received`` for their messages.
+in program order (``DeviceCore.sent``, ``DeviceCore.received``), the bookkeeping collectives and
+requests share.
 
 Cost of an op beyond the transport: a handful of type checks, one flight-recorder write at start
 and one at the end, the modelled-clock update (route figures cached per peer in the clock).  The
@@ -19,27 +20,29 @@ log; its flow id stays a tuple of ints until the trace is read.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import P2PTimeout, UsageError
-from ..transport.channel import FLAG_CONTROL
 from ..transport.leftovers import withdraw
 from .loopback import SelfSend, send_to_self, would_wait_forever
-from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
-from .recorder import format_records
 from .requests import Request
+from .status import ANY_SOURCE, ANY_TAG, Status, plain_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .core import DeviceCore
 
 _TAG_END = 1 << 63  # a message header holds a signed 64-bit tag
-_SEND_STAYS = " The message stays posted: it is still delivered if its receive comes, so do not send it again."
+_SEND_STAYS = (" The message stays posted: it is still delivered if its receive comes, so do not send it"
+               " again.")
 _RECV_WITHDRAWN = " The receive is withdrawn: a message arriving later is left for the next receive."
 _RECV_LOST = " It had begun to take a message still arriving: that message is lost to later receives."
 
-__all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status"]
+__all__ = ["PointToPoint", "ANY_SOURCE", "ANY_TAG", "Status", "tag_span"]
 
 
-def _span(tag: Any) -> tuple[range | None, Any]:
+def tag_span(tag: Any) -> tuple[range | None, Any]:
     """A ``range`` of tags (the mpi4py facade's ANY_TAG within one communicator's span of device
     tags) is received as ANY_TAG restricted to it; any other tag is as given."""
     if type(tag) is range and tag.step == 1 and 0 <= tag.start < tag.stop <= _TAG_END:
@@ -49,6 +52,11 @@ def _span(tag: Any) -> tuple[range | None, Any]:
 
 class PointToPoint:
     """Point-to-point messages between the devices of a cluster (see the module doc)."""
+
+    _core: "DeviceCore"
+    rank: int
+    size: int
+    name: str
 
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Request:
         """Start sending ``x`` (an array travels raw; any other picklable object is pickled)."""
@@ -66,31 +74,39 @@ class PointToPoint:
 
     def _isend(self, x: Any, dst: int, tag: int, timeout: float | None, sync: bool,
                blocking: bool = False) -> Request | SelfSend:
-        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
+        core = self._core
+        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank \
+                or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):  # the fast test above passes plain valid ints only
-                return send_to_self(self, x, tag, blocking, sync)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        slot = self._begin_op(*self._texts.send(x, dst, tag, "ssend" if sync else "send"))
+                return send_to_self(core, x, tag, blocking, sync)
+        budget = core.timeout if timeout is None else core.budget(timeout)
+        slot = core.begin_op(*core.texts.send(x, dst, tag, "ssend" if sync else "send"))
         wall0 = time.monotonic()
         deadline = wall0 + budget
-        inner, flow = self._post_send_or_fail(x, dst, tag, slot, sync)  # posting a large message takes a while
-        return Request(self, inner, "send", dst, tag, deadline, None, slot, flow, budget, wall0)
+        try:  # posting a large message takes a while
+            inner, flow = core.post_send(x, dst, tag, sync)
+        except BaseException:  # a send that cannot be posted is recorded as failed
+            core.fail(slot)
+            raise
+        return Request(core, inner, "send", dst, tag, deadline, None, slot, flow, budget, wall0)
 
-    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> Request:
+    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None,
+              timeout: float | None = None) -> Request:
         """Start receiving the next message from ``src`` with ``tag`` (into ``out`` if given);
         ``src=ANY_SOURCE`` / ``tag=ANY_TAG`` take the earliest matching message this device has
         taken in from its channels (not necessarily the earliest sent, as MPI allows; the request's
         ``status`` then says who sent it, with which tag)."""
         span = None
         if type(src) is not int or type(tag) is not int:
-            span, tag = _span(tag)
+            span, tag = tag_span(tag)
             src, tag = plain_int(src), plain_int(tag)
-        budget, slot = self._begin_recv(src, tag, out, timeout)
+        core = self._core
+        budget, slot = self._begin_recv(core, src, tag, out, timeout)
         deadline = time.monotonic() + budget
-        inner = self._endpoint.irecv(None if src == ANY_SOURCE else src,
-                                     span if span is not None else None if tag == ANY_TAG else tag, out)
-        return Request(self, inner, "recv", src, tag, deadline, None, slot, None, budget)
+        inner = core.endpoint.irecv(None if src == ANY_SOURCE else src,
+                                    span if span is not None else None if tag == ANY_TAG else tag, out)
+        return Request(core, inner, "recv", src, tag, deadline, None, slot, None, budget)
 
     def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
         """Send ``x`` to device ``dst``; returns once the message is on its way (buffered).
@@ -100,25 +116,29 @@ class PointToPoint:
         overlaps with the receiver's work instead of delaying the message (a small send is
         complete once posted, so no reader can see it pending in between).
         """
-        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
+        core = self._core
+        if type(dst) is not int or not 0 <= dst < self.size or dst == self.rank \
+                or type(tag) is not int or not 0 <= tag < _TAG_END:
             dst, tag = plain_int(dst), plain_int(tag)
             if self._check_p2p(dst, tag, "dst"):
-                send_to_self(self, x, tag, blocking=True)
+                send_to_self(core, x, tag, blocking=True)
                 return
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        if self._faults:
+        budget = core.timeout if timeout is None else core.budget(timeout)
+        if core.faults:
             self.isend(x, dst, tag, budget).wait()  # a fault due at this op fires before anything is posted
             return
-        wall0 = time.monotonic() if self._trace else 0.0
+        trace = core.trace
+        wall0 = time.monotonic() if trace else 0.0
+        ep = core.endpoint
         try:
-            inner = self._endpoint.isend(x, dst, tag, on_send=self._clock.on_send)
+            inner = ep.isend(x, dst, tag, on_send=core.clock.on_send)
         except BaseException:
-            self._recorder.finish(self._begin_op(*self._texts.send(x, dst, tag)), self._clock.now, failed=True)
+            core.fail(core.begin_op(*core.texts.send(x, dst, tag)))
             raise
-        slot = self._begin_op(*self._texts.send(x, dst, tag))
+        slot = core.begin_op(*core.texts.send(x, dst, tag))
         if not inner.done:
-            self._await(inner, slot, budget, lambda: self._p2p_error("send to", dst, tag, budget, _SEND_STAYS))
-        self._sent(dst, inner, slot, wall0, (self.rank, dst, inner.seq, self._endpoint.resets) if self._trace else None)
+            core.wait(inner, slot, budget, lambda: core.p2p_error("send to", dst, tag, budget, _SEND_STAYS))
+        core.sent(dst, inner, slot, wall0, (self.rank, dst, inner.seq, ep.resets) if trace else None)
 
     def recv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None,
              status: Status | None = None) -> Any:
@@ -130,25 +150,28 @@ class PointToPoint:
         its source, tag and size."""
         span = None
         if type(src) is not int or type(tag) is not int:
-            span, tag = _span(tag)
+            span, tag = tag_span(tag)
             src, tag = plain_int(src), plain_int(tag)
-        budget, slot = self._begin_recv(src, tag, out, timeout)
-        wall0, model0 = (time.monotonic(), self._clock.now) if self._trace else (0.0, 0.0)
+        core = self._core
+        budget, slot = self._begin_recv(core, src, tag, out, timeout)
+        wall0, model0 = (time.monotonic(), core.clock.now) if core.trace else (0.0, 0.0)
+        ep = core.endpoint
         if src < 0 or tag < 0:  # ANY_SOURCE / ANY_TAG (_begin_recv let nothing else through)
-            inner = self._endpoint.irecv(None if src == ANY_SOURCE else src,
-                                         span if span is not None else None if tag == ANY_TAG else tag, out)
+            inner = ep.irecv(None if src == ANY_SOURCE else src,
+                             span if span is not None else None if tag == ANY_TAG else tag, out)
         else:
-            inner = self._endpoint.irecv(src, tag, out)
-        if (src == self.rank or src == ANY_SOURCE and self.size == 1) and not inner.done:  # only this device could send it
-            self._recorder.finish(slot, self._clock.now, failed=True)
-            raise would_wait_forever(self, inner, tag)
+            inner = ep.irecv(src, tag, out)
+        if (src == self.rank or src == ANY_SOURCE and self.size == 1) and not inner.done:
+            core.fail(slot)  # only this device could send it
+            raise would_wait_forever(core, inner, tag)
         try:
-            value = self._await(inner, slot, budget, lambda: self._p2p_error("recv from", src, tag, budget, _RECV_WITHDRAWN))
+            value = core.wait(inner, slot, budget,
+                              lambda: core.p2p_error("recv from", src, tag, budget, _RECV_WITHDRAWN))
         except P2PTimeout as exc:
-            if not withdraw(self._endpoint, inner):  # nobody holds it now: it must not swallow a later message
+            if not withdraw(ep, inner):  # nobody holds it now: it must not swallow a later message
                 raise exc.replace(exc.message.replace(_RECV_WITHDRAWN, _RECV_LOST)) from None
             raise
-        self._received(inner.src, inner, slot, wall0, model0)
+        core.received(inner, slot, wall0, model0)
         if status is not None:
             status.fill(inner)
         return value
@@ -163,18 +186,21 @@ class PointToPoint:
         outgoing.wait()
         return value
 
-    def _begin_recv(self, src: int, tag: int, out: Any, timeout: float | None) -> tuple[float, int]:
+    def _begin_recv(self, core: "DeviceCore", src: int, tag: int, out: Any,
+                    timeout: float | None) -> tuple[float, int]:
         """Check a receive's arguments, count and record it; returns (its budget in s, its record slot)."""
         self._check_recv(src, tag)
         if out is not None:
             self._check_out(out)
-        budget = self.config.timeout if timeout is None else self._timeout(timeout)
-        return budget, self._begin_op(*self._texts.recv(src, tag))
+        budget = core.timeout if timeout is None else core.budget(timeout)
+        return budget, core.begin_op(*core.texts.recv(src, tag))
 
+    # -- argument checks (probing's too) ----------------------------------------------------------
     def _check_recv(self, src: Any, tag: Any) -> None:
         """Raise ``UsageError`` for a receive's (or a probe's) bad source or tag; ``ANY_SOURCE``,
         ``ANY_TAG`` and this device itself are allowed."""
-        if type(src) is not int or not 0 <= src < self.size or src == self.rank or type(tag) is not int or not 0 <= tag < _TAG_END:
+        if type(src) is not int or not 0 <= src < self.size or src == self.rank \
+                or type(tag) is not int or not 0 <= tag < _TAG_END:
             any_src = type(src) is int and src == ANY_SOURCE
             any_tag = type(tag) is int and tag == ANY_TAG
             if not any_src:
@@ -182,7 +208,6 @@ class PointToPoint:
             if any_src and not any_tag:
                 self._check_p2p(0 if self.rank else self.size - 1, tag, "src")  # the tag's own check
 
-    # -- bookkeeping shared with Request and collective_call --------------------------------------
     def _check_p2p(self, peer: Any, tag: Any, what: str) -> bool:
         """Raise ``UsageError`` for a bad peer rank or tag (the callers' fast test failed); True
         if the peer is this device itself (a message to oneself, see :mod:`.loopback`)."""
@@ -191,7 +216,8 @@ class PointToPoint:
         if not 0 <= peer < self.size:
             raise UsageError(f"{self.name}: {what}={peer} is out of range; ranks are 0..{self.size - 1}")
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < _TAG_END:
-            raise UsageError(f"{self.name}: tag must be an int in 0..2**63-1 (a message header holds 64 bits), got {tag!r}")
+            raise UsageError(f"{self.name}: tag must be an int in 0..2**63-1 (a message header holds 64 "
+                             f"bits), got {tag!r}")
         return peer == self.rank
 
     def _check_out(self, out: Any) -> None:
@@ -199,73 +225,3 @@ class PointToPoint:
             raise UsageError(f"{self.name}: recv(out=...) needs a numpy array, got {type(out).__name__}")
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UsageError(f"{self.name}: recv(out=...) needs a writeable C-contiguous array")
-
-    def _post_send(self, x: Any, dst: int, tag: int, sync: bool = False) -> tuple[Any, tuple[int, int, int, int] | None]:
-        """Stamp and post one message; returns (transport request, trace flow id or None).  A flow
-        id is (src, dst, message number, resets), formatted only when the trace is read."""
-        flow = None
-        if self._trace:  # the flow id links the send and recv events of one message in a trace
-            flow = (self.rank, dst, self._endpoint.next_seq(dst), self._endpoint.resets)
-        return self._endpoint.isend(x, dst, tag, on_send=self._clock.on_send, sync=sync), flow
-
-    def _post_send_or_fail(self, x: Any, dst: int, tag: int, slot: int,
-                           sync: bool = False) -> tuple[Any, tuple[int, int, int, int] | None]:
-        """``_post_send`` for a user-level op: a send that cannot be posted is recorded as failed."""
-        try:
-            return self._post_send(x, dst, tag, sync)
-        except BaseException:
-            self._recorder.finish(slot, self._clock.now, failed=True)
-            raise
-
-    def _await(self, inner: Any, slot: int | None, timeout: float, on_timeout: Any) -> Any:
-        """Wait for a transport request (at most ``timeout`` s); a failed wait is recorded as such."""
-        try:
-            return inner.wait(timeout, on_timeout)
-        except BaseException:
-            if slot is not None:
-                self._recorder.finish(slot, self._clock.now, failed=True)
-            raise
-
-    def _sent(self, dst: int, inner: Any, slot: int | None, wall0: float, flow: tuple[int, int, int, int] | None) -> None:
-        """Clock, trace and record once a send completed (in program order).
-
-        Hockney's model: a send costs its sender alpha + M/beta, charged when it is waited on, so
-        an isend overlapped with compute costs max(compute, transfer), not the sum."""
-        clock = self._clock
-        stamp = inner.stamp
-        end = clock.on_send_done(dst, inner.nbytes, stamp)
-        now = self._clock_mv[0] = clock.now  # _publish_clock, inlined
-        if self._trace:
-            self._events.message("send", wall0, stamp, end, self._op_seq, inner.nbytes, dst, flow)
-        if slot is not None:
-            self._recorder.finish(slot, now)
-
-    def _received(self, src: int, inner: Any, slot: int | None, wall0: float, model0: float) -> None:
-        """Clock, trace and record once a receive completed (in program order): the modelled
-        clock moves to the message's arrival (see ``DeviceClock.on_recv``)."""
-        src = inner.src  # the actual source of a receive from ANY_SOURCE
-        header = inner.header
-        clock = self._clock
-        if not header.kind & FLAG_CONTROL:  # the runtime's own messages cost no modelled time
-            nbytes = header.nbytes
-            clock.on_recv(src, nbytes, header.stamp)
-            self._clock_mv[0] = clock.now
-            if self._trace:
-                self._events.message("recv", wall0, model0, clock.now, self._op_seq, nbytes, src,
-                                     (src, self.rank, header.seq, self._endpoint.resets))
-        if slot is not None:
-            self._recorder.finish(slot, clock.now)
-
-    def _p2p_error(self, what: str, peer: int, tag: int, budget: float, after: str = "") -> P2PTimeout:
-        """The error of a send/recv that did not complete within ``budget`` s, with both ends' flight
-        records; ``after`` says what became of the operation."""
-        if peer < 0:  # a receive from ANY_SOURCE: no one peer to show
-            return P2PTimeout(f"{self.name}: {what} any source (tag {'any' if tag < 0 else tag}) did not complete "
-                              f"within {budget:g} s (op #{self._op_seq}).{after}", rank=self.rank, index=str(self.index),
-                              peer=peer, tag=tag, op_seq=self._op_seq)
-        records = {r: self._recorders[r].records() for r in (self.rank, peer)}
-        return P2PTimeout(
-            f"{self.name}: {what} device {peer} (tag {tag}) did not complete within {budget:g} s "
-            f"(op #{self._op_seq}).{after}\n  device {peer} {self.mesh.index(peer)} last ops:\n{format_records(records[peer], 4)}",
-            rank=self.rank, index=str(self.index), peer=peer, tag=tag, op_seq=self._op_seq, flight_records=records,
-        )

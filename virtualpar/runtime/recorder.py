@@ -7,7 +7,8 @@ Because the records live in the cluster's shared arena rather than in the device
 they survive the device: the driver reads a SIGKILLed device's last op, and a device whose
 collective timed out reads what each of its peers is doing right now.  Each record is 256 bytes::
 
-    seq i64 | wall_start f64 | model_start f64 | run i32 | state i32 | wall_end f64 | model_end f64 | text 208s
+    seq i64 | wall_start f64 | model_start f64 | run i32 | state i32 | wall_end f64 | model_end f64
+    | text 208s
 
 (``state``, ``wall_end`` and ``model_end`` are adjacent so that finishing an op is one write.)
 
@@ -47,7 +48,8 @@ _STATE_NAMES = {STARTED: "started", DONE: "done", FAILED: "failed"}
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One recorded op of one device (wall times are ``time.monotonic()`` seconds; ``run``: see module doc)."""
+    """One recorded op of one device (wall times are ``time.monotonic()`` seconds; ``run``: see the
+    module doc)."""
 
     rank: int
     seq: int
@@ -63,7 +65,8 @@ class OpRecord:
         if self.state == "started":
             ago = (time.monotonic() if now is None else now) - self.wall_start
             return f"op #{self.seq} {self.text} [started {ago:.2f} s ago, not finished]"
-        return f"op #{self.seq} {self.text} [{self.state} in {1e3 * (self.wall_end - self.wall_start):.2f} ms]"
+        took = 1e3 * (self.wall_end - self.wall_start)
+        return f"op #{self.seq} {self.text} [{self.state} in {took:.2f} ms]"
 
 
 class FlightRecorder:
@@ -72,7 +75,7 @@ class FlightRecorder:
     def __init__(self, arena: SharedArena, layout: Layout, rank: int) -> None:
         self.rank = rank
         base = layout.recorder_offset(rank)
-        self._count = memoryview(arena.view(base, 1, np.int64))  # one aligned word: cheaper than numpy indexing
+        self._count = memoryview(arena.view(base, 1, np.int64))  # one aligned word: cheaper than numpy's []
         self._buf = arena.view(base + 64, RECORD_SLOTS * RECORD_BYTES)
         self._mv = memoryview(self._buf)
         self._texts: list[bytes | None] = [None] * RECORD_SLOTS  # the encoded text each slot holds now
@@ -82,24 +85,28 @@ class FlightRecorder:
         count = self._count[0]
         slot = count & (RECORD_SLOTS - 1)
         if text is self._texts[slot]:  # a loop of ops: the slot already holds this very text
-            _HEAD.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0, 0.0)
+            _HEAD.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0,
+                            0.0)
         else:
             raw = text if type(text) is bytes else text.encode("utf-8", "replace")  # type: ignore[union-attr]
             # struct's "208s" cuts longer text (a cut UTF-8 sequence decodes as U+FFFD) and pads with NULs
-            _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED, 0.0, 0.0, raw)
+            _REC.pack_into(self._mv, slot * RECORD_BYTES, seq, time.monotonic(), model, run, STARTED,
+                           0.0, 0.0, raw)
             self._texts[slot] = raw if raw is text else None
         self._count[0] = count + 1
         return slot
 
     def finish(self, slot: int, model: float, failed: bool = False) -> None:
-        _END.pack_into(self._mv, slot * RECORD_BYTES + _END_OFFSET, FAILED if failed else DONE, time.monotonic(), model)
+        _END.pack_into(self._mv, slot * RECORD_BYTES + _END_OFFSET, FAILED if failed else DONE,
+                       time.monotonic(), model)
 
     def records(self) -> list[OpRecord]:
         """Every kept record, oldest first."""
         count = int(self._count[0])
         out = []
         for i in range(max(0, count - RECORD_SLOTS), count):
-            seq, ws, ms, run, state, we, me, raw = _REC.unpack_from(self._mv, (i % RECORD_SLOTS) * RECORD_BYTES)
+            seq, ws, ms, run, state, we, me, raw = _REC.unpack_from(self._mv,
+                                                                    (i % RECORD_SLOTS) * RECORD_BYTES)
             text = raw.rstrip(b"\0").decode("utf-8", "replace")
             out.append(OpRecord(self.rank, seq, _STATE_NAMES.get(state, "?"), ws, we, ms, me, text, run))
         return out
@@ -185,6 +192,7 @@ def merged_trace(replies: list[tuple[list[Event], int]], names: dict[int, str], 
     if full:
         where = ", ".join(f"device {r} dropped {counted(n, 'event')}" for r, n in full.items())
         warnings.warn(f"trace: {where} past the {cap} a device keeps; the trace holds only the first "
-                      f"{cap} of each: read it with cluster.trace(clear=True) between phases to keep them all",
+                      f"{cap} of each: read it with cluster.trace(clear=True) between phases to keep them "
+                      "all",
                       RuntimeWarning, stacklevel=3)
     return Trace([e for evs, _ in replies for e in evs], device_names=names)

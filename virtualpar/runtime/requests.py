@@ -20,7 +20,7 @@ from .status import ANY_SOURCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..transport.requests import RecvRequest, SendRequest
-    from .device import VirtualDevice
+    from .core import DeviceCore
 
 __all__ = ["Request"]
 
@@ -32,12 +32,12 @@ class Request:
     point-to-point timeout error for this op, saying it did not complete within ``budget`` seconds.
     """
 
-    __slots__ = ("_dev", "_inner", "_kind", "_peer", "_tag", "_wall0", "_model0", "_deadline", "_on_timeout", "_slot",
-                 "_done", "_value", "_flow", "_budget")
+    __slots__ = ("_core", "_inner", "_kind", "_peer", "_tag", "_wall0", "_model0", "_deadline", "_on_timeout",
+                 "_slot", "_done", "_value", "_flow", "_budget")
 
     def __init__(
         self,
-        dev: "VirtualDevice",
+        core: "DeviceCore",
         inner: "SendRequest | RecvRequest",
         kind: str,
         peer: int,
@@ -49,14 +49,14 @@ class Request:
         budget: float = 0.0,
         wall0: float | None = None,
     ) -> None:
-        self._dev = dev
+        self._core = core  # the device's (runtime/core.py)
         self._inner = inner
         self._kind = kind  # "send" or "recv"
         self._peer = peer
         self._tag = tag
-        if dev._trace:  # only trace events show when an op started (a send: before it was posted)
+        if core.trace:  # only trace events show when an op started (a send: before it was posted)
             self._wall0 = time.monotonic() if wall0 is None else wall0
-            self._model0 = dev._clock.now
+            self._model0 = core.clock.now
         else:
             self._wall0 = self._model0 = 0.0
         self._deadline = deadline
@@ -79,39 +79,45 @@ class Request:
 
         return Status().fill(self._inner) if self._kind == "recv" and self._done else None
 
+    @property
+    def ready(self) -> bool:
+        """Complete, or could complete without waiting, as of the last progress made (none made here)."""
+        return self._done or self._inner.done
+
     def test(self) -> bool:
         """Make progress without blocking; True once the op could complete without waiting."""
         if self._done:
             return True
-        self._dev._endpoint.progress()
+        self._core.endpoint.progress()
         return self._inner.done
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until complete (at most ``timeout`` s, default: what remains of the op's budget)."""
         if self._done:
             return self._value
-        dev = self._dev
+        core = self._core
         inner = self._inner
         if inner.done:  # e.g. an eager send, complete once posted: no deadline to compute
-            value = dev._await(inner, self._slot, 0.0, None)
-        elif self._kind == "recv" and (self._peer == dev.rank or self._peer == ANY_SOURCE and dev.size == 1):
+            value = core.wait(inner, self._slot, 0.0, None)
+        elif self._kind == "recv" and (self._peer == core.rank
+                                       or self._peer == ANY_SOURCE and core.size == 1):
             # only this device could send it, and it waits here
             if self._slot is not None:
-                dev._recorder.finish(self._slot, dev._clock.now, failed=True)
-            raise would_wait_forever(dev, inner, self._tag)
+                core.fail(self._slot)
+            raise would_wait_forever(core, inner, self._tag)
         else:
-            if timeout is not None:  # the wait's own budget, which its timeout error then names (0: poll once)
-                self._budget = 0.0 if timeout == 0 else dev._timeout(timeout)
+            if timeout is not None:  # the wait's own budget, which its timeout error names (0: poll once)
+                self._budget = 0.0 if timeout == 0 else core.budget(timeout)
             left = self._deadline - time.monotonic() if timeout is None else self._budget
-            value = dev._await(inner, self._slot, max(left, 0.0), self._on_timeout or self._timeout_error)
+            value = core.wait(inner, self._slot, max(left, 0.0), self._on_timeout or self._timeout_error)
         self._done = True
         self._value = value
         if self._kind == "send":
-            dev._sent(self._peer, inner, self._slot, self._wall0, self._flow)
+            core.sent(self._peer, inner, self._slot, self._wall0, self._flow)
         else:
-            dev._received(self._peer, inner, self._slot, self._wall0, self._model0)
+            core.received(inner, self._slot, self._wall0, self._model0)
         return value
 
     def _timeout_error(self) -> Exception:
         what = "send to" if self._kind == "send" else "recv from"
-        return self._dev._p2p_error(what, self._peer, self._tag, self._budget)
+        return self._core.p2p_error(what, self._peer, self._tag, self._budget)

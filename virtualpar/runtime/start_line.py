@@ -37,13 +37,14 @@ def wait_at_start_line(dev: Any, run: int) -> None:
     or after the op timeout (see the module doc); ``DeviceAborted`` if the cluster is aborted."""
     if dev.size == 1:
         return
-    arrivals, mesh = dev._endpoint.arrivals, dev._group(None)  # the whole mesh, as its collectives resolve it
+    core, mesh = dev._core, dev._group(None)  # the whole mesh, as its collectives resolve it
+    arrivals = core.arrivals
     grp = arrivals.group(mesh.kind, mesh.ranks)
     c = arrivals.arrive(grp)
     if arrivals.arrived(grp, c):
         return
     try:
-        dev._endpoint.wait(lambda: arrivals.arrived(grp, c), dev.config.timeout, _waited,
+        core.endpoint.wait(lambda: arrivals.arrived(grp, c), core.timeout, _waited,
                            f"every device to start run #{run}")
     except _Waited:
         pass  # the latecomers complete this fence when they arrive; nobody waits for it again

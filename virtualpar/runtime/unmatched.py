@@ -27,11 +27,17 @@ def report_unmatched(ctl: Any, found: list[tuple]) -> None:
     found = merge_ends(sorted((Counter(found) | asked).elements()))
     ctl.reset()
     if found:
-        sent = [f"  device {s} -> device {d}, tag {t}: {desc}" for s, d, t, desc in found if desc != UNFINISHED_RECEIVE]
-        posted = [f"  device {d} <- {'any device' if s < 0 else f'device {s}'}, {'any tag' if t < 0 else f'tag {t}'}: "
-                  f"{desc}" for s, d, t, desc in found if desc == UNFINISHED_RECEIVE]
-        head = [f"{counted(len(sent), 'message')} {plural(len(sent), 'was', 'were')} sent and never received"] if sent else []
-        head += [f"{counted(len(posted), 'receive')} {plural(len(posted), 'was', 'were')} posted and never completed"] \
-            if posted else []
+        sent = [f"  device {s} -> device {d}, tag {t}: {desc}"
+                for s, d, t, desc in found if desc != UNFINISHED_RECEIVE]
+        posted = [f"  device {d} <- {'any device' if s < 0 else f'device {s}'}, "
+                  f"{'any tag' if t < 0 else f'tag {t}'}: {desc}"
+                  for s, d, t, desc in found if desc == UNFINISHED_RECEIVE]
+        head = []
+        if sent:
+            head.append(f"{counted(len(sent), 'message')} {plural(len(sent), 'was', 'were')} sent and never "
+                        "received")
+        if posted:
+            head.append(f"{counted(len(posted), 'receive')} {plural(len(posted), 'was', 'were')} posted and "
+                        "never completed")
         raise UnmatchedMessages(f"{' and '.join(head)} by the end of the run:\n" + "\n".join(sent + posted),
                                 messages=found)

@@ -1,4 +1,5 @@
-"""The warm-up a cluster runs once, right after start-up, so that its first collectives cost what later ones do.
+"""The warm-up a cluster runs once, right after start-up, so that its first collectives cost what later
+ones do.
 
 Why: a forked device shares the driver's memory copy-on-write, and CPython writes into every
 object and code object it runs (reference counts, the specialising interpreter's caches), so the
@@ -68,8 +69,9 @@ WARM_SCRATCH_BYTES = 32 << 20  # scratch the warm-up may touch, over the whole c
 WARM_MAX_PEERS = 64  # no scratch all_reduce or all_gather in the warm-up of a larger cluster (see above)
 RESULT_RESERVE_BYTES = 1 << 20  # a device's warm reserve for results and receives, at most
 WARM_RESULT_BYTES = 64 << 20  # the reserves of the whole cluster, at most
-WARM_TIMEOUT = 60.0  # seconds each warm-up op may wait, at least (a device that dies is noticed by the driver)
-QUICKEN_ROUNDS = 8  # rounds of the barrier and the small all_reduce: CPython 3.11 specialises a function's code on its 8th call
+WARM_TIMEOUT = 60.0  # seconds each warm-up op may wait, at least (the driver notices a device that dies)
+# rounds of the barrier and the small all_reduce: CPython 3.11 specialises a function's code on its 8th call
+QUICKEN_ROUNDS = 8
 _PAGE = 4096
 
 
@@ -91,12 +93,14 @@ def result_reserve_bytes(devices: int) -> int:
 
 def warm_up(dev: Any) -> None:
     """Run the warm-up's collectives on ``dev`` (every device of the cluster at once), then forget them."""
-    shuffle, dev._endpoint.shuffle = dev._endpoint.shuffle, None  # shuffled mode's pauses are the user's ops'
+    core = dev._core  # the device's machinery (runtime/core.py)
+    ep = core.endpoint
+    shuffle, ep.shuffle = ep.shuffle, None  # shuffled mode's pauses are the user's ops'
     try:
-        _map_doorbells(dev)
-        n, payload = dev.size, dev._endpoint.arrivals.payload_bytes
+        _map_doorbells(ep)
+        n, payload = dev.size, core.arrivals.payload_bytes
         small = np.zeros(max(1, payload // 8))  # fills this device's fence slots (both parities: two calls)
-        big_bytes = scratch_warm_bytes(n, dev._endpoint.layout.scratch_bytes, payload)
+        big_bytes = scratch_warm_bytes(n, core.scratch_bytes, payload)
         big = np.zeros(big_bytes // 8) if big_bytes else None
         timeout = max(dev.config.timeout, WARM_TIMEOUT)  # a user's short op timeout is for the user's ops
         for _ in range(2):
@@ -112,27 +116,27 @@ def warm_up(dev: Any) -> None:
                 dev.barrier(timeout=timeout)
                 dev.all_reduce(small[:1], timeout=timeout)
         if big is not None:
-            _map_peers(dev, big_bytes)
+            _map_peers(core.scratch_table, big_bytes)
         _warm_reductions()
-        dev._endpoint._pool.reserve(result_reserve_bytes(n))
+        core.pool.reserve(result_reserve_bytes(n))
     finally:
-        dev._endpoint.shuffle = shuffle
-        _forget(dev)
+        ep.shuffle = shuffle
+        _forget(core)
 
 
-def _map_peers(dev: Any, nbytes: int) -> None:
+def _map_peers(scratch_table: np.ndarray, nbytes: int) -> None:
     """Read one byte of every page of the first ``nbytes`` of every peer's scratch, which the
     warm-up's all_reduce has written: the pages are then mapped here too.  That all_reduce reads
     from each peer only the slice this device reduces and the slice the peer reduced, so a user's
     all_reduce of another size still took a minor fault per 64 KiB (the kernel maps 16 pages per
     fault) of each peer's slices it had not read: 46 faults per device in the first 512 KiB
     all_reduce at 16 devices, 0–1 in the next."""
-    int(dev._scratch_table[:, :nbytes:_PAGE].max())  # every device's rows (ours is mapped already)
+    int(scratch_table[:, :nbytes:_PAGE].max())  # every device's rows (ours is mapped already)
 
 
-def _map_doorbells(dev: Any) -> None:
+def _map_doorbells(ep: Any) -> None:
     """Read every device's doorbell once, so that its page is mapped here (see the module docstring)."""
-    for bell in dev._endpoint._bells:
+    for bell in ep.doorbells:
         try:
             bell.get_value()
         except NotImplementedError:  # (macOS has no sem_getvalue)
@@ -157,14 +161,14 @@ def _warm_reductions() -> None:
     np.zeros(2).argsort(kind="stable")
 
 
-def _forget(dev: Any) -> None:
+def _forget(core: Any) -> None:
     """Wipe what the warm-up left on this device (the driver zeroes the shared counters and clocks)."""
-    dev._clock.reset()
-    dev._publish_clock()
-    dev._recorder.reset()
-    dev._events.clear()
-    dev._op_seq = 0
-    dev._last_op = ""
-    dev._group_seq.clear()
-    dev._endpoint.renumber()
-    dev._endpoint._pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing
+    core.clock.reset()
+    core.publish_clock()
+    core.recorder.reset()
+    core.events.clear()
+    core.op_seq = 0
+    core.last_op = ""
+    core.group_seq.clear()
+    core.endpoint.renumber()
+    core.pool.clear()  # the big result's buffer: warm only for that one size, n of them held for nothing

@@ -190,6 +190,7 @@ class _Handlers:
 
     def __init__(self, dev: Any, endpoint: Endpoint) -> None:
         self.dev = dev
+        self.core = dev._core  # the device's machinery (runtime/core.py): its run count, faults, records
         self.endpoint = endpoint
         self._placed = False
 
@@ -203,25 +204,25 @@ class _Handlers:
         blas_threads.limit(self.dev.size)
 
     def run(self, payload: bytes) -> tuple:
-        dev = self.dev
+        dev, core = self.dev, self.core
         if not self._placed:
             self._place()
-        dev._run += 1  # first: every device counts every run, even one whose payload fails to load
+        core.run += 1  # first: every device counts every run, even one whose payload fails to load
         dev._run_ops_from = dev.op_seq  # an error before this run's first op must not name an older one
         fn, fargs, fkwargs = pickle.loads(payload)
         name = getattr(fn, "__qualname__", repr(fn))
         if dev.config.start_line:
-            wait_at_start_line(dev, dev._run)
-        slot = dev._recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock, dev._run)
+            wait_at_start_line(dev, core.run)
+        slot = core.recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock, core.run)
         try:
             result = fn(dev, *fargs, **fkwargs)
         except BaseException:
-            dev._recorder.finish(slot, dev.clock, failed=True)
+            core.recorder.finish(slot, dev.clock, failed=True)
             raise
-        dev._recorder.finish(slot, dev.clock)
-        if dev._faults and dev.op_seq > dev._run_ops_from:  # a fault this run's ops never reached
-            due = min(dev._faults) - dev._run_ops_from
-            dev._faults.clear()
+        core.recorder.finish(slot, dev.clock)
+        if core.faults and dev.op_seq > dev._run_ops_from:  # a fault this run's ops never reached
+            due = min(core.faults) - dev._run_ops_from
+            core.faults.clear()
             raise UsageError(f"{dev.name}: a fault injected at op {due} of this run did not fire: the run ended after "
                              f"{counted(dev.op_seq - dev._run_ops_from, 'op')}", rank=dev.rank, index=str(dev.index))
         try:  # fail here, with a clear message, rather than in cmd.send
@@ -244,7 +245,7 @@ class _Handlers:
         return ("ok", None)
 
     def inject(self, at_op: int, action: str, params: dict) -> tuple:
-        self.dev._faults[self.dev.op_seq + at_op] = (action, params)
+        self.core.faults[self.dev.op_seq + at_op] = (action, params)
         return ("ok", None)
 
     def put(self, key: str) -> tuple:
@@ -268,17 +269,17 @@ class _Handlers:
 
     def reset(self) -> tuple:
         self.endpoint.reset()
-        self.dev._group_seq.clear()
-        self.dev._faults.clear()
+        self.core.group_seq.clear()
+        self.core.faults.clear()
         return ("ok", None)
 
     def trace(self, clear: bool) -> tuple:
-        log = self.dev._events
+        log = self.core.events
         reply = ("ok", (list(log), log.dropped))
         if clear:
             log.clear()
         return reply
 
     def clear_trace(self) -> tuple:
-        self.dev._events.clear()
+        self.core.events.clear()
         return ("ok", None)

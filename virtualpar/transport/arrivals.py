@@ -15,16 +15,16 @@ rank) has completed.  A fence, the c-th of this member in this group::
 
 Every member does O(1) work of its own plus one C-level read of the group's counts (a strided
 memoryview: the members of a group of one axis are evenly spaced ranks); only the last rings
-anybody: n−1 wake-ups per fence, longest waiter first (below).  The per-pair counters this
-replaced made every member store and load a word per peer, in Python, twice per fence — at 64
-devices on two cores ~130 µs of CPU per member per fence once the caches had gone cold between
-wake-ups, most of a barrier's cost.  No wake-up is lost: of the members' (store, barrier, load) sequences, the one
-whose barrier comes last in the global order loads after every store, so at least one member sees
-everybody and rings the rest (two may; the second ring is a harmless spurious wake-up).  The
-barrier is the lock-prefixed compare-and-swap of taking and dropping an uncontended private lock
-(x86-64 lets a load pass an earlier plain store to another address without one — the Dekker
-case); it costs ~0.1 µs and no system call.  ``done`` only grows: a stale last member of fence c
-cannot write after fence c+1 completed, because c+1 needs that member's arrival.
+anybody: n−1 wake-ups per fence, longest waiter first (below).  The per-pair counters this replaced
+made every member store and load a word per peer, in Python, twice per fence — at 64 devices on two
+cores ~130 µs of CPU per member per fence once the caches had gone cold between wake-ups, most of a
+barrier's cost.  No wake-up is lost: of the members' (store, barrier, load) sequences, the one whose
+barrier comes last in the global order loads after every store, so at least one member sees
+everybody and rings the rest (two may; the second ring is a harmless spurious wake-up).  The barrier
+is the lock-prefixed compare-and-swap of taking and dropping an uncontended private lock (x86-64
+lets a load pass an earlier plain store to another address without one — the Dekker case); it costs
+~0.1 µs and no system call.  ``done`` only grows: a stale last member of fence c cannot write after
+fence c+1 completed, because c+1 needs that member's arrival.
 
 A call's last fence may be a *release* (``release``): every member counts it, but only the
 member whose scratch the others still read (the all_reduce's first member, collectives/shm.py)
@@ -78,7 +78,8 @@ from .waitboard import FenceWait, rank_mask
 
 __all__ = ["ArrivalCounters", "FenceGroup"]
 
-COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6  # planes: entered, completed, digest, clock (+ parity), arrival
+# planes: entered, completed, digest, clock (+ parity), arrival
+COUNT, DONE, DIGEST, CLOCK, STAMP = 0, 1, 2, 4, 6
 _VIEWS_KEPT = 64  # payload views and expected digests kept per device: a handful per group and call in use
 
 
@@ -95,7 +96,7 @@ class FenceGroup:
         self.done = self._base + self.ranks[0]  # the leader's word in the ``done`` plane
         self.bells = [None if r == me else doorbells[r] for r in self.ranks]  # in group order
         self.peers = np.array([r for r in self.ranks if r != me], dtype=np.intp)  # to index per-peer counters
-        self.others = np.array([i for i, r in enumerate(self.ranks) if r != me], dtype=np.intp)  # their positions
+        self.others = np.array([i for i, r in enumerate(self.ranks) if r != me], dtype=np.intp)  # positions
         self.mask = rank_mask(self.ranks)  # for the wait board
         # the members' columns as one slice when they are evenly spaced (every group of one axis,
         # and of adjacent axes): a strided memoryview read costs one C loop, not a Python loop
@@ -192,7 +193,8 @@ class ArrivalCounters:
         """The number of the fence of ``grp`` this member enters next."""
         return self._w[grp.mine] + 1
 
-    def payload_views(self, grp: FenceGroup, c: int, dtype: np.dtype, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def payload_views(self, grp: FenceGroup, c: int, dtype: np.dtype,
+                      count: int) -> tuple[np.ndarray, np.ndarray | None]:
         """For fence ``c`` of ``grp`` carrying ``count`` items of ``dtype`` from each member: this
         member's slot, a 1-d array to fill before the fence, and every member's slot as rows
         (members, count) in group order to read after it (valid until this member enters fence

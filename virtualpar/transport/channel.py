@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 from .shm import Layout, SharedArena
 
-__all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS", "FLAG_RESENT",
-           "FLAG_SYNC", "OFFER_SLOTS", "offer_slot", "pack_header"]
+__all__ = ["VirtualChannel", "Header", "KIND_ARRAY", "KIND_PICKLE", "FLAG_CONTROL", "FLAG_RENDEZVOUS",
+           "FLAG_RESENT", "FLAG_SYNC", "OFFER_SLOTS", "offer_slot", "pack_header"]
 
 KIND_ARRAY = 1  # raw bytes of a C-contiguous numpy array
 KIND_PICKLE = 2  # a pickled Python object
@@ -125,7 +125,9 @@ def _pack_into(buf, pos: int, length: int, kind: int, tag: int, nbytes: int, sta
 class VirtualChannel:
     """The ring from endpoint ``src`` to endpoint ``dst`` inside a cluster's shared arena."""
 
-    __slots__ = ("src", "dst", "capacity", "_head", "_tail", "_want", "_reply", "_ring", "_local")
+    # ``head`` (the producer's published position), ``want`` (its want-room flag, want_room.py) and
+    # ``local`` (this side's own position) are read by the endpoint's progress engine on every message.
+    __slots__ = ("src", "dst", "capacity", "head", "_tail", "want", "_reply", "_ring", "local")
 
     def __init__(self, arena: SharedArena, layout: Layout, src: int, dst: int) -> None:
         self.src = src
@@ -133,19 +135,20 @@ class VirtualChannel:
         self.capacity = layout.ring_bytes
         if self.capacity % 8 or self.capacity < 4096:
             raise ValueError(f"ring_bytes must be a multiple of 8 and at least 4096, got {self.capacity}")
-        self._head = arena.word_at(layout.head_offset(src, dst))
+        self.head = arena.word_at(layout.head_offset(src, dst))
         self._tail = arena.word_at(layout.tail_offset(src, dst))
-        self._want = arena.word_at(layout.want_offset(src, dst))  # producer: "post me when you free room"
-        self._reply = arena.bytes_at(layout.reply_offset(src, dst), 8 * OFFER_SLOTS).cast("Q")  # one per offer slot
+        self.want = arena.word_at(layout.want_offset(src, dst))  # producer: "post me when you free room"
+        # one answer word per offer slot
+        self._reply = arena.bytes_at(layout.reply_offset(src, dst), 8 * OFFER_SLOTS).cast("Q")
         self._ring = arena.bytes_at(layout.ring_offset(src, dst), layout.ring_bytes)
-        self._local = 0  # this side's own counter (head for the producer, tail for the consumer)
+        self.local = 0  # this side's own counter (head for the producer, tail for the consumer)
 
     def __repr__(self) -> str:
         return f"VirtualChannel({self.src}->{self.dst}, {self.capacity} bytes)"
 
     # -- producer side ------------------------------------------------------------------------
     def writable(self) -> int:
-        return self.capacity - (self._local - self._tail[0])
+        return self.capacity - (self.local - self._tail[0])
 
     def write_header(self, kind: int, tag: int, nbytes: int, stamp: float, seq: int, dtype: str,
                      shape: tuple[int, ...], pid: int = 0, addr: int = 0, token: int = 0,
@@ -153,18 +156,18 @@ class VirtualChannel:
         """Write and publish one header (plus room for ``contiguous`` payload bytes right after it,
         unwrapped); False if the ring has no room yet (nothing was written)."""
         length = header_length(len(shape), bool(kind & FLAG_RENDEZVOUS))
-        pos = self._local % self.capacity
+        pos = self.local % self.capacity
         to_end = self.capacity - pos
         skip = to_end if to_end < length + contiguous else 0
-        if self.capacity - (self._local - self._tail[0]) < skip + length + contiguous:
+        if self.capacity - (self.local - self._tail[0]) < skip + length + contiguous:
             return False
         if skip:
             _U32.pack_into(self._ring, pos, 0)  # "nothing more before the end": the consumer skips
-            self._local += skip
+            self.local += skip
             pos = 0
         _pack_into(self._ring, pos, length, kind, tag, nbytes, stamp, seq, dtype, shape, pid, addr, token)
-        self._local += length
-        self._head[0] = self._local
+        self.local += length
+        self.head[0] = self.local
         return True
 
     def write_frame(self, kind: int, tag: int, stamp: float, seq: int, dtype: str, shape: tuple[int, ...],
@@ -178,7 +181,7 @@ class VirtualChannel:
         length = 64 + 8 * ndim
         frame = length + ((nbytes + 7) & ~7)
         cap = self.capacity
-        local = self._local
+        local = self.local
         pos = local % cap
         skip = cap - pos if cap - pos < frame else 0
         if cap - (local - self._tail[0]) < skip + frame:
@@ -188,31 +191,32 @@ class VirtualChannel:
             _U32.pack_into(ring, pos, 0)  # "nothing more before the end": the consumer skips
             pos = 0
         st = _STRUCTS[ndim] if ndim < len(_STRUCTS) else _struct(ndim)
-        st.pack_into(ring, pos, length, kind, tag, nbytes, stamp, seq, ndim, 0, _CODES.get(dtype) or _code(dtype), *shape)
+        st.pack_into(ring, pos, length, kind, tag, nbytes, stamp, seq, ndim, 0,
+                     _CODES.get(dtype) or _code(dtype), *shape)
         if nbytes:
             pos += length
             ring[pos : pos + nbytes] = data
-        self._local = local = local + skip + frame
-        self._head[0] = local
+        self.local = local = local + skip + frame
+        self.head[0] = local
         return True
 
     def write(self, src: memoryview, n: int) -> None:
         """Copy the first ``n`` bytes of the byte memoryview ``src`` in and publish them
         (the caller checked ``writable() >= n``)."""
-        pos = self._local % self.capacity
+        pos = self.local % self.capacity
         first = self.capacity - pos
         if n <= first:
             self._ring[pos : pos + n] = src[:n]
         else:
             self._ring[pos:] = src[:first]
             self._ring[: n - first] = src[first:n]
-        self._local += n
-        self._head[0] = self._local
+        self.local += n
+        self.head[0] = self.local
 
     def skip_write(self, n: int) -> None:
         """Publish ``n`` padding bytes without writing them."""
-        self._local += n
-        self._head[0] = self._local
+        self.local += n
+        self.head[0] = self.local
 
     def reply(self, slot: int) -> int:
         """The consumer's answer to the rendezvous offer this producer made last in ``slot``
@@ -221,22 +225,23 @@ class VirtualChannel:
 
     # -- consumer side ------------------------------------------------------------------------
     def readable(self) -> int:
-        return self._head[0] - self._local
+        return self.head[0] - self.local
 
     def read_header(self) -> Header | None:
         """Parse and consume the header at the read position (the caller checked ``readable() > 0``);
         None if it was only an end-of-ring marker (consumed too)."""
         ring = self._ring
-        pos = self._local % self.capacity
+        pos = self.local % self.capacity
         if not _U32.unpack_from(ring, pos)[0]:
             self.skip_read(self.capacity - pos)
             return None
         length, kind, tag, nbytes, stamp, seq, ndim, pid, dtype = _FIXED.unpack_from(ring, pos)
-        shape: tuple[int, ...] = _SHAPES[ndim].unpack_from(ring, pos + 64) if ndim < 8 else struct.unpack_from(f"<{ndim}q", ring, pos + 64)
+        shape: tuple[int, ...] = _SHAPES[ndim].unpack_from(ring, pos + 64) if ndim < 8 else \
+            struct.unpack_from(f"<{ndim}q", ring, pos + 64)
         addr = token = 0
         if kind & FLAG_RENDEZVOUS:
             addr, token = _OFFER.unpack_from(ring, pos + 64 + 8 * ndim)
-        self._local = local = self._local + length
+        self.local = local = self.local + length
         self._tail[0] = local
         name = _NAMES.get(dtype)
         if name is None:
@@ -246,25 +251,25 @@ class VirtualChannel:
 
     def peek(self, n: int) -> memoryview | None:
         """The next ``n`` unread bytes as a view into the ring, if they do not wrap (else None)."""
-        pos = self._local % self.capacity
+        pos = self.local % self.capacity
         return self._ring[pos : pos + n] if pos + n <= self.capacity else None
 
     def read_into(self, dst: memoryview, n: int, advance: int = 0) -> None:
         """Copy ``n`` unread bytes into the byte memoryview ``dst`` and release ``max(n, advance)``
         bytes (the copied ones and any pad after them) to the producer."""
-        pos = self._local % self.capacity
+        pos = self.local % self.capacity
         first = self.capacity - pos
         if n <= first:
             dst[:n] = self._ring[pos : pos + n]
         else:
             dst[:first] = self._ring[pos:]
             dst[first:n] = self._ring[: n - first]
-        self._local = local = self._local + (advance if advance > n else n)
+        self.local = local = self.local + (advance if advance > n else n)
         self._tail[0] = local
 
     def skip_read(self, n: int) -> None:
-        self._local += n
-        self._tail[0] = self._local
+        self.local += n
+        self._tail[0] = self.local
 
     def answer(self, token: int, refused: bool = False, for_good: bool = False) -> None:
         """Publish this consumer's answer to the producer's rendezvous offer ``token``: taken
@@ -275,10 +280,10 @@ class VirtualChannel:
     # -- both -----------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget everything in flight (only while neither side is using the channel)."""
-        self._local = 0
-        self._head[0] = 0
+        self.local = 0
+        self.head[0] = 0
         self._tail[0] = 0
-        self._want[0] = 0
+        self.want[0] = 0
         self._clear_replies()
 
     def _clear_replies(self) -> None:
@@ -287,8 +292,8 @@ class VirtualChannel:
 
     def sync_local(self, producer: bool) -> None:
         """Re-read this side's counter from shared memory (after the driver reset the ring)."""
-        self._local = self._head[0] if producer else self._tail[0]
+        self.local = self.head[0] if producer else self._tail[0]
         if producer:
-            self._want[0] = 0
+            self.want[0] = 0
         else:
             self._clear_replies()  # the consumer owns the reply words; a stale answer must not match

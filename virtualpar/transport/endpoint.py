@@ -44,7 +44,7 @@ raises a *want-room* flag and the consumer rings it after freeing room only whil
 from __future__ import annotations
 
 import os
-from collections import defaultdict, deque
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
@@ -55,10 +55,11 @@ from .leftovers import UNFINISHED_RECEIVE
 from .payload import encode
 from .receiving import CHUNK, Receiving
 from .sending import Sending
-from .rendezvous import acknowledge
+from .rendezvous import RendezvousState, acknowledge
 from .requests import RecvRequest, SendRequest, SentRequest
 from .pool import BufferPool
 from .lazy import Lazy
+from .matching import MatchQueues
 from .shm import CROSS_MEMORY, Layout, SharedArena, ring_control
 from .traffic import OwedTraffic
 from .wildcard import irecv_any
@@ -85,11 +86,13 @@ class Endpoint(Receiving, Sending):
         self._out = Lazy(lambda p: VirtualChannel(arena, layout, me, p))
         self._in = Lazy(lambda p: VirtualChannel(arena, layout, p, me))
         self._sendq: Lazy = Lazy(lambda p: deque())  # per destination, FIFO
-        self._offers: Lazy = Lazy(lambda p: {})  # per destination: offer slot -> rendezvous send not answered yet
         self._busy: set[int] = set()  # destinations with queued sends
         self._partial: dict[int, RecvRequest] = {}  # sources whose message is partly received
-        self._refused: dict[tuple[int, int], RecvRequest] = {}  # (source, seq): offers to be streamed (rendezvous.py)
-        self._unacked: dict[tuple[int, int], SendRequest] = {}  # (dst, seq): sent, done once a receive took it
+        self.rendezvous = RendezvousState(peers, CROSS_MEMORY)  # offers, answers, acknowledgements
+        # the same containers under the names the per-message code reads (one attribute lookup less)
+        rdv = self.rendezvous
+        self._offers, self._offer_to = rdv.offered, rdv.offer_to
+        self._unacked, self._refused = rdv.unacked, rdv.refused
         # How progress finds the sources with unread bytes: every inbound ring's head against its
         # tail, as two strided memoryviews compared in C (~0.4 µs for 64 sources; a Python loop
         # over the channels cost ~25 µs at 64 devices once the caches had gone cold between
@@ -99,44 +102,44 @@ class Endpoint(Receiving, Sending):
         self._heads_in, self._tails_in = words[me * 16 :: E * 16], words[me * 16 + 8 :: E * 16]
         ctrl = ring_control(arena, layout)
         self._heads_np, self._tails_np = ctrl[:, me, 0], ctrl[:, me, 8]
-        self._posted: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
-        self._posted_any: list[RecvRequest] = []  # receives from any source / with any tag, in posting order
-        self._order = 0  # numbers receives as posted and unexpected messages as they arrive
-        self._unexpected: defaultdict[tuple[int, int], deque[RecvRequest]] = defaultdict(deque)
-        self.probed: tuple[Any, RecvRequest] | None = None  # (key, message) the last probe reported (wildcard.peek)
+        self.queues = MatchQueues()  # posted receives and unexpected messages (matching.py)
+        # the same containers under the names the per-message code reads (one attribute lookup less)
+        self._posted, self._posted_any = self.queues.posted, self.queues.posted_any
+        self._unexpected = self.queues.unexpected
         self._seq = {p: 0 for p in peers}
         self.resets = 0
-        self._bell = doorbells[me]
-        self._bells = doorbells
-        self._abort = arena.word_at(layout.abort_offset)
+        # What a wait reads (waiting.wait, this class's ``wait``): its doorbell, the abort word, how
+        # long to poll before sleeping, and its view of the wait board.  ``doorbells``: every endpoint's.
+        self.bell = doorbells[me]
+        self.doorbells = doorbells
+        self.abort_word = arena.word_at(layout.abort_offset)
         self.arrivals = ArrivalCounters(arena, layout, me, doorbells) if me < layout.devices else None
-        E = layout.endpoints
         counters = arena.view(layout.counters_offset, 3 * E * E, np.int64).reshape(3, E, E)
-        self._bytes_row = counters[0, me]  # numpy views, read by the runtime
+        self._bytes_row = counters[0, me]  # numpy views (the driver reads the whole table)
         self._msgs_row = counters[1, me]
         self._ctrl_row = counters[2, me]
         self._bytes_mv = memoryview(self._bytes_row)  # the same words, cheaper to bump
         self._msgs_mv = memoryview(self._msgs_row)
         self._ctrl_mv = memoryview(self._ctrl_row)
-        self.traffic = OwedTraffic(self._bytes_row, self._msgs_row)  # shared-memory collectives' reads, per command
+        # shared-memory collectives' reads, owed to the counters until the command ends
+        self.traffic = OwedTraffic(self._bytes_row, self._msgs_row)
         self._pid = os.getpid()
-        self._token = 0
-        self._offer_to = {p: CROSS_MEMORY for p in peers}  # False once p could not read our memory
-        self._can_read = CROSS_MEMORY  # False once reading a sender's memory failed
-        self._pool = BufferPool()
+        self.can_read = CROSS_MEMORY  # False once reading a sender's memory failed
+        self.pool = BufferPool()
         self._rdv_min = layout.ring_bytes - 1024  # a frame is header (< 1 KiB) + payload
-        self._small = min(SMALL, layout.ring_bytes // 4)  # so a header + small payload always fits, skip included
+        self._small = min(SMALL, layout.ring_bytes // 4)  # a header + small payload fits, skip included
         # Devices with a core each overlap sender and receiver: poll before sleeping and post every
         # chunk.  With more devices than cores they take turns: sleep at once, post once per message.
         self._overlap = layout.devices <= usable_cpus()
-        self._spin = spin_seconds(layout.devices, me < layout.devices)
+        self.spin = spin_seconds(layout.devices, me < layout.devices)
         self.eager_limit: int | None = None  # strict mode (see the module doc)
         self.shuffle: Any = None  # shuffled mode: a transport.shuffle.Shuffle, paused on before each post
-        self._board = board_view(arena, layout, me) if me < layout.devices else None  # see waitboard.py
+        self.board = board_view(arena, layout, me) if me < layout.devices else None  # see waitboard.py
 
     # -- posting ----------------------------------------------------------------------------------
     def isend(self, obj: Any, dst: int, tag: int, stamp: float = 0.0, control: bool = False,
-              on_send: Callable[[int, int], float] | None = None, sync: bool = False) -> SendRequest | SentRequest:
+              on_send: Callable[[int, int], float] | None = None,
+              sync: bool = False) -> SendRequest | SentRequest:
         """Post ``obj`` to ``dst``, stamped ``stamp`` or ``on_send(dst, nbytes)`` (modelled departure);
         ``sync``: done only once a matching receive has taken it (MPI's ``Issend``), whatever its size."""
         if self.shuffle is not None and not control:
@@ -156,7 +159,7 @@ class Endpoint(Receiving, Sending):
             # The eager fast path: nothing queued ahead of it (FIFO) and a small payload, so the
             # whole frame goes into the ring now, published with one store, or not at all.
             if self._out[dst].write_frame(kind, tag, stamp, seq, dtype, shape, view, nbytes):
-                self._bells[dst].release()
+                self.doorbells[dst].release()
                 self._count(dst, nbytes, control)  # once the receiver can have it
                 return SentRequest(dst, tag, nbytes, stamp, seq)
         self._count(dst, nbytes, control)
@@ -169,6 +172,16 @@ class Endpoint(Receiving, Sending):
         self._busy.add(dst)
         self._push(dst)
         return req
+
+    def account(self, dst: int, nbytes: int, messages: int = 1) -> None:
+        """Count ``nbytes`` in ``messages`` to ``dst`` that moved without a channel (a peer's read of
+        this endpoint's shared memory, in a shared-memory collective)."""
+        self._bytes_mv[dst] += nbytes
+        self._msgs_mv[dst] += messages
+
+    def inbound(self, src: int) -> VirtualChannel:
+        """The channel from ``src`` to this endpoint."""
+        return self._in[src]
 
     def renumber(self) -> None:
         """Number messages from 1 again (a reset; the start-up warm-up, whose messages were all received)."""
@@ -190,13 +203,13 @@ class Endpoint(Receiving, Sending):
             req = waiting.popleft()  # the oldest message with this key, complete or still arriving
             req.out = out
             req.claimed = True
-            if req.header is not None and req.header.kind & FLAG_SYNC:  # strict mode / Issend: it waits for us
+            if req.header is not None and req.header.kind & FLAG_SYNC:  # strict mode, Issend: it waits for us
                 acknowledge(self, req)
             return req
         req = RecvRequest(self, src, tag, out)
         if self._posted_any:  # posting order matters only against waiting wildcard receives
-            self._order += 1
-            req.order = self._order
+            queues = self.queues
+            req.order = queues.order = queues.order + 1
         self._posted[key].append(req)
         self.progress()
         return req
@@ -230,10 +243,7 @@ class Endpoint(Receiving, Sending):
             offers.clear()
         self._unacked.clear()
         self._busy.clear()
-        self._posted.clear()
-        self._posted_any.clear()
-        self._unexpected.clear()
-        self.probed = None
+        self.queues.clear()
         self._drop_partial()
         for ch in self._out.values():
             ch.sync_local(producer=True)
@@ -243,5 +253,5 @@ class Endpoint(Receiving, Sending):
             self.arrivals.reset()
         self.renumber()
         self.resets += 1  # every device resets together: message numbers restart, the count tells them apart
-        while self._bell.acquire(False):
+        while self.bell.acquire(False):
             pass

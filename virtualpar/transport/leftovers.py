@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["pending", "withdraw", "merge_ends", "IN_FLIGHT", "UNFINISHED_RECEIVE"]
 
-UNFINISHED_RECEIVE = "a receive posted and never matched (an irecv not waited on): it would take a later run's message"
+UNFINISHED_RECEIVE = ("a receive posted and never matched (an irecv not waited on): it would take a later "
+                      "run's message")
 IN_FLIGHT = "still being sent"  # a send whose header left: its receiver lists the message too
 _NOT_SENT = "not yet sent"  # a send still queued whole: nobody else lists it
 
@@ -27,26 +28,25 @@ def pending(ep: "Endpoint") -> list[tuple[int, int, int, str]]:
     receives posted and not yet matched (src / tag -1: any), which would take a later message.
     A message both ends hold (its sender still sending, its receiver holding the header: offered
     or partly received) is listed by both; :func:`merge_ends` makes it one entry."""
-    me = ep.me
-    out = [(src, me, tag, UNFINISHED_RECEIVE) for (src, tag), q in ep._posted.items() for _ in q]
+    me, queues = ep.me, ep.queues
+    out = [(src, me, tag, UNFINISHED_RECEIVE) for (src, tag), q in queues.posted.items() for _ in q]
     out += [(-1 if r.src is None else r.src, me, -1 if r.tag is None or type(r.tag) is range else r.tag,
-             UNFINISHED_RECEIVE) for r in ep._posted_any]
-    for (src, tag), q in ep._unexpected.items():
+             UNFINISHED_RECEIVE) for r in queues.posted_any]
+    for (src, tag), q in queues.unexpected.items():
         for req in q:
             h = req.header
-            desc = "pickled object" if h and h.kind & 0xFF == KIND_PICKLE else f"array{h.shape} {np.dtype(h.dtype)}" if h else "?"
+            desc = ("pickled object" if h and h.kind & 0xFF == KIND_PICKLE else
+                    f"array{h.shape} {np.dtype(h.dtype)}" if h else "?")
             state = (" sent to itself" if src == me else "" if req.done else
                      " (offered, never taken)" if h and h.kind & FLAG_RENDEZVOUS and not req.expect else
                      " (partly received)")
             out.append((src, me, tag, desc + state))
-    for dst, q in ep._sendq.items():
-        unacked = [r for (d, _), r in ep._unacked.items() if d == dst and r.written >= r.padded]  # (else still in q)
-        for req in (*ep._offers.get(dst, {}).values(), *unacked, *q):  # once its header left, its receiver lists it too
-            if req.kind & FLAG_CONTROL:
-                continue  # the runtime's own (an acknowledgement not written yet): no message of the program's
-            where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else _NOT_SENT
-            out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
-                                          "(its bytes move only while the sender waits or sends)"))
+    for dst, req in ep.unfinished_sends():
+        if req.kind & FLAG_CONTROL:
+            continue  # the runtime's own (an acknowledgement not written yet): no message of the program's
+        where = IN_FLIGHT if req.state != SEND_NEW or req.kind & FLAG_RESENT else _NOT_SENT
+        out.append((me, dst, req.tag, f"{req.nbytes} bytes {where}: an isend not waited on "
+                                      "(its bytes move only while the sender waits or sends)"))
     return out
 
 
@@ -77,8 +77,8 @@ def withdraw(ep: "Endpoint", req: Any) -> bool:
     matched yet leaves the posted queues; one whose message is still arriving hands that message
     back as the oldest unexpected one of its (source, tag), for the next receive to take in order.
     False only for a wildcard receive caught mid-message (its message is then lost to later ones)."""
-    key = (req.src, req.tag)
-    for queue in (ep._posted.get(key, ()), ep._posted_any):
+    key, queues = (req.src, req.tag), ep.queues
+    for queue in (queues.posted.get(key, ()), queues.posted_any):
         if req in queue:
             queue.remove(req)
             return True
@@ -87,5 +87,5 @@ def withdraw(ep: "Endpoint", req: Any) -> bool:
     if req.out is not None:  # the bytes may be landing in the caller's buffer: the next taker copies them
         req.error = None  # an out= that did not fit was the abandoned receive's problem
     req.out, req.claimed, req.owed = None, False, 0  # (no receive took it: its sender is not told)
-    ep._unexpected[key].appendleft(req)
+    queues.unexpected[key].appendleft(req)
     return True

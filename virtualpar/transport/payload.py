@@ -7,8 +7,9 @@ Anything else is pickled at the highest protocol and travels as ``KIND_PICKLE`` 
 
 A payload crosses the transport as a flat byte ``memoryview`` (:func:`byte_view`): a buffer-protocol
 cast costs ~0.2 µs where ``arr.reshape(-1).view(np.uint8)`` costs ~0.6 µs, and at 4 KiB that is
-a tenth of a message's Python.  Both dtype conversions, ``np.dtype`` -> header string on the way out and header string ->
-``np.dtype`` on the way in, run once per message and are cached (a handful of distinct values).
+a tenth of a message's Python.  Both dtype conversions, ``np.dtype`` -> header string on the way
+out and header string -> ``np.dtype`` on the way in, run once per message and are cached (a
+handful of distinct values).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import PayloadError, UsageError
-from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, KIND_ARRAY, KIND_PICKLE, Header, VirtualChannel
+from .channel import (FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, KIND_ARRAY, KIND_PICKLE, Header,
+                      VirtualChannel)
 from .payload import byte_view, check_out, header_dtype, plain_array
 from .rendezvous import TAG_TAKEN, take_offer, taken, tell_taken
 from .requests import RecvRequest
@@ -47,7 +48,7 @@ CHUNK = 1 << 18  # 256 KiB: the copy granularity of eager messages, so sender an
 
 
 class Receiving:
-    """``_pull``, ``_match`` and ``_finish`` of :class:`~virtualpar.transport.endpoint.Endpoint`."""
+    """``_pull``, ``_match`` and ``finish`` of :class:`~virtualpar.transport.endpoint.Endpoint`."""
 
     def _pull(self, src: int) -> None:
         ch = self._in[src]
@@ -56,7 +57,7 @@ class Receiving:
             while True:
                 req = self._partial.get(src)
                 if req is None:
-                    if ch._head[0] == ch._local:
+                    if ch.head[0] == ch.local:
                         return
                     header = ch.read_header()
                     freed = True
@@ -75,9 +76,9 @@ class Receiving:
                         take_offer(self, ch, req)  # taken, held (strict mode) or to come streamed
                         continue
                     if req.expect == 0:
-                        self._finish(req)
+                        self.finish(req)
                         continue
-                    elif req.buf is not None and ch._head[0] - ch._local >= req.expect:
+                    elif req.buf is not None and ch.head[0] - ch.local >= req.expect:
                         # The whole array is in the ring (always so for a fast-path frame): one copy.
                         ch.read_into(req.buf, header.nbytes, req.expect)
                         req.buf = req.target = None
@@ -88,12 +89,12 @@ class Receiving:
                     elif req.buf is None and ch.readable() >= req.expect:  # a whole pickle in the ring
                         view = ch.peek(req.header.nbytes)
                         if view is not None:
-                            self._finish(req, view)
+                            self.finish(req, view)
                             ch.skip_read(req.expect)
                             continue
                     self._partial[src] = req
                     if req.buf is None:
-                        req.target = self._pool.raw(req.header.nbytes)
+                        req.target = self.pool.raw(req.header.nbytes)
                         req.buf = memoryview(req.target)
                 while req.got < req.expect:
                     avail = ch.readable()
@@ -112,7 +113,7 @@ class Receiving:
                     else:
                         freed = True
                 self._partial.pop(src, None)
-                self._finish(req)
+                self.finish(req)
         finally:
             if freed:
                 self._room_freed(ch, src)
@@ -121,26 +122,28 @@ class Receiving:
         """Ring ``src``'s doorbell if it waits for room in ``ch`` (always, where we cannot fence)."""
         if FENCED:
             fence()
-            if not ch._want[0]:
+            if not ch.want[0]:
                 return
-        self._bells[src].release()
+        self.doorbells[src].release()
 
     def _match(self, src: int, header: Header) -> RecvRequest:
         key = (src, header.tag)
         posted = self._posted.get(key)
-        wild = match_any(self, src, header.tag, posted[0] if posted else None) if self._posted_any else None
+        wild = None
+        if self._posted_any:  # a wildcard receive posted before the head of ``posted`` takes it
+            wild = match_any(self.queues, src, header.tag, posted[0] if posted else None)
         if wild is not None or posted:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True
-            if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer answers)
-                req.owed = header.seq  # its sender waits to hear it was taken: once it is in (_finish)
+            if header.kind & FLAG_SYNC and not header.kind & FLAG_RENDEZVOUS:  # (an offer: take_offer says)
+                req.owed = header.seq  # its sender waits to hear it was taken: once it is in (finish)
         else:
             req = RecvRequest(self, src, header.tag)
-            self._order += 1
-            req.order = self._order  # arrival order, for receives from any source
+            queues = self.queues
+            req.order = queues.order = queues.order + 1  # arrival order, for receives from any source
             self._unexpected[key].append(req)
         req.header = header
-        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded, inlined
+        req.expect = 0 if header.kind & FLAG_RENDEZVOUS else (header.nbytes + 7) & ~7  # header.padded
         if header.kind & 0xFF == KIND_ARRAY:
             target = None
             out = req.out
@@ -156,10 +159,10 @@ class Receiving:
                     except UsageError as exc:
                         req.error = exc  # still drain the bytes, then report at wait()
             if target is None:
-                if header.nbytes < self._pool.min_bytes:  # what the pool would do, minus its np.prod
+                if header.nbytes < self.pool.min_bytes:  # what the pool would do, minus its np.prod
                     target = np.empty(header.shape, header_dtype(header.dtype))
                 else:
-                    target = self._pool.array(header.shape, header_dtype(header.dtype))
+                    target = self.pool.array(header.shape, header_dtype(header.dtype))
             req.value = target
             if header.nbytes:
                 req.target = target  # C-contiguous: a rendezvous reads into its address
@@ -174,21 +177,23 @@ class Receiving:
             header = req.header
             if req.target is not None and header is not None and header.kind & 0xFF == KIND_PICKLE:
                 req.buf = None
-                self._pool.give_back(req.target)
+                self.pool.give_back(req.target)
                 req.target = None
         self._partial.clear()
         self._refused.clear()
 
-    def _finish(self, req: RecvRequest, data: Any = None) -> None:
+    def finish(self, req: RecvRequest, data: Any = None) -> None:
+        """Complete a receive whose payload is in (``data``: a whole pickle still in the ring)."""
         header = req.header
         if header is not None and header.kind & 0xFF == KIND_PICKLE:
             try:
                 req.value = pickle.loads(data if data is not None else req.target)
             except Exception as exc:
-                req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be unpickled: {exc}")
+                req.error = PayloadError(f"message from endpoint {req.src} (tag {req.tag}) could not be "
+                                         f"unpickled: {exc}")
             if data is None:
                 req.buf = None  # drop our view before the raw buffer goes back to the pool
-                self._pool.give_back(req.target)
+                self.pool.give_back(req.target)
         req.buf = req.target = None
         req.done = True
         if req.owed:
@@ -199,17 +204,20 @@ class Receiving:
         tell_taken(self, req.src, req.owed)
         req.owed = 0
 
-    def deliver_to_self(self, tag: int, value: Any, nbytes: int, posted_only: bool = False) -> RecvRequest | None:
+    def deliver_to_self(self, tag: int, value: Any, nbytes: int,
+                        posted_only: bool = False) -> RecvRequest | None:
         """A message to this endpoint itself (``value`` already a private copy; ``nbytes``: what a
         peer would receive of it), matched as a frame from a peer would be (see the module doc);
         returns the receive that took it, or the unexpected message a later one adopts.  With
         ``posted_only``, only to a receive already posted (else nothing happens: None)."""
         array = plain_array(value)
         kind = FLAG_CONTROL | (KIND_ARRAY if array else KIND_PICKLE)
-        header = Header(kind, tag, nbytes, 0.0, 0, value.dtype.str if array else "", tuple(value.shape) if array else (), 0)
+        header = Header(kind, tag, nbytes, 0.0, 0, value.dtype.str if array else "",
+                        tuple(value.shape) if array else (), 0)
         key = (self.me, tag)
         posted = self._posted.get(key)
-        wild = match_any(self, self.me, tag, posted[0] if posted else None) if self._posted_any else None
+        wild = match_any(self.queues, self.me, tag, posted[0] if posted else None) if self._posted_any \
+            else None
         if wild is not None or posted:
             req = wild if wild is not None else posted.popleft()
             req.claimed = True
@@ -217,8 +225,8 @@ class Receiving:
             return None
         else:
             req = RecvRequest(self, self.me, tag)
-            self._order += 1
-            req.order = self._order
+            queues = self.queues
+            req.order = queues.order = queues.order + 1
             self._unexpected[key].append(req)
         req.header, req.value, req.done = header, value, True
         return req

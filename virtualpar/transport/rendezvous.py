@@ -33,11 +33,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .channel import FLAG_RENDEZVOUS, FLAG_RESENT, FLAG_SYNC, OFFER_SLOTS, offer_slot
+from .lazy import Lazy
 from .payload import byte_view
 from .requests import SEND_NEW
 from .shm import PERMANENT_ERRORS, read_remote
@@ -47,12 +48,32 @@ if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
     from .requests import RecvRequest, SendRequest
 
-__all__ = ["take_offer", "new_offer", "collect_answers", "acknowledge", "tell_taken", "taken", "TAG_TAKEN"]
+__all__ = ["RendezvousState", "take_offer", "new_offer", "collect_answers", "acknowledge", "tell_taken",
+           "taken", "TAG_TAKEN"]
 
 TAG_TAKEN = -(1 << 40)  # control message to a sender: a receive took your message number <the stamp>
 _NOTHING = np.empty(0, np.uint8)
 
 log = logging.getLogger(__name__)
+
+
+class RendezvousState:
+    """An endpoint's rendezvous state, the one object these functions and the progress engine share.
+
+    The sender's side: ``offered`` (per destination, built on first use: offer slot -> send whose
+    offer is not answered yet), ``token`` (the last offer token given), ``offer_to`` (per peer: False
+    once it could not read our memory) and ``unacked`` ((destination, message number) -> send: sent,
+    done once a receive took it).  The receiver's: ``refused`` ((source, message number) -> receive:
+    offers this endpoint could not read, to come streamed)."""
+
+    __slots__ = ("offered", "token", "offer_to", "unacked", "refused")
+
+    def __init__(self, peers: list[int], cross_memory: bool) -> None:
+        self.offered: Lazy = Lazy(lambda p: {})
+        self.token = 0
+        self.offer_to = {p: cross_memory for p in peers}
+        self.unacked: dict[tuple[int, int], SendRequest] = {}
+        self.refused: dict[tuple[int, int], RecvRequest] = {}
 
 
 def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None:
@@ -62,26 +83,27 @@ def take_offer(ep: "Endpoint", ch: "VirtualChannel", req: "RecvRequest") -> None
     h = req.header
     assert h is not None
     if h.kind & FLAG_SYNC:
-        held = ep._unexpected.get((req.src, req.tag))
+        held = ep.queues.unexpected.get((req.src, req.tag))
         if held and held[-1] is req:
             return  # strict mode or Issend: no receive is posted yet; acknowledge() takes it when one is
     if req.target is None and h.nbytes:  # (an empty Ssend reads nothing)
-        req.target = ep._pool.raw(h.nbytes)
-    err = 0 if not h.nbytes else read_remote(h.pid, h.addr, req.target, h.nbytes) if ep._can_read else errno.EPERM
+        req.target = ep.pool.raw(h.nbytes)
+    err = 0 if not h.nbytes else \
+        read_remote(h.pid, h.addr, req.target, h.nbytes) if ep.can_read else errno.EPERM
     if not err:
         ch.answer(h.token)
-        ep._bells[req.src].release()
-        ep._finish(req)
+        ep.doorbells[req.src].release()
+        ep.finish(req)
         return
     if err in PERMANENT_ERRORS:
-        ep._can_read = False  # the kernel will always refuse: stream every later offer too
+        ep.can_read = False  # the kernel will always refuse: stream every later offer too
         log.info("endpoint %d cannot read endpoint %d's memory (%s): large messages go through the rings",
                  ep.me, req.src, os.strerror(err))
     req.expect = (h.nbytes + 7) & ~7
     req.buf = byte_view(req.target) if h.nbytes else None
-    ep._refused[(req.src, h.seq)] = req
-    ch.answer(h.token, refused=True, for_good=not ep._can_read)
-    ep._bells[req.src].release()
+    ep.rendezvous.refused[(req.src, h.seq)] = req
+    ch.answer(h.token, refused=True, for_good=not ep.can_read)
+    ep.doorbells[req.src].release()
 
 
 def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest"]) -> int:
@@ -95,14 +117,16 @@ def new_offer(ep: "Endpoint", req: "SendRequest", offers: dict[int, "SendRequest
         return FLAG_RENDEZVOUS
     for slot in range(OFFER_SLOTS):
         if slot not in offers:
-            ep._token += 1
-            req.token = ep._token << 3 | slot
+            state = ep.rendezvous
+            state.token += 1
+            req.token = state.token << 3 | slot
             return FLAG_RENDEZVOUS
     req.kind &= ~FLAG_RENDEZVOUS
     return 0
 
 
-def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict[int, "SendRequest"], queue) -> None:
+def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict[int, "SendRequest"],
+                    queue: Any) -> None:
     """The sender's side: finish every offer to ``dst`` its receiver has taken; queue every one it
     could not read to be streamed, behind a ``FLAG_RESENT`` header (and, if it never will, later
     ones at once, outside strict mode)."""
@@ -113,7 +137,7 @@ def collect_answers(ep: "Endpoint", dst: int, ch: "VirtualChannel", offers: dict
         del offers[slot]
         if answer & 1:  # it could not read our memory: stream this one (and, if for good, later ones)
             if answer & 2:
-                ep._offer_to[dst] = False
+                ep.rendezvous.offer_to[dst] = False
             req.kind ^= FLAG_RENDEZVOUS | FLAG_RESENT
             req.state = SEND_NEW
             queue.append(req)
@@ -128,7 +152,7 @@ def acknowledge(ep: "Endpoint", req: "RecvRequest") -> None:
     message is in whole."""
     h = req.header
     if h.kind & FLAG_RENDEZVOUS and not req.done and req.expect == 0:  # an offer still held
-        take_offer(ep, ep._in[req.src], req)
+        take_offer(ep, ep.inbound(req.src), req)
     elif req.done:  # (an eager one, or a refused offer streamed since: its sender waits for TAG_TAKEN)
         tell_taken(ep, req.src, h.seq)
     else:  # still arriving: once it is in whole (Receiving._finish), so that a receive that gives up
@@ -143,6 +167,6 @@ def tell_taken(ep: "Endpoint", src: int, seq: int) -> None:
 def taken(ep: "Endpoint", src: int, seq: int) -> None:
     """The sender's side of :func:`acknowledge`: message ``seq`` to ``src`` is done once all of it
     is written (a receive may take it as soon as its header arrives)."""
-    req = ep._unacked.pop((src, seq), None)
+    req = ep.rendezvous.unacked.pop((src, seq), None)
     if req is not None and req.written >= req.padded:
         req.done = True

@@ -1,17 +1,18 @@
 """Transport-level send and receive requests: the state of one message in flight.
 
-A small send that fits the ring whole is written while it is posted and gets a
-:class:`SentRequest`, already done.  Any other :class:`SendRequest` starts in ``SEND_NEW`` until its header is in the ring.  An eager message
-then goes ``SEND_STREAM`` (its payload is copied into the ring) and is done when the last byte is
-in; a rendezvous offer goes ``SEND_OFFERED`` (out of the send queue, into its channel's offer
-slots) and is done when the receiver answers that it copied the payload, or is queued again, to be
-streamed, if the receiver could not read the sender's memory (see rendezvous.py).
+A small send that fits the ring whole is written while it is posted and gets a :class:`SentRequest`,
+already done.  Any other :class:`SendRequest` starts in ``SEND_NEW`` until its header is in the
+ring.  An eager message then goes ``SEND_STREAM`` (its payload is copied into the ring) and is done
+when the last byte is in; a rendezvous offer goes ``SEND_OFFERED`` (out of the send queue, into its
+channel's offer slots) and is done when the receiver answers that it copied the payload, or is
+queued again, to be streamed, if the receiver could not read the sender's memory (see
+rendezvous.py).
 
 A :class:`RecvRequest` is posted by ``irecv``, or created by the progress engine for a message
 nobody has asked for yet (an *unexpected* one, which a later ``irecv`` adopts).
 
-Both only hold state: ``Endpoint`` (``endpoint.py``, ``receiving.py``) moves the bytes, and ``wait()`` runs the
-endpoint's progress engine until the request is done.
+Both only hold state: ``Endpoint`` (``endpoint.py``, ``receiving.py``) moves the bytes, and
+``wait()`` runs the endpoint's progress engine until the request is done.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class SentRequest:
 class RecvRequest:
     """A message on its way in; ``wait()`` returns the array (or object)."""
 
-    __slots__ = ("endpoint", "src", "tag", "out", "out_bytes", "header", "target", "buf", "got", "expect", "done", "value",
-                 "error", "claimed", "order", "owed")
+    __slots__ = ("endpoint", "src", "tag", "out", "out_bytes", "header", "target", "buf", "got", "expect",
+                 "done", "value", "error", "claimed", "order", "owed")
 
     def __init__(self, endpoint: "Endpoint", src: int, tag: int, out: np.ndarray | None = None) -> None:
         self.endpoint = endpoint
@@ -96,7 +97,8 @@ class RecvRequest:
         self.tag = tag
         self.out = out
         # out's bytes, if the payload can land in it directly: taken at post time, off the message's path
-        self.out_bytes = byte_view(out) if out is not None and out.flags.c_contiguous and out.flags.writeable else None
+        direct = out is not None and out.flags.c_contiguous and out.flags.writeable
+        self.out_bytes = byte_view(out) if direct else None
         self.header: Header | None = None
         self.target: np.ndarray | None = None  # where the payload lands (uint8, C-contiguous)
         self.buf: memoryview | None = None  # byte view of target
@@ -105,7 +107,7 @@ class RecvRequest:
         self.done = False
         self.value: Any = None
         self.error: Exception | None = None
-        self.claimed = False  # a receive took the message (a posted one when matched; an unexpected one, adopted)
+        self.claimed = False  # a receive took the message (a posted one, matched; an unexpected one, adopted)
         self.order = 0  # posting order (posted receives) or arrival order (unexpected messages)
         self.owed = 0  # the number of a message whose sender waits to hear it was taken, once it is in whole
 

@@ -6,7 +6,7 @@ have a core each (else once per message); a rendezvous offer is only a header, a
 next message may go while the offer waits in one of the channel's slots for its answer
 (:mod:`.rendezvous`).  A message that must wait for its receive (strict mode, ``Issend``) but
 found no free slot goes eager — as does one whose offer the receiver could not read — and is done
-only when its receiver says a receive took it whole (``Endpoint._unacked``,
+only when its receiver says a receive took it whole (``RendezvousState.unacked``,
 :func:`.rendezvous.acknowledge`).  A producer that finds no room raises
 the channel's want-room flag and returns (:mod:`.want_room`).
 
@@ -15,7 +15,7 @@ the channel's want-room flag and returns (:mod:`.want_room`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from .channel import FLAG_CONTROL, FLAG_RENDEZVOUS, FLAG_SYNC, offer_slot
 from .receiving import CHUNK
@@ -45,8 +45,8 @@ class Sending:
                         rdv = new_offer(self, req, offers)
                     addr = req.payload.ctypes.data if rdv else 0
                     small = req.padded if not rdv and req.padded <= self._small else 0
-                    if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype, req.shape,
-                                           self._pid, addr, req.token, small):
+                    if not ch.write_header(req.kind, req.tag, req.nbytes, req.stamp, req.seq, req.dtype,
+                                           req.shape, self._pid, addr, req.token, small):
                         if want_room(ch):
                             continue  # room appeared before the consumer could see the flag
                         return
@@ -57,7 +57,7 @@ class Sending:
                         q.popleft()
                         continue
                     req.state = SEND_STREAM
-                    if req.kind & FLAG_SYNC:  # done once its receiver says a receive took it (rendezvous.taken)
+                    if req.kind & FLAG_SYNC:  # done once its receiver says a receive took it (rendezvous)
                         self._unacked[(dst, req.seq)] = req
                 while req.written < req.padded:
                     room = ch.writable()
@@ -73,18 +73,18 @@ class Sending:
                         ch.skip_write(n - max(data_n, 0))
                     req.written += n
                     if req.written < req.padded and self._overlap:
-                        self._bells[dst].release()  # let the receiver start on this chunk now
+                        self.doorbells[dst].release()  # let the receiver start on this chunk now
                     published = True
                 # done, unless it waits for a receive to take it and none has yet (rendezvous.taken)
                 req.done = not req.kind & FLAG_SYNC or (dst, req.seq) not in self._unacked
                 q.popleft()
             if not offers:
                 self._busy.discard(dst)
-            if ch._want[0]:
-                ch._want[0] = 0  # nothing left to write: stop asking for posts
+            if ch.want[0]:
+                ch.want[0] = 0  # nothing left to write: stop asking for posts
         finally:
             if published:
-                self._bells[dst].release()
+                self.doorbells[dst].release()
 
     def flush_control(self, timeout: float, on_timeout: Callable[[], Exception]) -> None:
         """Write out the queued control messages — acknowledgements a sender waits for
@@ -93,6 +93,15 @@ class Sending:
         for dst in tuple(self._busy):
             for req in [r for r in self._sendq[dst] if r.kind & FLAG_CONTROL]:
                 self.wait(lambda req=req: req.done, timeout, on_timeout, req)
+
+    def unfinished_sends(self) -> Iterator[tuple[int, Any]]:
+        """(destination, send) of every send not done, per destination: those offered, those
+        written whole and waiting to hear a receive took them, then those still queued (once a
+        send's header left, its receiver holds the message too: see ``leftovers.pending``)."""
+        for dst, q in self._sendq.items():
+            unacked = [r for (d, _), r in self._unacked.items() if d == dst and r.written >= r.padded]
+            for req in (*self._offers.get(dst, {}).values(), *unacked, *q):  # (one not whole yet: in q)
+                yield dst, req
 
     def _count(self, dst: int, nbytes: int, control: bool) -> None:
         """Count a message to ``dst`` in the shared counters (control traffic apart from data)."""

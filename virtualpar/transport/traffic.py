@@ -31,7 +31,8 @@ class OwedTraffic:
 
     def __init__(self, bytes_row: np.ndarray, msgs_row: np.ndarray) -> None:
         self._bytes, self._msgs = bytes_row, msgs_row  # this device's row of each counter
-        self._owed: dict[Any, list] = {}  # group -> [bytes to every peer, messages to every peer, per-member bytes]
+        # group -> [bytes to every peer, messages to every peer, per-member bytes]
+        self._owed: dict[Any, list] = {}
 
     def add(self, grp: Any, nbytes: Any, messages: int) -> None:
         """Every peer of ``grp`` (a ``FenceGroup``: ``peers`` their ranks, ``others`` their positions)

@@ -30,7 +30,8 @@ import numpy as np
 from .shm import Layout, SharedArena
 
 __all__ = ["board_view", "describe_wait", "NONE", "RECV", "SEND", "FENCE", "ANY", "OTHER",
-           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "ANY_TAG", "KIND_NAMES", "FenceWait", "AnyOf", "SEVERAL", "rank_mask"]
+           "KIND", "PEER", "TAG", "MASK", "GEN", "POKE", "ACK", "ANY_TAG", "KIND_NAMES", "FenceWait", "AnyOf",
+           "SEVERAL", "rank_mask"]
 
 NONE, RECV, SEND, FENCE, ANY, OTHER = 0, 1, 2, 3, 4, 5
 KIND_NAMES = {RECV: "recv from", SEND: "send to", FENCE: "fence with", ANY: "recv from any", OTHER: "wait"}

@@ -38,7 +38,8 @@ from .waitboard import ACK, GEN, KIND, NONE, POKE, describe_wait
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
 
-__all__ = ["wait", "aborted_error", "spin_seconds", "usable_cpus", "share_cpus", "SPIN_SECONDS", "SPIN_BUSY", "SPIN_YIELD"]
+__all__ = ["wait", "aborted_error", "spin_seconds", "usable_cpus", "share_cpus", "SPIN_SECONDS", "SPIN_BUSY",
+           "SPIN_YIELD"]
 
 SPIN_YIELD = True  # sched_yield between doorbell polls (after the first SPIN_BUSY seconds)
 SPIN_SECONDS = 50e-6  # longest doorbell poll before sleeping (only when devices <= cores)
@@ -87,12 +88,12 @@ def wait(
     ``what`` names the awaited thing in those errors: a string, or an object whose ``str()``
     does (a request passes itself, so a wait that succeeds formats nothing)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    bell = ep._bell
-    spin = ep._spin
+    bell = ep.bell
+    spin = ep.spin
     clock = time.perf_counter
     spin_until = clock() + spin if spin else 0.0
     busy = min(SPIN_BUSY, spin) if SPIN_YIELD else spin  # poll this long before yielding
-    board = ep._board  # the wait board (waitboard.py), written only around a sleep
+    board = ep.board  # the wait board (waitboard.py), written only around a sleep
     published = False
     seen = 0  # the detector's last poke read since this wait's last wake-up
     try:
@@ -100,7 +101,7 @@ def wait(
             ep.progress()
             if done():
                 return
-            if ep._abort[0]:
+            if ep.abort_word[0]:
                 raise aborted_error(ep, what)
             if on_idle is not None:
                 on_idle()
@@ -148,6 +149,6 @@ def wait(
 
 def aborted_error(ep: "Endpoint", what: object) -> DeviceAborted:
     """The error of a wait for ``what`` that the abort word ended (it holds the culprit + 1)."""
-    culprit = int(ep._abort[0]) - 1
+    culprit = int(ep.abort_word[0]) - 1
     who = "the host" if culprit == ep.layout.host else f"device {culprit}"
     return DeviceAborted(f"aborted while waiting for {what}: {who} failed first", aborted_by=culprit)

@@ -38,8 +38,8 @@ def want_room(ch: VirtualChannel) -> bool:
     the producer still lacks room the ring holds unread bytes, and the consumer's next read, in
     whatever wait it is next, sees the flag and posts.
     """
-    if not FENCED or ch._want[0]:
+    if not FENCED or ch.want[0]:
         return False
-    ch._want[0] = 1
+    ch.want[0] = 1
     fence()
     return True

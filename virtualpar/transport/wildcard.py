@@ -1,9 +1,10 @@
 """Receives from any source or with any tag (MPI's ``ANY_SOURCE`` / ``ANY_TAG``).
 
-A wildcard receive (``src`` or ``tag`` None, or ``tag`` a ``range``: any tag within it) first takes the *earliest-arrived* unexpected message
-it matches (each (source, tag) queue is FIFO, so only queue heads compete; every unexpected
-message carries its arrival number); else it waits in ``posted_any``, in posting order.  A frame
-that arrives is matched to the earliest-posted receive that accepts it, a specific one or a
+A wildcard receive (``src`` or ``tag`` None, or ``tag`` a ``range``: any tag within it) first takes
+the *earliest-arrived* unexpected message it matches (each (source, tag) queue is FIFO, so only
+queue heads compete; every unexpected message carries its arrival number); else it waits in
+``posted_any``, in posting order (the endpoint's :class:`~.matching.MatchQueues`).  A frame that
+arrives is matched to the earliest-posted receive that accepts it, a specific one or a
 wildcard one (both carry their posting number) — MPI's non-overtaking rule.  Wildcards match only
 user tags (>= 0): the runtime's own messages (negative tags) are never taken.  Which source an
 any-source receive took shows in its header (``req.src`` is set to it).
@@ -23,6 +24,7 @@ from .requests import RecvRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from .endpoint import Endpoint
+    from .matching import MatchQueues
 
 __all__ = ["irecv_any", "match_any", "peek"]
 
@@ -36,10 +38,11 @@ def _accepts(req: RecvRequest, src: int, tag: int) -> bool:
     return tag >= 0 and (req.src is None or req.src == src) and _tag_ok(req.tag, tag)
 
 
-def _earliest_per_source(ep: "Endpoint", src: int | None, tag: int | None) -> dict[int, tuple[Any, RecvRequest]]:
+def _earliest_per_source(queues: "MatchQueues", src: int | None,
+                         tag: int | None) -> dict[int, tuple[Any, RecvRequest]]:
     """For each source with a matching unexpected message: (key, message) of its earliest arrival."""
     heads: dict[int, tuple[Any, RecvRequest]] = {}
-    for key, waiting in ep._unexpected.items():
+    for key, waiting in queues.unexpected.items():
         if waiting and key[1] >= 0 and (src is None or key[0] == src) and _tag_ok(tag, key[1]):
             held = heads.get(key[0])
             if held is None or waiting[0].order < held[1].order:
@@ -48,13 +51,15 @@ def _earliest_per_source(ep: "Endpoint", src: int | None, tag: int | None) -> di
 
 
 def _pick(ep: "Endpoint", src: int | None, tag: int | range | None) -> tuple[Any, RecvRequest | None]:
-    """(key, message) of the unexpected message a receive of ``src`` and ``tag`` takes now, or (None, None)."""
+    """(key, message) of the unexpected message a receive of ``src`` and ``tag`` takes now, or
+    (None, None)."""
+    queues = ep.queues
     if src is not None and tag is not None and type(tag) is not range:
-        waiting = ep._unexpected.get((src, tag))
+        waiting = queues.unexpected.get((src, tag))
         return ((src, tag), waiting[0]) if waiting else (None, None)
-    heads = _earliest_per_source(ep, src, tag)
+    heads = _earliest_per_source(queues, src, tag)
     if len(heads) > 1 and ep.shuffle is not None:  # shuffled mode: the seed picks among the sources
-        probed = ep.probed
+        probed = queues.probed
         if probed is not None and heads.get(probed[1].src) == probed:  # what a probe just reported: that one
             return probed
         return heads[ep.shuffle.order(sorted(heads))[0]]
@@ -69,38 +74,39 @@ def peek(ep: "Endpoint", src: int | None, tag: int | range | None) -> RecvReques
     could take it, so that a probe and the receive after it agree, as MPI promises."""
     ep.progress()  # every message already in a ring counts
     key, msg = _pick(ep, src, tag)
-    ep.probed = None if msg is None or ep.shuffle is None else (key, msg)
+    ep.queues.probed = None if msg is None or ep.shuffle is None else (key, msg)
     return msg
 
 
 def irecv_any(ep: "Endpoint", src: int | None, tag: int | range | None, out: Any) -> RecvRequest:
     if ep.shuffle is not None:
         ep.progress()  # every message already in a ring competes, not only those drained so far
+    queues = ep.queues
     best_key, best = _pick(ep, src, tag)
-    ep.probed = None  # (kept for this receive only)
+    queues.probed = None  # (kept for this receive only)
     if best is not None:
-        ep._unexpected[best_key].popleft()
+        queues.unexpected[best_key].popleft()
         best.out = out
         best.claimed = True
         if best.header is not None and best.header.kind & FLAG_SYNC:  # strict mode / Issend: it waits for us
             acknowledge(ep, best)
         return best
     req = RecvRequest(ep, src, tag, out)
-    ep._order += 1
-    req.order = ep._order
-    ep._posted_any.append(req)
+    req.order = queues.order = queues.order + 1
+    queues.posted_any.append(req)
     ep.progress()
     return req
 
 
-def match_any(ep: "Endpoint", src: int, tag: int, specific: RecvRequest | None) -> RecvRequest | None:
+def match_any(queues: "MatchQueues", src: int, tag: int, specific: RecvRequest | None) -> RecvRequest | None:
     """The wildcard receive that takes a frame from ``src`` with ``tag``, if one was posted before
     ``specific`` (the head of that key's posted queue, or None); it leaves ``posted_any``."""
-    for i, req in enumerate(ep._posted_any):
+    posted_any = queues.posted_any
+    for i, req in enumerate(posted_any):
         if _accepts(req, src, tag):
             if specific is not None and specific.order < req.order:
                 return None
-            del ep._posted_any[i]
+            del posted_any[i]
             req.src, req.tag = src, tag
             return req
     return None
