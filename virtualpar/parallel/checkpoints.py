@@ -1,7 +1,7 @@
 """Checkpoints and resume of a ``ParallelTrainer``: its hooks for :class:`~virtualpar.checkpoint.Recoverable`.
 
-    trainer.save(cluster, "ckpt/")                      # weights, AdamW state, step: a shard per (stage, tp rank)
-    trainer.load(new_cluster, "ckpt/")                  # any dp, tp, pp, cuts, zero stage or sp
+    trainer.save(cluster, "ckpt/")        # weights, AdamW state, step: a shard per (stage, tp rank)
+    trainer.load(new_cluster, "ckpt/")    # into any dp, tp, pp, cuts, zero stage, sp or cp
     trainer.configure_recovery(checkpoint_every=10, checkpoint_dir="ckpt/")
 
 A device keeps each unit's parameters as one flat vector (its tp shards of the unit's parameters,

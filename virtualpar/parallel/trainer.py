@@ -167,8 +167,8 @@ class ParallelTrainer(TrainerCheckpoints):
                 cluster.put(r, self.key + "/y", np.ascontiguousarray(targets[part]), block=False)
         before = cluster.clocks()
         try:
-            replies = cluster.run(step_keeping, self.key, rows, self._held(cluster), self._recovery.driver_copy,
-                                  self.stage_flops(seq))
+            replies = cluster.run(step_keeping, self.key, rows, self._held(cluster),
+                                  self._recovery.driver_copy, self.stage_flops(seq))
         except BaseException:
             self._failed(cluster)
             raise
