@@ -5,6 +5,7 @@
     with VirtualCluster(cfg.mesh()) as cluster:
         loss = cluster.execute(trainer, tokens, targets)     # one step: the mean token loss
         weights = trainer.state_dict(cluster)                # keyed like model.state_dict()
+        trainer.save(cluster, "ckpt/")                       # loads into any layout (.checkpoints)
 
 Composed, not stacked: the driver cuts the model into pipeline stages of units
 (:mod:`.layout`), gives each device its tensor-parallel shards (and under ZeRO-3 its dp shard of
