@@ -96,9 +96,9 @@ class TrainerCheckpoints(Recoverable):
             return super().committed_state_dict()  # raises, saying why
         tp = self.config.tp
         pieces: dict[str, list] = {}
-        for (s, names), t in ((item, item[0] % tp) for item in self._stage_names().items()):
-            for n, spec in names.items():
-                pieces.setdefault(n, [None] * tp)[t] = state.stages[s].params[n]
+        for s, names in self._stage_names().items():
+            for n in names:
+                pieces.setdefault(n, [None] * tp)[s % tp] = state.stages[s].params[n]
         out = {n: v[0] if tp_dim(n) is None or tp == 1 else np.concatenate(v, axis=tp_dim(n))
                for n, v in pieces.items()}
         if self.model.tie_embeddings:
