@@ -15,7 +15,18 @@ equal the fault-free run bit for bit, and what was left behind: processes, /dev/
 live process holds, and ``pymp-*`` directories (the run's temporary directory is a private one,
 so any there is this run's).
 
-    python benchmarks/bench_chaos.py [--steps 200] [--seed 0] [--rate 0.1] [--json]
+``--model gpt`` trains the composed trainer instead (``ParallelTrainer``: a 2-layer float64 GPT,
+AdamW, dp=2 × pp=2 with ZeRO-1 on 4 devices); its faults land at any send, receive or collective
+of a step (their number per device is counted on a step run beforehand).
+
+``--copy-cost`` measures instead what the driver copy adds to a step of the composed trainer (a
+float32 ``GPT.preset("tiny")``, dp=2 × tp=2, ZeRO-1, batch 8 × 32): as section 5 of
+``bench_pipeline.py`` does for the pipeline, each reporting device's slot-file write (median of 9),
+summed over the devices as if none overlapped, against the median step with the copy on; beside
+it the paired difference of whole steps with the copy on and off.  Target < 5%.
+
+    python benchmarks/bench_chaos.py [--steps 200] [--seed 0] [--rate 0.1] [--model mlp|gpt] [--json]
+    python benchmarks/bench_chaos.py --copy-cost [--json]
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from virtualpar import VirtualCluster, VirtualParError, nn
+from virtualpar.parallel import ParallelConfig, ParallelTrainer
 from virtualpar.pipeline import TRANSFER, Pipeline, PipelinedOperation, build, lower
 from virtualpar.testing.leaks import children
 
@@ -51,6 +64,34 @@ def make_op(stages: int, microbatches: int) -> PipelinedOperation:
 def batch(seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, step])
     return rng.standard_normal((ROWS, WIDTH)), rng.standard_normal((ROWS, WIDTH))
+
+
+GPT_CONFIG = ParallelConfig(dp=2, pp=2, microbatches=2, zero=1)
+GPT_ROWS, GPT_SEQ, GPT_VOCAB = 8, 8, 32
+
+
+def make_trainer() -> ParallelTrainer:
+    return ParallelTrainer(nn.GPT(GPT_VOCAB, 16, 2, 2, GPT_SEQ, seed=0, dtype=np.float64), GPT_CONFIG,
+                           optimizer=nn.AdamW(1e-2))
+
+
+def gpt_batch(seed: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([seed, step])
+    return rng.integers(0, GPT_VOCAB, (GPT_ROWS, GPT_SEQ)), rng.integers(0, GPT_VOCAB, (GPT_ROWS, GPT_SEQ))
+
+
+def _op_seq(dev: Any) -> int:
+    return dev.op_seq
+
+
+def counted_ops(make: Callable[[], Any], mesh: Any, data: Callable[[int], tuple]) -> list[int]:
+    """Each device's sends, receives and collectives in one step (counted, as ``inject`` counts them)."""
+    op = make()
+    with VirtualCluster(mesh) as cluster:
+        cluster.execute(op, *data(0))  # the first step places the weights (set-up runs count no ops)
+        before = cluster.run(_op_seq)
+        cluster.execute(op, *data(1))
+        return [b - a for a, b in zip(before, cluster.run(_op_seq))]
 
 
 def ops_per_rank(ranks: int, microbatches: int) -> list[int]:
@@ -126,11 +167,11 @@ def train_through_faults(op: PipelinedOperation, steps: int, plan: dict, new_clu
     return stats
 
 
-def fault_free(stages: int, microbatches: int, steps: int, seed: int) -> dict[str, np.ndarray]:
-    op = make_op(stages, microbatches)
-    with VirtualCluster(stages) as cluster:
+def fault_free(make: Callable[[], Any], mesh: Any, steps: int, data: Callable[[int], tuple]) -> dict[str, np.ndarray]:
+    op = make()
+    with VirtualCluster(mesh) as cluster:
         for _ in range(steps):
-            cluster.execute(op, *batch(seed, op.step))
+            cluster.execute(op, *data(op.step))
         return op.state_dict(cluster)
 
 
@@ -164,22 +205,30 @@ def leftovers(shm_before: set[str], tmp: str, settle: float = 3.0) -> dict:
 
 
 def chaos(steps: int = 200, seed: int = 0, rate: float = 0.1, stages: int = 4, microbatches: int = 4,
-          timeout: float = 2.0, kinds: tuple[str, ...] = KINDS, plan: dict | None = None) -> dict:
-    """The whole run (see the module doc); ``plan`` ({step: (kind, rank, at_op)}) replaces the seeded one."""
+          timeout: float = 2.0, kinds: tuple[str, ...] = KINDS, plan: dict | None = None, model: str = "mlp") -> dict:
+    """The whole run (see the module doc); ``plan`` ({step: (kind, rank, at_op)}) replaces the seeded one;
+    ``model`` "gpt": the composed trainer (``stages`` and ``microbatches`` are then its configuration's)."""
+    if model == "gpt":
+        make, mesh, data = make_trainer, GPT_CONFIG.mesh(), lambda step: gpt_batch(seed, step)
+        stages, microbatches = GPT_CONFIG.pp, GPT_CONFIG.microbatches
+    elif model == "mlp":
+        make, mesh, data = (lambda: make_op(stages, microbatches)), stages, (lambda step: batch(seed, step))
+    else:
+        raise ValueError(f"model must be 'mlp' or 'gpt', got {model!r}")
     tmp = tempfile.mkdtemp(prefix="vp-chaos-")
     saved, tempfile.tempdir = tempfile.tempdir, tmp  # multiprocessing's pymp-* directories land here
     shm_before = set(os.listdir("/dev/shm"))
     try:
         t0 = time.perf_counter()
-        want = fault_free(stages, microbatches, steps, seed)
+        want = fault_free(make, mesh, steps, data)
         clean_s = time.perf_counter() - t0
         if plan is None:
-            plan = plan_faults(seed, steps, rate, ops_per_rank(stages, microbatches), kinds)
-        op = make_op(stages, microbatches)
+            ops = ops_per_rank(stages, microbatches) if model == "mlp" else counted_ops(make, mesh, data)
+            plan = plan_faults(seed, steps, rate, ops, kinds)
+        op = make()
         t0 = time.perf_counter()
-        stats = train_through_faults(op, steps, plan, lambda: VirtualCluster(stages, timeout=timeout, abort_grace=0.5,
-                                                                             run_timeout=10 * timeout),
-                                     lambda step: batch(seed, step))
+        stats = train_through_faults(op, steps, plan, lambda: VirtualCluster(mesh, timeout=timeout, abort_grace=0.5,
+                                                                             run_timeout=10 * timeout), data)
         chaos_s = time.perf_counter() - t0
         weights = op.committed_state_dict()  # the devices are gone: the driver's copy of the last step
         equal = list(weights) == list(want) and all(weights[k].dtype == want[k].dtype and
@@ -189,8 +238,69 @@ def chaos(steps: int = 200, seed: int = 0, rate: float = 0.1, stages: int = 4, m
     finally:
         tempfile.tempdir = saved
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"steps": steps, "seed": seed, "rate": rate, "stages": stages, "microbatches": microbatches, **stats,
-            "bit_equal": equal, "fault_free_s": clean_s, "chaos_s": chaos_s, "left": left}
+    return {"model": model, "steps": steps, "seed": seed, "rate": rate, "stages": stages, "microbatches": microbatches,
+            **stats, "bit_equal": equal, "fault_free_s": clean_s, "chaos_s": chaos_s, "left": left}
+
+
+def _slot_write_seconds(dev: Any, key: str, reps: int) -> tuple[float, int]:
+    """On a device: the median time of writing its raw report of the committed state into a slot file,
+    as each committed step does (``parallel/committed.py``), into a file of its own in the same place
+    (the first write, which gives the file its pages, untimed, as the step's slots keep theirs)."""
+    from virtualpar.checkpoint.spill import _directory, write_slot
+    from virtualpar.parallel.committed import _reported
+
+    st = dev.state[key]
+    mine = _reported(dev, st, {s: (st["params"][s], st["optimizers"][s]) for s in st["params"]})
+    if not mine:
+        return 0.0, 0
+    with tempfile.TemporaryFile(dir=_directory()) as f:
+        write_slot(f.fileno(), 1, mine)
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            write_slot(f.fileno(), i + 2, mine)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times), os.fstat(f.fileno()).st_size
+
+
+def copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:
+    """The driver copy's cost per step of the composed trainer (see the module doc)."""
+    cfg = ParallelConfig(dp=2, tp=2, zero=1)
+    model = nn.GPT.preset("tiny")
+    rng = np.random.default_rng(1)
+    tokens, targets = rng.integers(0, model.vocab, (8, 32)), rng.integers(0, model.vocab, (8, 32))
+    trainer = ParallelTrainer(model, cfg, optimizer=nn.AdamW(1e-3))
+    per_round = []
+    with VirtualCluster(cfg.mesh()) as cluster:
+        cluster.execute(trainer, tokens, targets)
+        for _ in range(rounds):
+            walls: dict[bool, list[float]] = {True: [], False: []}
+            for on in (True, False):
+                trainer.configure_recovery(driver_copy=on)
+                cluster.execute(trainer, tokens, targets)  # the switch, untimed
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    cluster.execute(trainer, tokens, targets)
+                    walls[on].append(time.perf_counter() - t0)
+            writes = cluster.run(_slot_write_seconds, trainer.key, reps)
+            on, off = statistics.median(walls[True]), statistics.median(walls[False])
+            copy_s = sum(t for t, _ in writes)
+            per_round.append({"copy_s": copy_s, "bytes": sum(n for _, n in writes), "with_s": on, "without_s": off,
+                              "ratio": copy_s / on, "paired_ratio": (on - off) / off})
+    mid = sorted(per_round, key=lambda r: r["ratio"])[len(per_round) // 2]
+    return {"config": "GPT tiny float32, dp=2 tp=2 zero=1, batch 8 x 32, AdamW", "rounds": per_round, **mid,
+            "target": 0.05}
+
+
+def print_copy_cost(d: dict) -> None:
+    verdict = "PASS" if d["ratio"] < d["target"] else "FAIL"
+    print(f"# driver copy of each committed step, ParallelTrainer ({d['config']}): {d['bytes'] / 2**20:.2f} MiB "
+          "written into slot files per step")
+    print(f"copy {d['copy_s'] * 1e3:.2f} ms summed over the devices, a step {d['with_s'] * 1e3:.2f} ms: "
+          f"{d['ratio'] * 100:.2f}% of a step (target < {d['target'] * 100:.0f}%: {verdict}; the median of "
+          f"{len(d['rounds'])} rounds: " + " ".join(f"{r['ratio'] * 100:.2f}%" for r in d["rounds"])
+          + "; paired whole steps on - off, noise included: "
+          + " ".join(f"{r['paired_ratio'] * 100:+.0f}%" for r in d["rounds"]) + ")")
 
 
 def main() -> int:
@@ -198,16 +308,27 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rate", type=float, default=0.1, help="probability of a fault before each step")
+    ap.add_argument("--model", choices=("mlp", "gpt"), default="mlp",
+                    help="mlp: the 4-stage pipeline MLP; gpt: the composed trainer (dp=2 x pp=2, ZeRO-1)")
+    ap.add_argument("--copy-cost", action="store_true",
+                    help="measure the driver copy's cost per step of the composed trainer instead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.copy_cost:
+        d = copy_cost()
+        print(json.dumps(d)) if args.json else print_copy_cost(d)
+        return 0 if d["ratio"] < d["target"] else 1
     if not args.json:  # the operation's one line per resume, in order with the rest
         logging.basicConfig(stream=sys.stdout, format="  %(message)s", level=logging.WARNING)
-    r = chaos(args.steps, args.seed, args.rate)
+    r = chaos(args.steps, args.seed, args.rate, model=args.model)
     if args.json:
         print(json.dumps(r))
         return 0 if r["bit_equal"] and not any(r["left"].values()) else 1
-    print(f"# chaos: {r['steps']} steps of a {r['stages']}-stage MLP (float64, Adam, 1F1B, {r['microbatches']} "
-          f"microbatches), seed {r['seed']}, a fault before a step with probability {r['rate']}")
+    what = (f"a {r['stages']}-stage MLP (float64, Adam, 1F1B, {r['microbatches']} microbatches)" if r["model"] == "mlp"
+            else f"a GPT by ParallelTrainer (float64, AdamW, dp={GPT_CONFIG.dp} x pp={GPT_CONFIG.pp}, ZeRO-"
+                 f"{GPT_CONFIG.zero}, {r['microbatches']} microbatches)")
+    print(f"# chaos: {r['steps']} steps of {what}, seed {r['seed']}, a fault before a step with probability "
+          f"{r['rate']}")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["by_kind"].items()))
     print(f"faults injected   {r['injected']} ({kinds})")
     print(f"faults survived   {r['survived']} (training went on after each, by itself)")

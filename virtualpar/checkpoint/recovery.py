@@ -26,7 +26,9 @@ An operation provides the hooks: ``key``, ``optimizer``, ``_ensure_placed(cluste
 ``_stage_names()`` (stage -> {its name: model name}),
 ``_model_weights()``, ``_shard_name(stage)``, ``_layout()``, and the device functions
 ``_fetch_fn(dev, key, version)``, ``_place_fn(dev, key, stages, version)`` and
-``_spill_fn(dev, key, prefix)``.
+``_spill_fn(dev, key, prefix)``; optionally ``_assemble(reported)``, when what a device reports is
+a slice of a stage (ZeRO's dp shards), and ``_install(cluster, state)``, to send each device only
+its part.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ class _Head(NamedTuple):
     step: int
 
 
+class _Read:
+    """What a slot file held at one version, read: a source :meth:`Recoverable.committed` reads like a
+    live :class:`~.spill.Spill`."""
+
+    def __init__(self, version: int, stages: dict[int, tuple[dict, dict]]) -> None:
+        self.version, self.stages = version, stages
+
+    def read(self, version: int) -> dict[int, tuple[dict, dict]]:
+        return self.stages if version == self.version else {}
+
+
 class _Recovery:
     """What the driver keeps of one operation (see the module doc)."""
 
@@ -81,10 +94,8 @@ class _Recovery:
         new.committed, new.committed_version = self.committed, self.committed_version
         spill = self.sources.get(self.head.version)
         if spill is not None and self.head.version != self.committed_version:
-            # read now: the original's next steps rewrite these slots
-            stages = spill.read(self.head.version)
-            new.committed = TrainingState(self.head.step, {s: StageState(*v) for s, v in stages.items()})
-            new.committed_version = self.head.version
+            # read now: the original's next steps rewrite these slots (assembled by the copy when asked)
+            new.sources[self.head.version] = _Read(self.head.version, spill.read(self.head.version))
         new.driver_copy = self.driver_copy  # not the checkpoint directory: the two would overwrite each other
         return new
 
@@ -138,11 +149,17 @@ class Recoverable(PlacedOperation):
             return rec.committed
         spill = rec.sources.get(rec.head.version)
         if spill is not None:
-            stages = spill.read(rec.head.version)
+            stages = self._assemble({s: StageState(*v) for s, v in spill.read(rec.head.version).items()})
             if set(stages) == set(self._stage_names()):
-                self._keep(TrainingState(rec.head.step, {s: StageState(*v) for s, v in stages.items()}))
+                self._keep(TrainingState(rec.head.step, stages))
                 return rec.committed
         return None
+
+    def _assemble(self, reported: dict[int, StageState]) -> dict[int, StageState]:
+        """The stages as :meth:`_stage_names` names them, from what the devices reported (each under an
+        id of its own).  As reported, here; a layout whose devices each hold a slice of a stage's state
+        (ZeRO's shards of a flat vector) puts the slices together.  Incomplete input gives fewer stages."""
+        return reported
 
     def committed_state_dict(self) -> dict[str, Any]:
         """The weights after the last committed step, keyed by the model's names, from the driver copy:
@@ -281,8 +298,10 @@ class Recoverable(PlacedOperation):
         spill = (self.state_for(cluster) or {}).get("spill")
         if rec.driver_copy and spill is not None:
             rec.sources[head.version] = spill
-        elif rec.driver_copy and set(merged) == set(self._stage_names()):
-            rec.committed, rec.committed_version = TrainingState(head.step, merged), head.version
+        elif rec.driver_copy and merged:
+            stages = self._assemble(merged)
+            if set(stages) == set(self._stage_names()):
+                rec.committed, rec.committed_version = TrainingState(head.step, stages), head.version
         rec.head = head  # the commit: one assignment (an interrupt leaves the old head or the new one)
         for v in [v for v in rec.sources if v < head.version]:
             del rec.sources[v]
@@ -301,4 +320,4 @@ class Recoverable(PlacedOperation):
         for part in parts:
             for s, (params, opt) in part.items():
                 stages.setdefault(s, StageState(params, opt))
-        return TrainingState(self._recovery.head.step, stages)
+        return TrainingState(self._recovery.head.step, self._assemble(stages))

@@ -5,6 +5,7 @@
     with VirtualCluster(cfg.mesh()) as cluster:
         loss = cluster.execute(trainer, tokens, targets)     # one step: the mean token loss
         weights = trainer.state_dict(cluster)                # keyed like model.state_dict()
+        trainer.save(cluster, "ckpt/")                       # loads into any layout (.checkpoints)
 
 Composed, not stacked: the driver cuts the model into pipeline stages of units
 (:mod:`.layout`), gives each device its tensor-parallel shards (and under ZeRO-3 its dp shard of
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import weakref
 from typing import Any
 
 import numpy as np
@@ -30,8 +30,10 @@ from ..pipeline import build, lower, simulate, validate
 from ..pipeline.actions import Action
 from ..pipeline.executor import StepSpec
 from ..pipeline.timeline_grid import format_timeline
+from .checkpoints import TrainerCheckpoints
+from .committed import fetch_weights, step_keeping
 from .config import ParallelConfig
-from .device_step import fetch, place, step
+from .device_step import place
 from .layout import flatten, shard, stage_units, unshard
 from .memory import ledger
 from .stage import stage_forward
@@ -50,13 +52,15 @@ def skeleton(model: nn.Module) -> nn.Module:
     return twin
 
 
-class ParallelTrainer:
+class ParallelTrainer(TrainerCheckpoints):
     """One training step of ``model`` (an ``nn.GPT``) under ``config``, run by ``cluster.execute``.
 
     ``optimizer``: elementwise (``nn.SGD``, ``nn.Adam``, ``nn.AdamW``; default AdamW(1e-3)), copied
     per stage on every device.  ``cuts``: the blocks that start a stage (``["blocks.3"]``), else the
-    blocks are split evenly over pp × virtual stages.  Every cluster the trainer runs on trains its
-    own copy, starting from ``model``'s weights."""
+    blocks are split evenly over pp × virtual stages.  A trainer is one training run: ``step``
+    counts its committed steps, and a cluster that does not hold the last of them (a new one after
+    a device died) gets it placed before its step; ``save``, ``load`` and ``configure_recovery``
+    come from :mod:`.checkpoints` (:mod:`virtualpar.checkpoint`)."""
 
     def __init__(self, model: nn.GPT, config: ParallelConfig, optimizer: nn.Optimizer | None = None,
                  cuts: list[str] | None = None) -> None:
@@ -69,9 +73,7 @@ class ParallelTrainer:
         self.optimizer = optimizer if optimizer is not None else nn.AdamW(1e-3)
         pad = 1 if config.zero == 0 else config.dp  # ZeRO's shards: flat vectors padded to a multiple of dp
         self.units = stage_units(model, config.stages, config.tp, pad, cuts)
-        self.key = f"parallel/{next(_IDS)}"
-        self._clusters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> placement
-        self._staged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.key = f"parallel/{next(_IDS)}"  # per cluster (PlacedOperation): "spec", "version", "spill"
         self.last_records: dict[int, list] = {}
         self.last_step_time = 0.0  # modelled seconds of the last step (the slowest device)
         self.last_step_times: list[float] = []  # per device: how far its modelled clock moved
@@ -90,6 +92,16 @@ class ParallelTrainer:
         cfg = self.config
         return {"dp": cfg.dp, "tp": cfg.tp, "cp": cfg.cp, "sp": cfg.sequence_parallel, "zero": cfg.zero,
                 "recompute": cfg.recompute, "bucket_bytes": cfg.bucket_bytes}
+
+    def _ensure_placed(self, cluster: Any) -> StepSpec:
+        """The step planned for ``cluster``; the first time, the model's weights placed there."""
+        self.config.check_mesh(cluster.mesh)
+        spec = (self.state_for(cluster) or {}).get("spec")
+        if spec is None:
+            spec, _ = self._plan()
+            self._place(cluster, spec)
+            self.hold(cluster, spec=spec)
+        return spec
 
     def _place(self, cluster: Any, spec: StepSpec) -> None:
         cfg, mesh = self.config, cluster.mesh
@@ -141,11 +153,8 @@ class ParallelTrainer:
             raise UsageError(f"ParallelTrainer: targets must lie in 0..{self.model.vocab - 1}, got "
                              f"{targets.min()}..{targets.max()}")
         cfg.check_batch(tokens.shape, self.model.seq_len)
-        spec = self._clusters.get(cluster)
-        if spec is None:
-            spec, _ = self._plan()
-            self._place(cluster, spec)
-            self._clusters[cluster] = spec
+        spec = self._ensure_placed(cluster)
+        self._resume(cluster)  # the last committed state, if this cluster lacks it (checkpoint/recovery.py)
         p = spec.placement
         first, last = p.rank_of(0, 0), p.rank_of(p.stages - 1, 0)
         batch, seq = tokens.shape
@@ -157,25 +166,29 @@ class ParallelTrainer:
                 cluster.put(r, self.key + "/x", np.ascontiguousarray(tokens[part]), block=False)
             if at.pp == last:
                 cluster.put(r, self.key + "/y", np.ascontiguousarray(targets[part]), block=False)
-        commit = self._staged.pop(cluster, False)
         before = cluster.clocks()
-        replies = cluster.run(step, self.key, rows, commit, self.stage_flops(seq))
+        try:
+            replies = cluster.run(step_keeping, self.key, rows, self._held(cluster),
+                                  self._recovery.driver_copy, self.stage_flops(seq))
+        except BaseException:
+            self._failed(cluster)
+            raise
+        self._commit(cluster, [r[3] for r in replies])
         after = cluster.clocks()
         self.last_step_times = [b - a for a, b in zip(before, after)]
         self.last_step_time = max(after) - max(before)
-        self._staged[cluster] = True
         self.last_records = {}
-        for _, prank, records in replies:
+        for _, prank, records, _ in replies:
             self.last_records.setdefault(prank, records)
-        losses = [loss for loss, _, _ in replies if loss is not None]  # as many per replica: tp, cp agree
+        losses = [r[0] for r in replies if r[0] is not None]  # as many per replica: tp, cp agree
         return float(np.mean(losses))
 
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, gathered from the devices, keyed like ``model.state_dict()``."""
-        if cluster not in self._clusters:
+        if not self.is_placed_on(cluster):
             raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster, so it holds none "
                              f"of its weights; run a step first: cluster.execute(trainer, tokens, targets)")
-        parts = cluster.run(fetch, self.key, self._staged.pop(cluster, False))
+        parts = cluster.run(fetch_weights, self.key, self._held(cluster))
         mesh = cluster.mesh
         pieces: dict[str, list] = {}
         for r, stages in enumerate(parts):
@@ -196,7 +209,7 @@ class ParallelTrainer:
         """Per device (rank order), the memory ledger of the last step, measured on the device:
         bytes of ``params``, ``grads``, ``optimizer`` state, peak ``activations`` and, per stage, the
         activations one microbatch keeps (``stage_activations``); see :mod:`.memory`."""
-        if cluster not in self._clusters:
+        if not self.is_placed_on(cluster):
             raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster; run a step first")
         return cluster.run(ledger, self.key)
 
