@@ -268,7 +268,7 @@ class PipelinedOperation(Recoverable):
         name = self.schedule_name if self.schedule_name != "custom" else type(self).__name__
         title = f"{name}: {len(rows)} ranks, {self.microbatches} microbatches, {clock} clock"
         placement = self.placement
-        return Timeline(format_timeline(rows, compute_only),
+        return Timeline(format_timeline(rows, compute_only, unit=unit),
                         lambda: Diagram.from_records(rows, placement, title, unit))
 
 
