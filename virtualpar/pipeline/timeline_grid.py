@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
 from typing import Callable
 
 from ..trace.fmt import WIDTH, fit, number, seconds
@@ -45,8 +43,8 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
                     width: int = WIDTH, unit: str = "s") -> str:
     """The text of a step as it ran, every line at most ``width`` columns, every action named once.
 
-    When every start and end falls on a grid of equal cells (unit costs, the textbook picture) and
-    no action would hide another, it is the rank × step grid of :func:`format_grid`, one cell per
+    When every start and end falls on a grid of cells as long as the shortest action (unit costs,
+    the textbook picture) and no action would hide another, it is the rank × step grid of :func:`format_grid`, one cell per
     step, folded into blocks of steps that fit the width.  Otherwise time runs along x, scaled to
     fit: ``cols = width - 7`` columns of ``(t1 - t0) / cols`` each; an action covers the columns
     its ``[start, end)`` rounds to (at least one) and is drawn as its label followed by ``-``
@@ -70,26 +68,25 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
 
 def _on_cells(shown: dict[int, list[tuple[Action, float, float]]], t0: float, t1: float,
               most: int = 400) -> Schedule | None:
-    """The actions as a grid of equal cells, if every compute start and end is a whole number of
-    cells of ``(t1 - t0) / n`` for some ``n <= most`` and each action gets cells of its own."""
+    """The actions as a grid of equal cells, one per the shortest action, if every start and end
+    falls on a cell boundary, there are at most ``most`` cells, and each action gets cells of its
+    own (a B of twice F's cost spans two cells: ``0B0 0B0``)."""
     span = t1 - t0
     if span <= 0 or any(not a.is_compute for acts in shown.values() for a, _, _ in acts):
         return None
-    n = 1
+    cell = min(e - s for acts in shown.values() for _, s, e in acts)
+    if cell <= 0 or span / cell > most + 1e-9:
+        return None
+    n = round(span / cell)
     for acts in shown.values():
         for _, s, e in acts:
-            for t in (s, e):
-                f = Fraction((t - t0) / span).limit_denominator(most)
-                if abs(float(f) - (t - t0) / span) > 1e-9:
-                    return None
-                n = math.lcm(n, f.denominator)
-                if n > most:
-                    return None
+            if any(abs((t - t0) / cell - round((t - t0) / cell)) > 1e-9 * n for t in (s, e)):
+                return None
     grid: Schedule = {}
     for p, acts in shown.items():
         line: list[Action | None] = [None] * n
         for a, s, e in acts:
-            first, last = round((s - t0) / span * n), round((e - t0) / span * n)
+            first, last = round((s - t0) / cell), round((e - t0) / cell)
             if last <= first or any(line[c] is not None for c in range(first, last)):
                 return None  # an action of no time, or two in one cell: the time axis shows both
             line[first:last] = [a] * (last - first)
