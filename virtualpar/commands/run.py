@@ -225,7 +225,7 @@ def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> Non
         else:
             print(f"{head} {text}   {tail}")
     if args.stats:
-        print(stats.format())
+        print(stats.format(width=args.width))
     if args.trace or args.png:
         trace = trace() if callable(trace) else trace  # the emulator's is fetched only when asked for
     if args.trace:
