@@ -250,7 +250,7 @@ def simulator_speed() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = ap.parse_args()
     result = {}
     with bar(5, "bench_pipeline", "section") as step:
