@@ -200,7 +200,9 @@ class Hardware:
 
         With the default ideal device compute is free, so modelled time is pure α–β communication.
         """
-        return cls(name or f"uniform(α={latency:g}s, β={bandwidth:g}B/s)", device, latency, bandwidth,
+        from virtualpar.trace.fmt import rate, seconds  # its name, in the one spelling of units
+
+        return cls(name or f"uniform(α={seconds(latency)}, β={rate(bandwidth)})", device, latency, bandwidth,
                    description="fully connected, uniform α–β links")
 
 
