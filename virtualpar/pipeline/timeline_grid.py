@@ -50,7 +50,7 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
     its ``[start, end)`` rounds to (at least one) and is drawn as its label followed by ``-``
     when it is at least one column longer than the label, else as its kind letter (``+`` where
     several share a column).  Each action whose label is not in the grid is named below it, per
-    rank in the order they ran.  Under the grid, a time axis (``unit``: ``"s"`` for seconds, else
+    rank in the order they ran.  Under the grid, a time axis from the first compute start (``unit``: ``"s"`` for seconds, else
     the clock's own unit, e.g. cost units).  Transfers (``compute_only=False``) draw ``>`` (send)
     and ``<`` (receive) in the columns compute leaves free.
     """
@@ -137,7 +137,7 @@ def _on_time_axis(shown: dict[int, list[tuple[Action, float, float]]], t0: float
                     chars[c] = ">" if a.kind.startswith("S") else "<"
         lines.append(f"{p:>4} |{''.join(chars)}|")
     label = seconds if unit == "s" else number
-    marks, ticks = time_axis(t0, t1, cols, label)
+    marks, ticks = time_axis(0.0, t1 - t0, cols, label)  # from the step's first compute, as the diagram
     lines += ["     " + marks, ("     " + ticks)[:width]]
     per = seconds(col) if unit == "s" else f"{number(col)} {unit}"
     legend = (f"1 column = {per}; a box is its action's label then '-', or its kind letter when shorter "
