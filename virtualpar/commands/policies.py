@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..trace.fmt import WIDTH, count, fit, nbytes, seconds, table
-from ._args import default_hardware, hardware_choices, output_file, parse_mesh, positive_int
+from ._args import default_hardware, hardware_choices, parse_mesh, png_file, positive_int, usage_error
 from ._output import can_draw, table_width
 from ._progress import bar, start_cluster
 
@@ -61,9 +61,14 @@ def _policies(args: argparse.Namespace) -> int:
 
     want = 4 if args.ffn else 3
     if len(args.shape) != want:
-        print(f"virtualpar policies: --shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got {args.shape}", file=sys.stderr)
-        return 2
-    check_shape_fits(args.shape, args.ffn, np.dtype(args.dtype))  # before the cluster starts
+        return usage_error("policies", f"--shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got "
+                                       f"{','.join(map(str, args.shape))}")
+    from ..errors import UsageError
+
+    try:
+        check_shape_fits(args.shape, args.ffn, np.dtype(args.dtype))  # before the cluster starts
+    except UsageError as exc:
+        return usage_error("policies", exc.message)
     if args.png and not can_draw("policies"):
         return 1
     hardware = default_hardware(args.hardware, args.mesh.size)
@@ -112,7 +117,7 @@ def register(sub) -> None:
     p.add_argument("--explore", type=positive_int, nargs="?", const=0, default=None, metavar="N",
                    help="instead of the named policies: every assignment of mesh axes (the explorer), fastest "
                         "modelled first, each run and checked; N: only the first N")
-    p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
+    p.add_argument("--png", metavar="FILE.png", type=png_file, default=None,
                    help="also draw the comparison: per policy, modelled time (compute and communication), "
                         "bytes "
                         "moved and peak memory per device; needs matplotlib: pip install \"virtualpar[viz]\"")

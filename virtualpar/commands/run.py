@@ -24,7 +24,7 @@ import time
 import traceback
 
 from ..trace.fmt import WIDTH, fit, seconds
-from ._args import (default_hardware, hardware_choices, natural_int, output_file, parse_mesh,
+from ._args import (default_hardware, hardware_choices, natural_int, output_file, parse_mesh, png_file,
                     positive_float, positive_int)
 from ._output import can_draw, table_width
 from ._progress import start_cluster
@@ -301,7 +301,7 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--eager-limit", type=natural_int, default=args.eager_limit)
         late.add_argument("--shuffle", type=natural_int, default=args.shuffle)
         late.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=args.tag_output)
-        late.add_argument("--png", type=output_file, default=args.png)
+        late.add_argument("--png", type=png_file, default=args.png)
         late.add_argument("--width", type=table_width, default=args.width)
         late.add_argument("--json", action="store_true", default=args.json)
         late.parse_args(args.script_args, namespace=args)
@@ -356,7 +356,7 @@ def register(sub) -> None:
                    help="prefix each line a device prints with [rank], as mpiexec --tag-output (default: on "
                         "for "
                         "more than one device); device prints stream as they come either way")
-    p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
+    p.add_argument("--png", metavar="FILE.png", type=png_file, default=None,
                    help="draw the run's Gantt chart (modelled clock, each collective named on its boxes); "
                         "needs matplotlib: pip install \"virtualpar[viz]\"")
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
