@@ -128,6 +128,16 @@ class Diagram:
     def heading(self) -> str:
         return f"{self.title} — makespan {fmt_time(self.makespan, self.unit)}, bubble {self.bubble:.1%}"
 
+    @property
+    def note(self) -> str | None:
+        """A line under the heading when transfers, not the schedule, make most of the bubble (an
+        executed step whose compute is tiny next to its links' latency): say so, or the picture of
+        slivers reads as a broken schedule."""
+        if self.bubble < 0.5 or not any(b.kind == "comm" for b in self.boxes):
+            return None
+        return (f"compute fills {1 - self.bubble:.1%} of the {self.row_name}s' time: they mostly wait for "
+                f"transfers, so the boxes are thin; the schedule's own shape is its picture at unit costs")
+
     # -- constructors -----------------------------------------------------------------------------
     @classmethod
     def from_simulation(cls, sim: Any, placement: Any, title: str = "schedule") -> "Diagram":
