@@ -3,6 +3,7 @@ the SVG/HTML (parses, legend, self-contained) and the PNG (written, valid, diffe
 
 from __future__ import annotations
 
+import html
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -142,6 +143,6 @@ def test_a_step_that_mostly_waits_for_transfers_says_so_under_its_heading():
     d = Diagram.from_records(rows, title="step")
     assert d.bubble == pytest.approx(1 - 4 / 40)
     assert d.note.startswith("compute fills 10.0% of the ranks' time")
-    assert d.note in d.to_html()
+    assert html.escape(d.note) in d.to_html()
     assert _diagram("1f1b", 4, 8, WHOLE).note is None
     assert Diagram.from_records(rows, title="step", transfers=False).note is None
