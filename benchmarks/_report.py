@@ -122,7 +122,8 @@ def _latency_and_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
         ours_s, theirs_s = rounds["ours_s"], rounds["mpi4py_s"]
         targets.append(_target("4 KiB latency, default configuration / mpi4py pickle send/recv", _paired(ours_s, theirs_s),
                                1.0, "lower", f"median of {rounds['rounds']} paired rounds (ratios {_ratios(rounds)}); medians "
-                               f"{seconds(statistics.median(ours_s))} vs {seconds(statistics.median(theirs_s))}"))
+                               f"{seconds(statistics.median(ours_s))} vs "
+                               f"{seconds(statistics.median(theirs_s))}"))
     elif mpi2 and "latency_4KiB_s" in mpi2:
         targets.append(_target("4 KiB latency / mpi4py pickle send/recv", ours / mpi2["latency_4KiB_s"], 1.0, "lower",
                                f"{seconds(ours)} vs {seconds(mpi2['latency_4KiB_s'])}"))
@@ -130,7 +131,8 @@ def _latency_and_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append(_target("4 KiB latency / mpi4py pickle send/recv", None, 1.0, "lower", "mpi4py not measured"))
     st = result["startup"]
     targets.append(_target("8-device cluster ready (s)", st["ready_s"], 0.5, "lower",
-                           f"first run done after {seconds(st['first_run_s'])}; bare fork {seconds(st['bare_fork_s'])}"))
+                           f"first run done after {seconds(st['first_run_s'])}; "
+                           f"bare fork {seconds(st['bare_fork_s'])}"))
     return targets
 
 
@@ -174,13 +176,17 @@ def print_report(result: dict[str, Any]) -> None:
            [[fmt_bytes(r["bytes"]), f"{r['warm_GBps']:.2f}", f"{r['fresh_GBps']:.2f}"] for r in result["memcpy"]])
     mpi2, gloo2 = _ref(result, "mpi4py", 2), _ref(result, "gloo", 2)
     lat = result["p2p_latency"]
-    print(f"\n# point-to-point latency, 4 KiB one-way: {seconds(lat['latency_s'])}  (modelled {seconds(lat['model_s'])})"
-          + (f"  mpi4py pickle: {seconds(mpi2['latency_4KiB_s'])}" if mpi2 and 'latency_4KiB_s' in mpi2 else "")
+    print(f"\n# point-to-point latency, 4 KiB one-way: {seconds(lat['latency_s'])}  "
+          f"(modelled {seconds(lat['model_s'])})"
+          + (f"  mpi4py pickle: {seconds(mpi2['latency_4KiB_s'])}"
+             if mpi2 and 'latency_4KiB_s' in mpi2 else "")
           + (f"  gloo: {seconds(gloo2['latency_4KiB_s'])}" if gloo2 and 'latency_4KiB_s' in gloo2 else ""))
     rounds = result.get("latency_rounds", {})
     if "ours_s" in rounds:
-        print("# ... in alternation with mpi4py: default configuration " + ", ".join(map(seconds, rounds["ours_s"]))
-              + (" | trace and check off " + ", ".join(map(seconds, rounds["untraced_s"])) if "untraced_s" in rounds else "")
+        print("# ... in alternation with mpi4py: default configuration "
+              + ", ".join(map(seconds, rounds["ours_s"]))
+              + (" | trace and check off " + ", ".join(map(seconds, rounds["untraced_s"]))
+                 if "untraced_s" in rounds else "")
               + " | mpi4py " + ", ".join(map(seconds, rounds["mpi4py_s"])) + f" | ratios {_ratios(rounds)}")
     rows = []
     for r in result["p2p_bandwidth"]:
@@ -215,7 +221,8 @@ def print_report(result: dict[str, Any]) -> None:
         print("  (a negative overhead: the check costs less than this machine's noise between the two medians)")
     st = result["startup"]
     print(f"\n# start-up, {st['devices']} devices: ready {seconds(st['ready_s'])}, first run done "
-          f"{seconds(st['first_run_s'])}; bare multiprocessing fork + one message {seconds(st['bare_fork_s'])} "
+          f"{seconds(st['first_run_s'])}; bare multiprocessing fork + one message "
+          f"{seconds(st['bare_fork_s'])} "
           f"(x {st['ratio_bare']:.1f})")
     for name, per_n in result["references"].items():
         skipped = [f"{k}: {v['skipped']}" for k, v in per_n.items() if isinstance(v, dict) and "skipped" in v] \

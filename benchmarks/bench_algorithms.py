@@ -113,7 +113,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=positive_ints, default="1024,8192,65536,524288,4194304",
                     help="message sizes in bytes (float64 arrays of size/8), comma-separated "
                          "(default 1024,...,4194304: 1 KiB to 4 MiB)")
-    ap.add_argument("--iters", type=positive_int, default=5, help="timed calls per algorithm per round (default 5)")
+    ap.add_argument("--iters", type=positive_int, default=5,
+                    help="timed calls per algorithm per round (default 5)")
     ap.add_argument("--rounds", type=positive_int, default=5,
                     help="rounds, each timing every algorithm once in turn; medians over rounds (default 5)")
     ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",

@@ -196,8 +196,10 @@ def chaos(steps: int = 200, seed: int = 0, rate: float = 0.1, stages: int = 4, m
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200, help="training steps through the faults (default 200)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the fault plan and of the batches (default 0)")
-    ap.add_argument("--rate", type=float, default=0.1, help="probability of a fault before each step (default 0.1)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the fault plan and of the batches (default 0)")
+    ap.add_argument("--rate", type=float, default=0.1,
+                    help="probability of a fault before each step (default 0.1)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = ap.parse_args()
     if not args.json:  # the operation's one line per resume, in order with the rest

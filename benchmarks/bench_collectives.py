@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 sizes, 1 iteration, no references")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object instead of tables")
     ap.add_argument("--hardware", default="h100-node", choices=hardware_choices(),
-                    help="modelled hardware preset for the modelled-time column (default h100-node): %(choices)s")
+                    help="modelled hardware preset for the modelled-time column (default h100-node): "
+                         "%(choices)s")
     ap.add_argument("--budget", type=positive_float, default=0.15, help="seconds per repeat of one measurement")
     ap.add_argument("--repeats", type=positive_int, default=3,
                     help="repeats of each measurement; the median is reported (default 3, 1 with --quick)")

@@ -61,8 +61,9 @@ def _policies(args: argparse.Namespace) -> int:
 
     want = 4 if args.ffn else 3
     if len(args.shape) != want:
-        return usage_error("policies", f"--shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got "
-                                       f"{','.join(map(str, args.shape))}")
+        dims = "b,s,m,h" if args.ffn else "m,k,n"
+        got = ",".join(map(str, args.shape))
+        return usage_error("policies", f"--shape needs {want} dims ({dims}), got {got}")
     from ..errors import UsageError
 
     try:

@@ -362,9 +362,9 @@ def register(sub) -> None:
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
                    help=f"columns of the printed tables (default {WIDTH})")
     p.add_argument("--json", action="store_true",
-                   help="instead of the text: one JSON object on one line (after anything the devices print): "
-                        "each device's rank, mesh coordinates, result and modelled clock in seconds; with "
-                        "--stats the bytes matrices; with --mpi the ranks' exit codes")
+                   help="instead of the text: one JSON object on one line (after anything the "
+                        "devices print): each device's rank, mesh coordinates, result and modelled "
+                        "clock in seconds; with --stats the bytes matrices; with --mpi the exit codes")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
     p.set_defaults(func=_run, usage=p.format_usage().partition("usage: ")[2].strip())

@@ -129,6 +129,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object: makespan, bubble, peak_activations, utilisation, costs used, grid")
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
-                   help=f"columns of the printed grid: wider ones fold into blocks of steps (default {WIDTH})")
+                   help=f"columns of the printed grid: a wider one folds into blocks of steps "
+                        f"(default {WIDTH})")
     add_picture_args(p, "the simulated schedule")
     p.set_defaults(func=_schedule)

@@ -69,11 +69,13 @@ def _strategy(args: argparse.Namespace) -> int:
     else:
         lines = [f"{args.name}: {args.workers} workers, {args.stages} stages, {args.batches} batches; costs "
                  f"F={number(costs['F'])}, B={number(costs['B'])} (cost units); a cell f2:5 / b2:5 is the "
-                 f"forward / backward of stage 2 for batch 5; columns headed by their start time", to_text(run, args.width),
+                 f"forward / backward of stage 2 for batch 5; columns headed by their start time",
+                 to_text(run, args.width),
                  f"latency {number(run.latency)} cost units   throughput {number(run.throughput)} items per "
                  f"cost unit per worker   activations: peak {run.peak_activations}, mean "
                  f"{number(run.mean_activations, 3)}",
-                 f"transmissions: activations {run.activation_transmissions}, weights {run.weight_transmissions} "
+                 f"transmissions: activations {run.activation_transmissions}, "
+                 f"weights {run.weight_transmissions} "
                  f"(gradients back {run.gradient_transmissions}); weights stored per worker: "
                  f"{', '.join(map(str, run.weight_storage))}"]
         print("\n".join(line for text in lines for line in (text.splitlines() if text.startswith("worker |")
@@ -102,6 +104,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the statistics, the costs used and the schedule as one JSON object")
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
-                   help=f"columns of the printed diagram: wider ones fold into blocks of columns (default {WIDTH})")
+                   help=f"columns of the printed diagram: a wider one folds into blocks of columns "
+                        f"(default {WIDTH})")
     add_picture_args(p, "the strategy's schedule (workers as rows)")
     p.set_defaults(func=_strategy)

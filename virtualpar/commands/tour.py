@@ -19,8 +19,8 @@ def _tour(args: argparse.Namespace) -> int:
 
     size = args.mesh.size if args.mesh is not None else 4
     if size < 2:
-        return usage_error("tour", f"the tour needs a mesh of at least 2 devices (its collectives have a root "
-                                   f"at position 1); got {args.mesh}")
+        return usage_error("tour", f"the tour needs a mesh of at least 2 devices (its collectives have a "
+                                   f"root at position 1); got {args.mesh}")
     hardware = default_hardware(args.hardware, size)
     out = io.StringIO() if args.json else sys.stdout
     rows = run_tour(out, trace_path=args.trace, hardware=hardware, mesh=args.mesh)

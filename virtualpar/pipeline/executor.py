@@ -256,7 +256,8 @@ class PipelinedOperation(Recoverable):
                  width: int = WIDTH) -> Timeline:
         """Rank × time grid of the last step as it ran (first data-parallel replica) on ``clock``
         ("model" or "wall"), every line at most ``width`` columns (see :func:`format_timeline`);
-        the last step on ``cluster`` when one is given, else the last step on any.  The text is a :class:`Timeline`: also
+        the last step on ``cluster`` when one is given, else the last step on any.  The text is a
+        :class:`Timeline`: also
         ``.to_png(path)`` and ``.to_html(path)``, boxes on the same clock, transfers in a lane."""
         check_clock(clock, ("model", "wall"))
         if cluster is not None:

@@ -44,15 +44,16 @@ def format_timeline(rows: dict[int, list[tuple[Action, tuple[float, float]]]], c
     """The text of a step as it ran, every line at most ``width`` columns, every action named once.
 
     When every start and end falls on a grid of cells as long as the shortest action (unit costs,
-    the textbook picture) and no action would hide another, it is the rank × step grid of :func:`format_grid`, one cell per
-    step, folded into blocks of steps that fit the width.  Otherwise time runs along x, scaled to
-    fit: ``cols = width - 7`` columns of ``(t1 - t0) / cols`` each; an action covers the columns
-    its ``[start, end)`` rounds to (at least one) and is drawn as its label followed by ``-``
-    when it is at least one column longer than the label, else as its kind letter (``+`` where
-    several share a column).  Each action whose label is not in the grid is named below it, per
-    rank in the order they ran.  Under the grid, a time axis from the first compute start (``unit``: ``"s"`` for seconds, else
-    the clock's own unit, e.g. cost units).  Transfers (``compute_only=False``) draw ``>`` (send)
-    and ``<`` (receive) in the columns compute leaves free.
+    the textbook picture) and no action would hide another, it is the rank × step grid of
+    :func:`format_grid`, one cell per step, folded into blocks of steps that fit the width.
+    Otherwise time runs along x, scaled to fit: ``cols = width - 7`` columns of ``(t1 - t0) / cols``
+    each; an action covers the columns its ``[start, end)`` rounds to (at least one) and is drawn
+    as its label followed by ``-`` when it is at least one column longer than the label, else as
+    its kind letter (``+`` where several share a column).  Each action whose label is not in the
+    grid is named below it, per rank in the order they ran.  Under the grid, a time axis from the
+    first compute start (``unit``: ``"s"`` for seconds, else the clock's own unit, e.g. cost
+    units).  Transfers (``compute_only=False``) draw ``>`` (send) and ``<`` (receive) in the
+    columns compute leaves free.
     """
     shown = {p: sorted(((a, s, e) for a, (s, e) in acts if a.is_compute or not compute_only),
                        key=lambda x: (x[1], x[2])) for p, acts in rows.items()}

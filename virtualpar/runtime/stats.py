@@ -80,14 +80,16 @@ class TrafficStats:
             pairs = [f"{s}->{d} {nbytes(int(self.bytes[s, d]))}"
                      for s, d in zip(*np.unravel_index(order, self.bytes.shape)) if self.bytes[s, d] > 0]
             lines += _items("heaviest pairs: ", pairs or ["none"], width)
-        tail = (f"device-to-device {_exact(self.total_bytes)}; host->device {_exact(int(self.host_to_device.sum()))}; "
+        tail = (f"device-to-device {_exact(self.total_bytes)}; "
+                f"host->device {_exact(int(self.host_to_device.sum()))}; "
                 f"device->host {_exact(int(self.device_to_host.sum()))}")
         return "\n".join(lines + fit(tail, width))
 
     def _matrix(self, width: int) -> list[str]:
         """The src × dst matrix of bytes, folded into blocks of destinations that fit ``width``."""
         n = self.bytes.shape[0]
-        cells = [[nbytes(int(self.bytes[s, d])) if self.bytes[s, d] else "-" for d in range(n)] for s in range(n)]
+        cells = [[nbytes(int(self.bytes[s, d])) if self.bytes[s, d] else "-" for d in range(n)]
+                 for s in range(n)]
         cw = max([len(str(n - 1))] + [len(c) for row in cells for c in row])
         label = "src\\dst"
         per = max(1, (width - len(label)) // (cw + 2))

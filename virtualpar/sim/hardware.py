@@ -202,7 +202,8 @@ class Hardware:
         """
         from virtualpar.trace.fmt import rate, seconds  # its name, in the one spelling of units
 
-        return cls(name or f"uniform(α={seconds(latency)}, β={rate(bandwidth)})", device, latency, bandwidth,
+        named = f"uniform(α={seconds(latency)}, β={rate(bandwidth)})"
+        return cls(name or named, device, latency, bandwidth,
                    description="fully connected, uniform α–β links")
 
 
