@@ -109,7 +109,8 @@ def _policies(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("policies", help="run every MatMul / FeedForward sharding policy once: correct?, bytes, FLOPs, memory, time")
     p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"), help="mesh axes, e.g. x=2,y=4 (default)")
-    p.add_argument("--shape", type=_shape, default=None, help="m,k,n (MatMul, default 1024,512,1024) or b,s,m,h with --ffn (default 8,128,1024,4096)")
+    p.add_argument("--shape", type=_shape, default=None, help="the sizes in elements: m,k,n (MatMul, default 1024,512,1024) or b,s,m,h "
+                        "with --ffn (default 8,128,1024,4096)")
     p.add_argument("--ffn", action="store_true", help="the FeedForward block instead of one MatMul")
     p.add_argument("--hardware", default=None, choices=hardware_choices(), help="modelled hardware preset (%(choices)s); "
                    "default: h100-node up to 8 devices, h100-cluster for multiples of 8, else the mesh's own links")
