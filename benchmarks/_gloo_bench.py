@@ -88,7 +88,7 @@ def _once(fn: Any, iters: int) -> float:
 
 def main() -> None:
     ap = reference_parser()
-    ap.add_argument("-n", type=int, default=2)
+    ap.add_argument("-n", type=int, default=2, help="processes (default 2)")
     args = ap.parse_args()
     ctx = mp.get_context("fork")
     port = _free_port()

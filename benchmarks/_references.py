@@ -101,11 +101,11 @@ def bare_fork_startup(n: int) -> float:
 def reference_parser() -> argparse.ArgumentParser:
     """The command line that ``run_mpi4py`` / ``run_gloo`` pass to ``_mpi_bench.py`` / ``_gloo_bench.py``."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", required=True)
-    ap.add_argument("--budget", type=float, default=0.15)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--p2p", action="store_true")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sizes", required=True, help="message sizes in bytes, comma-separated")
+    ap.add_argument("--budget", type=float, default=0.15, help="seconds per repeat of one measurement")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of each measurement (median)")
+    ap.add_argument("--p2p", action="store_true", help="also measure point-to-point latency and bandwidth")
+    ap.add_argument("--quick", action="store_true", help="smoke run: one iteration")
     return ap
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from virtualpar.trace.fmt import nbytes, seconds
+
 __all__ = ["evaluate_targets", "print_report", "fmt_bytes"]
 
 MiB = 1 << 20
@@ -31,7 +33,8 @@ DEFAULT_ALGORITHM = {"all_reduce": "default", "all_gather": "ring", "reduce_scat
 
 
 def fmt_bytes(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= MiB else f"{n >> 10} KiB"
+    """A message size in binary units (the one spelling of :mod:`virtualpar.trace.fmt`)."""
+    return nbytes(n)
 
 
 def _memcpy(result: dict[str, Any]) -> dict[int, float]:
@@ -119,15 +122,17 @@ def _latency_and_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
         ours_s, theirs_s = rounds["ours_s"], rounds["mpi4py_s"]
         targets.append(_target("4 KiB latency, default configuration / mpi4py pickle send/recv", _paired(ours_s, theirs_s),
                                1.0, "lower", f"median of {rounds['rounds']} paired rounds (ratios {_ratios(rounds)}); medians "
-                               f"{statistics.median(ours_s) * 1e6:.1f} us vs {statistics.median(theirs_s) * 1e6:.1f} us"))
+                               f"{seconds(statistics.median(ours_s))} vs "
+                               f"{seconds(statistics.median(theirs_s))}"))
     elif mpi2 and "latency_4KiB_s" in mpi2:
         targets.append(_target("4 KiB latency / mpi4py pickle send/recv", ours / mpi2["latency_4KiB_s"], 1.0, "lower",
-                               f"{ours * 1e6:.1f} us vs {mpi2['latency_4KiB_s'] * 1e6:.1f} us"))
+                               f"{seconds(ours)} vs {seconds(mpi2['latency_4KiB_s'])}"))
     else:
         targets.append(_target("4 KiB latency / mpi4py pickle send/recv", None, 1.0, "lower", "mpi4py not measured"))
     st = result["startup"]
     targets.append(_target("8-device cluster ready (s)", st["ready_s"], 0.5, "lower",
-                           f"first run done after {st['first_run_s']:.3f} s; bare fork {st['bare_fork_s']:.3f} s"))
+                           f"first run done after {seconds(st['first_run_s'])}; "
+                           f"bare fork {seconds(st['bare_fork_s'])}"))
     return targets
 
 
@@ -155,6 +160,11 @@ def _num(x: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     return fmt.format(x * scale) if x is not None else "-"
 
 
+def _time(t: float | None) -> str:
+    """Seconds in the one spelling of :mod:`virtualpar.trace.fmt` (``"46.3 µs"``), ``-`` when absent."""
+    return seconds(t) if t is not None else "-"
+
+
 def print_report(result: dict[str, Any]) -> None:
     m = result["meta"]
     print(f"# virtualpar bench_collectives  {m['date']}  {m['machine']}  {m['os']}")
@@ -166,22 +176,26 @@ def print_report(result: dict[str, Any]) -> None:
            [[fmt_bytes(r["bytes"]), f"{r['warm_GBps']:.2f}", f"{r['fresh_GBps']:.2f}"] for r in result["memcpy"]])
     mpi2, gloo2 = _ref(result, "mpi4py", 2), _ref(result, "gloo", 2)
     lat = result["p2p_latency"]
-    print(f"\n# point-to-point latency, 4 KiB one-way: {lat['latency_s'] * 1e6:.1f} us  (modelled {lat['model_s'] * 1e6:.2f} us)"
-          + (f"  mpi4py pickle: {mpi2['latency_4KiB_s'] * 1e6:.1f} us" if mpi2 and 'latency_4KiB_s' in mpi2 else "")
-          + (f"  gloo: {gloo2['latency_4KiB_s'] * 1e6:.1f} us" if gloo2 and 'latency_4KiB_s' in gloo2 else ""))
+    print(f"\n# point-to-point latency, 4 KiB one-way: {seconds(lat['latency_s'])}  "
+          f"(modelled {seconds(lat['model_s'])})"
+          + (f"  mpi4py pickle: {seconds(mpi2['latency_4KiB_s'])}"
+             if mpi2 and 'latency_4KiB_s' in mpi2 else "")
+          + (f"  gloo: {seconds(gloo2['latency_4KiB_s'])}" if gloo2 and 'latency_4KiB_s' in gloo2 else ""))
     rounds = result.get("latency_rounds", {})
     if "ours_s" in rounds:
-        print("# ... in alternation with mpi4py, us: default configuration " + " ".join(f"{t * 1e6:.1f}" for t in rounds["ours_s"])
-              + (" | trace and check off " + " ".join(f"{t * 1e6:.1f}" for t in rounds["untraced_s"]) if "untraced_s" in rounds else "")
-              + " | mpi4py " + " ".join(f"{t * 1e6:.1f}" for t in rounds["mpi4py_s"]) + f" | ratios {_ratios(rounds)}")
+        print("# ... in alternation with mpi4py: default configuration "
+              + ", ".join(map(seconds, rounds["ours_s"]))
+              + (" | trace and check off " + ", ".join(map(seconds, rounds["untraced_s"]))
+                 if "untraced_s" in rounds else "")
+              + " | mpi4py " + ", ".join(map(seconds, rounds["mpi4py_s"])) + f" | ratios {_ratios(rounds)}")
     rows = []
     for r in result["p2p_bandwidth"]:
         b = r["bytes"]
         ref_m = (mpi2 or {}).get("bandwidth_GBps", {}).get(str(b))
         ref_g = (gloo2 or {}).get("bandwidth_GBps", {}).get(str(b))
-        rows.append([fmt_bytes(b), f"{r['GBps']:.2f}", _ratio(r["GBps"], memcpy.get(b)), _num(r["model_s"], 1e6),
+        rows.append([fmt_bytes(b), f"{r['GBps']:.2f}", _ratio(r["GBps"], memcpy.get(b)), _time(r["model_s"]),
                      _num(ref_m), _ratio(r["GBps"], ref_m), _num(ref_g), _ratio(r["GBps"], ref_g)])
-    _table("point-to-point bandwidth, 2 devices (GB/s; x = ratio)", ["size", "GB/s", "x memcpy", "model us",
+    _table("point-to-point bandwidth, 2 devices (GB/s; x = ratio)", ["size", "GB/s", "x memcpy", "model",
            "mpi4py", "x mpi4py", "gloo", "x gloo"], rows)
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in result["collectives"]:
@@ -193,21 +207,22 @@ def print_report(result: dict[str, Any]) -> None:
             b = r["bytes"]
             ref_m = (mpi or {}).get("allreduce_GBps", {}).get(str(b))
             ref_g = (gloo or {}).get("allreduce_GBps", {}).get(str(b))
-            rows.append([fmt_bytes(b), _num(r["time_s"], 1e6, "{:.0f}"), f"{r['algbw_GBps']:.2f}",
+            rows.append([fmt_bytes(b), _time(r["time_s"]), f"{r['algbw_GBps']:.2f}",
                          _ratio(r["algbw_GBps"], memcpy.get(b)), f"{r['busbw_GBps']:.2f}",
-                         _ratio(r["busbw_GBps"], memcpy.get(b)), _num(r["model_s"], 1e6),
+                         _ratio(r["busbw_GBps"], memcpy.get(b)), _time(r["model_s"]),
                          _num(ref_m), _ratio(r["algbw_GBps"], ref_m), _num(ref_g), _ratio(r["algbw_GBps"], ref_g)])
-        _table(f"{op} {algo}, {n} devices (GB/s; x = ratio)", ["size", "time us", "algbw", "x memcpy", "busbw",
-               "x memcpy", "model us", "mpi4py", "x mpi4py", "gloo", "x gloo"], rows)
+        _table(f"{op} {algo}, {n} devices (GB/s; x = ratio)", ["size", "time", "algbw", "x memcpy", "busbw",
+               "x memcpy", "model", "mpi4py", "x mpi4py", "gloo", "x gloo"], rows)
     _table("contract check (check_collectives=True vs False), all_reduce default algorithm",
-           ["devices", "size", "off us", "on us", "overhead us"],
-           [[str(r["devices"]), fmt_bytes(r["bytes"]), _num(r["off_s"], 1e6, "{:.0f}"), _num(r["on_s"], 1e6, "{:.0f}"),
-             _num(r["overhead_s"], 1e6, "{:.0f}")] for r in result["contract_check"]])
+           ["devices", "size", "off", "on", "overhead"],
+           [[str(r["devices"]), fmt_bytes(r["bytes"]), _time(r["off_s"]), _time(r["on_s"]),
+             _time(r["overhead_s"])] for r in result["contract_check"]])
     if any(r["overhead_s"] < 0 for r in result["contract_check"]):
         print("  (a negative overhead: the check costs less than this machine's noise between the two medians)")
     st = result["startup"]
-    print(f"\n# start-up, {st['devices']} devices: ready {st['ready_s'] * 1e3:.0f} ms, first run done "
-          f"{st['first_run_s'] * 1e3:.0f} ms; bare multiprocessing fork + one message {st['bare_fork_s'] * 1e3:.0f} ms "
+    print(f"\n# start-up, {st['devices']} devices: ready {seconds(st['ready_s'])}, first run done "
+          f"{seconds(st['first_run_s'])}; bare multiprocessing fork + one message "
+          f"{seconds(st['bare_fork_s'])} "
           f"(x {st['ratio_bare']:.1f})")
     for name, per_n in result["references"].items():
         skipped = [f"{k}: {v['skipped']}" for k, v in per_n.items() if isinstance(v, dict) and "skipped" in v] \

@@ -108,12 +108,18 @@ def _sweep_cluster(n: int, sizes: list[int], iters: int, rounds: int, collective
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--devices", type=positive_ints, default="2,4,8,16,32,64")
-    ap.add_argument("--sizes", type=positive_ints, default="1024,8192,65536,524288,4194304")
-    ap.add_argument("--iters", type=positive_int, default=5)
-    ap.add_argument("--rounds", type=positive_int, default=5)
-    ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--devices", type=positive_ints, default="2,4,8,16,32,64",
+                    help="cluster sizes to sweep, comma-separated (default 2,4,8,16,32,64)")
+    ap.add_argument("--sizes", type=positive_ints, default="1024,8192,65536,524288,4194304",
+                    help="message sizes in bytes (float64 arrays of size/8), comma-separated "
+                         "(default 1024,...,4194304: 1 KiB to 4 MiB)")
+    ap.add_argument("--iters", type=positive_int, default=5,
+                    help="timed calls per algorithm per round (default 5)")
+    ap.add_argument("--rounds", type=positive_int, default=5,
+                    help="rounds, each timing every algorithm once in turn; medians over rounds (default 5)")
+    ap.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
+                    help="the collective to sweep (default all_reduce): %(choices)s")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     args = ap.parse_args()
     rows = sweep(args.devices, args.sizes, args.iters, args.rounds, args.collective)
     algos = tuple(ALGORITHMS[args.collective])

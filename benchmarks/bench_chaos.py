@@ -305,14 +305,16 @@ def print_copy_cost(d: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rate", type=float, default=0.1, help="probability of a fault before each step")
+    ap.add_argument("--steps", type=int, default=200, help="training steps through the faults (default 200)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the fault plan and of the batches (default 0)")
+    ap.add_argument("--rate", type=float, default=0.1,
+                    help="probability of a fault before each step (default 0.1)")
     ap.add_argument("--model", choices=("mlp", "gpt"), default="mlp",
                     help="mlp: the 4-stage pipeline MLP; gpt: the composed trainer (dp=2 x pp=2, ZeRO-1)")
     ap.add_argument("--copy-cost", action="store_true",
                     help="measure the driver copy's cost per step of the composed trainer instead")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = ap.parse_args()
     if args.copy_cost:
         d = copy_cost()

@@ -42,7 +42,7 @@ import _references as refs  # noqa: E402
 from _report import evaluate_targets, print_report  # noqa: E402
 
 from virtualpar import VirtualCluster  # noqa: E402
-from virtualpar.commands._args import positive_float, positive_int  # noqa: E402
+from virtualpar.commands._args import hardware_choices, positive_float, positive_int  # noqa: E402
 from virtualpar.commands._progress import bar  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -290,10 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 sizes, 1 iteration, no references")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object instead of tables")
-    ap.add_argument("--hardware", default="h100-node", help="preset for the modelled-time column")
+    ap.add_argument("--hardware", default="h100-node", choices=hardware_choices(),
+                    help="modelled hardware preset for the modelled-time column (default h100-node): "
+                         "%(choices)s")
     ap.add_argument("--budget", type=positive_float, default=0.15, help="seconds per repeat of one measurement")
-    ap.add_argument("--repeats", type=positive_int, default=3)
-    ap.add_argument("--max-size", type=positive_int, default=64 * MiB)
+    ap.add_argument("--repeats", type=positive_int, default=3,
+                    help="repeats of each measurement; the median is reported (default 3, 1 with --quick)")
+    ap.add_argument("--max-size", type=positive_int, default=64 * MiB,
+                    help="largest message size in bytes (default 67108864: 64 MiB)")
     ap.add_argument("--references", action=argparse.BooleanOptionalAction, default=None,
                     help="measure mpi4py / gloo too (default: on, off with --quick)")
     ap.add_argument("--no-mpi", dest="references", action="store_false", help="same as --no-references")

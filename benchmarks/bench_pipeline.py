@@ -35,6 +35,7 @@ from virtualpar import VirtualCluster, nn
 from virtualpar.pipeline import Pipeline, PipelinedOperation, build, simulate
 from virtualpar.pipeline.demo import seed_mlp
 from virtualpar.commands._progress import bar
+from virtualpar.trace.fmt import number, seconds
 
 UNIT = {"F": 1.0, "B": 1.0}
 
@@ -249,7 +250,7 @@ def simulator_speed() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = ap.parse_args()
     result = {}
     with bar(5, "bench_pipeline", "section") as step:
@@ -264,10 +265,12 @@ def main() -> None:
     print(f"{'schedule':<17}{'S':>3}{'M':>4}{'V':>3}{'bubble':>9}{'closed':>9}  peak activations per stage")
     for r in result["bubbles"]:
         cf = "" if r["closed_form"] is None else f"{r['closed_form']:.4f}"
-        print(f"{r['schedule']:<17}{r['S']:>3}{r['M']:>4}{r['V']:>3}{r['bubble']:9.4f}{cf:>9}  {r['peak_activations']}")
+        print(f"{r['schedule']:<17}{r['S']:>3}{r['M']:>4}{r['V']:>3}{r['bubble']:9.4f}{cf:>9}  "
+              f"{', '.join(map(str, r['peak_activations']))}")
     print("\n# executed step, seed 003's MLP, batch 64, 8 microbatches (wall here / modelled on h100-node)")
     for r in result["executed"]:
-        print(f"{r['schedule']:<17} ranks {r['ranks']}  wall {r['wall_s'] * 1e3:8.2f} ms   modelled {r['modelled_s'] * 1e6:8.2f} us")
+        print(f"{r['schedule']:<17} ranks {r['ranks']}  wall {seconds(r['wall_s']):>9}   "
+              f"modelled {seconds(r['modelled_s']):>9}")
     f = result["floor"]
     verdict = "PASS" if f["ratio"] <= f["target"] else "FAIL"
     print(f"\n# speed target: batch {f['batch']}, {f['microbatches']} microbatches, 4 stages, 1F1B, float32")
@@ -277,7 +280,8 @@ def main() -> None:
           + " ".join(f"{r['ratio']:.2f}" for r in f["rounds"]) + "; best step against best step: "
           + " ".join(f"{r['best_ratio']:.2f}" for r in f["rounds"]) + ")")
     s = result["simulator"]
-    print(f"\n# simulator: 1F1B at S={s['S']}, M={s['M']} in {s['seconds']:.2f} s (makespan {s['makespan']:g})")
+    print(f"\n# simulator: 1F1B at S={s['S']}, M={s['M']} in {s['seconds']:.2f} s "
+          f"(makespan {number(s['makespan'])})")
     d = result["driver_copy"]
     verdict = "PASS" if d["ratio"] < d["target"] else "FAIL"
     print(f"\n# driver copy of each committed step (the speed target's step, SGD): {d['bytes'] / 2**20:.1f} MiB "

@@ -117,8 +117,9 @@ def bench_policy(cluster, kind: str, name: str, shape, repeats: int, bandwidth: 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small shapes, one repeat (a smoke run)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed execute calls per policy; median and minimum reported (default 3)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     p.add_argument("--blas-default", action="store_true",
                    help="leave every device's BLAS at its default thread count (to measure what the limit buys)")
     args = p.parse_args(argv)

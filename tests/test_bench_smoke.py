@@ -87,7 +87,7 @@ def test_the_latency_target_is_the_median_of_the_paired_round_ratios(result):
     staged["latency_rounds"] = {"rounds": 3, "ours_s": [6e-6, 9e-6, 7e-6], "mpi4py_s": [8e-6, 8e-6, 10e-6]}
     (lat,) = [t for t in evaluate_targets(staged) if t["name"].startswith("4 KiB latency")]
     assert lat["value"] == pytest.approx(0.75) and lat["pass"] is True  # ratios 0.75 1.125 0.70
-    assert "0.75 1.12 0.70" in lat["detail"] and "7.0 us vs 8.0 us" in lat["detail"]
+    assert "0.75 1.12 0.70" in lat["detail"] and "7 µs vs 8 µs" in lat["detail"]
     # a run whose load eased half-way: faster in 4 rounds of 5, yet the medians' ratio is 1.01
     staged["latency_rounds"] = {"rounds": 5, "ours_s": [8.8e-6, 9.2e-6, 9.0e-6, 6.7e-6, 6.6e-6],
                                 "mpi4py_s": [10.6e-6, 11.1e-6, 8.7e-6, 8.5e-6, 8.5e-6]}

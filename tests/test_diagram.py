@@ -3,6 +3,7 @@ the SVG/HTML (parses, legend, self-contained) and the PNG (written, valid, diffe
 
 from __future__ import annotations
 
+import html
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -128,3 +129,20 @@ def test_strategy_diagram_rows_are_workers():
     assert d.row_name == "worker" and d.makespan == 33
     assert sum(1 for b in d.boxes if b.kind == "F") == sum(1 for b in d.boxes if b.kind == "B") == 32
     assert "worker 3" in d.to_svg() and "s2:5" in {b.label for b in d.boxes}
+
+
+def test_a_step_that_mostly_waits_for_transfers_says_so_under_its_heading():
+    """On h100-node the demo's compute is ~5% of the step: thin boxes read as a broken schedule unless
+    the picture says why; a schedule's own diagram (no transfers) carries no such note."""
+    from virtualpar.pipeline import Action
+
+    rows = {0: [(Action(0, "F", 0), (0.0, 1.0)), (Action(0, "SF", 0), (1.0, 1.0)),
+                (Action(0, "RB", 0), (1.0, 19.0)), (Action(0, "B", 0), (19.0, 20.0))],
+            1: [(Action(1, "RF", 0), (0.0, 10.0)), (Action(1, "F", 0), (10.0, 11.0)),
+                (Action(1, "B", 0), (11.0, 12.0)), (Action(1, "SB", 0), (12.0, 12.0))]}
+    d = Diagram.from_records(rows, title="step")
+    assert d.bubble == pytest.approx(1 - 4 / 40)
+    assert d.note.startswith("compute fills 10.0% of the ranks' time")
+    assert html.escape(d.note) in d.to_html()
+    assert _diagram("1f1b", 4, 8, WHOLE).note is None
+    assert Diagram.from_records(rows, title="step", transfers=False).note is None

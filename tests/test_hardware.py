@@ -260,3 +260,12 @@ def test_tree_broadcast_step_counts(n):
 def test_analytic_rejects_bad_arguments(args):
     with pytest.raises(ValueError):
         analytic.ring_all_reduce(*args)
+
+
+def test_uniform_hardware_is_named_in_the_one_spelling_of_units():
+    """It was named uniform(α=1.6e-05s, β=2.5e+10B/s)."""
+    from virtualpar.sim import Hardware
+
+    assert Hardware.uniform(latency=1.6e-05, bandwidth=25e9).name == "uniform(α=16 µs, β=25 GB/s)"
+    assert Hardware.uniform(latency=0.0, bandwidth=float("inf")).name == "uniform(α=0 s, β=inf B/s)"
+    assert Hardware.uniform(latency=1e-6, bandwidth=1e9, name="mine").name == "mine"

@@ -110,13 +110,38 @@ def test_traffic_past_sixteen_devices_prints_a_line_per_device_and_the_heaviest_
     stats = TrafficStats(b, m, np.zeros(n, np.int64), np.zeros(n, np.int64), 0)
     lines = stats.format().splitlines()
     assert lines[0] == "20 devices, one line each (the src x dst matrix is TrafficStats.bytes)"
-    assert lines[1].split() == ["device", "sent", "B", "received", "B", "messages", "peers"]
-    assert lines[2 + 3].split() == ["3", "1000", "50", "4", "2"] and lines[2 + 7].split() == ["7", "0", "900", "0", "0"]
+    assert lines[1].split() == ["device", "sent", "received", "messages", "peers"]
+    rows = lines[3:3 + n]  # under the head and its rule
+    assert rows[3].split() == ["3", "1000", "B", "50", "B", "4", "2"] and rows[7].split() == ["7", "0", "B", "900", "B", "0", "0"]
     assert lines[-2] == "heaviest pairs: 3->7 900 B, 3->8 100 B, 5->3 50 B"
-    assert lines[-1].startswith("device-to-device 1050 B;") and len(lines) == 2 + n + 2
-    assert max(map(len, lines)) < 120
+    assert lines[-1] == "device-to-device 1.025 KiB (1,050 B); host->device 0 B; device->host 0 B"
+    assert len(lines) == 3 + n + 2 and max(map(len, lines)) <= 100
     small = stats.format(matrix_up_to=n).splitlines()  # the matrix, as up to 16 devices by default
-    assert small[0].startswith("src\\dst") and small[1 + 3].split()[1 + 7] == "900"
+    assert small[0].startswith("src\\dst") and small[1 + 3].split()[1 + 7:1 + 7 + 2] == ["900", "B"]
+    assert max(map(len, small)) <= 100 and small[1 + 3].split()[1] == "-"
+
+
+def test_the_traffic_matrix_folds_its_destinations_into_the_width():
+    """16 devices printed a 180-column matrix of bare byte counts; now binary units, folded into
+    blocks of destinations that fit the width, every cell kept."""
+    from virtualpar.runtime.stats import TrafficStats
+    n = 16
+    b = np.arange(n * n, dtype=np.int64).reshape(n, n) * 1000
+    stats = TrafficStats(b, b > 0, np.zeros(n, np.int64), np.zeros(n, np.int64), 0)
+    for width in (60, 100):
+        text = stats.format(width=width)
+        assert max(map(len, text.splitlines())) <= width
+        blocks = text.split("\n\n")
+        seen = {}
+        for block in blocks:
+            head, *rows = block.splitlines()
+            dsts = [int(d) for d in head.split()[1:]]
+            step = (len(head) - 7) // len(dsts)  # right-aligned cells at fixed positions
+            for row in rows[:n]:  # (the last block is followed by the totals)
+                for k, d in enumerate(dsts):
+                    seen[int(row[:7]), d] = row[7 + k * step:7 + (k + 1) * step].strip()
+        from virtualpar.trace.fmt import nbytes
+        assert seen == {(s, d): nbytes(int(b[s, d])) if b[s, d] else "-" for s in range(n) for d in range(n)}
 
 
 def test_counted_nouns_agree_with_their_number():

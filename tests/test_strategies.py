@@ -152,7 +152,10 @@ def test_rendering_shows_every_item_whatever_the_costs(forward, backward, unit):
     column per distinct time."""
     run = simulate(2, 2, 3, GPipe, forward_cost=forward, backward_cost=backward)
     text = to_text(run)
-    rows = [line.split("|")[1].split() for line in text.splitlines()[1:]]
+    rows: list[list[str]] = [[], []]  # a wide diagram is folded into blocks: read them back to one row each
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("worker"):
+            rows[int(line.split("|")[0])] += line.split("|")[1].split()
     for i in run.items:
         cells = rows[i.workers.compute].count(f"{i.work}:{i.work.batch}")
         if unit is None:
@@ -161,6 +164,17 @@ def test_rendering_shows_every_item_whatever_the_costs(forward, backward, unit):
             assert cells == round((i.end - i.start) / unit), i
     head = text.splitlines()[0].split("|")[1].split()
     assert float(head[0]) == 0 and (unit is None or float(head[1]) == unit)
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_a_wide_diagram_folds_into_blocks_within_the_width():
+    run = simulate(4, 4, 8, GPipe, forward_cost=1, backward_cost=2)
+    for width in (50, 100):
+        text = to_text(run, width)
+        blocks = text.split("\n\n")
+        assert len(blocks) > 1 and max(len(line) for line in text.splitlines()) <= width
+        times = [t for b in blocks for t in b.splitlines()[0].split("|")[1].split()]
+        assert times == [str(t) for t in range(33)]
 
 
 def test_strategy_command(capsys):

@@ -13,7 +13,7 @@ cannot work); the exit code is 1 if anything failed.
 
 from __future__ import annotations
 
-from ..trace.fmt import seconds
+from ..trace.fmt import WIDTH, fit, nbytes, seconds
 
 import argparse
 import importlib
@@ -58,7 +58,7 @@ def _version(name: str) -> str:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2 ** 30:.1f} GiB"
+    return nbytes(n, digits=3)
 
 
 def environment() -> list[Finding]:
@@ -157,8 +157,8 @@ def live(n: int) -> list[Finding]:
     try:
         ready = time.perf_counter() - t0
         cluster.clocks()  # the first call that needs the devices waits for their warm-up (none for 1 device)
-        warm = f", warmed up after {time.perf_counter() - t0:.3f} s" if n > 1 else ""
-        found.append(("OK", "start", f"{n} device{'s' if n > 1 else ''} ready in {ready:.3f} s{warm}"))
+        warm = f", warmed up after {seconds(time.perf_counter() - t0)}" if n > 1 else ""
+        found.append(("OK", "start", f"{n} device{'s' if n > 1 else ''} ready in {seconds(ready)}{warm}"))
         name, pids = cluster._arena.name, list(cluster.pids)
         got = cluster.run(lambda dev: dev.all_reduce(np.full(1024, dev.rank + 1.0)))
         right = all(np.array_equal(g, np.full(1024, n * (n + 1) / 2)) for g in got)
@@ -183,7 +183,7 @@ def live(n: int) -> list[Finding]:
     # the segment's name is unlinked once every device mapped it: look for any this process made and left
     leaked = sorted(_segments() - before) or os.path.exists(os.path.join("/dev/shm", name))
     clean = not left and not leaked
-    found.append(("OK" if clean else "FAIL", "close", f"in {time.perf_counter() - t1:.3f} s; " + (
+    found.append(("OK" if clean else "FAIL", "close", f"in {seconds(time.perf_counter() - t1)}; " + (
         "no process and no shared memory left" if clean else f"left processes {left}, shared memory {leaked}")))
     return found
 
@@ -206,7 +206,18 @@ def _state(pid: int) -> str:
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2 ** 20:.0f} MiB"
+    return nbytes(n, digits=3)
+
+
+def _lines(findings: list[Finding], width: int = WIDTH) -> str:
+    """One finding a line, ``  STATUS what  detail``, the detail wrapped under itself within ``width``."""
+    pad = 2 + 6 + 19
+    out = []
+    for status, what, detail in findings:
+        parts = fit(detail, width - pad)
+        out.append(f"  {status:<5} {what:<18} {parts[0]}")
+        out += [" " * pad + part for part in parts[1:]]
+    return "\n".join(out)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -224,11 +235,9 @@ def _doctor(args: argparse.Namespace) -> int:
                           "live": [dict(zip(("status", "what", "detail"), f)) for f in live_findings]}))
     else:
         print(f"virtualpar doctor: virtualpar {__version__}")
-        for status, what, detail in findings:
-            print(f"  {status:<5} {what:<18} {detail}")
+        print(_lines(findings))
         print(f"  live cluster of {args.n} devices:")
-        for status, what, detail in live_findings:
-            print(f"  {status:<5} {what:<18} {detail}")
+        print(_lines(live_findings))
     return 1 if any(f[0] == "FAIL" for f in findings + live_findings) else 0
 
 

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from ..trace.fmt import WIDTH, fit
 from ._args import (add_picture_args, check_cost_kinds, hardware_choices, parse_costs, positive_int,
                     usage_error)
 
@@ -60,6 +61,12 @@ def _pipeline(args: argparse.Namespace) -> int:
                           "matches_single_process": run.matches}))
     else:
         report(sys.stdout, run, args.steps, args.clock)
+        if costs is None and timeline.diagram.note:  # slivers on a time axis: say why, and what shows it
+            print("\n".join(fit(f"note: on {args.hardware} this small MLP's compute fills "
+                                f"{1 - timeline.diagram.bubble:.1%} of the ranks' time; they mostly wait for "
+                                f"transfers. The schedule's own shape: virtualpar pipeline {name} "
+                                "--unit-costs",
+                                WIDTH)))
     if args.png or args.html:
         code = write_pictures(timeline.diagram, args, "pipeline")
         if code:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..trace.fmt import WIDTH, count, fit, nbytes, seconds, table
-from ._args import default_hardware, hardware_choices, output_file, parse_mesh, positive_int
+from ._args import default_hardware, hardware_choices, parse_mesh, png_file, positive_int, usage_error
 from ._output import can_draw, table_width
 from ._progress import bar, start_cluster
 
@@ -61,9 +61,15 @@ def _policies(args: argparse.Namespace) -> int:
 
     want = 4 if args.ffn else 3
     if len(args.shape) != want:
-        print(f"virtualpar policies: --shape needs {want} dims ({'b,s,m,h' if args.ffn else 'm,k,n'}), got {args.shape}", file=sys.stderr)
-        return 2
-    check_shape_fits(args.shape, args.ffn, np.dtype(args.dtype))  # before the cluster starts
+        dims = "b,s,m,h" if args.ffn else "m,k,n"
+        got = ",".join(map(str, args.shape))
+        return usage_error("policies", f"--shape needs {want} dims ({dims}), got {got}")
+    from ..errors import UsageError
+
+    try:
+        check_shape_fits(args.shape, args.ffn, np.dtype(args.dtype))  # before the cluster starts
+    except UsageError as exc:
+        return usage_error("policies", exc.message)
     if args.png and not can_draw("policies"):
         return 1
     hardware = default_hardware(args.hardware, args.mesh.size)
@@ -103,7 +109,8 @@ def _policies(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("policies", help="run every MatMul / FeedForward sharding policy once: correct?, bytes, FLOPs, memory, time")
     p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"), help="mesh axes, e.g. x=2,y=4 (default)")
-    p.add_argument("--shape", type=_shape, default=None, help="m,k,n (MatMul, default 1024,512,1024) or b,s,m,h with --ffn (default 8,128,1024,4096)")
+    p.add_argument("--shape", type=_shape, default=None, help="the sizes in elements: m,k,n (MatMul, default 1024,512,1024) or b,s,m,h "
+                        "with --ffn (default 8,128,1024,4096)")
     p.add_argument("--ffn", action="store_true", help="the FeedForward block instead of one MatMul")
     p.add_argument("--hardware", default=None, choices=hardware_choices(), help="modelled hardware preset (%(choices)s); "
                    "default: h100-node up to 8 devices, h100-cluster for multiples of 8, else the mesh's own links")
@@ -112,7 +119,7 @@ def register(sub) -> None:
     p.add_argument("--explore", type=positive_int, nargs="?", const=0, default=None, metavar="N",
                    help="instead of the named policies: every assignment of mesh axes (the explorer), fastest "
                         "modelled first, each run and checked; N: only the first N")
-    p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
+    p.add_argument("--png", metavar="FILE.png", type=png_file, default=None,
                    help="also draw the comparison: per policy, modelled time (compute and communication), "
                         "bytes "
                         "moved and peak memory per device; needs matplotlib: pip install \"virtualpar[viz]\"")

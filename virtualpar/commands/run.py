@@ -24,7 +24,7 @@ import time
 import traceback
 
 from ..trace.fmt import WIDTH, fit, seconds
-from ._args import (default_hardware, hardware_choices, natural_int, output_file, parse_mesh,
+from ._args import (default_hardware, hardware_choices, natural_int, output_file, parse_mesh, png_file,
                     positive_float, positive_int)
 from ._output import can_draw, table_width
 from ._progress import start_cluster
@@ -131,7 +131,8 @@ def _run_mpi(args: argparse.Namespace) -> int:
         options = _cluster_options(args, mesh.size)
         with start_cluster(mesh, hardware=_hardware(args, args.n), **options) as cluster:
             codes = cluster.run(run_script, os.path.abspath(path), list(args.script_args))
-            _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace or args.png else None, args)
+            _print(mesh, [], [], cluster.stats(), cluster.trace if args.trace or args.png else None, args,
+                   codes=codes)
     except VirtualParError as exc:
         sys.stdout.flush()
         text = str(exc) if isinstance(exc, MPIAbort) else _mpi_tags(str(exc))  # an abort quotes the script's words
@@ -215,7 +216,51 @@ def _shown(value) -> str:
     return repr(value)
 
 
-def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> None:
+def _jsonable(value):
+    """A device's result for ``--json``: arrays as nested lists, numpy scalars as numbers, JSON's
+    own types as they are, anything else as its repr (a string)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def _json(mesh, results, clocks, stats, trace, args: argparse.Namespace, codes) -> None:
+    """``--json``: one object on one line (after anything the devices printed)."""
+    import json
+
+    out = {"target": args.target, "mesh": dict(mesh.shape), "hardware": _hardware(args, mesh.size),
+           "devices": [{"rank": r, "coords": mesh.index(r).as_dict(), "result": _jsonable(v),
+                        "modelled_s": float(c)} for r, (v, c) in enumerate(zip(results, clocks))]}
+    if codes is not None:
+        out["exit_codes"] = list(codes)
+    if args.stats:
+        out["stats"] = {"bytes": stats.bytes.tolist(), "messages": stats.messages.tolist(),
+                        "host_to_device": stats.host_to_device.tolist(),
+                        "device_to_host": stats.device_to_host.tolist(), "unit": "bytes"}
+    if args.trace or args.png:
+        trace = trace() if callable(trace) else trace
+    if args.trace:
+        out["trace"] = trace.write_chrome(args.trace)
+    if args.png:
+        from ..trace.gantt import to_png
+
+        out["png"] = to_png(trace, args.png, clock="model", title=f"virtualpar run {args.target} on {mesh}")
+    print(json.dumps(out, allow_nan=False, default=repr))
+
+
+def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace, codes=None) -> None:
+    if args.json:
+        return _json(mesh, results, clocks, stats, trace, args, codes)
     for rank, (value, clock) in enumerate(zip(results, clocks)):
         head, text, tail = f"device {rank} {mesh.index(rank)}:", _shown(value), f"(modelled {seconds(clock)})"
         if "\n" in text or len(head) + len(text) + len(tail) + 4 > args.width:  # the value below, indented
@@ -225,7 +270,7 @@ def _print(mesh, results, clocks, stats, trace, args: argparse.Namespace) -> Non
         else:
             print(f"{head} {text}   {tail}")
     if args.stats:
-        print(stats.format())
+        print(stats.format(width=args.width))
     if args.trace or args.png:
         trace = trace() if callable(trace) else trace  # the emulator's is fetched only when asked for
     if args.trace:
@@ -256,8 +301,9 @@ def _run(args: argparse.Namespace) -> int:
         late.add_argument("--eager-limit", type=natural_int, default=args.eager_limit)
         late.add_argument("--shuffle", type=natural_int, default=args.shuffle)
         late.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=args.tag_output)
-        late.add_argument("--png", type=output_file, default=args.png)
+        late.add_argument("--png", type=png_file, default=args.png)
         late.add_argument("--width", type=table_width, default=args.width)
+        late.add_argument("--json", action="store_true", default=args.json)
         late.parse_args(args.script_args, namespace=args)
     if args.png and not can_draw("run"):
         return 1
@@ -310,11 +356,15 @@ def register(sub) -> None:
                    help="prefix each line a device prints with [rank], as mpiexec --tag-output (default: on "
                         "for "
                         "more than one device); device prints stream as they come either way")
-    p.add_argument("--png", metavar="FILE.png", type=output_file, default=None,
+    p.add_argument("--png", metavar="FILE.png", type=png_file, default=None,
                    help="draw the run's Gantt chart (modelled clock, each collective named on its boxes); "
                         "needs matplotlib: pip install \"virtualpar[viz]\"")
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
                    help=f"columns of the printed tables (default {WIDTH})")
+    p.add_argument("--json", action="store_true",
+                   help="instead of the text: one JSON object on one line (after anything the "
+                        "devices print): each device's rank, mesh coordinates, result and modelled "
+                        "clock in seconds; with --stats the bytes matrices; with --mpi the exit codes")
     rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
     p.set_defaults(func=_run, usage=p.format_usage().partition("usage: ")[2].strip())

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..trace.fmt import WIDTH, fit, number
 from ._args import add_picture_args, check_cost_kinds, parse_costs, positive_int, usage_error
+from ._output import table_width
 
 __all__ = ["register", "default_costs", "COST_HELP"]
 
@@ -33,6 +35,22 @@ def _costs(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, float]
     return {**default_costs(args.name), **(args.costs or {})}
 
 
+def _cell(sim) -> float:
+    """The time one column of the step grid stands for: the shortest action."""
+    return min((e - s for _, s, e in sim.times.values() if e > s), default=0.0)
+
+
+def _text(sim, width: int) -> str:
+    """The simulated schedule as text: the step grid (folded to ``width``) when the actions sit on
+    equal cells, else a time axis scaled to ``width`` (see :func:`format_timeline`)."""
+    from ..pipeline.timeline_grid import format_timeline
+
+    rows: dict = {r: [] for r in range(sim.ranks)}
+    for a, (r, s, e) in sorted(sim.times.items(), key=lambda kv: (kv[1][1], kv[1][2])):
+        rows[r].append((a, (s, e)))
+    return format_timeline(rows, width=width, unit="cost units")
+
+
 def _grid_cells(sim) -> int:
     """An upper bound on the grid's cells, without building it."""
     durations = [e - s for _, s, e in sim.times.values() if e > s]
@@ -44,7 +62,7 @@ def _grid_cells(sim) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..pipeline import SCHEDULES, build, format_grid, simulate
+    from ..pipeline import SCHEDULES, build, simulate
     from ..pipeline.diagram import Diagram
     from ..pipeline.schedules import check_size, used_kinds
     from ._pictures import write_pictures
@@ -80,10 +98,14 @@ def _schedule(args: argparse.Namespace) -> int:
                                                              for r, row in grid.items()},
                           **({"grid_omitted": omitted} if omitted else {})}))
     else:
-        print(f"{title}; costs {', '.join(f'{k}={v:g}' for k, v in costs.items())} (cost units)")
-        print(format_grid(grid) if grid is not None else f"({omitted})")
-        print(f"makespan {sim.makespan:g}   bubble {sim.bubble:.4f}   peak activations per stage "
-              f"{sim.peak_activations}")
+        given = ", ".join(f"{k}={number(v)}" for k, v in costs.items())
+        text = _text(sim, args.width) if grid is not None else "\n".join(fit(f"({omitted})", args.width))
+        cells = f"; one column per {number(_cell(sim))} cost unit" if text.startswith("rank |") else ""
+        print("\n".join(fit(f"{title}; costs {given} (cost units){cells}", args.width)))
+        print(text)
+        peaks = ", ".join(str(p) for p in sim.peak_activations)
+        print("\n".join(fit(f"makespan {number(sim.makespan)} cost units   bubble {sim.bubble:.2%}   "
+                            f"peak activations per stage {peaks}", args.width)))
     if args.png or args.html:
         try:
             diagram = Diagram.from_simulation(sim, placement, title)
@@ -106,5 +128,8 @@ def register(sub) -> None:
     p.add_argument("--unit-costs", action="store_true", help="every kind the schedule runs costs 1 cost unit")
     p.add_argument("--json", action="store_true",
                    help="one JSON object: makespan, bubble, peak_activations, utilisation, costs used, grid")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
+                   help=f"columns of the printed grid: a wider one folds into blocks of steps "
+                        f"(default {WIDTH})")
     add_picture_args(p, "the simulated schedule")
     p.set_defaults(func=_schedule)

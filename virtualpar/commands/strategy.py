@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..trace.fmt import WIDTH, fit, number
 from ._args import add_picture_args, check_cost_kinds, parse_costs, positive_int, usage_error
+from ._output import table_width
 
 __all__ = ["register"]
 
@@ -65,14 +67,19 @@ def _strategy(args: argparse.Namespace) -> int:
                              for i in run.items]
         print(json.dumps(stats))
     else:
-        print(f"{args.name}: {args.workers} workers, {args.stages} stages, {args.batches} batches; costs "
-              f"F={costs['F']:g}, B={costs['B']:g} (cost units); cells fS:b / bS:b are stage S of batch b")
-        print(to_text(run))
-        print(f"latency {run.latency:g}  throughput {run.throughput:.3f} items/time/worker  peak activations "
-              f"{run.peak_activations}  mean {run.mean_activations:.2f}")
-        print(f"transmissions: activations {run.activation_transmissions}, weights {run.weight_transmissions} "
-              f"(of which gradients back {run.gradient_transmissions}); weights stored per worker "
-              f"{run.weight_storage}")
+        lines = [f"{args.name}: {args.workers} workers, {args.stages} stages, {args.batches} batches; costs "
+                 f"F={number(costs['F'])}, B={number(costs['B'])} (cost units); a cell f2:5 / b2:5 is the "
+                 f"forward / backward of stage 2 for batch 5; columns headed by their start time",
+                 to_text(run, args.width),
+                 f"latency {number(run.latency)} cost units   throughput {number(run.throughput)} items per "
+                 f"cost unit per worker   activations: peak {run.peak_activations}, mean "
+                 f"{number(run.mean_activations, 3)}",
+                 f"transmissions: activations {run.activation_transmissions}, "
+                 f"weights {run.weight_transmissions} "
+                 f"(gradients back {run.gradient_transmissions}); weights stored per worker: "
+                 f"{', '.join(map(str, run.weight_storage))}"]
+        print("\n".join(line for text in lines for line in (text.splitlines() if text.startswith("worker |")
+                                                             else fit(text, args.width))))
     if args.png or args.html:
         title = f"{args.name}: {args.workers} workers, {args.stages} stages, {args.batches} batches"
         return write_pictures(Diagram.from_strategy(run, title), args, "strategy")
@@ -96,5 +103,8 @@ def register(sub) -> None:
                         "unit), default F=1,B=2; the scheme runs F and B only, so I or W is refused")
     p.add_argument("--json", action="store_true",
                    help="print the statistics, the costs used and the schedule as one JSON object")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
+                   help=f"columns of the printed diagram: a wider one folds into blocks of columns "
+                        f"(default {WIDTH})")
     add_picture_args(p, "the strategy's schedule (workers as rows)")
     p.set_defaults(func=_strategy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._args import default_hardware, hardware_choices, output_file, parse_mesh
+from ._args import default_hardware, hardware_choices, output_file, parse_mesh, usage_error
 
 __all__ = ["register"]
 
@@ -18,6 +18,9 @@ def _tour(args: argparse.Namespace) -> int:
     from ..tour import run_tour
 
     size = args.mesh.size if args.mesh is not None else 4
+    if size < 2:
+        return usage_error("tour", f"the tour needs a mesh of at least 2 devices (its collectives have a "
+                                   f"root at position 1); got {args.mesh}")
     hardware = default_hardware(args.hardware, size)
     out = io.StringIO() if args.json else sys.stdout
     rows = run_tour(out, trace_path=args.trace, hardware=hardware, mesh=args.mesh)

@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import Any, Iterable, NamedTuple
 
 from ..errors import UsageError
+from ..trace.fmt import number, seconds
 from .actions import COMPUTE, Action
 
 __all__ = ["Box", "Diagram", "MAX_BOXES", "KIND_NAMES", "fmt_time"]
@@ -61,13 +62,9 @@ def _box(rank: int, start: float, end: float, kind: str, mb: int, chunk: int, st
 
 
 def fmt_time(t: float, unit: str) -> str:
-    """``t`` for a title or a tick: plain for model units, scaled with s/ms/µs/ns for seconds."""
-    if unit != "s" or t == 0:
-        return f"{t:g}"
-    for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-        if abs(t) >= scale or scale == 1e-9:
-            return f"{t / scale:.3g} {name}"
-    return f"{t:g} s"
+    """``t`` for a title or a tick, in the one spelling of :mod:`virtualpar.trace.fmt`: seconds
+    scaled to s/ms/µs/ns (``"46.3 µs"``) when ``unit`` is ``"s"``, else a plain number of model units."""
+    return seconds(t) if unit == "s" else number(t)
 
 
 @dataclass(frozen=True)
@@ -130,6 +127,16 @@ class Diagram:
     @property
     def heading(self) -> str:
         return f"{self.title} — makespan {fmt_time(self.makespan, self.unit)}, bubble {self.bubble:.1%}"
+
+    @property
+    def note(self) -> str | None:
+        """A line under the heading when transfers, not the schedule, make most of the bubble (an
+        executed step whose compute is tiny next to its links' latency): say so, or the picture of
+        slivers reads as a broken schedule."""
+        if self.bubble < 0.5 or not any(b.kind == "comm" for b in self.boxes):
+            return None
+        return (f"compute fills {1 - self.bubble:.1%} of the {self.row_name}s' time: they mostly wait for "
+                f"transfers, so the boxes are thin; the schedule's own shape is its picture at unit costs")
 
     # -- constructors -----------------------------------------------------------------------------
     @classmethod

@@ -66,7 +66,10 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.set_title(d.heading, fontsize=12, fontweight="bold", loc="left")
+    ax.set_title(d.heading, fontsize=12, fontweight="bold", loc="left", pad=18 if d.note else 6)
+    if d.note:
+        ax.text(0, 1.0, d.note, transform=ax.transAxes, fontsize=9, color="#555555", va="bottom",
+                ha="left")
     handles = [Patch(facecolor=c, label=t) for c, t in legend_entries(d)]
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.06, 0.0), ncol=min(len(handles), 8),
                frameon=False, fontsize=9, title=f"gaps are bubbles; {d.label_note}", title_fontsize=8,

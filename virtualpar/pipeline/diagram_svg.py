@@ -83,6 +83,8 @@ def to_svg(d: Diagram) -> str:
            f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif">',
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
            f'<text x="{_LEFT}" y="24" font-size="15" font-weight="bold">{html.escape(d.heading)}</text>']
+    if d.note:
+        out.append(f'<text x="{_LEFT}" y="38" font-size="11" fill="#555555">{html.escape(d.note)}</text>')
     for r in range(d.ranks):
         y = _TOP + r * (row + gap)
         out.append(f'<rect x="{_LEFT}" y="{y}" width="{plot}" height="{box_h}" fill="#f4f4f4"/>')

@@ -44,7 +44,7 @@ from .placement import Placement
 from .schedules import SCHEDULES, build
 from .simulate import check_costs, simulate
 from .diagram import Diagram
-from .timeline_grid import Timeline, format_timeline
+from .timeline_grid import WIDTH, Timeline, format_timeline
 from .validate import validate
 
 __all__ = ["PipelinedOperation", "StepSpec"]
@@ -252,10 +252,12 @@ class PipelinedOperation(Recoverable):
                 "first_layers": [st.first_layer for st in self.pipeline.stages]}
 
     # -- what ran -----------------------------------------------------------------------------------
-    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True) -> Timeline:
-        """Rank × time grid of the last step as it ran (first data-parallel replica), one cell per
-        the shortest compute action on ``clock`` ("model" or "wall"); the last step on ``cluster``
-        when one is given, else the last step on any.  The text is a :class:`Timeline`: also
+    def timeline(self, cluster: Any = None, clock: str = "model", compute_only: bool = True,
+                 width: int = WIDTH) -> Timeline:
+        """Rank × time grid of the last step as it ran (first data-parallel replica) on ``clock``
+        ("model" or "wall"), every line at most ``width`` columns (see :func:`format_timeline`);
+        the last step on ``cluster`` when one is given, else the last step on any.  The text is a
+        :class:`Timeline`: also
         ``.to_png(path)`` and ``.to_html(path)``, boxes on the same clock, transfers in a lane."""
         check_clock(clock, ("model", "wall"))
         if cluster is not None:
@@ -268,7 +270,7 @@ class PipelinedOperation(Recoverable):
         name = self.schedule_name if self.schedule_name != "custom" else type(self).__name__
         title = f"{name}: {len(rows)} ranks, {self.microbatches} microbatches, {clock} clock"
         placement = self.placement
-        return Timeline(format_timeline(rows, compute_only),
+        return Timeline(format_timeline(rows, compute_only, width, unit),
                         lambda: Diagram.from_records(rows, placement, title, unit))
 
 

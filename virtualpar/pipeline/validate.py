@@ -11,6 +11,7 @@ for what if the per-rank orders cannot all finish.
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..trace.fmt import WIDTH
 from .actions import COMPUTE, Action, Schedule
 from .placement import Placement
 
@@ -21,17 +22,31 @@ class ScheduleError(UsageError):
     """A schedule that breaks a rule; ``str()`` holds the grid with ``<-- ERROR HERE``."""
 
 
-def format_grid(schedule: Schedule, mark: tuple[int, int] | None = None, width: int = 5) -> str:
-    """Rank × step text grid (``.`` for an idle step); ``mark=(rank, step)`` flags one cell."""
+def format_grid(schedule: Schedule, mark: tuple[int, int] | None = None, width: int | None = None,
+                line_width: int = WIDTH) -> str:
+    """Rank × step text grid (``.`` for an idle step); ``mark=(rank, step)`` flags one cell.
+
+    Cells are ``width`` characters (default: the longest label), one space apart.  A grid wider
+    than ``line_width`` columns is folded: its steps are shown as many at a time as fit, each
+    block under its own header of step numbers, blocks separated by a blank line, so every action
+    is shown and no line is wider than ``line_width`` (the ``<-- ERROR HERE`` note excepted).
+    """
     steps = max((len(a) for a in schedule.values()), default=0)
-    lines = ["rank | " + " ".join(f"{i:>{width}}" for i in range(steps))]
-    for r in sorted(schedule):
-        cells = [f"{str(a) if a is not None else '.':>{width}}" for a in schedule[r]]
-        line = f"{r:>4} | " + " ".join(cells)
-        if mark is not None and mark[0] == r:
-            line += f"   <-- ERROR HERE (step {mark[1]}: {schedule[r][mark[1]]})"
-        lines.append(line)
-    return "\n".join(lines)
+    labels = {r: [str(a) if a is not None else "." for a in schedule[r]] for r in schedule}
+    cell = width or max([3, len(str(max(steps - 1, 0)))] + [len(t) for row in labels.values() for t in row])
+    head = "rank | "
+    per_block = max(1, (line_width - len(head) + 1) // (cell + 1))
+    blocks = []
+    for first in range(0, max(steps, 1), per_block):
+        last = min(steps, first + per_block)
+        lines = [(head + " ".join(f"{i:>{cell}}" for i in range(first, last))).rstrip()]
+        for r in sorted(schedule):
+            line = f"{r:>4} | " + " ".join(f"{t:>{cell}}" for t in labels[r][first:last])
+            if mark is not None and mark[0] == r and first <= mark[1] < max(last, first + 1):
+                line += f"   <-- ERROR HERE (step {mark[1]}: {schedule[r][mark[1]]})"
+            lines.append(line.rstrip())
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def validate(schedule: Schedule, placement: Placement, microbatches: int) -> None:

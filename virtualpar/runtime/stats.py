@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
+from ..trace.fmt import WIDTH, fit, nbytes, table
 
 __all__ = ["TrafficStats"]
 
-MATRIX_UP_TO = 16  # devices: a 16-column matrix of bytes is ~180 characters wide
+MATRIX_UP_TO = 16  # devices: a 16 x 16 matrix of bytes, folded into blocks of destinations that fit
 HEAVIEST = 8  # pairs listed under a per-device table
 
 
@@ -57,24 +58,63 @@ class TrafficStats:
             raise UsageError(f"TrafficStats: rank must be a device rank 0..{n - 1}, got {rank!r}")  # -1 was the last
         return int(rank)
 
-    def format(self, matrix_up_to: int = MATRIX_UP_TO) -> str:
-        """The bytes each device sent to each other as a src × dst matrix — up to ``matrix_up_to``
-        devices; beyond that a matrix row is wider than any terminal (64 devices: ~700 characters),
-        so one line per device instead (bytes sent and received, messages out, peers sent to) and
-        the heaviest pairs.  The whole matrix stays in :attr:`bytes`."""
+    def format(self, matrix_up_to: int = MATRIX_UP_TO, width: int = WIDTH) -> str:
+        """What each device sent to each other, in binary units, every line at most ``width``
+        columns: a src × dst matrix up to ``matrix_up_to`` devices (folded into blocks of
+        destinations when wider than ``width``; ``-`` for nothing); beyond that a matrix is
+        unreadable (64 devices: 4,096 cells), so one line per device instead (bytes sent and
+        received, messages out, peers sent to) and the heaviest pairs.  The whole matrix stays in
+        :attr:`bytes`."""
         n = self.bytes.shape[0]
         if n <= matrix_up_to:
-            head = "src\\dst " + " ".join(f"{d:>10}" for d in range(n))
-            rows = [f"{s:>7} " + " ".join(f"{int(self.bytes[s, d]):>10}" for d in range(n)) for s in range(n)]
+            lines = self._matrix(width)
         else:
-            head = (f"{n} devices, one line each (the src x dst matrix is TrafficStats.bytes)\n"
-                    f"{'device':>7} {'sent B':>14} {'received B':>14} {'messages':>9} {'peers':>6}")
             sent, received = self.bytes.sum(axis=1), self.bytes.sum(axis=0)
             msgs, peers = self.messages.sum(axis=1), (self.bytes > 0).sum(axis=1)
-            rows = [f"{s:>7} {int(sent[s]):>14} {int(received[s]):>14} {int(msgs[s]):>9} {int(peers[s]):>6}" for s in range(n)]
+            rows = [(str(s), nbytes(int(sent[s])), nbytes(int(received[s])), f"{int(msgs[s]):,}",
+                     str(int(peers[s]))) for s in range(n)]
+            lines = [f"{n} devices, one line each (the src x dst matrix is TrafficStats.bytes)",
+                     *table(("device", "sent", "received", "messages", "peers"), rows, width=width,
+                            right=[True] * 5).splitlines()]
             order = np.argsort(-self.bytes, axis=None, kind="stable")[:HEAVIEST]
-            pairs = [f"{s}->{d} {int(self.bytes[s, d])} B" for s, d in zip(*np.unravel_index(order, self.bytes.shape))
-                     if self.bytes[s, d] > 0]
-            rows.append("heaviest pairs: " + (", ".join(pairs) if pairs else "none"))
-        tail = f"device-to-device {self.total_bytes} B; host->device {int(self.host_to_device.sum())} B; device->host {int(self.device_to_host.sum())} B"
-        return "\n".join([head, *rows, tail])
+            pairs = [f"{s}->{d} {nbytes(int(self.bytes[s, d]))}"
+                     for s, d in zip(*np.unravel_index(order, self.bytes.shape)) if self.bytes[s, d] > 0]
+            lines += _items("heaviest pairs: ", pairs or ["none"], width)
+        tail = (f"device-to-device {_exact(self.total_bytes)}; "
+                f"host->device {_exact(int(self.host_to_device.sum()))}; "
+                f"device->host {_exact(int(self.device_to_host.sum()))}")
+        return "\n".join(lines + fit(tail, width))
+
+    def _matrix(self, width: int) -> list[str]:
+        """The src × dst matrix of bytes, folded into blocks of destinations that fit ``width``."""
+        n = self.bytes.shape[0]
+        cells = [[nbytes(int(self.bytes[s, d])) if self.bytes[s, d] else "-" for d in range(n)]
+                 for s in range(n)]
+        cw = max([len(str(n - 1))] + [len(c) for row in cells for c in row])
+        label = "src\\dst"
+        per = max(1, (width - len(label)) // (cw + 2))
+        blocks = []
+        for first in range(0, n, per):
+            last = min(n, first + per)
+            block = [label + "".join(f"  {d:>{cw}}" for d in range(first, last))]
+            block += [f"{s:>{len(label)}}" + "".join(f"  {c:>{cw}}" for c in cells[s][first:last])
+                      for s in range(n)]
+            blocks.append("\n".join(block))
+        return "\n\n".join(blocks).splitlines()
+
+
+def _items(head: str, items: list[str], width: int) -> list[str]:
+    """``head`` then ``items`` joined by ``", "``, wrapped between items (never inside one)."""
+    lines, line = [], head
+    for k, item in enumerate(items):
+        piece = item + ("," if k < len(items) - 1 else "")
+        if line.strip() and len(line) + len(piece) + (0 if line == head else 1) > width:
+            lines.append(line.rstrip())
+            line = "  "
+        line += ("" if line in (head, "  ") else " ") + piece
+    return lines + [line]
+
+
+def _exact(n: int) -> str:
+    """Bytes in binary units, and exactly when that rounds: ``"937.5 KiB (960,000 B)"``."""
+    return nbytes(n) if n < 1024 else f"{nbytes(n)} ({n:,} B)"

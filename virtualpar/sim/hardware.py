@@ -200,7 +200,10 @@ class Hardware:
 
         With the default ideal device compute is free, so modelled time is pure α–β communication.
         """
-        return cls(name or f"uniform(α={latency:g}s, β={bandwidth:g}B/s)", device, latency, bandwidth,
+        from virtualpar.trace.fmt import rate, seconds  # its name, in the one spelling of units
+
+        named = f"uniform(α={seconds(latency)}, β={rate(bandwidth)})"
+        return cls(name or named, device, latency, bandwidth,
                    description="fully connected, uniform α–β links")
 
 

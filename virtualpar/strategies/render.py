@@ -12,6 +12,7 @@ import html
 import math
 from fractions import Fraction
 
+from ..trace.fmt import WIDTH, number
 from .simulate import StrategyRun
 
 __all__ = ["to_text", "to_html"]
@@ -47,16 +48,24 @@ def _grid(run: StrategyRun) -> tuple[list[float], list[list[tuple[str, int] | No
     return columns, grid
 
 
-def to_text(run: StrategyRun) -> str:
-    """Worker × time: a column per time unit (headed by its start time), ``.`` where a worker idles."""
+def to_text(run: StrategyRun, width: int = WIDTH) -> str:
+    """Worker × time: a column per time unit (headed by its start time), ``.`` where a worker idles;
+    a diagram wider than ``width`` columns is folded into blocks of whole columns, one under the
+    other, each headed by its times, so every line fits."""
     columns, grid = _grid(run)
-    times = [f"{t:g}" for t in columns]
-    width = max(5, len(f"f{run.num_stages - 1}:{run.num_batches - 1}") + 1, *(len(t) + 1 for t in times))
-    head = "worker | " + "".join(f"{t:<{width}}" for t in times)
-    rows = [head]
-    for w, row in enumerate(grid):
-        rows.append(f"{w:>6} | " + "".join(f"{(f'{c[0]}:{c[1]}' if c else '.'):<{width}}" for c in row))
-    return "\n".join(rows)
+    times = [number(t) for t in columns]
+    cell = max(4, len(f"f{run.num_stages - 1}:{run.num_batches - 1}"), *(len(t) for t in times))
+    head = "worker | "
+    per_block = max(1, (width - len(head) + 1) // (cell + 1))
+    blocks = []
+    for first in range(0, max(len(columns), 1), per_block):
+        last = first + per_block
+        rows = [(head + " ".join(f"{t:<{cell}}" for t in times[first:last])).rstrip()]
+        for w, row in enumerate(grid):
+            rows.append((f"{w:>6} | " + " ".join(f"{(f'{c[0]}:{c[1]}' if c else '.'):<{cell}}"
+                                                 for c in row[first:last])).rstrip())
+        blocks.append("\n".join(rows))
+    return "\n\n".join(blocks)
 
 
 def to_html(run: StrategyRun) -> str:

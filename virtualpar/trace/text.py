@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from typing import Callable
 
 from virtualpar.errors import UsageError
 from virtualpar.trace.event import Event, check_clock
@@ -69,14 +70,15 @@ def _symbol(mask: int) -> str:
     return "."
 
 
-def time_axis(t0: float, t1: float, cols: int) -> tuple[str, str]:
+def time_axis(t0: float, t1: float, cols: int, label: Callable[[float], str] = seconds) -> tuple[str, str]:
     """The two lines under a grid of ``cols`` columns spanning ``[t0, t1]``: tick marks (``+`` at
     each round time, ``-`` between) and their labels, each label starting at its tick.  The step
-    is the smallest 1, 2 or 5 × 10^k seconds whose labels do not run into each other."""
+    is the smallest 1, 2 or 5 × 10^k seconds whose labels do not run into each other.  ``label``
+    writes a time (default :func:`~virtualpar.trace.fmt.seconds`; :func:`~virtualpar.trace.fmt.number`
+    for a clock that counts cost units)."""
     span = t1 - t0
     if span <= 0 or cols < 2:
-        label = seconds(t0)
-        return "+" + "-" * (cols - 1), label
+        return "+" + "-" * (cols - 1), label(t0)
     col = span / cols
     step = 0.0
     exp = math.floor(math.log10(col)) - 1
@@ -84,7 +86,7 @@ def time_axis(t0: float, t1: float, cols: int) -> tuple[str, str]:
         for m in (1, 2, 5):
             s = m * 10.0 ** exp
             first, last = math.ceil(t0 / s - 1e-9), math.floor(t1 / s + 1e-9)
-            widest = max((len(seconds(k * s)) for k in range(first, last + 1)), default=1) + 2
+            widest = max((len(label(k * s)) for k in range(first, last + 1)), default=1) + 2
             if s / col >= widest:
                 step = s
                 break
@@ -96,7 +98,7 @@ def time_axis(t0: float, t1: float, cols: int) -> tuple[str, str]:
         x = round((k * step - t0) / col)
         if 0 <= x <= cols:
             marks[x] = "+"
-            text = seconds(k * step)
+            text = label(k * step)
             at = min(x, cols + 1 - len(text))  # the last label ends at the grid's end, not past it
             if at >= 0 and all(c == " " for c in labels[max(0, at - 1):at + len(text) + 1]):
                 labels[at:at + len(text)] = text
