@@ -109,7 +109,7 @@ def test_cli_start_check_and_gradescope_json(tmp_path, capsys):
 def test_unknown_lab_and_missing_file_are_named(tmp_path, capsys):
     with pytest.raises(UsageError, match="no lab named 'ring'.*ring-allreduce"):
         get("ring")
-    assert main(["lab", "check", "zero1", str(tmp_path / "nope.py")]) == 1
+    assert main(["lab", "check", "zero1", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 

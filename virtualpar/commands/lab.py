@@ -14,29 +14,40 @@ import json
 import os
 import sys
 
+from ._args import usage_error
+
 __all__ = ["register"]
 
 
 def _list(args: argparse.Namespace) -> int:
     from ..labs import available
+    from ..trace.fmt import table
 
     labs = available()
     if args.json:
         print(json.dumps([{"name": lab.name, "goal": lab.goal, "concept": lab.concept, "difficulty": lab.difficulty}
                           for lab in labs.values()], indent=2))
         return 0
-    width = max(len(name) for name in labs)
-    for lab in labs.values():
-        print(f"{lab.name:<{width}}  {lab.difficulty:<12}  {lab.goal}")
-        print(f"{'':<{width}}  {'':<12}  concept: {lab.concept}")
+    print(table(["lab", "level", "goal, and the concept it teaches"],
+                [[lab.name, lab.difficulty, f"{lab.goal}. Concept: {lab.concept}"] for lab in labs.values()],
+                width=args.width))
     print("\nstart one with: virtualpar lab start NAME [DIR]")
     return 0
 
 
-def _start(args: argparse.Namespace) -> int:
+def _lab(args: argparse.Namespace):
+    """The lab named on the command line; an unknown name is a usage error (exit 2)."""
+    from ..errors import UsageError
     from ..labs import get
 
-    lab = get(args.name)
+    try:
+        return get(args.name)
+    except UsageError as exc:
+        raise SystemExit(usage_error(f"lab {args.lab_command}", str(exc))) from None
+
+
+def _start(args: argparse.Namespace) -> int:
+    lab = _lab(args)
     directory = args.dir or lab.name
     written = lab.start(directory)
     for path in written:
@@ -47,10 +58,13 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..labs import CheckOptions, get
+    from ..labs import CheckOptions
 
-    lab = get(args.name)
+    lab = _lab(args)
     path = args.file or os.path.join(lab.name, lab.student_file)
+    if not os.path.isfile(path):
+        return usage_error("lab check", f"no such file {path!r}: write your solution there (virtualpar lab start "
+                                        f"{lab.name} writes the skeleton)")
     if args.png:
         os.makedirs(args.png, exist_ok=True)
     report = lab.check(path, CheckOptions(png=args.png, width=args.width))
@@ -67,6 +81,7 @@ def register(sub) -> None:
     lab_sub = p.add_subparsers(dest="lab_command", required=True)
     q = lab_sub.add_parser("list", help="the labs, with their goal, concept and difficulty")
     q.add_argument("--json", action="store_true", help="the list as JSON")
+    q.add_argument("--width", type=int, default=100, help="columns of the table (default 100)")
     q.set_defaults(func=_list)
     q = lab_sub.add_parser("start", help="write a lab's skeleton and background into DIR")
     q.add_argument("name", help="the lab (see: virtualpar lab list)")
