@@ -185,3 +185,34 @@ def test_the_timeline_shows_every_action_of_the_schedule_per_pipeline_rank():
     for action in ("0F0", "0F1", "0B0", "0B1", "1F0", "1F1", "1B0", "1B1"):
         assert action in grid
     assert len(lines) >= 2
+
+
+def test_ddp_buckets_overlap_the_rest_of_the_backward():
+    """zero=0, dp=2, one bucket per unit, on a 1 GFLOP/s device with α = 1 µs, β = 100 MB/s links.
+
+    Compute: forward F, backward 2F, the units' backward in the order final, blocks.1, blocks.0,
+    embed.  Bucket k is ready at r_k = F + (its units' and the later ones' backward) / peak and
+    its ring all-reduce of B_k bytes over 2 devices takes T_k = 2·(α + B_k/2/β), one after another on
+    the communication stream: c_k = max(r_k, c_{k−1}) + T_k.  The step is max(3F, c_last); without
+    overlap it would be 3F + Σ T_k."""
+    alpha, beta = 1e-6, 1e8
+    hw = Hardware.uniform(latency=alpha, bandwidth=beta,
+                          device=DeviceSpec("giga", {"float32": 1e9}, float("inf"), float("inf")))
+    cfg = ParallelConfig(dp=2, bucket_bytes=1)
+    trainer, sent, _ = run(cfg, hardware=hw)
+    rows, d, vocab, seq = 4, 16, 32, 8
+    block = (24 * d * d + 4 * seq * d) * seq * rows  # one block's forward FLOPs on a replica's 4 rows
+    head = 2 * d * vocab * seq * rows
+    forward = (2 * block + head) / 1e9
+    sizes = [u.padded for u in trainer.units[0]]  # embed, blocks.0, blocks.1, final
+    assert [u.name for u in trainer.units[0]] == ["embed", "blocks.0", "blocks.1", "final"]
+    ready, comm, t = forward, 0.0, []
+    for flops, size in zip((head, block, block, 0), reversed(sizes)):
+        ready += 2 * flops / 1e9
+        comm = max(ready, comm) + 2 * (alpha + size * ITEM / 2 / beta)
+        t.append(comm)
+    want = max(3 * forward, comm)
+    assert trainer.last_step_time == pytest.approx(want, rel=1e-12)
+    serial = 3 * forward + sum(2 * (alpha + n * ITEM / 2 / beta) for n in sizes)
+    assert want < serial and t[0] < 3 * forward  # the head's bucket is done before the backward is
+    assert sent == [dp_bytes(local_psi(trainer), cfg, ITEM)] * 2  # the bytes are DP's closed form
