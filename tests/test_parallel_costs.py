@@ -31,8 +31,9 @@ def batch(rows: int = 8):
     return rng.integers(0, 32, (rows, 8)), rng.integers(0, 32, (rows, 8))
 
 
-def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2):
-    """Train ``steps`` steps; returns (trainer, bytes sent per device in the last step, ledger)."""
+def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2, pairs: bool = False):
+    """Train ``steps`` steps; returns (trainer, bytes sent per device in the last step — or with
+    ``pairs`` the matrix of bytes device s sent to device d —, ledger)."""
     tokens, targets = batch(rows)
     trainer = ParallelTrainer(gpt(layers), cfg, optimizer=nn.AdamW(1e-2))
     kw = {} if hardware is None else {"hardware": hardware}
@@ -42,14 +43,13 @@ def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, step
         cluster.reset_stats()
         cluster.execute(trainer, tokens, targets)
         stats = cluster.stats()
-        sent = [stats.sent(r) for r in range(cluster.size)]
+        sent = stats.bytes if pairs else [stats.sent(r) for r in range(cluster.size)]
         ledger = trainer.memory(cluster)
     return trainer, sent, ledger
 
 
-def local_psi(trainer: ParallelTrainer, blocks_only: bool = False) -> int:
-    return sum(u.padded for us in trainer.units for u in us
-               if not blocks_only or u.name.startswith("blocks."))
+def local_psi(trainer: ParallelTrainer) -> int:
+    return sum(u.padded for us in trainer.units for u in us)
 
 
 @pytest.mark.parametrize("kw", [dict(tp=2), dict(tp=4), dict(tp=2, sequence_parallel=True),
@@ -66,7 +66,7 @@ def test_tensor_parallel_bytes_are_four_all_reduces_of_bsh_per_layer(kw):
 def test_data_parallel_bytes_are_2_n_minus_1_over_n_psi(kw):
     cfg = ParallelConfig(**kw)
     trainer, sent, _ = run(cfg)
-    want = dp_bytes(local_psi(trainer), cfg, ITEM, local_psi(trainer, blocks_only=True))
+    want = dp_bytes(local_psi(trainer), cfg, ITEM)
     assert sent == [want] * cfg.size
     if cfg.zero in (0, 1):
         assert want == 2 * (cfg.dp - 1) / cfg.dp * gpt().num_parameters() * ITEM  # Ψ divides: no padding
@@ -81,42 +81,34 @@ def test_zero_memory_by_stage(zero):
         assert {k: dev[k] for k in want} == want
     if zero == 3:
         assert want["params"] == gpt().num_parameters() * ITEM / 2
+    largest = max(u.padded for us in trainer.units for u in us) * ITEM
+    assert [dev["gathered"] for dev in ledger] == [largest if zero == 3 else 0] * 2
 
 
-def test_recompute_keeps_each_block_s_input_only():
-    """zbv's 4 stages of one block each: the middle two hold blocks only; with full recomputation
-    one microbatch's forward keeps 2·s·b·h 16-bit bytes per layer (here s·b·h·8), /tp with SP."""
-    for kw in (dict(), dict(tp=2, sequence_parallel=True)):
-        cfg = ParallelConfig(pp=2, microbatches=2, schedule="zbv", recompute=True, **kw)
-        _, _, ledger = run(cfg, layers=4, steps=1)
-        want = megatron_activation_bytes(8, 4, 16, 4, t=cfg.tp, sp=cfg.sequence_parallel, recompute=True,
-                                         bytes_per=ITEM)
-        for dev in ledger:
-            if dev["stage_activations"].keys() == {1, 2}:
-                assert dev["stage_activations"] == {1: want, 2: want}
-        plain = run(ParallelConfig(pp=2, microbatches=2, schedule="zbv", **kw), layers=4, steps=1)[2]
-        assert all(p["activations"] > 5 * r["activations"] for p, r in zip(plain, ledger))
+@pytest.mark.parametrize("kw", [dict(microbatches=2), dict(pp=2, microbatches=4, schedule="1f1b"),
+                                dict(tp=2, sequence_parallel=True, microbatches=2)])
+def test_zero3_frees_the_gathered_parameters_between_forward_and_backward(kw):
+    """FSDP: the peak parameter memory is Ψ/N_d stored + one unit gathered (the largest), and the
+    activations kept for the backward are exactly zero=0's: no gathered parameter is kept with them,
+    however many microbatches are in flight."""
+    trainer, pairs, zero3 = run(ParallelConfig(dp=2, zero=3, **kw), layers=4, steps=1, pairs=True)
+    _, _, plain = run(ParallelConfig(dp=2, zero=0, **kw), layers=4, steps=1)
+    for rank, (dev, ref) in enumerate(zip(zero3, plain)):
+        stages = [us for s, us in enumerate(trainer.units) if s in dev["stage_activations"]]
+        psi = sum(u.padded for us in stages for u in us)
+        assert dev["params"] == psi * ITEM / 2
+        assert dev["gathered"] == max(u.padded for us in stages for u in us) * ITEM
+        assert dev["activations"] == ref["activations"] and dev["stage_activations"] == ref["stage_activations"]
+    cfg = trainer.config
+    mesh = cfg.mesh()
+    for r in range(cfg.size):  # FSDP's bytes: 3·(N_d−1)/N_d of the device's Ψ per microbatch, to its dp peer
+        peer = mesh.group_of(r, ("dp",))[1 - mesh.index(r).dp]
+        want = 3 * (2 - 1) / 2 * ITEM * cfg.microbatches * psi_of(trainer, mesh.index(r).pp)
+        assert pairs[r, peer] == want
 
 
-def per_layer_activations(**kw) -> int:
-    """Bytes one microbatch's forward keeps per transformer layer: stage 0 of a 2-stage pipeline
-    with two layers minus the same with one (the embeddings cancel)."""
-    cfg = ParallelConfig(pp=2, schedule="gpipe", **kw)
-    two, one = (run(cfg, layers=n, steps=1)[2][0]["stage_activations"][0] for n in (4, 2))
-    return two - one
-
-
-def test_sequence_parallelism_divides_every_activation_by_tp_as_megatron_s_form_does():
-    """Korthikanti et al.: s·b·h·(34 + 5as/h) per layer, divided by t with SP; tensor parallelism
-    alone leaves the norms' and the column-parallel inputs' part whole (10 + 24/t + 5as/(ht))."""
-    one = per_layer_activations()
-    tp = per_layer_activations(tp=2)
-    sp = per_layer_activations(tp=2, sequence_parallel=True)
-    assert sp * 2 == one
-    assert sp < tp < one
-    forms = [megatron_activation_bytes(8, 8, 16, 4, t=t, sp=flag)
-             for t, flag in ((1, False), (2, False), (2, True))]
-    assert forms[2] * 2 == forms[0] and forms[2] < forms[1] < forms[0]
+def psi_of(trainer: ParallelTrainer, pp_rank: int) -> int:
+    return sum(u.padded for s, us in enumerate(trainer.units) if s % trainer.config.pp == pp_rank for u in us)
 
 
 @pytest.mark.parametrize("schedule, held", [("gpipe", (4, 4)), ("1f1b", (2, 1))])

@@ -13,8 +13,9 @@ sequence length, h = d_model, a = heads, t = tp, L = layers, Ψ = parameters (el
   all-reduce.
 - **DP** (Rajbhandari et al. 2020): zero=0 all-reduces Ψ, 2(N_d−1)/N_d·Ψ sent per device; zero=1
   reduce-scatters the gradients and all-gathers the parameters: the same; zero=3 all-gathers the
-  parameters in every microbatch's forward (again in the backward with recompute) and
-  reduce-scatters the gradients in its backward.
+  parameters in every microbatch's forward and again in its backward (FSDP frees them in between;
+  a recomputed block gathers again for its recomputation) and reduce-scatters the gradients in its
+  backward: 3(N_d−1)/N_d·Ψ per microbatch.
 - **ZeRO memory**: (P + G + K)·Ψ with P = G = itemsize and K the optimizer's bytes per parameter
   (Adam: 2·itemsize); zero=1 divides K by N_d, zero=2 G and K, zero=3 all three — the paper's
   (2 + 2 + K)·Ψ/N_d for 16-bit P and G.
@@ -63,15 +64,16 @@ def _replicated(name: str) -> bool:
     return tp_dim(name) is None and not name.startswith("head.embedding")
 
 
-def dp_bytes(psi: int, cfg: ParallelConfig, itemsize: int, psi_blocks: int = 0) -> float:
+def dp_bytes(psi: int, cfg: ParallelConfig, itemsize: int, psi_kept: int = 0) -> float:
     """Bytes one device sends over dp in a step for Ψ = ``psi`` local (tp-sharded) parameters, of
-    which ``psi_blocks`` are in transformer blocks (re-gathered by ZeRO-3 with recompute)."""
+    which ``psi_kept`` keep their gathered copy from the forward to the backward (under ZeRO-3 only
+    tied embeddings' units do: gathered once, not twice)."""
     n = cfg.dp
     if n == 1:
         return 0.0
     if cfg.zero in (0, 1):
         return _ring(n) * psi * itemsize
-    moved = 2 * psi + (psi_blocks if cfg.recompute else 0)  # all_gather + reduce_scatter per microbatch
+    moved = 3 * psi - psi_kept  # all_gather forward + all_gather backward + reduce_scatter, per microbatch
     return (n - 1) / n * itemsize * moved * cfg.microbatches
 
 

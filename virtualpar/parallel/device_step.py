@@ -25,7 +25,7 @@ def place(dev: Any, key: str) -> None:
 
 
 def _fresh_ledger() -> dict:
-    return {"held": 0, "activations": 0, "stage": {}, "grads": 0}
+    return {"held": 0, "activations": 0, "stage": {}, "grads": 0, "gathered": 0}
 
 
 def settle(st: dict, commit: bool) -> None:
