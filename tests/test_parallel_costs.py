@@ -31,7 +31,8 @@ def batch(rows: int = 8):
     return rng.integers(0, 32, (rows, 8)), rng.integers(0, 32, (rows, 8))
 
 
-def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2, pairs: bool = False):
+def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2,
+        pairs: bool = False):
     """Train ``steps`` steps; returns (trainer, bytes sent per device in the last step — or with
     ``pairs`` the matrix of bytes device s sent to device d —, ledger)."""
     tokens, targets = batch(rows)
@@ -98,10 +99,11 @@ def test_zero3_frees_the_gathered_parameters_between_forward_and_backward(kw):
         psi = sum(u.padded for us in stages for u in us)
         assert dev["params"] == psi * ITEM / 2
         assert dev["gathered"] == max(u.padded for us in stages for u in us) * ITEM
-        assert dev["activations"] == ref["activations"] and dev["stage_activations"] == ref["stage_activations"]
+        assert dev["activations"] == ref["activations"]
+        assert dev["stage_activations"] == ref["stage_activations"]
     cfg = trainer.config
     mesh = cfg.mesh()
-    for r in range(cfg.size):  # FSDP's bytes: 3·(N_d−1)/N_d of the device's Ψ per microbatch, to its dp peer
+    for r in range(cfg.size):  # FSDP: 3·(N_d−1)/N_d of the device's Ψ per microbatch, to its dp peer
         peer = mesh.group_of(r, ("dp",))[1 - mesh.index(r).dp]
         want = 3 * (2 - 1) / 2 * ITEM * cfg.microbatches * psi_of(trainer, mesh.index(r).pp)
         assert pairs[r, peer] == want

@@ -1,4 +1,4 @@
-"""ZeRO-3's per-unit gather, as FSDP does it: gathered for the forward, freed, gathered again for the backward.
+"""ZeRO-3's per-unit gather as FSDP does it: gathered for the forward, freed, gathered again for the backward.
 
 Under ``zero=3`` a device stores its 1/N_d shard of each unit's flat vector (:mod:`.layout`).
 Before a unit runs, the shards are all-gathered over dp; FSDP (Zhao et al. 2023) then frees the
