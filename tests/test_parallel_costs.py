@@ -12,8 +12,8 @@ import pytest
 
 from virtualpar import VirtualCluster, nn
 from virtualpar.parallel import ParallelConfig, ParallelTrainer
-from virtualpar.parallel.costs import (bubble_fraction, dp_bytes, megatron_activation_bytes, mfu, model_flops,
-                                       tp_bytes, zero_memory)
+from virtualpar.parallel.costs import (activation_bytes, bubble_fraction, dp_bytes, megatron_activation_bytes,
+                                       mfu, model_flops, tp_bytes, zero_memory)
 from virtualpar.sim import Hardware
 from virtualpar.sim.hardware import DeviceSpec
 
@@ -111,6 +111,57 @@ def test_zero3_frees_the_gathered_parameters_between_forward_and_backward(kw):
 
 def psi_of(trainer: ParallelTrainer, pp_rank: int) -> int:
     return sum(u.padded for s, us in enumerate(trainer.units) if s % trainer.config.pp == pp_rank for u in us)
+
+
+def test_recompute_keeps_each_block_s_input_only():
+    """zbv's 4 stages of one block each: the middle two hold blocks only; with full recomputation
+    one microbatch's forward keeps 2·s·b·h 16-bit bytes per layer (here s·b·h·8), /tp with SP."""
+    for kw in (dict(), dict(tp=2, sequence_parallel=True)):
+        cfg = ParallelConfig(pp=2, microbatches=2, schedule="zbv", recompute=True, **kw)
+        _, _, ledger = run(cfg, layers=4, steps=1)
+        want = megatron_activation_bytes(8, 4, 16, 4, t=cfg.tp, sp=cfg.sequence_parallel, recompute=True,
+                                         bytes_per=ITEM)
+        for dev in ledger:
+            if dev["stage_activations"].keys() == {1, 2}:
+                assert dev["stage_activations"] == {1: want, 2: want}
+        plain = run(ParallelConfig(pp=2, microbatches=2, schedule="zbv", **kw), layers=4, steps=1)[2]
+        assert all(p["activations"] > 5 * r["activations"] for p, r in zip(plain, ledger))
+
+
+def per_layer_activations(**kw) -> int:
+    """Bytes one microbatch's forward keeps per transformer layer: stage 0 of a 2-stage pipeline
+    with two layers minus the same with one (the embeddings cancel)."""
+    cfg = ParallelConfig(pp=2, schedule="gpipe", **kw)
+    two, one = (run(cfg, layers=n, steps=1)[2][0]["stage_activations"][0] for n in (4, 2))
+    return two - one
+
+
+def test_sequence_parallelism_divides_every_activation_by_tp_as_megatron_s_form_does():
+    """Korthikanti et al.: s·b·h·(34 + 5as/h) per layer, divided by t with SP; tensor parallelism
+    alone leaves the norms' and the column-parallel inputs' part whole (10 + 24/t + 5as/(ht))."""
+    one = per_layer_activations()
+    tp = per_layer_activations(tp=2)
+    sp = per_layer_activations(tp=2, sequence_parallel=True)
+    assert sp * 2 == one
+    assert sp < tp < one
+    forms = [megatron_activation_bytes(8, 8, 16, 4, t=t, sp=flag)
+             for t, flag in ((1, False), (2, False), (2, True))]
+    assert forms[2] * 2 == forms[0] and forms[2] < forms[1] < forms[0]
+
+@pytest.mark.parametrize("kw", [dict(), dict(tp=2), dict(tp=2, sequence_parallel=True)])
+def test_activations_per_layer_equal_this_implementation_s_exact_form(kw):
+    """Megatron's form cannot be matched exactly (no dropout; autograd keeps other tensors: see
+    virtualpar.parallel.costs); the derived form 6·sbh + 26·sbh/t + (as²b + asb)/t + 4sb elements
+    (SP: all of it /t) is, and its attention-score term is Megatron's a·s²·b/t exactly."""
+    t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
+    assert per_layer_activations(**kw) == activation_bytes(8, 8, 16, 4, t=t, sp=sp, itemsize=ITEM)
+
+    def quadratic(form, **k):  # the part that grows with s²: doubling s more than doubles it
+        return form(16, 8, 16, 4, t=t, sp=sp, **k) - 2 * form(8, 8, 16, 4, t=t, sp=sp, **k)
+    ours = quadratic(activation_bytes, itemsize=ITEM)
+    assert ours == ITEM * 4 * (16 ** 2 - 2 * 8 ** 2) * 8 / t  # a·s²·b/t elements, nothing else grows as s²
+    assert ours == quadratic(megatron_activation_bytes, bytes_per=ITEM) / 5 * 2  # Megatron's 5as²b: 2 of them
+    # the softmax output (2 bytes each); its dropout's mask and output are the other 3
 
 
 @pytest.mark.parametrize("schedule, held", [("gpipe", (4, 4)), ("1f1b", (2, 1))])

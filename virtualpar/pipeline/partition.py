@@ -86,8 +86,8 @@ class Pipeline:
 
     def __init__(self, model: nn.Sequential, cuts: Sequence[int | str], example_inputs: Any = None) -> None:
         if not isinstance(model, nn.Sequential):
-            raise UsageError(f"Pipeline needs an nn.Module (an nn.Sequential is cut by layer, any other module "
-                             f"at named calls of its traced forward), got {type(model).__name__}")
+            raise UsageError(f"Pipeline needs an nn.Module (an nn.Sequential is cut by layer, any other "
+                             f"module at named calls of its traced forward), got {type(model).__name__}")
         n = len(model)
         names = [str(i) for i in range(n)]
         points = []
