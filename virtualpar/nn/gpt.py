@@ -39,8 +39,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # one ParallelTrainer step of a (8, 128) batch on 8 devices, AdamW:
     #   dp=2, pp=2, tp=2, 2 microbatches (1F1B): 5.05, 4.33, 3.42, 4.73 s; later run 6.46, 5.69, 5.65 s
     #   dp=8: 12.0 s (first step: placement, warm-up), then 4.89, 2.81 s
-    # i.e. 3-6 s under that load, the 45 GFLOP getting about a fifth of the 2 cores; on the idle machine
-    # the same compute is about a second, which is what the preset was sized for, so it is kept.
+    # i.e. 3-6 s under that load, the devices getting about a fifth of the 2 cores; idle, that is about
+    # a second (estimated, not measured: the machine was never idle), what the preset was sized for.
     "small": dict(vocab=2048, d_model=256, n_layers=8, n_heads=8, seq_len=128),
 }
 
@@ -98,8 +98,8 @@ class GPT(Module):
     def preset(cls, name: str, **overrides: Any) -> "GPT":
         """``GPT(**PRESETS[name], **overrides)``: ``"tiny"`` (vocab 256, d 64, 4 layers, 4 heads, seq 32)
         or ``"small"`` (vocab 2048, d 256, 8 layers, 8 heads, seq 128; a training step of a (8, 128)
-        batch on 8 devices took 3-6 s on this 2-core machine under a load average of 6-10, about a
-        second when idle: see ``PRESETS``)."""
+        batch on 8 devices took 3-6 s on this 2-core machine under a load average of 6-10, an
+        estimated second when idle: see ``PRESETS``)."""
         if name not in PRESETS:
             raise UsageError(f"GPT.preset: unknown preset {name!r}; the presets are {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
