@@ -261,3 +261,12 @@ def test_ddp_buckets_overlap_the_rest_of_the_backward():
     serial = 3 * forward + sum(2 * (alpha + n * ITEM / 2 / beta) for n in sizes)
     assert want < serial and t[0] < 3 * forward  # the head's bucket is done before the backward is
     assert sent == [dp_bytes(local_psi(trainer), cfg, ITEM)] * 2  # the bytes are DP's closed form
+
+
+def test_zero3_with_recompute_holds_one_gathered_unit_too():
+    """A recomputed block gathers for its forward and again for its recomputation, keeping nothing
+    gathered in between: the peak is still the largest unit."""
+    trainer, _, ledger = run(ParallelConfig(dp=2, zero=3, recompute=True, microbatches=2), steps=1)
+    largest = max(u.padded for us in trainer.units for u in us) * ITEM
+    assert [dev["gathered"] for dev in ledger] == [largest] * 2
+    assert largest == max(u.padded for u in trainer.units[0] if u.name.startswith("blocks.")) * ITEM

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import autograd.numpy as anp
 import numpy as np
 from autograd.extend import defvjp_argnums, primitive
 
@@ -35,8 +36,6 @@ __all__ = ["fsdp_unit", "Gatherer", "local_params"]
 
 def local_params(unit: Any, flat: Any) -> dict[str, Any]:
     """The unit's named parameters as views of its whole (gathered) flat vector."""
-    import autograd.numpy as anp
-
     return {n: anp.reshape(flat[a:b], shape) for n, a, b, shape in unit.offsets()}
 
 
@@ -58,9 +57,18 @@ class Gatherer:
             buf = st["gather_buffer"] = np.empty(size, whole.dtype)
         view = buf[:whole.size]
         view[...] = whole
-        mem = st["memory"]
-        mem["gathered"] = max(mem.get("gathered", 0), whole.nbytes)
+        self.note(whole.nbytes)
         return view
+
+    def note_unit(self, unit: Any) -> None:
+        """Book unit ``unit``'s whole flat vector as gathered (a recomputed block's transient gather)."""
+        stored = next(iter(next(iter(self.st["params"].values())).values()))
+        self.note(unit.padded * stored.itemsize)
+
+    def note(self, nbytes: int) -> None:
+        """Book ``nbytes`` of gathered parameters alive at once (the ledger keeps the peak)."""
+        mem = self.st["memory"]
+        mem["gathered"] = max(mem.get("gathered", 0), nbytes)
 
 
 @primitive

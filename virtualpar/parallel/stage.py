@@ -97,6 +97,8 @@ def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any,
                     c.dev.compute(flops=flops, name="recompute")
 
                 def again(xx: Any, ff: Any, u: Any = u, run: Any = run) -> Any:
+                    if fsdp:  # gathered for this block's forward or its recomputation only
+                        gatherer.note_unit(u)
                     return run(xx, unpack(c, u, ff, zero3, dp))
                 x = checkpoint(x, flat, again, charge)
             elif fsdp and not (tied and u.name in ("embed", "final")):
