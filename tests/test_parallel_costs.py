@@ -12,8 +12,8 @@ import pytest
 
 from virtualpar import VirtualCluster, nn
 from virtualpar.parallel import ParallelConfig, ParallelTrainer
-from virtualpar.parallel.costs import (bubble_fraction, dp_bytes, megatron_activation_bytes, mfu, model_flops,
-                                       tp_bytes, zero_memory)
+from virtualpar.parallel.costs import (activation_bytes, bubble_fraction, dp_bytes, megatron_activation_bytes,
+                                       mfu, model_flops, tp_bytes, zero_memory)
 from virtualpar.sim import Hardware
 from virtualpar.sim.hardware import DeviceSpec
 
@@ -31,8 +31,10 @@ def batch(rows: int = 8):
     return rng.integers(0, 32, (rows, 8)), rng.integers(0, 32, (rows, 8))
 
 
-def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2):
-    """Train ``steps`` steps; returns (trainer, bytes sent per device in the last step, ledger)."""
+def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2,
+        pairs: bool = False):
+    """Train ``steps`` steps; returns (trainer, bytes sent per device in the last step — or with
+    ``pairs`` the matrix of bytes device s sent to device d —, ledger)."""
     tokens, targets = batch(rows)
     trainer = ParallelTrainer(gpt(layers), cfg, optimizer=nn.AdamW(1e-2))
     kw = {} if hardware is None else {"hardware": hardware}
@@ -42,14 +44,13 @@ def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, step
         cluster.reset_stats()
         cluster.execute(trainer, tokens, targets)
         stats = cluster.stats()
-        sent = [stats.sent(r) for r in range(cluster.size)]
+        sent = stats.bytes if pairs else [stats.sent(r) for r in range(cluster.size)]
         ledger = trainer.memory(cluster)
     return trainer, sent, ledger
 
 
-def local_psi(trainer: ParallelTrainer, blocks_only: bool = False) -> int:
-    return sum(u.padded for us in trainer.units for u in us
-               if not blocks_only or u.name.startswith("blocks."))
+def local_psi(trainer: ParallelTrainer) -> int:
+    return sum(u.padded for us in trainer.units for u in us)
 
 
 @pytest.mark.parametrize("kw", [dict(tp=2), dict(tp=4), dict(tp=2, sequence_parallel=True),
@@ -66,7 +67,7 @@ def test_tensor_parallel_bytes_are_four_all_reduces_of_bsh_per_layer(kw):
 def test_data_parallel_bytes_are_2_n_minus_1_over_n_psi(kw):
     cfg = ParallelConfig(**kw)
     trainer, sent, _ = run(cfg)
-    want = dp_bytes(local_psi(trainer), cfg, ITEM, local_psi(trainer, blocks_only=True))
+    want = dp_bytes(local_psi(trainer), cfg, ITEM)
     assert sent == [want] * cfg.size
     if cfg.zero in (0, 1):
         assert want == 2 * (cfg.dp - 1) / cfg.dp * gpt().num_parameters() * ITEM  # Ψ divides: no padding
@@ -81,6 +82,35 @@ def test_zero_memory_by_stage(zero):
         assert {k: dev[k] for k in want} == want
     if zero == 3:
         assert want["params"] == gpt().num_parameters() * ITEM / 2
+    largest = max(u.padded for us in trainer.units for u in us) * ITEM
+    assert [dev["gathered"] for dev in ledger] == [largest if zero == 3 else 0] * 2
+
+
+@pytest.mark.parametrize("kw", [dict(microbatches=2), dict(pp=2, microbatches=4, schedule="1f1b"),
+                                dict(tp=2, sequence_parallel=True, microbatches=2)])
+def test_zero3_frees_the_gathered_parameters_between_forward_and_backward(kw):
+    """FSDP: the peak parameter memory is Ψ/N_d stored + one unit gathered (the largest), and the
+    activations kept for the backward are exactly zero=0's: no gathered parameter is kept with them,
+    however many microbatches are in flight."""
+    trainer, pairs, zero3 = run(ParallelConfig(dp=2, zero=3, **kw), layers=4, steps=1, pairs=True)
+    _, _, plain = run(ParallelConfig(dp=2, zero=0, **kw), layers=4, steps=1)
+    for rank, (dev, ref) in enumerate(zip(zero3, plain)):
+        stages = [us for s, us in enumerate(trainer.units) if s in dev["stage_activations"]]
+        psi = sum(u.padded for us in stages for u in us)
+        assert dev["params"] == psi * ITEM / 2
+        assert dev["gathered"] == max(u.padded for us in stages for u in us) * ITEM
+        assert dev["activations"] == ref["activations"]
+        assert dev["stage_activations"] == ref["stage_activations"]
+    cfg = trainer.config
+    mesh = cfg.mesh()
+    for r in range(cfg.size):  # FSDP: 3·(N_d−1)/N_d of the device's Ψ per microbatch, to its dp peer
+        peer = mesh.group_of(r, ("dp",))[1 - mesh.index(r).dp]
+        want = 3 * (2 - 1) / 2 * ITEM * cfg.microbatches * psi_of(trainer, mesh.index(r).pp)
+        assert pairs[r, peer] == want
+
+
+def psi_of(trainer: ParallelTrainer, pp_rank: int) -> int:
+    return sum(u.padded for s, us in enumerate(trainer.units) if s % trainer.config.pp == pp_rank for u in us)
 
 
 def test_recompute_keeps_each_block_s_input_only():
@@ -117,6 +147,21 @@ def test_sequence_parallelism_divides_every_activation_by_tp_as_megatron_s_form_
     forms = [megatron_activation_bytes(8, 8, 16, 4, t=t, sp=flag)
              for t, flag in ((1, False), (2, False), (2, True))]
     assert forms[2] * 2 == forms[0] and forms[2] < forms[1] < forms[0]
+
+@pytest.mark.parametrize("kw", [dict(), dict(tp=2), dict(tp=2, sequence_parallel=True)])
+def test_activations_per_layer_equal_this_implementation_s_exact_form(kw):
+    """Megatron's form cannot be matched exactly (no dropout; autograd keeps other tensors: see
+    virtualpar.parallel.costs); the derived form 6·sbh + 26·sbh/t + (as²b + asb)/t + 4sb elements
+    (SP: all of it /t) is, and its attention-score term is Megatron's a·s²·b/t exactly."""
+    t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
+    assert per_layer_activations(**kw) == activation_bytes(8, 8, 16, 4, t=t, sp=sp, itemsize=ITEM)
+
+    def quadratic(form, **k):  # the part that grows with s²: doubling s more than doubles it
+        return form(16, 8, 16, 4, t=t, sp=sp, **k) - 2 * form(8, 8, 16, 4, t=t, sp=sp, **k)
+    ours = quadratic(activation_bytes, itemsize=ITEM)
+    assert ours == ITEM * 4 * (16 ** 2 - 2 * 8 ** 2) * 8 / t  # a·s²·b/t elements, nothing else grows as s²
+    assert ours == quadratic(megatron_activation_bytes, bytes_per=ITEM) / 5 * 2  # Megatron's 5as²b: 2 of them
+    # the softmax output (2 bytes each); its dropout's mask and output are the other 3
 
 
 @pytest.mark.parametrize("schedule, held", [("gpipe", (4, 4)), ("1f1b", (2, 1))])
@@ -185,3 +230,43 @@ def test_the_timeline_shows_every_action_of_the_schedule_per_pipeline_rank():
     for action in ("0F0", "0F1", "0B0", "0B1", "1F0", "1F1", "1B0", "1B1"):
         assert action in grid
     assert len(lines) >= 2
+
+
+def test_ddp_buckets_overlap_the_rest_of_the_backward():
+    """zero=0, dp=2, one bucket per unit, on a 1 GFLOP/s device with α = 1 µs, β = 100 MB/s links.
+
+    Compute: forward F, backward 2F, the units' backward in the order final, blocks.1, blocks.0,
+    embed.  Bucket k is ready at r_k = F + (its units' and the later ones' backward) / peak and
+    its ring all-reduce of B_k bytes over 2 devices takes T_k = 2·(α + B_k/2/β), one after another on
+    the communication stream: c_k = max(r_k, c_{k−1}) + T_k.  The step is max(3F, c_last); without
+    overlap it would be 3F + Σ T_k."""
+    alpha, beta = 1e-6, 1e8
+    hw = Hardware.uniform(latency=alpha, bandwidth=beta,
+                          device=DeviceSpec("giga", {"float32": 1e9}, float("inf"), float("inf")))
+    cfg = ParallelConfig(dp=2, bucket_bytes=1)
+    trainer, sent, _ = run(cfg, hardware=hw)
+    rows, d, vocab, seq = 4, 16, 32, 8
+    block = (24 * d * d + 4 * seq * d) * seq * rows  # one block's forward FLOPs on a replica's 4 rows
+    head = 2 * d * vocab * seq * rows
+    forward = (2 * block + head) / 1e9
+    sizes = [u.padded for u in trainer.units[0]]  # embed, blocks.0, blocks.1, final
+    assert [u.name for u in trainer.units[0]] == ["embed", "blocks.0", "blocks.1", "final"]
+    ready, comm, t = forward, 0.0, []
+    for flops, size in zip((head, block, block, 0), reversed(sizes)):
+        ready += 2 * flops / 1e9
+        comm = max(ready, comm) + 2 * (alpha + size * ITEM / 2 / beta)
+        t.append(comm)
+    want = max(3 * forward, comm)
+    assert trainer.last_step_time == pytest.approx(want, rel=1e-12)
+    serial = 3 * forward + sum(2 * (alpha + n * ITEM / 2 / beta) for n in sizes)
+    assert want < serial and t[0] < 3 * forward  # the head's bucket is done before the backward is
+    assert sent == [dp_bytes(local_psi(trainer), cfg, ITEM)] * 2  # the bytes are DP's closed form
+
+
+def test_zero3_with_recompute_holds_one_gathered_unit_too():
+    """A recomputed block gathers for its forward and again for its recomputation, keeping nothing
+    gathered in between: the peak is still the largest unit."""
+    trainer, _, ledger = run(ParallelConfig(dp=2, zero=3, recompute=True, microbatches=2), steps=1)
+    largest = max(u.padded for us in trainer.units for u in us) * ITEM
+    assert [dev["gathered"] for dev in ledger] == [largest] * 2
+    assert largest == max(u.padded for u in trainer.units[0] if u.name.startswith("blocks.")) * ITEM

@@ -13,14 +13,33 @@ sequence length, h = d_model, a = heads, t = tp, L = layers, Ψ = parameters (el
   all-reduce.
 - **DP** (Rajbhandari et al. 2020): zero=0 all-reduces Ψ, 2(N_d−1)/N_d·Ψ sent per device; zero=1
   reduce-scatters the gradients and all-gathers the parameters: the same; zero=3 all-gathers the
-  parameters in every microbatch's forward (again in the backward with recompute) and
-  reduce-scatters the gradients in its backward.
+  parameters in every microbatch's forward and again in its backward (FSDP frees them in between;
+  a recomputed block gathers again for its recomputation) and reduce-scatters the gradients in its
+  backward: 3(N_d−1)/N_d·Ψ per microbatch.
 - **ZeRO memory**: (P + G + K)·Ψ with P = G = itemsize and K the optimizer's bytes per parameter
   (Adam: 2·itemsize); zero=1 divides K by N_d, zero=2 G and K, zero=3 all three — the paper's
   (2 + 2 + K)·Ψ/N_d for 16-bit P and G.
 - **Activations** (Korthikanti et al. 2022, 16-bit activations, bytes per layer):
   s·b·h·(34 + 5·a·s/h); with TP s·b·h·(10 + 24/t + 5·a·s/(h·t)); with TP and SP s·b·h·(34 + 5·a·s/h)/t;
-  with full recomputation 2·s·b·h (/t with SP).
+  with full recomputation 2·s·b·h (/t with SP).  This implementation cannot match that form
+  exactly, whatever the bytes per value, because it keeps a different set of tensors
+  (:func:`activation_bytes` is its own exact form, measured on the devices by the tests):
+
+  * no dropout: Megatron's count includes two dropout masks (2·sbh bytes), the attention dropout
+    mask (a·s²·b) and the dropped-out probabilities (2·a·s²·b), i.e. 2 + 3·a·s/h of its 34 + 5·a·s/h;
+  * autograd keeps what each numpy operation's backward reads, not what a fused kernel keeps:
+    each LayerNorm its centred input and its normalised output (2·sbh, not its input's sbh) and
+    two per-token statistics (2·sb); the fused QKV output (3·sbh/t) beside the q and k copies
+    the scores read; the softmax unnormalised, with its row sums (a·s·b/t), normalised after P·V;
+    the exact GELU its input, x/√2, erf(x/√2), 1 + erf and ½x (5 arrays of 4·sbh/t, where
+    Megatron keeps the GeLU's input and the down projection's input, 2 of them).
+
+  In elements per layer (GELU MLP with hidden 4h, LayerNorm, at least 2 heads per device):
+  6·sbh + 26·sbh/t + (a·s²·b + a·s·b)/t + 4·sb; with SP (32·sbh + a·s²·b + a·s·b + 4·sb)/t.  Against
+  Megatron's elements (bytes / 2, dropout removed): 4·sbh + 12·sbh/t + a·s²·b/t, and /t of
+  16·sbh + a·s²·b with SP — the same attention-score term a·s²·b/t and the same division by t
+  under SP, which is what the tests check of Megatron's form.  (With one head per device one
+  head-layout copy becomes a view: sbh/t fewer.)
 - **Bubble**: (p−1)/(v·m + p−1) for p stages of v chunks each and m microbatches (1F1B, GPipe, interleaved).
 - **MFU**: model FLOPs (3 × the forward's ``flops_per_token`` per token) per second over the devices' peak.
 """
@@ -31,8 +50,8 @@ from typing import Any
 
 from .config import ParallelConfig
 
-__all__ = ["tp_bytes", "dp_bytes", "zero_memory", "megatron_activation_bytes", "bubble_fraction", "mfu",
-           "model_flops"]
+__all__ = ["tp_bytes", "dp_bytes", "zero_memory", "megatron_activation_bytes", "activation_bytes",
+           "bubble_fraction", "mfu", "model_flops"]
 
 
 def _ring(n: int) -> float:
@@ -63,15 +82,16 @@ def _replicated(name: str) -> bool:
     return tp_dim(name) is None and not name.startswith("head.embedding")
 
 
-def dp_bytes(psi: int, cfg: ParallelConfig, itemsize: int, psi_blocks: int = 0) -> float:
+def dp_bytes(psi: int, cfg: ParallelConfig, itemsize: int, psi_kept: int = 0) -> float:
     """Bytes one device sends over dp in a step for Ψ = ``psi`` local (tp-sharded) parameters, of
-    which ``psi_blocks`` are in transformer blocks (re-gathered by ZeRO-3 with recompute)."""
+    which ``psi_kept`` keep their gathered copy from the forward to the backward (under ZeRO-3 only
+    tied embeddings' units do: gathered once, not twice)."""
     n = cfg.dp
     if n == 1:
         return 0.0
     if cfg.zero in (0, 1):
         return _ring(n) * psi * itemsize
-    moved = 2 * psi + (psi_blocks if cfg.recompute else 0)  # all_gather + reduce_scatter per microbatch
+    moved = 3 * psi - psi_kept  # all_gather forward + all_gather backward + reduce_scatter, per microbatch
     return (n - 1) / n * itemsize * moved * cfg.microbatches
 
 
@@ -101,6 +121,16 @@ def megatron_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bo
     else:
         per = 10.0 + 24.0 / t + attn / t
     return s * b * h * per * scale
+
+
+def activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                     itemsize: int = 8) -> float:
+    """The activations this implementation keeps for one layer's backward (GELU MLP, LayerNorm, at
+    least 2 heads per device), in bytes: the exact form derived in the module doc."""
+    sbh, scores = s * b * h, a * s * s * b + a * s * b
+    if sp:
+        return itemsize * (32 * sbh + scores + 4 * s * b) / t
+    return itemsize * (6 * sbh + 26 * sbh / t + scores / t + 4 * s * b)
 
 
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:

@@ -25,7 +25,7 @@ def place(dev: Any, key: str) -> None:
 
 
 def _fresh_ledger() -> dict:
-    return {"held": 0, "activations": 0, "stage": {}, "grads": 0}
+    return {"held": 0, "activations": 0, "stage": {}, "grads": 0, "gathered": 0}
 
 
 def settle(st: dict, commit: bool) -> None:
@@ -47,6 +47,7 @@ def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float]
     settle(st, commit)
     st["flops"] = flops
     st["memory"] = _fresh_ledger()
+    st["seen"], st["summed"] = {}, set()  # zero=0's buckets reduced during the backward (.overlap)
     loss, prank, records = run_step(dev, key, rows, False)
     grads, st["staged"] = st["staged"] or {}, None
     st["memory"]["grads"] = sum(g.nbytes for stage in grads.values() for g in stage.values())
@@ -54,7 +55,7 @@ def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float]
     update = {}
     for s in sorted(grads):
         optimizer = copy.deepcopy(st["optimizers"][s])  # stepped aside: the committed one stays as it was
-        reduced = reduce_gradients(dev, meta, st["units"][s], grads[s])
+        reduced = reduce_gradients(dev, meta, st["units"][s], grads[s], summed=s in st["summed"])
         update[s] = (apply_update(dev, meta, st["params"][s], optimizer, reduced), optimizer)
     st["update"] = update
     return loss, prank, records

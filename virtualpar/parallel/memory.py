@@ -5,6 +5,10 @@
   backward; otherwise the whole local vectors).
 - ``optimizer``: bytes of the optimizer state (Adam's m and v: 2 arrays per parameter; ZeRO 1/3:
   of the dp shard only).
+- ``gathered``: ZeRO-3's gathered parameters held at once: FSDP gathers one unit at a time into
+  one buffer and frees it after the unit's forward and backward (:mod:`.fsdp`), so this is the
+  largest unit's whole (tp-local) flat vector; ``params + gathered`` is the peak parameter memory,
+  Ψ/N_d + one unit.  0 without ZeRO-3.
 - ``activations``: the peak, over the step's schedule, of the bytes the recorded forwards keep for
   their backward (:func:`saved_bytes`), summed over the microbatches in flight; per stage, the
   bytes one microbatch's forward keeps (``stage_activations``).
@@ -22,6 +26,8 @@ from typing import Any, Iterable
 
 import numpy as np
 from autograd.core import VJPNode
+
+from ..nn.functional import VJP
 
 __all__ = ["saved_bytes", "Tracked", "ledger"]
 
@@ -52,6 +58,8 @@ def saved_bytes(rec: Any, exclude: Iterable[np.ndarray] = ()) -> int:
                 buffers[id(root)] = root.nbytes
         elif isinstance(obj, types.FunctionType):
             todo.extend(c.cell_contents for c in (obj.__closure__ or ()) if _filled(c))
+        elif isinstance(obj, VJP):  # a record inside a record (ZeRO-3's units, :mod:`.fsdp`)
+            todo.append(obj._back)
         elif isinstance(obj, VJPNode):
             todo.append(obj.vjp)
             todo.extend(obj.parents)
@@ -113,6 +121,7 @@ def ledger(dev: Any, key: str) -> dict[str, Any]:
     mem = st["memory"]
     return {"params": sum(_nbytes(p) for p in st["params"].values()),
             "grads": mem["grads"],
+            "gathered": mem.get("gathered", 0),
             "optimizer": sum(_nbytes(o.state) for o in optimizers.values()),
             "activations": mem["activations"],
             "stage_activations": dict(mem["stage"])}

@@ -8,8 +8,10 @@ executor's schedules, p2p and gradient accumulation do the rest; what travels be
 the (tp/SP/cp-sharded) activation this device holds.
 
 Parameters arrive as one flat vector per unit (:mod:`.layout`); under ZeRO-3 a flat vector is this
-device's 1/dp shard, all-gathered over dp where the unit runs (the differentiable all_gather, so its
-backward is the reduce_scatter of the gradient: FSDP's per-layer gather, Rajbhandari et al. 2020).
+device's 1/dp shard, all-gathered over dp where the unit runs, freed after its forward and gathered
+again for its backward, whose gradient is reduce-scattered (FSDP, :mod:`.fsdp`; Rajbhandari et al.
+2020).  A recomputed block gathers inside :func:`checkpoint` (the differentiable all_gather), so
+its forward and its recomputation each gather once and nothing gathered is kept either.
 
 ``recompute``: each block runs inside :func:`checkpoint`, whose forward keeps only its input and
 whose backward runs the block's forward again (Chen et al. 2016; Korthikanti et al. 2022's "full"
@@ -27,6 +29,7 @@ from autograd.extend import defvjp_argnums, primitive
 from .. import nn
 from ..tensor_parallel import autodiff as ad
 from .layers import Ctx, block, embed, final_loss
+from .fsdp import Gatherer, fsdp_unit, local_params
 from .memory import Tracked, saved_bytes
 
 __all__ = ["stage_forward", "checkpoint"]
@@ -63,32 +66,47 @@ def unpack(c: Ctx, unit: Any, flat: Any, zero3: bool, dp: int) -> dict[str, Any]
     return {n: anp.reshape(flat[a:b], shape) for n, a, b, shape in unit.offsets()}
 
 
-def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any) -> Callable[..., Any]:
-    """``fn(params, x)``: the stage's forward on this device (``x``: tokens on the first stage)."""
+def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any,
+                  gatherer: Gatherer | None = None) -> Callable[..., Any]:
+    """``fn(params, x)``: the stage's forward on this device (``x``: tokens on the first stage).
+    ``gatherer``: ZeRO-3's gather buffer, through which every unit runs as FSDP runs it (:mod:`.fsdp`)
+    unless recomputed (a block that runs again in the backward gathers again anyway)."""
     zero3, dp = meta["zero"] == 3, meta["dp"]
+    fsdp = zero3 and dp > 1 and gatherer is not None
+    tied = c.skeleton.tie_embeddings
 
     def fn(params: dict[str, Any], x: Any) -> Any:
-        seen: dict[str, Any] = {}
+        seen: dict[str, Any] = {}  # tied embeddings: the head reads the embedding's parameters
         for u in units:
+            flat = params[u.name]
             if u.name == "embed":
-                seen.update(unpack(c, u, params[u.name], zero3, dp))
-                x = embed(c, seen, tokens)
+                def run(xx: Any, P: dict) -> Any:
+                    if tied:
+                        seen.update(P)
+                    return embed(c, P, tokens)
             elif u.name == "final":
-                seen.update(unpack(c, u, params[u.name], zero3, dp))
-                x = final_loss(c, seen, x, targets)
+                def run(xx: Any, P: dict) -> Any:
+                    return final_loss(c, {**seen, **P}, xx, targets)
             else:
-                index = int(u.name.split(".")[1])
+                def run(xx: Any, P: dict, index: int = int(u.name[7:])) -> Any:
+                    return block(c, P, index, xx)
+            if meta["recompute"] and u.name.startswith("blocks."):
+                flops = c.block_flops * np.shape(x)[0]  # rows of this microbatch
 
-                def run(xx: Any, flat: Any, u: Any = u, index: int = index) -> Any:
-                    return block(c, unpack(c, u, flat, zero3, dp), index, xx)
-                if meta["recompute"]:
-                    flops = c.block_flops * np.shape(x)[0]  # rows of this microbatch
+                def charge(flops: float = flops) -> None:
+                    c.dev.compute(flops=flops, name="recompute")
 
-                    def charge(flops: float = flops) -> None:
-                        c.dev.compute(flops=flops, name="recompute")
-                    x = checkpoint(x, params[u.name], run, charge)
-                else:
-                    x = run(x, params[u.name])
+                def again(xx: Any, ff: Any, u: Any = u, run: Any = run) -> Any:
+                    if fsdp:  # gathered for this block's forward or its recomputation only
+                        gatherer.note_unit(u)
+                    return run(xx, unpack(c, u, ff, zero3, dp))
+                x = checkpoint(x, flat, again, charge)
+            elif fsdp and not (tied and u.name in ("embed", "final")):
+                def whole(xx: Any, full: Any, u: Any = u, run: Any = run) -> Any:
+                    return run(xx, local_params(u, full))
+                x = fsdp_unit(x, flat, whole, gatherer, [])
+            else:
+                x = run(x, unpack(c, u, flat, zero3, dp))
         return x
     return fn
 
@@ -102,10 +120,11 @@ def stage_forward(step: Any, s: int, m: int, received: Any) -> tuple[Any, Any, f
     first, last = s == 0, s == step.spec.placement.stages - 1
     tokens = step.xs[m] if first else None
     targets = step.ys[m] if last else None
-    fn = stage_program(c, meta, st["units"][s], tokens, targets)
+    fn = stage_program(c, meta, st["units"][s], tokens, targets, Gatherer(step.dev, st))
     x = tokens if first else received
     rec = nn.vjp(fn, x, params=st["params"][s], input_grads=not first)
-    nbytes = saved_bytes(rec, st["params"][s].values())
+    buffer = st.get("gather_buffer")  # ZeRO-3's gathered parameters: parameters, not activations
+    nbytes = saved_bytes(rec, [*st["params"][s].values(), *([buffer] if buffer is not None else [])])
     st["memory"]["stage"][s] = nbytes
     rec = Tracked(rec, st, nbytes)
     if last:

@@ -36,6 +36,7 @@ from .config import ParallelConfig
 from .device_step import place
 from .layout import flatten, shard, stage_units, unshard
 from .memory import ledger
+from .overlap import on_grads
 from .stage import stage_forward
 
 __all__ = ["ParallelTrainer"]
@@ -85,7 +86,7 @@ class ParallelTrainer(TrainerCheckpoints):
         validate(schedule, placement, cfg.microbatches)
         simulate(schedule, placement, cfg.microbatches)
         spec = StepSpec(lower(schedule, placement), placement, cfg.microbatches, None, "pp", None, None,
-                        stage_forward=stage_forward)
+                        stage_forward=stage_forward, on_grads=on_grads)
         return spec, placement
 
     def _meta(self) -> dict[str, Any]:
@@ -130,13 +131,12 @@ class ParallelTrainer(TrainerCheckpoints):
         ``flops_per_token`` (the head's 2·d·vocab on the last stage), divided over tp and cp; under
         ``"block"`` one block's, which recomputation repeats in the backward."""
         m, cfg = self.model, self.config
-        out = {}
-        for s, units in enumerate(self.units):
-            per_token = sum(m.blocks[int(u.name.split(".")[1])].flops_per_token(seq)
-                            for u in units if u.name.startswith("blocks."))
-            if units[-1].name == "final":
-                per_token += m.flops_per_token(seq) - sum(b.flops_per_token(seq) for b in m.blocks)
-            out[s] = per_token * seq / (cfg.tp * cfg.cp)
+        head = m.flops_per_token(seq) - sum(b.flops_per_token(seq) for b in m.blocks)
+        per_unit = {u.name: (m.blocks[int(u.name[7:])].flops_per_token(seq) if u.name.startswith("blocks.")
+                             else head if u.name == "final" else 0.0) * seq / (cfg.tp * cfg.cp)
+                    for units in self.units for u in units}
+        out: dict = {s: sum(per_unit[u.name] for u in units) for s, units in enumerate(self.units)}
+        out["units"] = per_unit  # per unit: zero=0's buckets overlap the backward unit by unit (.overlap)
         out["block"] = m.blocks[0].flops_per_token(seq) * seq / (cfg.tp * cfg.cp)  # recompute's repeat
         return out
 

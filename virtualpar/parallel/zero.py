@@ -21,11 +21,11 @@ whole-parameter step.  The new parameters and optimizer states are computed next
 ones and swapped in by the next step or weight fetch, once the driver knows every device finished
 (all or nothing, :mod:`.device_step`).
 
-Not modelled: DDP overlaps each bucket's all-reduce with the rest of the backward; here the
-buckets are reduced after the backward, because the Device protocol's collectives block (an
-overlap on the modelled clock needs a non-blocking all_reduce).  And ZeRO-3 without ``recompute``
-keeps each unit's gathered parameters alive in the recorded forward until its backward (the
-ledger counts them as activations); with ``recompute`` they are freed and gathered again.
+zero=0's buckets overlap the backward on the modelled clock (:mod:`.overlap`): each bucket is
+all-reduced as soon as the last microbatch's backward has made its gradients final, in the order
+the backward produces them (the head's first, the embeddings' last), while the rest of that
+backward's compute goes on.  ZeRO-3 frees each unit's gathered parameters after its forward and
+gathers them again for its backward (:mod:`.fsdp`).
 """
 
 from __future__ import annotations
@@ -47,52 +47,67 @@ def ring(x: np.ndarray) -> str | None:
     return "ring" if x.nbytes < SHM_MIN_BYTES else None
 
 
-def _buckets(names: list[str], sizes: dict[str, int], limit: int) -> list[list[str]]:
-    out: list[list[str]] = [[]]
+def buckets(units: list, itemsize: int, limit: int) -> list[list]:
+    """DDP's buckets: the units in the order their gradients become final — the reverse of the
+    forward's — grouped greedily up to ``limit`` bytes (a unit larger than ``limit`` is a bucket alone)."""
+    out: list[list] = [[]]
     total = 0
-    for n in names:
-        if out[-1] and total + sizes[n] > limit:
+    for u in reversed(units):
+        nbytes = u.padded * itemsize
+        if out[-1] and total + nbytes > limit:
             out.append([])
             total = 0
-        out[-1].append(n)
-        total += sizes[n]
+        out[-1].append(u)
+        total += nbytes
     return out
 
 
-def reduce_gradients(dev: Any, meta: dict, units: list,
-                     grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def sp_reduce(dev: Any, meta: dict, unit: Any, g: np.ndarray) -> np.ndarray:
+    """A copy of unit ``unit``'s gradient with its replicated parameters' entries summed over tp
+    (under sequence parallelism they are partial sums over the sequence shards)."""
+    g = np.array(g, copy=True)
+    if meta["sp"] and meta["tp"] > 1:
+        mask = unit.partial_mask()
+        if meta["zero"] == 3 and meta["dp"] > 1:
+            mask = local_slice(mask, dev, 0, "dp")
+        if mask.any():
+            part = np.ascontiguousarray(g[mask])
+            g[mask] = dev.all_reduce(part, group="tp", algorithm=ring(part))
+    return g
+
+
+def all_reduce_bucket(dev: Any, grads: dict[str, np.ndarray], bucket: list) -> None:
+    """Sum one bucket's flat gradients over dp and cp, in place in ``grads``: one all_reduce."""
+    flat = np.concatenate([grads[u.name] for u in bucket])
+    flat = dev.all_reduce(flat, group=("dp", "cp"), algorithm=ring(flat))
+    at = 0
+    for u in bucket:
+        grads[u.name] = flat[at:at + grads[u.name].size]
+        at += grads[u.name].size
+
+
+def reduce_gradients(dev: Any, meta: dict, units: list, grads: dict[str, np.ndarray],
+                     summed: bool = False) -> dict[str, np.ndarray]:
     """Gradients of one stage → what its optimizer steps on (whole flat vectors, or dp shards for
-    zero 1 and 3); see the module doc for the collectives."""
+    zero 1 and 3); see the module doc for the collectives.  ``summed``: zero=0's buckets were
+    already reduced during the backward (:mod:`.overlap`), only the ÷ dp remains."""
     dp, zero = meta["dp"], meta["zero"]
-    out = {}
-    for u in units:
-        g = np.array(grads[u.name], copy=True)
-        if meta["sp"] and meta["tp"] > 1:
-            mask = u.partial_mask()
-            if zero == 3 and dp > 1:
-                mask = local_slice(mask, dev, 0, "dp")
-            if mask.any():
-                part = np.ascontiguousarray(g[mask])
-                g[mask] = dev.all_reduce(part, group="tp", algorithm=ring(part))
-        out[u.name] = g
-    names = [u.name for u in units]
-    if zero == 0:
-        if dp * meta["cp"] > 1:
-            itemsize = next(iter(out.values())).itemsize
-            sizes = {n: out[n].size * itemsize for n in names}
-            for bucket in _buckets(names, sizes, meta["bucket_bytes"]):
-                flat = np.concatenate([out[n] for n in bucket])
-                flat = dev.all_reduce(flat, group=("dp", "cp"), algorithm=ring(flat))
-                at = 0
-                for n in bucket:
-                    out[n] = flat[at:at + out[n].size]
-                    at += out[n].size
+    if summed:
+        out = dict(grads)
     else:
-        for n in names:
-            if meta["cp"] > 1:
-                out[n] = dev.all_reduce(out[n], group="cp", algorithm=ring(out[n]))
-            if zero == 1 and dp > 1:
-                out[n] = dev.reduce_scatter(out[n], dim=0, group="dp")
+        out = {u.name: sp_reduce(dev, meta, u, grads[u.name]) for u in units}
+        if zero == 0:
+            if dp * meta["cp"] > 1:
+                itemsize = next(iter(out.values())).itemsize
+                for bucket in buckets(units, itemsize, meta["bucket_bytes"]):
+                    all_reduce_bucket(dev, out, bucket)
+        else:
+            for u in units:
+                n = u.name
+                if meta["cp"] > 1:
+                    out[n] = dev.all_reduce(out[n], group="cp", algorithm=ring(out[n]))
+                if zero == 1 and dp > 1:
+                    out[n] = dev.reduce_scatter(out[n], dim=0, group="dp")
     if dp > 1:
         out = {n: (v / dp).astype(v.dtype) for n, v in out.items()}
     return out

@@ -1,4 +1,5 @@
-"""Pipeline parallelism: partitioning, schedules as data, validation, simulation, one executor.
+"""Pipeline parallelism: partitioning (by layer, or by tracing any module), schedules as data,
+validation, simulation, one executor.
 
     from virtualpar.pipeline import Pipeline, PipelinedOperation, SCHEDULES, simulate
 
@@ -15,6 +16,8 @@ from .diagram import Box, Diagram
 from .executor import PipelinedOperation, format_timeline
 from .lower import lower
 from .partition import Pipeline, PipelineStage
+from .trace import trace_calls
+from .traced import TracedPipeline, TracedStage
 from .placement import Placement
 from .schedules import SCHEDULES, build, default_virtual
 from .simulate import DEFAULT_COSTS, PipelineDeadlock, Simulation, check_costs, simulate
@@ -25,5 +28,5 @@ __all__ = [
     "Action", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
     "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation",
     "PipelineDeadlock", "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
-    "Diagram", "Box", "Timeline",
+    "Diagram", "Box", "Timeline", "TracedPipeline", "TracedStage", "trace_calls",
 ]

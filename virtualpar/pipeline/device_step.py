@@ -156,7 +156,14 @@ def _backward(c: _Step, a: Action) -> None:
     c.accumulate(s, g, m)
     if s > 0:
         c.deliver("B", s, m, dx)
-    c.charge("B", s)
+    _charge_grads(c, "B", s, m)
+
+
+def _charge_grads(c: _Step, kind: str, s: int, m: int) -> None:
+    """Charge a backward that produced gradients, unless the spec's ``on_grads`` hook charged it."""
+    hook = c.spec.on_grads
+    if hook is None or not hook(c, kind, s, m):
+        c.charge(kind, s)
 
 
 def _backward_input(c: _Step, a: Action) -> None:
@@ -170,7 +177,7 @@ def _backward_input(c: _Step, a: Action) -> None:
 def _backward_weight(c: _Step, a: Action) -> None:
     s, _, m = a
     c.accumulate(s, c.stash.pop((s, m)).backward_weight(), m)
-    c.charge("W", s)
+    _charge_grads(c, "W", s, m)
 
 
 def _send(kind: str) -> Callable[[_Step, Action], None]:

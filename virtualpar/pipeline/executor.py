@@ -66,6 +66,9 @@ class StepSpec:
     # another stage program (timeline parallelism): fn(step, stage, microbatch, received) -> (vjp, out, loss)
     stage_forward: Callable[..., Any] | None = None
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
+    # after a B or W accumulated stage s's gradients of microbatch m: fn(step, kind, stage, microbatch) -> True
+    # if it charged that action's compute itself (a stage program overlapping its gradient reduction with it)
+    on_grads: Callable[..., bool] | None = None
 
 
 class PipelinedOperation(Recoverable):
@@ -224,12 +227,11 @@ class PipelinedOperation(Recoverable):
         check_ran(self, cluster)
         parts = cluster.run(_params, self.key, self._held(cluster))
         out: dict[str, np.ndarray] = {}
+        names = self._stage_names()  # a stage's own names -> the model's (a traced stage's are the model's)
         for stage_params in parts:
             for s, params in stage_params.items():
-                offset = self.pipeline.stages[s].first_layer
                 for k, v in params.items():
-                    head, _, rest = k.partition(".")
-                    out.setdefault(f"{int(head) + offset}.{rest}", v)
+                    out.setdefault(names[s][k], v)
         return {k: out[k] for k in self.pipeline.model.state_dict()}
 
     # -- checkpoint hooks (checkpoint/recovery.py) --------------------------------------------------

@@ -1,9 +1,12 @@
-"""``Pipeline`` and ``PipelineStage``: an ``nn.Sequential`` cut into stages.
+"""``Pipeline`` and ``PipelineStage``: a model cut into stages.
 
-Cut at points the user names — layer names (``"3"``) or indices: a cut at ``c`` starts a new stage
-at layer ``c`` (seed 002 cuts a traced model the same way) — or automatically, balanced by
-parameter count or by forward FLOPs: the split into S contiguous parts minimising the heaviest
-part (exact, by dynamic programming over the layer weights).
+An ``nn.Sequential`` is cut at points the user names — layer names (``"3"``) or indices: a cut at
+``c`` starts a new stage at layer ``c`` — or automatically, balanced by parameter count or by
+forward FLOPs: the split into S contiguous parts minimising the heaviest part (exact, by dynamic
+programming over the layer weights).  Any other ``nn.Module`` (a GPT whose blocks live in a list,
+a model with its own ``forward``) is traced once and cut at named calls: ``Pipeline(model,
+cuts=["blocks.2"])`` builds a :class:`~.traced.TracedPipeline` (see :mod:`.traced`), and
+``Pipeline.balanced`` balances it the same way over the calls the trace can separate.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import numbers
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,6 +35,8 @@ class PipelineStage:
 
     def parameters(self) -> dict[str, np.ndarray]:
         """This stage's parameters keyed as in the *whole* model's ``state_dict()``."""
+        if not isinstance(self.module, nn.Sequential):  # a traced stage: already the model's names
+            return self.module.parameters()
         return {_global(k, self.first_layer): v for k, v in self.module.parameters().items()}
 
     def flops(self, rows: int) -> float:
@@ -47,7 +52,11 @@ def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
     """Forward FLOPs of ``rows`` rows through ``module``, at any depth of nesting: a ``Linear``
     costs 2·rows·in·out; an ``Embedding`` is a lookup (0); any other layer holding parameters
     itself (a norm, a recurrent cell) 2·rows per parameter, one multiply-add each — for a
-    recurrent layer that is one time step per row.  Layers without parameters cost nothing here."""
+    recurrent layer that is one time step per row.  Layers without parameters cost nothing here; a
+    module that counts its own (a traced stage) is asked."""
+    own_count = getattr(module, "forward_flops", None)
+    if callable(own_count):
+        return float(own_count(rows))
     if isinstance(module, nn.Linear):
         return float(module.flops(rows))
     if isinstance(module, nn.Embedding):
@@ -64,11 +73,21 @@ def _global(local: str, offset: int) -> str:
 
 
 class Pipeline:
-    """``model`` cut into stages; ``Pipeline(model, cuts=[2, 4])`` or ``Pipeline.balanced(model, 4)``."""
+    """``model`` cut into stages; ``Pipeline(model, cuts=[2, 4])`` or ``Pipeline.balanced(model, 4)``.
+    A model that is not an ``nn.Sequential`` is traced (``example_inputs``: its inputs for one
+    forward; a GPT's are made up) and cut at named calls: a :class:`~.traced.TracedPipeline`."""
 
-    def __init__(self, model: nn.Sequential, cuts: Sequence[int | str]) -> None:
+    def __new__(cls, model: Any = None, *args: Any, **kwargs: Any) -> "Pipeline":
+        if cls is Pipeline and isinstance(model, nn.Module) and not isinstance(model, nn.Sequential):
+            from .traced import TracedPipeline
+
+            return super().__new__(TracedPipeline)
+        return super().__new__(cls)
+
+    def __init__(self, model: nn.Sequential, cuts: Sequence[int | str], example_inputs: Any = None) -> None:
         if not isinstance(model, nn.Sequential):
-            raise UsageError(f"Pipeline needs an nn.Sequential, got {type(model).__name__}")
+            raise UsageError(f"Pipeline needs an nn.Module (an nn.Sequential is cut by layer, any other "
+                             f"module at named calls of its traced forward), got {type(model).__name__}")
         n = len(model)
         names = [str(i) for i in range(n)]
         points = []
@@ -89,8 +108,14 @@ class Pipeline:
         self.stages = [PipelineStage(i, model[a:b], a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
     @classmethod
-    def balanced(cls, model: nn.Sequential, stages: int, by: str = "params", rows: int = 1) -> "Pipeline":
-        """Cut into ``stages`` contiguous parts minimising the heaviest (``by`` "params" or "flops")."""
+    def balanced(cls, model: nn.Sequential, stages: int, by: str = "params", rows: int = 1,
+                 example_inputs: Any = None) -> "Pipeline":
+        """Cut into ``stages`` contiguous parts minimising the heaviest (``by`` "params" or "flops");
+        a model that is not an ``nn.Sequential`` is traced and cut at the calls that can start a stage."""
+        if isinstance(model, nn.Module) and not isinstance(model, nn.Sequential):
+            from .traced import TracedPipeline
+
+            return TracedPipeline.balanced(model, stages, by, rows, example_inputs)
         if by not in ("params", "flops"):
             raise UsageError(f"balance by 'params' or 'flops', got {by!r}")
         if isinstance(stages, bool) or not isinstance(stages, numbers.Integral):

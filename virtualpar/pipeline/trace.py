@@ -12,12 +12,18 @@ modules, when the trace cannot separate the stages there:
 
 - a value computed before the cut reaches a call after it other than as that boundary value
   (a skip connection over the cut);
-- a submodule is called on both sides, or a parameter is read on both sides (tied weights).
+- a submodule is called on both sides, or a parameter is read on both sides (tied weights);
+- a later stage reads the model's inputs (only the first stage receives the batch).
 
 A stage is run by *replaying* the forward (:func:`replay`): calls before the stage return zeros
 of their recorded shape, the stage's first call takes the received value as its first argument,
 and the replay stops when the next stage's first call is entered, handing on its first argument.
-The validation above is what makes this exact: nothing the stage computes depends on a stub.
+A later stage replays on placeholder inputs (zeros of the inputs' shape and dtype): its glue code
+may read their shapes, never their values.  The validation above is what makes this exact:
+nothing the stage computes depends on a stub.  Provenance follows numpy's operations; a value
+passed through ``np.asarray`` or Python scalars loses it, so the refusals are as good as the
+trace can see (a model's own forward that reads its inputs' values after a cut, through such a
+conversion, is not caught).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import numpy as np
 from .. import nn
 from ..errors import UsageError
 
-__all__ = ["Call", "Trace", "trace_calls", "replay", "check_cuts"]
+__all__ = ["Call", "Trace", "trace_calls", "replay", "check_cuts", "placeholders"]
 
 
 class _Tagged(np.ndarray):
@@ -196,8 +202,8 @@ def trace_calls(model: nn.Module, *inputs: Any) -> Trace:
     tagged = {k: _tag(np.array(v, copy=True), frozenset({("param", k)}))
               for k, v in model.parameters().items()}
     with model._bound(tagged), _intercept(handler):
-        out = model(*(_tag(np.array(x, copy=True), frozenset()) if isinstance(x, np.ndarray) else x
-                      for x in inputs))
+        out = model(*(_tag(np.array(x, copy=True), frozenset({("input", i)})) if isinstance(x, np.ndarray)
+                      else x for i, x in enumerate(inputs)))
     return Trace(tuple(calls), _deps_of(out))
 
 
@@ -240,6 +246,12 @@ def replay(model: nn.Module, trace: Trace, start: int, stop: int, inputs: tuple,
             return stop_here.value
 
 
+def placeholders(example: tuple, rows: int) -> tuple:
+    """Zeros shaped as the example inputs with ``rows`` rows: a later stage's inputs for the replay."""
+    return tuple(np.zeros((rows, *np.shape(x)[1:]), np.asarray(x).dtype) if isinstance(x, np.ndarray) else x
+                 for x in example)
+
+
 def check_cuts(trace: Trace, starts: Sequence[int]) -> dict[str, int]:
     """Refuse cuts the trace cannot separate (see the module doc); ``starts``: the first call of each
     stage, beginning with 0.  Returns {parameter name: the stage that reads it}."""
@@ -262,6 +274,10 @@ def check_cuts(trace: Trace, starts: Sequence[int]) -> dict[str, int]:
         for kind, ref in sorted(deps, key=str):
             if kind == "param":
                 read(ref, stage, by)
+            elif kind == "input":
+                if stage:
+                    raise UsageError(f"cannot cut here: {by} (stage {stage}) reads {what} computed from the "
+                                     f"model's input {ref}, which only the first stage receives")
             elif stage_of[ref] != stage:
                 raise UsageError(f"cannot cut here: {by} (stage {stage}) reads {what} computed from "
                                  f"{name[ref]} (stage {stage_of[ref]}) other than through the stage boundary "
