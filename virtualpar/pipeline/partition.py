@@ -67,6 +67,18 @@ def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
     return 2.0 * rows * own + sum(forward_flops(c, rows, path + (module,)) for c in children)
 
 
+#: how a model that is not an ``nn.Sequential`` is cut: ``TRACED["pipeline"]`` is
+#: :class:`~.traced.TracedPipeline`, entered by :mod:`.traced` (which the package imports), so this
+#: module does not import the one that builds on it
+TRACED: dict[str, type] = {}
+
+
+def _traced() -> type:
+    if "pipeline" not in TRACED:  # pragma: no cover - the package's __init__ imports .traced
+        raise UsageError("cutting a model that is not an nn.Sequential needs virtualpar.pipeline.traced")
+    return TRACED["pipeline"]
+
+
 def _global(local: str, offset: int) -> str:
     head, _, rest = local.partition(".")
     return f"{int(head) + offset}.{rest}"
@@ -79,9 +91,7 @@ class Pipeline:
 
     def __new__(cls, model: Any = None, *args: Any, **kwargs: Any) -> "Pipeline":
         if cls is Pipeline and isinstance(model, nn.Module) and not isinstance(model, nn.Sequential):
-            from .traced import TracedPipeline
-
-            return super().__new__(TracedPipeline)
+            return super().__new__(_traced())
         return super().__new__(cls)
 
     def __init__(self, model: nn.Sequential, cuts: Sequence[int | str], example_inputs: Any = None) -> None:
@@ -113,9 +123,7 @@ class Pipeline:
         """Cut into ``stages`` contiguous parts minimising the heaviest (``by`` "params" or "flops");
         a model that is not an ``nn.Sequential`` is traced and cut at the calls that can start a stage."""
         if isinstance(model, nn.Module) and not isinstance(model, nn.Sequential):
-            from .traced import TracedPipeline
-
-            return TracedPipeline.balanced(model, stages, by, rows, example_inputs)
+            return _traced().balanced(model, stages, by, rows, example_inputs)
         if by not in ("params", "flops"):
             raise UsageError(f"balance by 'params' or 'flops', got {by!r}")
         if isinstance(stages, bool) or not isinstance(stages, numbers.Integral):

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
-from .partition import Pipeline, PipelineStage, forward_flops
+from .partition import TRACED, Pipeline, PipelineStage, forward_flops
 from .trace import Trace, check_cuts, placeholders, replay, trace_calls
 
 __all__ = ["TracedStage", "TracedPipeline", "default_inputs", "named_modules"]
@@ -167,3 +167,6 @@ class TracedPipeline(Pipeline):
                   if parts == stages]
         _, cut_points = min(finals)
         return cls(model, [tr.calls[c].name for c in cut_points], example_inputs, trace=tr)
+
+
+TRACED["pipeline"] = TracedPipeline
