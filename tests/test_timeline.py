@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from virtualpar import Mesh, UsageError, VirtualCluster, nn
-from virtualpar.pipeline.demo import unit_hardware
+from virtualpar.sim import Hardware
 from virtualpar.timeline import TimelineParallel, reference_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,7 @@ def test_one_operation_resumes_on_a_second_cluster_from_its_last_committed_step(
 def test_makespan_under_unit_costs_is_the_closed_form(devices, microbatches):
     inputs, labels = example.synthetic(batch=12, length=12)
     op = TimelineParallel(example.SimpleRNN(2, 6, 1), microbatches=microbatches, costs={"F": 1, "B": 1})
-    with VirtualCluster(Mesh({"time": devices}), hardware=unit_hardware()) as cluster:
+    with VirtualCluster(Mesh({"time": devices}), hardware=Hardware.unit()) as cluster:
         cluster.execute(op, inputs, labels)
         makespan = max(cluster.clocks())
     assert makespan == 2 * (microbatches + devices - 1)

@@ -203,6 +203,14 @@ class Hardware:
         return cls(name or f"uniform(α={latency:g}s, β={bandwidth:g}B/s)", device, latency, bandwidth,
                    description="fully connected, uniform α–β links")
 
+    @classmethod
+    def unit(cls) -> Hardware:
+        """Free links and a device of 1 FLOP/s (float32, any dtype falls back to it): with action
+        costs such as ``{"F": 1, "B": 1}`` the modelled clock counts schedule steps, so an executed
+        run's timeline is the textbook picture."""
+        inf = math.inf
+        return cls.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
+
 
 # --- presets -----------------------------------------------------------------------------------
 GB = 1e9

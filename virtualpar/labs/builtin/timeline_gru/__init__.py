@@ -9,7 +9,6 @@ import numpy as np
 from .... import Mesh, VirtualCluster, nn
 from ....errors import VirtualParError
 from ....sim import Hardware
-from ....sim.hardware import DeviceSpec
 from ....timeline import TimelineParallel, reference_step
 from ...harness import describe
 from ...lab import CheckOptions, Lab
@@ -23,12 +22,6 @@ def _data(batch: int = 4, length: int = 12, hidden: int = 6, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, length, hidden))
     return (x,), ((x[:, :, 0].sum(axis=1) > 0).astype(np.int64),)
-
-
-def _unit_hardware() -> Hardware:
-    """Free links and a 1 FLOP/s device: with costs F=1, B=b the modelled clock counts steps."""
-    inf = float("inf")
-    return Hardware.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
 
 
 def check(path: str, options: CheckOptions) -> Report:
@@ -84,7 +77,7 @@ def check(path: str, options: CheckOptions) -> Report:
             wrong.append(f"timeline_makespan({devices}, {microbatches}, {backward}) = {got:g}; expected {want}")
     if not wrong and not fwd:  # and the formula holds on an executed run
         op = TimelineParallel(module.GRUClassifier(num_layers=1), microbatches=2, costs={"F": 1, "B": 1})
-        with VirtualCluster(Mesh({"time": 3}), hardware=_unit_hardware()) as cluster:
+        with VirtualCluster(Mesh({"time": 3}), hardware=Hardware.unit()) as cluster:
             cluster.execute(op, inputs, labels)
             measured = max(cluster.clocks())
         if measured != module.timeline_makespan(3, 2, 1):
