@@ -13,6 +13,7 @@ import numpy as np
 from autograd.extend import defvjp, primitive
 
 from ..errors import UsageError
+from ..kernels import matmul_backward_flops, matmul_flops
 from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
 
@@ -62,8 +63,14 @@ class Linear(Module):
         return affine(x, self.weight, self.bias)
 
     def flops(self, rows: int) -> float:
-        """Forward FLOPs for ``rows`` input rows (backward is twice this)."""
-        return 2.0 * rows * self.in_features * self.out_features
+        """Forward FLOPs for ``rows`` input rows: ``x·W``, ``kernels.matmul_flops(rows, in, out)``."""
+        return float(matmul_flops(rows, self.in_features, self.out_features))
+
+    def backward_flops(self, rows: int) -> tuple[float, float]:
+        """(input part, weight part) of the backward for ``rows`` rows: ``dx = dy·Wᵀ`` and
+        ``dW = xᵀ·dy``, each as many FLOPs as the forward (``kernels.matmul_backward_flops``)."""
+        dx, dw = matmul_backward_flops(rows, self.in_features, self.out_features)
+        return float(dx), float(dw)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -66,12 +66,13 @@ class _Step:
         return 1 + 4 * (stage * self.spec.microbatches + m) + "FBWG".index(kind)
 
     def charge(self, kind: str, stage: int) -> None:
+        """Charge a compute action: its ``costs`` entry when the step has costs, else the FLOPs the
+        stage declared per row for this kind (``PipelineStage.action_flops``) times the rows."""
         costs = self.spec.costs
         if costs is not None:
             self.dev.compute(flops=float(costs.get(kind, 0.0)), name=kind)
         else:
-            fwd = self.st["flops"][stage] * self.rows
-            self.dev.compute(flops=fwd * (2.0 if kind == "B" else 1.0), name=kind)
+            self.dev.compute(flops=declared_flops(self.st["flops"][stage], kind) * self.rows, name=kind)
 
     def deliver(self, kind: str, stage: int, m: int, value: Any) -> None:
         """Hand a value to the stage that consumes it: in memory on this rank, else via the outbox."""
@@ -94,6 +95,17 @@ class _Step:
                 np.add(v, g[k], out=v)
             else:
                 acc[k] = v + g[k]
+
+
+def declared_flops(declared: Any, kind: str) -> float:
+    """A stage's declared FLOPs per row for action ``kind``: ``declared`` is ``{"F", "I", "W"}``
+    (``B`` defaults to ``I + W``), or a bare number, the forward of a stage that declares only it,
+    whose backward parts are then each its size (a matmul's, ``kernels.matmul_backward_flops``)."""
+    if not isinstance(declared, dict):
+        declared = {"F": declared, "I": declared, "W": declared}
+    if kind == "B":
+        return float(declared.get("B", declared["I"] + declared["W"]))
+    return float(declared[kind])
 
 
 def _own(a: Any) -> bool:

@@ -167,7 +167,7 @@ class PipelinedOperation(Recoverable):
         if spec is None:
             spec = self._plan(ranks)
             payload = {"spec": spec, "modules": {s.index: s.module for s in self.pipeline.stages},
-                       "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
+                       "flops": {s.index: s.action_flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
             cluster.run(_place, self.key, payload)
             self.hold(cluster, spec=spec)
         return spec

@@ -38,24 +38,42 @@ class PipelineStage:
         """Forward FLOPs of ``rows`` rows through the stage (see :func:`forward_flops`)."""
         return forward_flops(self.module, rows)
 
+    def action_flops(self, rows: int) -> dict[str, float]:
+        """FLOPs of ``rows`` rows per compute action of the stage (see :func:`action_flops`)."""
+        return action_flops(self.module, rows)
+
     def input_features(self) -> int | None:
         first = next(iter(self.module), None)
         return getattr(first, "in_features", None)
 
 
-def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
-    """Forward FLOPs of ``rows`` rows through ``module``, at any depth of nesting: a ``Linear``
-    costs 2·rows·in·out; an ``Embedding`` is a lookup (0); any other layer holding parameters
-    itself (a norm, a recurrent cell) 2·rows per parameter, one multiply-add each — for a
-    recurrent layer that is one time step per row.  Layers without parameters cost nothing here."""
+def action_flops(module: nn.Module, rows: int, path: tuple = ()) -> dict[str, float]:
+    """FLOPs of ``rows`` rows through ``module`` per compute action, as its layers declare them:
+    ``F`` the forward, ``I`` the backward's input part (dx), ``W`` its weight part (dW), and ``B``
+    = ``I + W``.  A ``Linear`` declares ``flops(rows)`` and ``backward_flops(rows)`` (one
+    ``kernels.matmul_flops`` each); an ``Embedding`` is a lookup (0); any other layer holding
+    parameters itself (a norm, a recurrent cell) costs 2·rows per parameter in each of F, I and W,
+    one multiply-add each — for a recurrent layer one time step per row.  Layers without
+    parameters cost nothing here.  Nested modules are summed at any depth."""
     if isinstance(module, nn.Linear):
-        return float(module.flops(rows))
+        dx, dw = module.backward_flops(rows)
+        return {"F": float(module.flops(rows)), "I": dx, "W": dw, "B": dx + dw}
     if isinstance(module, nn.Embedding):
-        return 0.0
+        return {"F": 0.0, "I": 0.0, "W": 0.0, "B": 0.0}
     children = [c for _, c in module.named_children() if not any(c is p for p in path)]
     own = sum(int(np.size(v)) for k, v in vars(module).items()
               if isinstance(v, np.ndarray) and k in module.__dict__.get("_order", ()))
-    return 2.0 * rows * own + sum(forward_flops(c, rows, path + (module,)) for c in children)
+    total = {"F": 2.0 * rows * own, "I": 2.0 * rows * own, "W": 2.0 * rows * own}
+    for c in children:
+        part = action_flops(c, rows, path + (module,))
+        for kind in total:
+            total[kind] += part[kind]
+    return {**total, "B": total["I"] + total["W"]}
+
+
+def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
+    """Forward FLOPs of ``rows`` rows through ``module`` (:func:`action_flops`'s ``F``)."""
+    return action_flops(module, rows, path)["F"]
 
 
 def _global(local: str, offset: int) -> str:

@@ -101,13 +101,9 @@ class RedistributionPlan:
         for s in self.steps:
             t = ""
             if hw is not None and s.collective != "slice" and s.group_size > 1:
-                a, b = hw.intra_latency, hw.intra_bandwidth
-                n, m = s.group_size, s.bytes_per_device
-                total = {"all_reduce": m * n / (2 * (n - 1)), "reduce_scatter": m * n / (n - 1),
-                         "all_to_all": m * n / (n - 1), "all_gather": m * n / (n - 1)}[s.collective]
-                f = {"all_reduce": analytic.ring_all_reduce, "reduce_scatter": analytic.ring_reduce_scatter,
-                     "all_gather": analytic.ring_all_gather, "all_to_all": analytic.ring_all_gather}[s.collective]
-                t = f"  modelled {seconds(f(n, total, a, b))}"
+                modelled = analytic.ring_time(s.collective, s.group_size, s.bytes_per_device,
+                                              hw.intra_latency, hw.intra_bandwidth)
+                t = f"  modelled {seconds(modelled)}"
             lines.append(f"  {str(s):<40} {nbytes(s.bytes_per_device):>10}/device{t}")
         if not self.steps:
             lines.append("  (nothing to do)")

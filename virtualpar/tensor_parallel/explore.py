@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardingError
+from ..kernels import matmul_backward_flops, matmul_flops
 from . import autodiff as ad
 from .costs import (Collective, PhaseCost, PolicyCost, estimate_hardware, gather_bytes, modelled_estimate,
                     reduce_bytes, scatter_bytes)
@@ -93,13 +94,14 @@ class DerivedMatMul:
         peak = (math.prod(shape["A"]) + math.prod(shape["B"])) * itemsize
         fwd: list[Collective] = []
         bwd: list[Collective] = []
-        flops = 0
+        flops = back = 0
         for s in self.steps:
             size = mesh.axis_size(s.axis) if s.axis else 1
             if s.op == "matmul":
                 (mm, kk), (_, nn) = shape["A"], shape["B"]
                 shape["C"] = [mm, nn]
-                flops = 2 * mm * kk * nn
+                flops = matmul_flops(mm, kk, nn)
+                back = sum(matmul_backward_flops(mm, kk, nn))
                 peak += mm * nn * itemsize
             elif s.op == "g":
                 nbytes = math.prod(shape["C"]) * itemsize
@@ -114,7 +116,7 @@ class DerivedMatMul:
                 peak += piece * size + piece * (size - 1)  # result + the pieces it receives
                 if s.op == "all_gather":
                     bwd.append(Collective("reduce_scatter", (s.axis,), scatter_bytes(piece * size, size)))
-        return PolicyCost(PhaseCost(tuple(fwd), flops), PhaseCost(tuple(reversed(bwd)), 2 * flops)), peak
+        return PolicyCost(PhaseCost(tuple(fwd), flops), PhaseCost(tuple(reversed(bwd)), back)), peak
 
 
 def _size(mesh: Any, axes: tuple[str, ...]) -> int:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ShardingError
+from ..kernels import matmul_backward_flops, matmul_flops
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
 from ..sharding import TensorSharding
@@ -146,19 +147,25 @@ class FeedForwardShardingPolicy:
     def cost(self, b: int, s: int, m: int, h: int, mesh: Any, itemsize: int) -> PolicyCost:
         """The closed forms of the module docstring."""
         r, e, T = self.role_axes, itemsize, b * s
+        # x·W1 and a·W2 (kernels.matmul_flops), their backward's input and weight parts; the
+        # elementwise terms (2Th: bias and ReLU of the hidden, Tm: bias of the output) are
+        # autodiff's kernels, one FLOP per element
+        mm = matmul_flops(T, m, h) + matmul_flops(T, h, m)
+        mm_back = sum(matmul_backward_flops(T, m, h)) + sum(matmul_backward_flops(T, h, m))
         if self.name == "unsharded":
-            return PolicyCost(PhaseCost((), 4 * T * m * h + 2 * T * h + T * m), PhaseCost((), 8 * T * m * h + 2 * T * h + T * m))
+            return PolicyCost(PhaseCost((), mm + 2 * T * h + T * m),
+                              PhaseCost((), mm_back + 2 * T * h + T * m))
         if self.name in ("megatron", "sequence_parallel"):
             A, t = r["t"], axes_size(mesh, r["t"])
             if self.name == "megatron":
                 ar = Collective("all_reduce", A, reduce_bytes(T * m * e, t))
-                return PolicyCost(PhaseCost((ar,), (4 * T * m * h + 2 * T * h) // t + T * m),
-                                  PhaseCost((ar,), (8 * T * m * h + 2 * T * h) // t + T * m))
+                return PolicyCost(PhaseCost((ar,), (mm + 2 * T * h) // t + T * m),
+                                  PhaseCost((ar,), (mm_back + 2 * T * h) // t + T * m))
             ag = Collective("all_gather", A, gather_bytes(T // t * m * e, t))
             rs = Collective("reduce_scatter", A, scatter_bytes(T * m * e, t))
-            return PolicyCost(PhaseCost((ag, rs), (4 * T * m * h + 2 * T * h + T * m) // t),
+            return PolicyCost(PhaseCost((ag, rs), (mm + 2 * T * h + T * m) // t),
                               PhaseCost((Collective("all_reduce", A, reduce_bytes(m * e, t)), ag, rs),
-                                        (8 * T * m * h + 2 * T * h + T * m) // t))
+                                        (mm_back + 2 * T * h + T * m) // t))
         X, Y = r["x"], r["y"]
         p, q = axes_size(mesh, X), axes_size(mesh, Y)
         w_piece = (m // p) * (h // q) * e
@@ -173,8 +180,8 @@ class FeedForwardShardingPolicy:
                Collective("reduce_scatter", X, scatter_bytes((h // q) * m * e, p)),
                Collective("reduce_scatter", Y, scatter_bytes((T // p) * m * e, q)))
         pq = p * q
-        return PolicyCost(PhaseCost(fwd, (4 * T * m * h + 2 * T * h + T * m) // pq),
-                          PhaseCost(bwd, (8 * T * m * h + 2 * T * h + T * m) // pq))
+        return PolicyCost(PhaseCost(fwd, (mm + 2 * T * h + T * m) // pq),
+                          PhaseCost(bwd, (mm_back + 2 * T * h + T * m) // pq))
 
 
 @dataclass(frozen=True)

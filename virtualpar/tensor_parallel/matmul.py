@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ShardingError
+from ..kernels import matmul_backward_flops, matmul_flops
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
 from ..sharding import TensorSharding
@@ -178,34 +179,35 @@ class MatMulShardingPolicy:
         """The closed forms of the module docstring, for these shapes on ``mesh``."""
         r, s = self.role_axes, itemsize
         size = {role: axes_size(mesh, axes) for role, axes in r.items()}
-        mnk = 2 * m * n * k
+        mnk = matmul_flops(m, k, n)  # the forward
+        back = sum(matmul_backward_flops(m, k, n))  # the backward: dA = dC·Bᵀ and dB = Aᵀ·dC
         if self.name == "unsharded":
-            return PolicyCost(PhaseCost((), mnk), PhaseCost((), 2 * mnk))
+            return PolicyCost(PhaseCost((), mnk), PhaseCost((), back))
         if self.name in ("matched_inner", "row"):
             q = size["k"]
             return PolicyCost(PhaseCost((Collective("all_reduce", r["k"], reduce_bytes(m * n * s, q)),), mnk // q),
-                              PhaseCost((), 2 * mnk // q))
+                              PhaseCost((), back // q))
         if self.name == "unmatched_inner":
             qa, qb = size["ka"], size["kb"]
             fwd = (Collective("all_gather", r["ka"], gather_bytes(m * (k // qa) * s, qa)),
                    Collective("all_gather", r["kb"], gather_bytes((k // qb) * n * s, qb)))
-            return PolicyCost(PhaseCost(fwd, mnk), PhaseCost((), 2 * mnk))
+            return PolicyCost(PhaseCost(fwd, mnk), PhaseCost((), back))
         if self.name == "outer":
             p, q = size["m"], size["k"]
             fwd = (Collective("all_gather", r["k"], gather_bytes((m // p) * (k // q) * s, q)),
                    Collective("all_gather", r["k"], gather_bytes((k // q) * n * s, q)),
                    Collective("all_gather", r["m"], gather_bytes((m // p) * n * s, p)))
             bwd = (Collective("all_reduce", r["m"], reduce_bytes((k // q) * n * s, p)),)
-            return PolicyCost(PhaseCost(fwd, mnk // p), PhaseCost(bwd, 2 * mnk // p))
+            return PolicyCost(PhaseCost(fwd, mnk // p), PhaseCost(bwd, back // p))
         if self.name == "full":
             p, q = size["m"], size["k"]
             fwd = (Collective("all_gather", r["m"], gather_bytes((k // q) * (n // p) * s, p)),
                    Collective("all_reduce", r["k"], reduce_bytes((m // p) * n * s, q)))
             bwd = (Collective("reduce_scatter", r["m"], scatter_bytes((k // q) * n * s, p)),)
-            return PolicyCost(PhaseCost(fwd, mnk // (p * q)), PhaseCost(bwd, 2 * mnk // (p * q)))
+            return PolicyCost(PhaseCost(fwd, mnk // (p * q)), PhaseCost(bwd, back // (p * q)))
         t = size["n"]  # column
         return PolicyCost(PhaseCost((), mnk // t),
-                          PhaseCost((Collective("all_reduce", r["n"], reduce_bytes(m * k * s, t)),), 2 * mnk // t))
+                          PhaseCost((Collective("all_reduce", r["n"], reduce_bytes(m * k * s, t)),), back // t))
 
 
 def infer_matmul_policy(a: Layout | str | Axes, b: Layout | str | Axes) -> MatMulShardingPolicy:
