@@ -22,6 +22,7 @@ from typing import Any
 import autograd.numpy as anp
 import numpy as np
 
+from ..kernels import matmul_flops
 from .activations import tanh
 from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
@@ -84,7 +85,8 @@ class _Recurrent(Module):
     def step_flops(self, batch: int) -> float:
         """Forward FLOPs of one time step through every layer for ``batch`` rows."""
         g, hid = self.GATES, self.hidden_size
-        return sum(2.0 * batch * g * hid * ((self.input_size if k == 0 else hid) + hid) for k in range(self.num_layers))
+        return sum(float(matmul_flops(batch, (self.input_size if k == 0 else hid) + hid, g * hid))
+                   for k in range(self.num_layers))
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
