@@ -106,4 +106,4 @@ def test_a_pipeline_step_runs_on_a_fake_device():
     loss, prank, records = run_step(dev, op.key)
     want = nn.reference_train(nn.Sequential(nn.Linear(4, 4, dtype=np.float64), nn.Linear(4, 2, seed=1, dtype=np.float64)),
                               [(x, y)], nn.mse_loss, nn.SGD(0.1), 1, 2)[0][0]
-    assert prank == 0 and loss == want and [r[0] for r in records] == ["0F0", "0B0", "0F1", "0B1"]
+    assert prank == 0 and loss == want and [str(r.action) for r in records] == ["0F0", "0B0", "0F1", "0B1"]

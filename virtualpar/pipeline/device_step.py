@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
-from .actions import Action
+from .actions import Action, ActionRecord
 
 __all__ = ["run_step", "HANDLERS", "PipelineError"]
 
@@ -49,7 +49,7 @@ class _Step:
         self.grads: dict[int, dict[str, np.ndarray]] = {}
         self.losses: dict[int, float] = {}
         self.sends: list[Any] = []
-        self.records: list[tuple[str, float, float, float, float]] = []
+        self.records: list[ActionRecord] = []
 
     def peer(self, stage: int, m: int) -> int:
         return self.group[self.where(stage, m)]
@@ -251,7 +251,7 @@ def settle(st: dict, commit: bool) -> None:
 
 
 def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
-             ) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
+             ) -> tuple[float | None, int, list[ActionRecord]]:
     """One training step of the pipelined operation stored under ``dev.state[key]``; returns
     (the mean microbatch loss on a last-stage device, else None; this device's pipeline rank;
     (action, wall start, wall end, modelled start, modelled end) per action run).  ``rows``: the
@@ -269,7 +269,7 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
             raise PipelineError(f"unknown action kind {a.kind!r} in {a}; known kinds: {', '.join(HANDLERS)}")
         w0, m0 = time.monotonic(), dev.clock
         handler(c, a)
-        c.records.append((str(a), w0, time.monotonic(), m0, dev.clock))
+        c.records.append(ActionRecord(a, w0, time.monotonic(), m0, dev.clock))
     for req in c.sends:
         req.wait()
     copies = spec.placement.copies

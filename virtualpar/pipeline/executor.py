@@ -36,7 +36,7 @@ from .. import nn
 from ..checkpoint import Recoverable
 from ..errors import UsageError
 from ..ops.placement import without_cluster_state
-from .actions import Action, Schedule
+from .actions import Action, ActionRecord, Schedule
 from .committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from .lower import lower
 from .partition import Pipeline
@@ -103,8 +103,8 @@ class PipelinedOperation(Recoverable):
         self.key = f"pipeline/{next(_IDS)}"
         # the clusters holding this op's weights (PlacedOperation): per cluster "spec" (the step planned
         # for its ranks), "last_records" (its last step's records), "version" (the committed state it holds)
-        self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
-        self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
+        self.last_records: dict[int, list[ActionRecord]] = {}
+        self.all_records: dict[int, list[ActionRecord]] = {}  # per device
 
     def __copy__(self) -> "PipelinedOperation":
         return self._fresh(without_cluster_state(self.__dict__))
@@ -215,7 +215,7 @@ class PipelinedOperation(Recoverable):
         # the mean over every microbatch: a device's mean weighs as many microbatches as it ended
         # (a strategy may give its workers unequal numbers; data-parallel replicas have equal ones)
         last = Action(p.stages - 1, "F", 0)
-        ended = [(loss, sum(1 for t, *_ in records if Action.from_str(t)._replace(microbatch=0) == last))
+        ended = [(loss, sum(1 for a, *_ in records if a._replace(microbatch=0) == last))
                  for loss, _, records in replies if loss is not None]
         return float(sum(loss * n for loss, n in ended) / sum(n for _, n in ended))
 
@@ -261,7 +261,7 @@ class PipelinedOperation(Recoverable):
         if cluster is not None:
             check_ran(self, cluster)
         records = self.last_records if cluster is None else (self.state_for(cluster) or {}).get("last_records", {})
-        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
+        rows = {p: [(a, (m0, m1) if clock == "model" else (w0, w1)) for a, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
         # seconds, unless the modelled clock counts cost units (the demo's unit costs on a 1 FLOP/s device)
         unit = getattr(self, "clock_unit", "s") if clock == "model" else "s"

@@ -71,7 +71,7 @@ def lower_strategy(run: StrategyRun) -> tuple[dict[int, list[Action]], Placement
 
 def count_transfers(op: PipelinedOperation) -> dict[str, int]:
     """Transfers the last executed step made, counted from what every rank ran."""
-    kinds = [Action.from_str(t).kind for recs in op.all_records.values() for t, *_ in recs]
+    kinds = [a.kind for recs in op.all_records.values() for a, *_ in recs]
     return {"activation": kinds.count("SF") + kinds.count("SB"), "weight": kinds.count("SW"),
             "gradient": kinds.count("SG")}
 

@@ -25,7 +25,6 @@ from ..pipeline import build, lower, simulate, validate
 from ..pipeline.committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
-from ..pipeline.actions import Action
 from .sequence_pipe import SequencePipe
 
 __all__ = ["TimelineParallel", "stage_forward"]
@@ -180,9 +179,9 @@ class TimelineParallel(Recoverable):
         check_clock(clock, ("auto", "model", "wall"))
         recs = sorted(self.last_records.items())
         if clock == "auto":
-            clock = "model" if any(m1 > m0 for _, rs in recs for t, _, _, m0, m1 in rs
-                                   if Action.from_str(t).is_compute) else "wall"
-        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in rs]
+            clock = "model" if any(m1 > m0 for _, rs in recs for a, _, _, m0, m1 in rs
+                                   if a.is_compute) else "wall"
+        rows = {p: [(a, (m0, m1) if clock == "model" else (w0, w1)) for a, w0, w1, m0, m1 in rs]
                 for p, rs in recs}
         return f"({clock} clock)\n" + format_timeline(rows)
 
