@@ -3,7 +3,10 @@
 Each rank runs its actions in order; an action starts when its rank is free and its inputs are
 there: F(s, m) needs F(s−1, m), a backward B/I(s, m) needs F(s, m) and the backward of stage s+1
 (the last stage's backward starts from its own loss), W(s, m) needs I(s, m).  A value that
-crosses ranks arrives ``comm`` later.  Start times are a dataflow fixpoint, computed in one pass
+crosses ranks arrives ``comm`` later.  An action on a rank that does not keep its stage's weights
+(the placement's weight rank, or a copy) first fetches them for ``fetch``: ``start = max(free,
+inputs) + fetch`` — no prefetch, as the unified strategies' scheme has it.  This is the one timing
+engine: pipeline schedules and the unified strategies (lowered to these actions) are timed here.  Start times are a dataflow fixpoint, computed in one pass
 over the actions with a work list (each rank's next action waits on at most two others), so
 1F1B at S = 32, M = 1024 (65 536 actions) takes well under a second.
 
@@ -150,12 +153,19 @@ def _deps(a: Action, last: int) -> list[Action]:
 
 
 def simulate(schedule: Schedule, placement: Placement, microbatches: int,
-             costs: Mapping[str, float | Mapping[int, float]] | None = None, comm: float = 0.0) -> Simulation:
+             costs: Mapping[str, float | Mapping[int, float]] | None = None, comm: float = 0.0,
+             fetch: float = 0.0, waits: Mapping[Action, Iterable[Action]] | None = None) -> Simulation:
     """Times of every action of ``schedule`` (see the module doc).  ``costs[kind]`` is a number or
-    a per-stage mapping; missing kinds take ``DEFAULT_COSTS``."""
+    a per-stage mapping; missing kinds take ``DEFAULT_COSTS``.  ``comm``: time for a value to cross
+    ranks; ``fetch``: time to bring a stage's weights to a rank that does not keep them;
+    ``waits[a]``: actions whose end ``a`` also waits for, on any rank and with no transfer (the
+    backward that frees the activation memory a forward needs, as a capped scheduler decided)."""
     check_costs(costs, "simulate", stages=placement.stages)
-    if isinstance(comm, bool) or not isinstance(comm, Real) or not 0 <= comm < math.inf:  # nan dropped every edge
-        raise UsageError(f"simulate: comm must be a finite number >= 0 (seconds per transfer), got {comm!r}")
+    for name, value in (("comm", comm), ("fetch", fetch)):  # nan dropped every edge
+        if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value < math.inf:
+            raise UsageError(f"simulate: {name} must be a finite number >= 0 (seconds per transfer), got "
+                             f"{value!r}")
+    keepers = {s: set(placement.copies.get(s, ())) or {placement.weight_rank(s)} for s in range(placement.stages)}
     costs = {**DEFAULT_COSTS, **(costs or {})}
     last = placement.stages - 1
     orders = {r: [a for a in acts if a is not None] for r, acts in schedule.items()}
@@ -171,7 +181,8 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
         while pos[r] < len(orders[r]):
             a = orders[r][pos[r]]
             deps = [d for d in _deps(a, last) if d in present]
-            missing = next((d for d in deps if d not in times), None)
+            extra = [d for d in waits.get(a, ()) if d in present] if waits else []
+            missing = next((d for d in deps + extra if d not in times), None)
             if missing is not None:
                 waiting.setdefault(missing, []).append(r)
                 break
@@ -179,6 +190,10 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
             for d in deps:
                 dr, _, de = times[d]
                 start = max(start, de + (comm if dr != r else 0.0))
+            if fetch and a.is_compute and r not in keepers[a.stage]:
+                start += fetch
+            for d in extra:  # the weights may arrive while it waits for room
+                start = max(start, times[d][2])
             c = costs[a.kind]
             dur = float(c[a.stage] if isinstance(c, Mapping) else c)
             times[a] = (r, start, start + dur)
@@ -191,7 +206,7 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
         lines = []
         for r in blocked:
             a = orders[r][pos[r]]
-            need = [d for d in _deps(a, last) if d in present and d not in times]
+            need = [d for d in [*_deps(a, last), *(waits or {}).get(a, ())] if d in present and d not in times]
             lines.append(f"rank {r} waits at {a} for {', '.join(map(str, need)) or 'an action no rank runs'}")
         raise PipelineDeadlock("the schedule cannot finish:\n  " + "\n  ".join(lines))
     makespan = max((e for _, _, e in times.values()), default=0.0)

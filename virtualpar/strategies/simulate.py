@@ -1,5 +1,9 @@
 """The greedy, tickless scheduler of the unified scheme, and its statistics.
 
+The scheduler chooses the order of the work items; the times it reports are the pipeline's:
+the order is lowered to ``Action`` lists (:mod:`.actions`) and timed by the one timing engine,
+:func:`virtualpar.pipeline.simulate`, which times every schedule.
+
 Each batch runs forward through stages 0…S−1, then backward from S−1 to 0.  At every decision the
 scheduler looks at the next work item of every unfinished batch and starts the one that can start
 earliest: at the later of when its predecessor ends (plus ``activation_cost`` if the predecessor
@@ -44,6 +48,8 @@ from numbers import Integral, Real
 from typing import Any
 
 from ..errors import UsageError
+from ..pipeline.simulate import simulate as simulate_actions
+from .actions import action_of, to_actions
 from .work import ComputeAndWeightWorkers, Direction, Strategy, Work
 
 __all__ = ["simulate", "StrategyRun", "ScheduledWork", "OldestBatchFirst", "OldestStageFirst"]
@@ -142,6 +148,8 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
     need = [_forwards_per_worker(seqs[b], strategy, num_workers) for b in range(num_batches)] \
         if max_activations is not None else []
     items: list[ScheduledWork] = []
+    freed_by: dict[tuple[int, int], Work] = {}  # (worker, index in held) -> the backward that frees it
+    waits: dict[Work, Work] = {}  # a forward that waited for room -> the backward that made it
     busy = [0.0] * num_workers
     act_tx = w_tx = g_tx = 0
     remaining = 2 * num_stages * num_batches
@@ -165,14 +173,20 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
                 if slot is None:
                     continue
                 start = max(start, slot)
+                freer = next((freed_by[(cw.compute, j)] for j, t in enumerate(held[cw.compute])
+                              if t == slot and (cw.compute, j) in freed_by), None) if slot > 0 else None
+            else:
+                freer = None
             key = (start, *policy(b, pos[b]))
             if best is None or key < best[0]:
-                best = (key, b, w, cw, start)
+                best = (key, b, w, cw, start, freer)
         if best is None:
             raise UsageError(f"simulate: every next work item waits for activation room that only another "
                              f"waiting item would free (max_activations={max_activations}): a cycle of waits "
                              "this strategy's mapping creates at this limit")
-        _, b, w, cw, start = best
+        _, b, w, cw, start, freer = best
+        if freer is not None:
+            waits[w] = freer
         cost = forward_cost if w.direction is Direction.FORWARD else backward_cost
         end = start + cost
         items.append(ScheduledWork(w, cw, start, end))
@@ -195,12 +209,34 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
         else:
             worker, idx = stash.pop((w.stage, b))
             held[worker][idx] = end
+            freed_by[(worker, idx)] = w
         free[cw.compute], done_at[b], last_worker[b] = end, end, cw.compute
         pos[b] += 1
         remaining -= 1
+    items, busy = _timed(items, num_workers, num_stages, num_batches, forward_cost, backward_cost,
+                         activation_cost, weight_cost, waits)
     peak, mean = _activation_stats(items, num_workers)
     return StrategyRun(num_workers, num_stages, num_batches, items, forward_cost, backward_cost, act_tx, w_tx, g_tx,
                        peak, mean, busy)
+
+
+def _timed(items: list[ScheduledWork], workers: int, stages: int, batches: int, f: float, b: float,
+           activation_cost: float, weight_cost: float, waits: dict[Work, Work]
+           ) -> tuple[list[ScheduledWork], list[float]]:
+    """The scheduler's order, timed by the one timing engine: the items become pipeline actions
+    (:func:`~.actions.to_actions`) and :func:`virtualpar.pipeline.simulate` gives every start and
+    end (F costs ``f``, B ``b``, a value crossing workers ``activation_cost``, a weight fetch
+    ``weight_cost``, a forward that waited for activation room the end of the backward that
+    made it: ``waits``).  The scheduler's own clock only chose the order; the two agree on every
+    built-in strategy (tests/test_strategies.py)."""
+    schedule, placement = to_actions(items, workers, stages)
+    sim = simulate_actions(schedule, placement, batches, costs={"F": f, "B": b}, comm=activation_cost,
+                           fetch=weight_cost, waits={action_of(w): (action_of(r),) for w, r in waits.items()})
+    timed = []
+    for i in items:
+        _, start, end = sim.times[action_of(i.work)]
+        timed.append(ScheduledWork(i.work, i.workers, start, end))
+    return timed, list(sim.busy)
 
 
 def _check_callables(strategy: Any, policy: Any) -> None:
