@@ -45,8 +45,12 @@ def test_ring_time_from_bytes_sent_is_the_ring_closed_form(n):
     M, a, b = 3.0e6, 2e-6, 4e10
     sent_ar = 2 * (n - 1) / n * M
     sent = (n - 1) / n * M
-    assert analytic.ring_time("all_reduce", n, sent_ar, a, b) == pytest.approx(analytic.ring_all_reduce(n, M, a, b))
-    assert analytic.ring_time("all_gather", n, sent, a, b) == pytest.approx(analytic.ring_all_gather(n, M, a, b))
+    assert analytic.ring_time("all_reduce", n, sent_ar, a, b) == pytest.approx(
+        analytic.ring_all_reduce(n, M, a, b)
+    )
+    assert analytic.ring_time("all_gather", n, sent, a, b) == pytest.approx(
+        analytic.ring_all_gather(n, M, a, b)
+    )
     assert analytic.ring_time("reduce_scatter", n, sent, a, b) == pytest.approx(
         analytic.ring_reduce_scatter(n, M, a, b))
     with pytest.raises(ValueError, match="unknown collective 'broadcast'"):

@@ -29,7 +29,12 @@ def test_a_strategy_lowers_to_a_valid_pipeline_schedule_timed_like_the_pipeline_
         assert all(isinstance(a, Action) for acts in schedule.values() for a in acts)
         theirs, their_placement = build(name, S, B)
         want = simulate_actions(theirs, their_placement, B, costs={"F": 1, "B": 2}).makespan
-        assert run.latency == simulate_actions(schedule, placement, B, costs={"F": 1, "B": 2}).makespan == want == 33
+        assert (
+            run.latency
+            == simulate_actions(schedule, placement, B, costs={"F": 1, "B": 2}).makespan
+            == want
+            == 33
+        )
 
 
 CASES = [(name, W, S, B, ac, wc, cap)

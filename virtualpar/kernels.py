@@ -46,5 +46,7 @@ def matmul(device: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     flops, nbytes = matmul_cost(a.shape, b.shape, np.result_type(a, b).itemsize)
     began = device.wall
     out = a @ b
-    device.compute(flops=flops, bytes=nbytes, dtype=out.dtype, name="matmul", since=began)  # the slice covers a @ b
+    device.compute(
+        flops=flops, bytes=nbytes, dtype=out.dtype, name="matmul", since=began
+    )  # the slice covers a @ b
     return out

@@ -73,24 +73,32 @@ class Linear(Module):
         return float(dx), float(dw)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
 
 class Embedding(Module):
     """``weight[ids]``: integer ids of any shape → vectors of ``embedding_dim``; N(0, 1) init."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, seed: int = 0, dtype: Any = np.float32) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, seed: int = 0, dtype: Any = np.float32
+    ) -> None:
         dt = check_dtype("Embedding", dtype)
         self.num_embeddings = check_size("Embedding", "num_embeddings", num_embeddings, least=1)
         self.embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim, least=1)
-        self.weight = np.random.default_rng(seed).standard_normal((self.num_embeddings, self.embedding_dim)).astype(dt)
+        self.weight = (
+            np.random.default_rng(seed).standard_normal((self.num_embeddings, self.embedding_dim)).astype(dt)
+        )
 
     def forward(self, ids: Any) -> Any:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise ShapeError(f"{self!r}: expected integer ids, got dtype {ids.dtype}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings):
-            raise ShapeError(f"{self!r}: ids must lie in 0..{self.num_embeddings - 1}, got {ids.min()}..{ids.max()}")
+            raise ShapeError(
+                f"{self!r}: ids must lie in 0..{self.num_embeddings - 1}, got {ids.min()}..{ids.max()}"
+            )
         return self.weight[ids]
 
     def extra_repr(self) -> str:

@@ -22,8 +22,9 @@ from .timeline_grid import Timeline
 from .validate import ScheduleError, format_grid, validate
 
 __all__ = [
-    "Action", "ActionRecord", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
-    "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation",
-    "PipelineDeadlock", "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
-    "Diagram", "Box", "Timeline",
+    "Action", "ActionRecord", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline",
+    "PipelineStage", "SCHEDULES", "build", "default_virtual", "check_costs", "validate",
+    "ScheduleError", "format_grid", "simulate", "Simulation", "PipelineDeadlock", "DEFAULT_COSTS",
+    "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline", "Diagram", "Box",
+    "Timeline",
 ]

@@ -39,7 +39,9 @@ class Action(NamedTuple):
     @classmethod
     def from_str(cls, text: str) -> "Action":
         if not isinstance(text, str):
-            raise UsageError(f"Action.from_str takes a string such as '2B1', got {type(text).__name__} {text!r}")
+            raise UsageError(
+                f"Action.from_str takes a string such as '2B1', got {type(text).__name__} {text!r}"
+            )
         m = _PATTERN.match(text.strip())
         if m is None:
             raise UsageError(f"not an action: {text!r}; expected <stage><kind><microbatch> such as '2B1' "

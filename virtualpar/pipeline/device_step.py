@@ -148,8 +148,10 @@ def _forward(c: _Step, a: Action) -> None:
             c.deliver("F", s, m, rec.output)
     except nn.ShapeError as exc:
         src = f"stage {s - 1}'s activation" if s else "the input batch"
-        raise PipelineError(f"stage {s} (pipeline rank {c.where(s, m)}) cannot take {src} of shape {np.shape(x)} "
-                            f"(microbatch {m}): {exc}") from None
+        raise PipelineError(
+            f"stage {s} (pipeline rank {c.where(s, m)}) cannot take {src} of shape {np.shape(x)} "
+            f"(microbatch {m}): {exc}"
+        ) from None
     c.stash[(s, m)] = rec
     c.charge("F", s)
 
@@ -286,9 +288,10 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
         if spec.dp_axis is not None:
             grads = {k: dev.all_reduce(v, op="avg", group=spec.dp_axis) for k, v in grads.items()}
         final[s] = grads
-    st["staged"] = final  # applied by the next step or weight fetch, once the driver knows every device succeeded
+    st["staged"] = (
+        final  # applied by the next step or weight fetch, once the driver knows every device succeeded
+    )
     loss = float(np.mean([c.losses[m] for m in sorted(c.losses)])) if c.losses else None
     if loss is not None and spec.dp_axis is not None:
         loss = float(dev.all_reduce(np.array([loss]), op="avg", group=spec.dp_axis)[0])
     return loss, prank, c.records
-

@@ -97,14 +97,18 @@ class Pipeline:
             if isinstance(i, numbers.Integral) and not isinstance(i, bool):  # numpy's integers too
                 i = int(i)
             if not isinstance(i, int) or isinstance(i, bool) or not 0 < i < n:
-                raise UsageError(f"no cut point {c!r} in this model; valid cut points are the layers {names[1:]} "
-                                 f"(a cut at c starts a new stage at layer c)")
+                raise UsageError(
+                    f"no cut point {c!r} in this model; valid cut points are the layers {names[1:]} "
+                    f"(a cut at c starts a new stage at layer c)"
+                )
             points.append(i)
         if points != sorted(set(points)):
             raise UsageError(f"cut points must be increasing and distinct, got {list(cuts)}")
         bounds = [0, *points, n]
         self.model = model
-        self.stages = [PipelineStage(i, model[a:b], a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+        self.stages = [
+            PipelineStage(i, model[a:b], a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
+        ]
 
     @classmethod
     def balanced(cls, model: nn.Sequential, stages: int, by: str = "params", rows: int = 1) -> "Pipeline":
@@ -113,7 +117,9 @@ class Pipeline:
             raise UsageError(f"balance by 'params' or 'flops', got {by!r}")
         if isinstance(stages, bool) or not isinstance(stages, numbers.Integral):
             raise UsageError(f"stages must be an int, got {stages!r}")
-        weights = [layer.num_parameters() if by == "params" else forward_flops(layer, rows) for layer in model]
+        weights = [
+            layer.num_parameters() if by == "params" else forward_flops(layer, rows) for layer in model
+        ]
         n = len(weights)
         if not 1 <= stages <= n:
             raise UsageError(f"cannot cut {n} layers into {stages} non-empty stages")
@@ -125,7 +131,9 @@ class Pipeline:
                 for start in range(parts - 1, end):
                     prev = best.get((start, parts - 1))
                     if prev is not None:
-                        options.append((max(prev[0], prefix[end] - prefix[start]), prev[1] + ([start] if start else [])))
+                        options.append(
+                            (max(prev[0], prefix[end] - prefix[start]), prev[1] + ([start] if start else []))
+                        )
                 best[(end, parts)] = min(options, key=lambda o: (o[0], o[1]))
         return cls(model, best[(n, stages)][1])
 

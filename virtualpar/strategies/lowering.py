@@ -71,8 +71,17 @@ def count_transfers(op: PipelinedOperation) -> dict[str, int]:
 class StrategyOperation(PipelinedOperation):
     """A ``PipelinedOperation`` whose schedule and placement come from a strategy's simulation."""
 
-    def __init__(self, pipeline: Pipeline, strategy: Strategy, num_workers: int, num_batches: int,
-                 loss: Any = nn.mse_loss, optimizer: nn.Optimizer | None = None, axis: Any = None, **sim: Any) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        strategy: Strategy,
+        num_workers: int,
+        num_batches: int,
+        loss: Any = nn.mse_loss,
+        optimizer: nn.Optimizer | None = None,
+        axis: Any = None,
+        **sim: Any,
+    ) -> None:
         self.run = simulate(num_workers, len(pipeline), num_batches, strategy, **sim)
         super().__init__(pipeline, lower_strategy(self.run), microbatches=num_batches, loss=loss,
                          optimizer=optimizer, axis=axis)

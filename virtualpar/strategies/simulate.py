@@ -6,17 +6,18 @@ the order is lowered to ``Action`` lists (:mod:`.actions`) and timed by the one 
 
 Each batch runs forward through stages 0…S−1, then backward from S−1 to 0.  At every decision the
 scheduler looks at the next work item of every unfinished batch and starts the one that can start
-earliest: at the later of when its predecessor ends (plus ``activation_cost`` if the predecessor
-ran on another worker) and when its compute worker is free, plus ``weight_cost`` when its weights
-live on another worker — the fetch starts once the worker is free and the input is there (no
-prefetch), so ``start = max(free, pred + ac) + wc``.  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest batch, then furthest
-along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest batch).  With
-``max_activations`` a worker holding that many stashed activations starts no forward until a
-backward frees one — which is how 1F1B emerges from the GPipe mapping.  A batch that runs k > 1
-forwards on one worker (looped strategies: stages 0, 2, 4 on one worker) reserves all k slots
-there at its first forward on it: taking them one at a time, two batches could each hold some of
-that worker's slots and wait for the rest forever (with the cap at exactly k, as one batch needs).
-A batch needing more slots on one worker than the cap is refused with the worker and the count.
+earliest: at the later of when its predecessor ends (plus ``activation_cost`` if the predecessor ran
+on another worker) and when its compute worker is free, plus ``weight_cost`` when its weights live
+on another worker — the fetch starts once the worker is free and the input is there (no prefetch),
+so ``start = max(free, pred + ac) + wc``.  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest
+batch, then furthest along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest
+batch).  With ``max_activations`` a worker holding that many stashed activations starts no forward
+until a backward frees one — which is how 1F1B emerges from the GPipe mapping.  A batch that runs
+k > 1 forwards on one worker (looped strategies: stages 0, 2, 4 on one worker) reserves all k
+slots there at its first forward on it: taking them one at a time, two batches could each hold some
+of that worker's slots and wait for the rest forever (with the cap at exactly k, as one batch
+needs).  A batch needing more slots on one worker than the cap is refused with the worker and the
+count.
 
 Statistics (f, b the forward and backward costs; W workers; B batches; S stages; T the latency):
 
@@ -68,7 +69,8 @@ def OldestStageFirst(batch: int, position: int) -> tuple:
 
 @dataclass(frozen=True)
 class ScheduledWork:
-    """One scheduled item: ``work`` on ``workers`` (compute and weight), computing from ``start`` to ``end``."""
+    """One scheduled item: ``work`` on ``workers`` (compute and weight), computing from ``start`` to
+    ``end``."""
 
     work: Work
     workers: ComputeAndWeightWorkers
@@ -78,9 +80,10 @@ class ScheduledWork:
 
 @dataclass
 class StrategyRun:
-    """What ``simulate`` returns: its sizes and costs (f, b), the ``items`` scheduled, the transmission counts,
-    ``peak_activations`` / ``mean_activations`` and ``busy`` per worker; ``latency``, ``throughput`` (2SB / (T·W)),
-    ``utilisation`` and ``weight_storage`` derive from these (see the module doc)."""
+    """What ``simulate`` returns: its sizes and costs (f, b), the ``items`` scheduled, the
+    transmission counts, ``peak_activations`` / ``mean_activations`` and ``busy`` per worker;
+    ``latency``, ``throughput`` (2SB / (T·W)), ``utilisation`` and ``weight_storage`` derive from
+    these (see the module doc)."""
 
     num_workers: int
     num_stages: int
@@ -160,15 +163,26 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
                 continue
             w = seqs[b][pos[b]]
             cw = _workers(strategy(w), w, num_workers)
-            start = max(free[cw.compute], done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0))
+            start = max(
+                free[cw.compute],
+                done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0),
+            )
             if cw.weight != cw.compute:
                 start += weight_cost
-            if w.direction is Direction.FORWARD and max_activations is not None and (b, cw.compute) not in reserved:
-                k = need[b][cw.compute]  # the batch's first forward on this worker reserves all it needs there
+            if (
+                w.direction is Direction.FORWARD
+                and max_activations is not None
+                and (b, cw.compute) not in reserved
+            ):
+                k = need[b][
+                    cw.compute
+                ]  # the batch's first forward on this worker reserves all it needs there
                 if k > max_activations:
-                    raise UsageError(f"simulate: batch {b} runs {k} forwards on worker {cw.compute}, whose "
-                                     f"activations are held at once; max_activations={max_activations} is too "
-                                     f"small for this strategy (at least {k})")
+                    raise UsageError(
+                        f"simulate: batch {b} runs {k} forwards on worker {cw.compute}, whose "
+                        f"activations are held at once; max_activations={max_activations} is too "
+                        f"small for this strategy (at least {k})"
+                    )
                 slot = _slot_free_at(held[cw.compute], max_activations, k)
                 if slot is None:
                     continue
@@ -216,8 +230,20 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
     items, busy = _timed(items, num_workers, num_stages, num_batches, forward_cost, backward_cost,
                          activation_cost, weight_cost, waits)
     peak, mean = _activation_stats(items, num_workers)
-    return StrategyRun(num_workers, num_stages, num_batches, items, forward_cost, backward_cost, act_tx, w_tx, g_tx,
-                       peak, mean, busy)
+    return StrategyRun(
+        num_workers,
+        num_stages,
+        num_batches,
+        items,
+        forward_cost,
+        backward_cost,
+        act_tx,
+        w_tx,
+        g_tx,
+        peak,
+        mean,
+        busy,
+    )
 
 
 def _timed(items: list[ScheduledWork], workers: int, stages: int, batches: int, f: float, b: float,
@@ -244,13 +270,17 @@ def _check_callables(strategy: Any, policy: Any) -> None:
     and the seed notebook's ``OldestStageFirst(num_stages, num_batches)`` calls it, giving a tuple
     that failed deep inside as "'tuple' object is not callable"."""
     if not callable(strategy):
-        raise UsageError(f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, "
-                         f"or STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}")
+        raise UsageError(
+            f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, "
+            f"or STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}"
+        )
     if not callable(policy):
         hint = (" — pass the policy itself, OldestStageFirst or OldestBatchFirst, not a call of it such as "
                 "OldestStageFirst(6, 12)") if isinstance(policy, tuple) else ""
-        raise UsageError(f"simulate: policy must be a function (batch, position) -> sort key, such as "
-                         f"OldestBatchFirst or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}")
+        raise UsageError(
+            f"simulate: policy must be a function (batch, position) -> sort key, such as "
+            f"OldestBatchFirst or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}"
+        )
 
 
 def _slot_free_at(releases: list[float], cap: int, k: int = 1) -> float | None:
@@ -275,12 +305,18 @@ def _forwards_per_worker(seq: list[Work], strategy: Strategy, workers: int) -> l
 def _workers(cw: Any, w: Work, n: int) -> ComputeAndWeightWorkers:
     """The strategy's answer as ``ComputeAndWeightWorkers`` of two ints in 0..n−1 (a plain pair and
     numpy ints are taken as such); anything else is refused, naming the work item."""
-    if isinstance(cw, tuple) and len(cw) == 2 and all(isinstance(x, Integral) and not isinstance(x, bool) for x in cw):
+    if (
+        isinstance(cw, tuple)
+        and len(cw) == 2
+        and all(isinstance(x, Integral) and not isinstance(x, bool) for x in cw)
+    ):
         if all(0 <= x < n for x in cw):
             return cw if type(cw) is ComputeAndWeightWorkers and all(type(x) is int for x in cw) else \
                 ComputeAndWeightWorkers(int(cw[0]), int(cw[1]))
-        raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to workers {tuple(map(int, cw))}; "
-                         f"there are {n} workers, 0..{n - 1}")
+        raise UsageError(
+            f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to workers {tuple(map(int, cw))}; "
+            f"there are {n} workers, 0..{n - 1}"
+        )
     raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to {cw!r}; expected "
                      f"ComputeAndWeightWorkers(compute, weight), two ints in 0..{n - 1}")
 

@@ -108,7 +108,11 @@ class DerivedMatMul:
                 fwd.append(Collective("all_reduce", (s.axis,), reduce_bytes(nbytes, size)))
                 peak += nbytes + reduce_bytes(nbytes, size)  # result + the chunks it receives
             elif s.op == "f":
-                bwd.append(Collective("all_reduce", (s.axis,), reduce_bytes(math.prod(shape[s.tensor]) * itemsize, size)))
+                bwd.append(
+                    Collective(
+                        "all_reduce", (s.axis,), reduce_bytes(math.prod(shape[s.tensor]) * itemsize, size)
+                    )
+                )
             else:
                 piece = math.prod(shape[s.tensor]) * itemsize
                 fwd.append(Collective("all_gather", (s.axis,), gather_bytes(piece, size)))
@@ -136,7 +140,10 @@ def derive(a: Layout, b: Layout, replicate_output: bool = False) -> DerivedMatMu
     a_after = set(am) | set(partial)          # axes along which A's local block varies after its gathers
     b_after = set(bn_keep) | set(partial)
     steps: list[Step] = []
-    for name, gathers, other, own in (("A", gather_a, b_after, set(am) | set(ak)), ("B", gather_b, a_after, set(bk) | set(bn))):
+    for name, gathers, other, own in (
+        ("A", gather_a, b_after, set(am) | set(ak)),
+        ("B", gather_b, a_after, set(bk) | set(bn)),
+    ):
         for axis in sorted(other - own):
             steps.append(Step("f", name, axis))
         for dim, axes in sorted(gathers.items()):
@@ -191,7 +198,9 @@ def explore(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "floa
         out.append(Candidate(layer, cost, peak, modelled_estimate(cost.forward, mesh, hardware, dtype),
                              modelled_estimate(cost.backward, mesh, hardware, dtype),
                              peak <= hardware.device.memory_capacity))
-    return sorted(out, key=lambda c: (c.modelled_forward_s, c.modelled_backward_s, c.peak_bytes, c.layer.name))
+    return sorted(
+        out, key=lambda c: (c.modelled_forward_s, c.modelled_backward_s, c.peak_bytes, c.layer.name)
+    )
 
 
 def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float32", policy: str = "auto",
