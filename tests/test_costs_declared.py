@@ -71,3 +71,35 @@ def test_the_policy_estimate_reads_the_ring_time():
     want = kernels.matmul_flops(64, 32, 48) // q / hw.device.peak("float64") + analytic.ring_time(
         "all_reduce", q, c.bytes_sent, hw.intra_latency, hw.intra_bandwidth)
     assert modelled_estimate(cost.forward, mesh, hw, np.float64) == pytest.approx(want, rel=1e-12)
+
+
+class _SkewedLinear(nn.Linear):
+    """A layer that declares a backward unlike a matmul's: input part 1×, weight part 3× the forward."""
+
+    def backward_flops(self, rows: int) -> tuple[float, float]:
+        return self.flops(rows), 3 * self.flops(rows)
+
+
+def test_an_executed_split_backward_is_charged_what_the_layers_declare():
+    """zb_h1 splits every backward into I and W: each is charged its declared part (not a constant
+    2 × forward, which the executor used to hard-code), and a full B would be their sum."""
+    from virtualpar import VirtualCluster
+    from virtualpar.pipeline import PipelinedOperation
+    from virtualpar.sim import Hardware
+    from virtualpar.sim.hardware import DeviceSpec
+
+    inf = float("inf")
+    device = DeviceSpec("flop", {"float32": 1.0, "float64": 1.0}, inf, inf)
+    hw = Hardware.uniform(latency=0.0, bandwidth=inf, device=device)
+    model = nn.Sequential(_SkewedLinear(8, 8, seed=0, dtype=np.float64), nn.ReLU(),
+                          _SkewedLinear(8, 8, seed=1, dtype=np.float64))
+    op = PipelinedOperation(Pipeline(model, cuts=[2]), "zb_h1", microbatches=2)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 8)), rng.standard_normal((4, 8))
+    with VirtualCluster(2, hardware=hw) as cluster:
+        cluster.execute(op, x, y)
+    forward = 2 * 2 * 8 * 8  # 2 rows per microbatch through one 8x8 layer
+    for rank, records in op.last_records.items():
+        took = {a.kind: m1 - m0 for a, _, _, m0, m1 in records if a.microbatch == 0}
+        assert took["F"] == pytest.approx(forward), rank
+        assert took["I"] == pytest.approx(forward) and took["W"] == pytest.approx(3 * forward), rank

@@ -15,8 +15,7 @@ from virtualpar.sim import Hardware
 from virtualpar.sim.hardware import DeviceSpec
 
 SIZES = (256, 512, 1024, 512, 256)  # seed 003's 4-stage MLP
-UNIT_HW = Hardware.uniform(latency=0.0, bandwidth=float("inf"),
-                           device=DeviceSpec("unit", {"float32": 1.0}, float("inf"), float("inf")))
+UNIT_HW = Hardware.unit()
 
 
 def seed_mlp(dtype=np.float64) -> nn.Sequential:
