@@ -48,13 +48,13 @@ def test_the_timing_engine_gives_the_times_the_scheduler_chose_by(monkeypatch, n
     item of every built-in strategy, with transfer and weight-fetch costs and activation caps."""
     module = sys.modules["virtualpar.strategies.simulate"]
     seen = {}
-    real = module._timed
+    real = module.time_items
 
     def spy(items, *args):
         seen["scheduler"] = [(i.work, i.start, i.end) for i in items]
         return real(items, *args)
 
-    monkeypatch.setattr(module, "_timed", spy)
+    monkeypatch.setattr(module, "time_items", spy)
     try:
         run = simulate(W, S, B, STRATEGIES[name](W, S, B), activation_cost=ac, weight_cost=wc,
                        max_activations=cap)

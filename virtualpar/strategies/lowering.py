@@ -69,7 +69,9 @@ def count_transfers(op: PipelinedOperation) -> dict[str, int]:
 
 
 class StrategyOperation(PipelinedOperation):
-    """A ``PipelinedOperation`` whose schedule and placement come from a strategy's simulation."""
+    """A ``PipelinedOperation`` whose schedule and placement come from a strategy: its scheduler
+    orders the work, the pipeline's one timing engine times it (``self.run``), and the pipeline's
+    executor runs the same actions."""
 
     def __init__(
         self,

@@ -19,38 +19,18 @@ of that worker's slots and wait for the rest forever (with the cap at exactly k,
 needs).  A batch needing more slots on one worker than the cap is refused with the worker and the
 count.
 
-Statistics (f, b the forward and backward costs; W workers; B batches; S stages; T the latency):
-
-- ``latency`` T: when the last item ends.  ``throughput``: 2SB / (T·W), work items per unit time
-  per worker.  ``busy`` / ``utilisation`` per worker.
-- ``activation_transmissions``: consecutive items of a batch on different workers (an activation
-  forward, a gradient backward).  ``weight_transmissions``: items whose weights live elsewhere
-  (fetched to the compute worker); ``gradient_transmissions``: backward items among those (their
-  gradient goes back to the weight worker).
-- ``weight_storage``: per worker, the stages whose weights it keeps.
-- activation storage: the forward of stage s for batch b stashes its input on its compute worker
-  until the backward of (s, b) ends; ``peak_activations`` is the most any worker holds at once,
-  ``mean_activations`` the time average of what a worker holds, averaged over the workers.
-
-The bound ρ ≤ M/S (ρ the throughput above, M the peak activation storage of a worker, S the
-stages).  What we can prove: the activation of (s, b) is held at least from the start of F(s, b)
-to the end of B(s, b), which spans the forward and backward of stages s…S−1: (S−s)(f+b).  Summed
-over one batch that is (f+b)·S(S+1)/2, and over the run at most W·M·T is available, so
-ρ = 2SB/(TW) ≤ 4M / ((f+b)(S+1)) — for f+b = 3 this is ρ ≤ (4/3)·M/(S+1), which implies ρ ≤ M/S
-for S ≤ 3; for larger S the tests check ρ ≤ M/S on every built-in strategy, and the proven bound
-always.
+The statistics of a run are :class:`~.run.StrategyRun`'s (:mod:`.run`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
 from ..errors import UsageError
-from ..pipeline.simulate import simulate as simulate_actions
-from .actions import action_of, to_actions
+from .actions import time_items
+from .run import ScheduledWork, StrategyRun, activation_stats
 from .work import ComputeAndWeightWorkers, Direction, Strategy, Work
 
 __all__ = ["simulate", "StrategyRun", "ScheduledWork", "OldestBatchFirst", "OldestStageFirst"]
@@ -65,61 +45,6 @@ def OldestBatchFirst(batch: int, position: int) -> tuple:
 def OldestStageFirst(batch: int, position: int) -> tuple:
     """Tie-break key (smaller first): the item furthest along its batch's 2S items, then the lowest batch."""
     return (-position, batch)
-
-
-@dataclass(frozen=True)
-class ScheduledWork:
-    """One scheduled item: ``work`` on ``workers`` (compute and weight), computing from ``start`` to
-    ``end``."""
-
-    work: Work
-    workers: ComputeAndWeightWorkers
-    start: float
-    end: float
-
-
-@dataclass
-class StrategyRun:
-    """What ``simulate`` returns: its sizes and costs (f, b), the ``items`` scheduled, the
-    transmission counts, ``peak_activations`` / ``mean_activations`` and ``busy`` per worker;
-    ``latency``, ``throughput`` (2SB / (T·W)), ``utilisation`` and ``weight_storage`` derive from
-    these (see the module doc)."""
-
-    num_workers: int
-    num_stages: int
-    num_batches: int
-    items: list[ScheduledWork]
-    forward_cost: float
-    backward_cost: float
-    activation_transmissions: int
-    weight_transmissions: int
-    gradient_transmissions: int
-    peak_activations: int
-    mean_activations: float
-    busy: list[float] = field(default_factory=list)
-
-    @property
-    def latency(self) -> float:
-        return max((i.end for i in self.items), default=0.0)
-
-    @property
-    def throughput(self) -> float:
-        return len(self.items) / (self.latency * self.num_workers) if self.latency else 0.0
-
-    @property
-    def utilisation(self) -> list[float]:
-        return [b / self.latency if self.latency else 0.0 for b in self.busy]
-
-    @property
-    def weight_storage(self) -> list[int]:
-        stores: list[set[int]] = [set() for _ in range(self.num_workers)]
-        for i in self.items:
-            stores[i.workers.weight].add(i.work.stage)
-        return [len(s) for s in stores]
-
-    def proven_bound(self) -> float:
-        """4M / ((f+b)(S+1)): the throughput no schedule can beat at this peak storage."""
-        return 4 * self.peak_activations / ((self.forward_cost + self.backward_cost) * (self.num_stages + 1))
 
 
 def _sequence(stages: int, batch: int) -> list[Work]:
@@ -153,7 +78,6 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
     items: list[ScheduledWork] = []
     freed_by: dict[tuple[int, int], Work] = {}  # (worker, index in held) -> the backward that frees it
     waits: dict[Work, Work] = {}  # a forward that waited for room -> the backward that made it
-    busy = [0.0] * num_workers
     act_tx = w_tx = g_tx = 0
     remaining = 2 * num_stages * num_batches
     while remaining:
@@ -174,9 +98,8 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
                 and max_activations is not None
                 and (b, cw.compute) not in reserved
             ):
-                k = need[b][
-                    cw.compute
-                ]  # the batch's first forward on this worker reserves all it needs there
+                # the batch's first forward on this worker reserves all it needs there
+                k = need[b][cw.compute]
                 if k > max_activations:
                     raise UsageError(
                         f"simulate: batch {b} runs {k} forwards on worker {cw.compute}, whose "
@@ -204,7 +127,6 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
         cost = forward_cost if w.direction is Direction.FORWARD else backward_cost
         end = start + cost
         items.append(ScheduledWork(w, cw, start, end))
-        busy[cw.compute] += cost
         if last_worker[b] is not None and last_worker[b] != cw.compute:
             act_tx += 1
         if cw.weight != cw.compute:
@@ -227,9 +149,9 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
         free[cw.compute], done_at[b], last_worker[b] = end, end, cw.compute
         pos[b] += 1
         remaining -= 1
-    items, busy = _timed(items, num_workers, num_stages, num_batches, forward_cost, backward_cost,
-                         activation_cost, weight_cost, waits)
-    peak, mean = _activation_stats(items, num_workers)
+    items, busy = time_items(items, num_workers, num_stages, num_batches, forward_cost, backward_cost,
+                             activation_cost, weight_cost, waits)
+    peak, mean = activation_stats(items, num_workers)
     return StrategyRun(
         num_workers,
         num_stages,
@@ -244,25 +166,6 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
         mean,
         busy,
     )
-
-
-def _timed(items: list[ScheduledWork], workers: int, stages: int, batches: int, f: float, b: float,
-           activation_cost: float, weight_cost: float, waits: dict[Work, Work]
-           ) -> tuple[list[ScheduledWork], list[float]]:
-    """The scheduler's order, timed by the one timing engine: the items become pipeline actions
-    (:func:`~.actions.to_actions`) and :func:`virtualpar.pipeline.simulate` gives every start and
-    end (F costs ``f``, B ``b``, a value crossing workers ``activation_cost``, a weight fetch
-    ``weight_cost``, a forward that waited for activation room the end of the backward that
-    made it: ``waits``).  The scheduler's own clock only chose the order; the two agree on every
-    built-in strategy (tests/test_strategies.py)."""
-    schedule, placement = to_actions(items, workers, stages)
-    sim = simulate_actions(schedule, placement, batches, costs={"F": f, "B": b}, comm=activation_cost,
-                           fetch=weight_cost, waits={action_of(w): (action_of(r),) for w, r in waits.items()})
-    timed = []
-    for i in items:
-        _, start, end = sim.times[action_of(i.work)]
-        timed.append(ScheduledWork(i.work, i.workers, start, end))
-    return timed, list(sim.busy)
 
 
 def _check_callables(strategy: Any, policy: Any) -> None:
@@ -319,27 +222,3 @@ def _workers(cw: Any, w: Work, n: int) -> ComputeAndWeightWorkers:
         )
     raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to {cw!r}; expected "
                      f"ComputeAndWeightWorkers(compute, weight), two ints in 0..{n - 1}")
-
-
-def _activation_stats(items: list[ScheduledWork], workers: int) -> tuple[int, float]:
-    """Peak over workers and time of stashed activations, and the mean over time and workers."""
-    events: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
-    start_of: dict[tuple[int, int], tuple[int, float]] = {}
-    for i in items:
-        if i.work.direction is Direction.FORWARD:
-            start_of[(i.work.stage, i.work.batch)] = (i.workers.compute, i.start)
-    for i in items:
-        if i.work.direction is Direction.BACKWARD:
-            worker, t0 = start_of[(i.work.stage, i.work.batch)]
-            events[worker] += [(t0, 1), (i.end, -1)]
-    latency = max((i.end for i in items), default=0.0)
-    peak, area = 0, 0.0
-    for ev in events:
-        ev.sort(key=lambda e: (e[0], e[1]))
-        n, last = 0, 0.0
-        for t, d in ev:
-            area += n * (t - last)
-            n, last = n + d, t
-            peak = max(peak, n)
-    mean = area / (latency * workers) if latency else 0.0
-    return peak, mean
