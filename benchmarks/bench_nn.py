@@ -20,7 +20,7 @@ import numpy as np
 from virtualpar import nn
 from virtualpar.commands._args import positive_int
 from virtualpar.commands._progress import bar
-from virtualpar.pipeline.demo import seed_mlp
+from virtualpar.commands.pipeline_demo import seed_mlp
 
 SIZES = (256, 512, 1024, 512, 256)
 TARGET = 1.3

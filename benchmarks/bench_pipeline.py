@@ -33,7 +33,7 @@ import numpy as np
 
 from virtualpar import VirtualCluster, nn
 from virtualpar.pipeline import Pipeline, PipelinedOperation, build, simulate
-from virtualpar.pipeline.demo import seed_mlp
+from virtualpar.commands.pipeline_demo import seed_mlp
 from virtualpar.commands._progress import bar
 from virtualpar.trace.fmt import number, seconds
 

@@ -15,8 +15,7 @@ from virtualpar.sim import Hardware
 from virtualpar.sim.hardware import DeviceSpec
 
 SIZES = (256, 512, 1024, 512, 256)  # seed 003's 4-stage MLP
-UNIT_HW = Hardware.uniform(latency=0.0, bandwidth=float("inf"),
-                           device=DeviceSpec("unit", {"float32": 1.0}, float("inf"), float("inf")))
+UNIT_HW = Hardware.unit()
 
 
 def seed_mlp(dtype=np.float64) -> nn.Sequential:
@@ -168,7 +167,7 @@ def test_every_stage_is_charged_its_flops_on_the_modelled_clock():
     flops = op.pipeline.stages[1].flops(1) * 8  # 8 rows per microbatch
     assert flops >= 2 * 8 * 16 * 16
     for rank, records in op.last_records.items():
-        took = {t: m1 - m0 for t, _, _, m0, m1 in records}
+        took = {str(a): m1 - m0 for a, _, _, m0, m1 in records}
         assert took[f"{rank}F0"] == pytest.approx(flops) and took[f"{rank}B0"] == pytest.approx(2 * flops), rank
 
 
@@ -275,9 +274,8 @@ def test_executed_zero_bubble_beats_1f1b_at_the_same_peak():
         peaks = []
         for p, recs in sorted(op.last_records.items()):
             held, peak = 0, 0
-            for text, *_ in recs:  # in program order: F stashes, B or W frees
-                kind = text.lstrip("0123456789")[:1] if text.lstrip("0123456789")[:2] not in ("SF", "RF", "SB", "RB") else ""
-                held += {"F": 1, "B": -1, "W": -1}.get(kind, 0)
+            for a, *_ in recs:  # in program order: F stashes, B or W frees
+                held += {"F": 1, "B": -1, "W": -1}.get(a.kind, 0)
                 peak = max(peak, held)
             peaks.append(peak)
         results[name] = (makespan, peaks)

@@ -121,12 +121,12 @@ def test_pipeline_timeline_draws_itself(tmp_path):
 
     from virtualpar import VirtualCluster, nn
     from virtualpar.pipeline import Pipeline, PipelinedOperation
-    from virtualpar.pipeline.demo import unit_hardware
+    from virtualpar.sim import Hardware
 
     model = nn.Sequential(nn.Linear(4, 4, seed=0), nn.ReLU(), nn.Linear(4, 4, seed=1))
     op = PipelinedOperation(Pipeline(model, cuts=[2]), "1f1b", microbatches=4, costs={"F": 1, "B": 1})
     x = np.ones((8, 4), dtype=np.float32)
-    with VirtualCluster(2, hardware=unit_hardware()) as cluster:
+    with VirtualCluster(2, hardware=Hardware.unit()) as cluster:
         cluster.execute(op, x, x)
     tl = op.timeline()
     assert isinstance(tl, str) and "0F0" in tl

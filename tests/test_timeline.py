@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from virtualpar import Mesh, UsageError, VirtualCluster, nn
-from virtualpar.pipeline.demo import unit_hardware
+from virtualpar.sim import Hardware
 from virtualpar.timeline import TimelineParallel, reference_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("timeline_rnn", os.path.join(ROOT, "examples", "timeline_rnn.py"))
+_spec = importlib.util.spec_from_file_location(
+    "timeline_rnn", os.path.join(ROOT, "examples", "timeline_rnn.py")
+)
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)
 
@@ -31,8 +33,12 @@ def test_time_split_gradients_equal_the_whole_sequence_on_one_device(devices, mi
         after = [op.state_dict(cluster, r) for r in range(devices)]
     grads = [{k: before[k] - a[k] for k in before} for a in after]
     # the reference: the mean over the same microbatches of whole-sequence gradients
-    want_loss, want = reference_step(example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2), inputs, labels,
-                                     microbatches=microbatches)
+    want_loss, want = reference_step(
+        example.SimpleRNN(num_classes=2, hidden_dims=6, num_layers=2),
+        inputs,
+        labels,
+        microbatches=microbatches,
+    )
     assert loss == pytest.approx(want_loss, rel=1e-10)
     for g in grads:  # every device's copy took the same step
         for k in want:
@@ -68,7 +74,10 @@ def test_one_operation_resumes_on_a_second_cluster_from_its_last_committed_step(
             weights = op.state_dict(cluster)
     assert losses == want and want[1] < want[0]
     assert f"resuming {op.key} from step 2 (the cluster that held it closed)" in caplog.text
-    with VirtualCluster(Mesh({"time": 2})) as fresh, pytest.raises(UsageError, match="has not run on this cluster"):
+    with (
+        VirtualCluster(Mesh({"time": 2})) as fresh,
+        pytest.raises(UsageError, match="has not run on this cluster"),
+    ):
         op.state_dict(fresh)
     assert weights
 
@@ -77,7 +86,7 @@ def test_one_operation_resumes_on_a_second_cluster_from_its_last_committed_step(
 def test_makespan_under_unit_costs_is_the_closed_form(devices, microbatches):
     inputs, labels = example.synthetic(batch=12, length=12)
     op = TimelineParallel(example.SimpleRNN(2, 6, 1), microbatches=microbatches, costs={"F": 1, "B": 1})
-    with VirtualCluster(Mesh({"time": devices}), hardware=unit_hardware()) as cluster:
+    with VirtualCluster(Mesh({"time": devices}), hardware=Hardware.unit()) as cluster:
         cluster.execute(op, inputs, labels)
         makespan = max(cluster.clocks())
     assert makespan == 2 * (microbatches + devices - 1)
@@ -89,7 +98,9 @@ def test_a_sequence_that_does_not_split_is_refused():
     with VirtualCluster(Mesh({"time": 3})) as cluster:
         with pytest.raises(UsageError, match="10 steps does not split into 3 equal time segments"):
             cluster.execute(op, inputs, labels)
-        with pytest.raises(UsageError, match="inputs must be a tuple of arrays"):  # a bare array split on the wrong axis
+        with pytest.raises(
+            UsageError, match="inputs must be a tuple of arrays"
+        ):  # a bare array split on the wrong axis
             cluster.execute(op, inputs[0], labels)
         good_inputs, good_labels = example.synthetic(batch=4, length=12)
         cluster.execute(op, good_inputs, good_labels)
@@ -109,7 +120,10 @@ def test_the_microbatched_reference_is_the_mean_over_the_parts():
     for k in whole:
         np.testing.assert_allclose(split[k], whole[k], rtol=1e-10, atol=1e-14)
     kept = np.array([True, False, True, True])  # 1 row kept in the first part, 2 in the second
-    parts = [reference_step(model(), tuple(a[i:i + 2] for a in inputs), (kept[i:i + 2], y[i:i + 2])) for i in (0, 2)]
+    parts = [
+        reference_step(model(), tuple(a[i : i + 2] for a in inputs), (kept[i : i + 2], y[i : i + 2]))
+        for i in (0, 2)
+    ]
     loss, _ = reference_step(model(), inputs, (kept, y), microbatches=2)
     assert loss == pytest.approx((parts[0][0] + parts[1][0]) / 2, rel=1e-12)
     assert loss != pytest.approx(reference_step(model(), inputs, (kept, y))[0], rel=1e-6)

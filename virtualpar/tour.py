@@ -28,10 +28,10 @@ __all__ = ["run_tour", "tour_collectives", "TourRow", "TOUR_CASES", "TOUR_SECTIO
 # Each function takes (out: TextIO, hardware: str | None) and returns True when every check it
 # made passed; it appears in the rows as op "section", group = its title.
 TOUR_SECTIONS: tuple[tuple[str, str], ...] = (
-    ("Tensor parallelism: sharding policies", "virtualpar.tensor_parallel.tour:tour_section"),
-    ("Pipeline parallelism: a 1F1B run", "virtualpar.pipeline.demo:tour_section"),
-    ("One scheme for every training strategy", "virtualpar.strategies.tour:tour_section"),
-    ("Timeline parallelism: an RNN split along time", "virtualpar.timeline.tour:tour_section"),
+    ("Tensor parallelism: sharding policies", "virtualpar.commands.tour_tensor_parallel:tour_section"),
+    ("Pipeline parallelism: a 1F1B run", "virtualpar.commands.pipeline_demo:tour_section"),
+    ("One scheme for every training strategy", "virtualpar.commands.tour_strategies:tour_section"),
+    ("Timeline parallelism: an RNN split along time", "virtualpar.commands.tour_timeline:tour_section"),
 )
 
 

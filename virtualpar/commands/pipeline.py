@@ -20,7 +20,7 @@ def _pipeline(args: argparse.Namespace) -> int:
 
     from ..errors import UsageError
     from ..pipeline import SCHEDULES
-    from ..pipeline.demo import plan_demo, report, run_demo
+    from .pipeline_demo import plan_demo, report, run_demo
     from ..pipeline.schedules import check_size, used_kinds
     from ._pictures import write_pictures
 

@@ -24,6 +24,7 @@ import autograd.numpy as anp
 import numpy as np
 
 from ..errors import UsageError
+from ..kernels import matmul_flops
 from .init import check_dtype, check_size
 from .layers import Embedding, Linear, Sequential, affine
 from .module import Module, check_input
@@ -130,7 +131,8 @@ class GPT(Module):
         """Forward matmul FLOPs per token at sequence length ``seq`` (default ``seq_len``): the blocks'
         plus the head's 2·d·vocab (the embeddings are lookups)."""
         seq = self.seq_len if seq is None else seq
-        return sum(b.flops_per_token(seq) for b in self.blocks) + 2.0 * self.d_model * self.vocab
+        head = float(matmul_flops(1, self.d_model, self.vocab))
+        return sum(b.flops_per_token(seq) for b in self.blocks) + head
 
     def extra_repr(self) -> str:
         return (f"vocab={self.vocab}, d_model={self.d_model}, n_layers={self.n_layers}, "

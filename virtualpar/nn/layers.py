@@ -13,6 +13,7 @@ import numpy as np
 from autograd.extend import defvjp, primitive
 
 from ..errors import UsageError
+from ..kernels import matmul_backward_flops, matmul_flops
 from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
 
@@ -62,28 +63,42 @@ class Linear(Module):
         return affine(x, self.weight, self.bias)
 
     def flops(self, rows: int) -> float:
-        """Forward FLOPs for ``rows`` input rows (backward is twice this)."""
-        return 2.0 * rows * self.in_features * self.out_features
+        """Forward FLOPs for ``rows`` input rows: ``x·W``, ``kernels.matmul_flops(rows, in, out)``."""
+        return float(matmul_flops(rows, self.in_features, self.out_features))
+
+    def backward_flops(self, rows: int) -> tuple[float, float]:
+        """(input part, weight part) of the backward for ``rows`` rows: ``dx = dy·Wᵀ`` and
+        ``dW = xᵀ·dy``, each as many FLOPs as the forward (``kernels.matmul_backward_flops``)."""
+        dx, dw = matmul_backward_flops(rows, self.in_features, self.out_features)
+        return float(dx), float(dw)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
 
 
 class Embedding(Module):
     """``weight[ids]``: integer ids of any shape → vectors of ``embedding_dim``; N(0, 1) init."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, seed: int = 0, dtype: Any = np.float32) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, seed: int = 0, dtype: Any = np.float32
+    ) -> None:
         dt = check_dtype("Embedding", dtype)
         self.num_embeddings = check_size("Embedding", "num_embeddings", num_embeddings, least=1)
         self.embedding_dim = check_size("Embedding", "embedding_dim", embedding_dim, least=1)
-        self.weight = np.random.default_rng(seed).standard_normal((self.num_embeddings, self.embedding_dim)).astype(dt)
+        self.weight = (
+            np.random.default_rng(seed).standard_normal((self.num_embeddings, self.embedding_dim)).astype(dt)
+        )
 
     def forward(self, ids: Any) -> Any:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise ShapeError(f"{self!r}: expected integer ids, got dtype {ids.dtype}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings):
-            raise ShapeError(f"{self!r}: ids must lie in 0..{self.num_embeddings - 1}, got {ids.min()}..{ids.max()}")
+            raise ShapeError(
+                f"{self!r}: ids must lie in 0..{self.num_embeddings - 1}, got {ids.min()}..{ids.max()}"
+            )
         return self.weight[ids]
 
     def extra_repr(self) -> str:

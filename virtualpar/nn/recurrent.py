@@ -22,6 +22,7 @@ from typing import Any
 import autograd.numpy as anp
 import numpy as np
 
+from ..kernels import matmul_flops
 from .activations import tanh
 from .init import check_dtype, check_size, uniform
 from .module import Module, ShapeError, check_input
@@ -36,7 +37,9 @@ def _sigmoid(x: Any) -> Any:
 class _Cell(Module):
     """One layer's weights: ``w_ih`` (in, G·H), ``w_hh`` (H, G·H), biases (G·H,)."""
 
-    def __init__(self, input_size: int, hidden_size: int, gates: int, rng: np.random.Generator, dt: np.dtype) -> None:
+    def __init__(
+        self, input_size: int, hidden_size: int, gates: int, rng: np.random.Generator, dt: np.dtype
+    ) -> None:
         self.w_ih = uniform(rng, (input_size, gates * hidden_size), hidden_size, dt)
         self.w_hh = uniform(rng, (hidden_size, gates * hidden_size), hidden_size, dt)
         self.b_ih = uniform(rng, (gates * hidden_size,), hidden_size, dt)
@@ -56,16 +59,24 @@ class _Recurrent(Module):
         rng = np.random.default_rng(seed)
         self.layers = _Layers()
         for k in range(num_layers):
-            setattr(self.layers, str(k), _Cell(input_size if k == 0 else hidden_size, hidden_size, self.GATES, rng, dt))
+            setattr(
+                self.layers,
+                str(k),
+                _Cell(input_size if k == 0 else hidden_size, hidden_size, self.GATES, rng, dt),
+            )
 
     def forward(self, x: Any, h0: Any = None) -> tuple[Any, Any]:
         check_input(self, x, self.input_size)
         if np.ndim(x) != 3:
-            raise ShapeError(f"{self!r}: expected x of shape (N, L, {self.input_size}) (batch first), got {np.shape(x)}")
+            raise ShapeError(
+                f"{self!r}: expected x of shape (N, L, {self.input_size}) (batch first), got {np.shape(x)}"
+            )
         n, length = np.shape(x)[0], np.shape(x)[1]
         want = (self.num_layers, n, self.hidden_size)
         if h0 is not None and tuple(np.shape(h0)) != want:
-            raise ShapeError(f"{self!r}: expected h0 of shape {want} (layers, N, hidden), got {tuple(np.shape(h0))}")
+            raise ShapeError(
+                f"{self!r}: expected h0 of shape {want} (layers, N, hidden), got {tuple(np.shape(h0))}"
+            )
         if h0 is not None:  # a float64 h0 made a float32 model's outputs and states float64
             check_input(self, h0, self.hidden_size, what="h0")
         finals = []
@@ -84,7 +95,8 @@ class _Recurrent(Module):
     def step_flops(self, batch: int) -> float:
         """Forward FLOPs of one time step through every layer for ``batch`` rows."""
         g, hid = self.GATES, self.hidden_size
-        return sum(2.0 * batch * g * hid * ((self.input_size if k == 0 else hid) + hid) for k in range(self.num_layers))
+        return sum(float(matmul_flops(batch, (self.input_size if k == 0 else hid) + hid, g * hid))
+                   for k in range(self.num_layers))
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"

@@ -25,6 +25,7 @@ import autograd.numpy as anp
 import numpy as np
 
 from ..errors import UsageError
+from ..kernels import matmul_flops
 from .activations import gelu, tanh
 from .attention import merge_heads, scaled_dot_product_attention
 from .init import check_dtype, check_size
@@ -82,8 +83,10 @@ class MultiHeadAttention(Module):
         return self.out(merge_heads(scaled_dot_product_attention(q, k, v, self.causal)))
 
     def flops_per_token(self, seq: int) -> float:
-        """Forward FLOPs per token at sequence length ``seq``: 8·d² + 4·seq·d."""
-        return 8.0 * self.d_model ** 2 + 4.0 * seq * self.d_model
+        """Forward FLOPs per token at sequence length ``seq``: 8·d² + 4·seq·d — the Q, K, V and
+        output projections (four d×d matmuls) and the scores q·Kᵀ and their weighted sum of V."""
+        d = self.d_model
+        return float(4 * matmul_flops(1, d, d) + matmul_flops(1, d, seq) + matmul_flops(1, seq, d))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, causal={self.causal}"
@@ -109,8 +112,9 @@ class MLP(Module):
         return self.down(gelu(self.up(x), self.approximate))
 
     def flops_per_token(self, seq: int = 0) -> float:
-        """Forward FLOPs per token: 4·d·hidden (``seq`` is ignored: a per-token layer)."""
-        return 4.0 * self.d_model * self.hidden
+        """Forward FLOPs per token: 4·d·hidden, two matmuls (``seq`` is ignored: a per-token layer)."""
+        d, h = self.d_model, self.hidden
+        return float(matmul_flops(1, d, h) + matmul_flops(1, h, d))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, hidden={self.hidden}, gelu={self.approximate!r}"
@@ -146,8 +150,9 @@ class SwiGLU(Module):
         return self.down(silu(self.gate(x)) * self.up(x))
 
     def flops_per_token(self, seq: int = 0) -> float:
-        """Forward FLOPs per token: 6·d·hidden."""
-        return 6.0 * self.d_model * self.hidden
+        """Forward FLOPs per token: 6·d·hidden, three matmuls (gate, up, down)."""
+        d, h = self.d_model, self.hidden
+        return float(2 * matmul_flops(1, d, h) + matmul_flops(1, h, d))
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, hidden={self.hidden}"

@@ -27,7 +27,6 @@ import numpy as np
 from .. import nn
 from ..errors import UsageError
 from ..pipeline import build, lower, simulate, validate
-from ..pipeline.actions import Action
 from ..pipeline.executor import StepSpec
 from ..pipeline.timeline_grid import format_timeline
 from .checkpoints import TrainerCheckpoints
@@ -221,6 +220,6 @@ class ParallelTrainer(TrainerCheckpoints):
         if not self.last_records:
             raise UsageError("ParallelTrainer.timeline: no step has run yet; run cluster.execute(trainer, "
                              "...)")
-        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1))
-                    for t, w0, w1, m0, m1 in recs] for p, recs in sorted(self.last_records.items())}
+        rows = {p: [(a, (m0, m1) if clock == "model" else (w0, w1))
+                    for a, w0, w1, m0, m1 in recs] for p, recs in sorted(self.last_records.items())}
         return format_timeline(rows, compute_only)

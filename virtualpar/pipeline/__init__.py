@@ -10,7 +10,7 @@ Schedules are ``dict[rank, list[Action]]`` built by ``SCHEDULES[name](ranks, mic
 
 from __future__ import annotations
 
-from .actions import COMPUTE, KINDS, TRANSFER, Action, Schedule
+from .actions import COMPUTE, KINDS, TRANSFER, Action, ActionRecord, Schedule
 from .device_step import HANDLERS, PipelineError
 from .diagram import Box, Diagram
 from .executor import PipelinedOperation, format_timeline
@@ -25,8 +25,9 @@ from .timeline_grid import Timeline
 from .validate import ScheduleError, format_grid, validate
 
 __all__ = [
-    "Action", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline", "PipelineStage", "SCHEDULES",
-    "build", "default_virtual", "check_costs", "validate", "ScheduleError", "format_grid", "simulate", "Simulation",
-    "PipelineDeadlock", "DEFAULT_COSTS", "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline",
-    "Diagram", "Box", "Timeline", "TracedPipeline", "TracedStage", "trace_calls",
+    "Action", "ActionRecord", "Schedule", "COMPUTE", "TRANSFER", "KINDS", "Placement", "Pipeline",
+    "PipelineStage", "SCHEDULES", "build", "default_virtual", "check_costs", "validate",
+    "ScheduleError", "format_grid", "simulate", "Simulation", "PipelineDeadlock", "DEFAULT_COSTS",
+    "lower", "PipelinedOperation", "PipelineError", "HANDLERS", "format_timeline", "Diagram", "Box",
+    "Timeline", "TracedPipeline", "TracedStage", "trace_calls",
 ]

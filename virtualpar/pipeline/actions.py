@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from ..errors import UsageError
 
-__all__ = ["Action", "COMPUTE", "TRANSFER", "KINDS", "Schedule"]
+__all__ = ["Action", "ActionRecord", "COMPUTE", "TRANSFER", "KINDS", "Schedule"]
 
 COMPUTE = ("F", "B", "I", "W")
 TRANSFER = ("SF", "RF", "SB", "RB", "SW", "RW", "SG", "RG")
@@ -39,7 +39,9 @@ class Action(NamedTuple):
     @classmethod
     def from_str(cls, text: str) -> "Action":
         if not isinstance(text, str):
-            raise UsageError(f"Action.from_str takes a string such as '2B1', got {type(text).__name__} {text!r}")
+            raise UsageError(
+                f"Action.from_str takes a string such as '2B1', got {type(text).__name__} {text!r}"
+            )
         m = _PATTERN.match(text.strip())
         if m is None:
             raise UsageError(f"not an action: {text!r}; expected <stage><kind><microbatch> such as '2B1' "
@@ -49,6 +51,18 @@ class Action(NamedTuple):
     @property
     def is_compute(self) -> bool:
         return self.kind in COMPUTE
+
+
+class ActionRecord(NamedTuple):
+    """One action as a device ran it: the :class:`Action` itself (it crosses from the device to the
+    driver as this record, never as text to parse) and its span on the wall and modelled clocks.
+    Unpacks as ``action, wall_start, wall_end, model_start, model_end``."""
+
+    action: Action
+    wall_start: float
+    wall_end: float
+    model_start: float
+    model_end: float
 
 
 #: A schedule: for each pipeline rank, the actions it runs in order (``None`` marks an idle step

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
-from .actions import Action
+from .actions import Action, ActionRecord
 
 __all__ = ["run_step", "HANDLERS", "PipelineError"]
 
@@ -49,7 +49,7 @@ class _Step:
         self.grads: dict[int, dict[str, np.ndarray]] = {}
         self.losses: dict[int, float] = {}
         self.sends: list[Any] = []
-        self.records: list[tuple[str, float, float, float, float]] = []
+        self.records: list[ActionRecord] = []
 
     def peer(self, stage: int, m: int) -> int:
         return self.group[self.where(stage, m)]
@@ -66,12 +66,13 @@ class _Step:
         return 1 + 4 * (stage * self.spec.microbatches + m) + "FBWG".index(kind)
 
     def charge(self, kind: str, stage: int) -> None:
+        """Charge a compute action: its ``costs`` entry when the step has costs, else the FLOPs the
+        stage declared per row for this kind (``PipelineStage.action_flops``) times the rows."""
         costs = self.spec.costs
         if costs is not None:
             self.dev.compute(flops=float(costs.get(kind, 0.0)), name=kind)
         else:
-            fwd = self.st["flops"][stage] * self.rows
-            self.dev.compute(flops=fwd * (2.0 if kind == "B" else 1.0), name=kind)
+            self.dev.compute(flops=declared_flops(self.st["flops"][stage], kind) * self.rows, name=kind)
 
     def deliver(self, kind: str, stage: int, m: int, value: Any) -> None:
         """Hand a value to the stage that consumes it: in memory on this rank, else via the outbox."""
@@ -94,6 +95,17 @@ class _Step:
                 np.add(v, g[k], out=v)
             else:
                 acc[k] = v + g[k]
+
+
+def declared_flops(declared: Any, kind: str) -> float:
+    """A stage's declared FLOPs per row for action ``kind``: ``declared`` is ``{"F", "I", "W"}``
+    (``B`` defaults to ``I + W``), or a bare number, the forward of a stage that declares only it,
+    whose backward parts are then each its size (a matmul's, ``kernels.matmul_backward_flops``)."""
+    if not isinstance(declared, dict):
+        declared = {"F": declared, "I": declared, "W": declared}
+    if kind == "B":
+        return float(declared.get("B", declared["I"] + declared["W"]))
+    return float(declared[kind])
 
 
 def _own(a: Any) -> bool:
@@ -136,8 +148,10 @@ def _forward(c: _Step, a: Action) -> None:
             c.deliver("F", s, m, rec.output)
     except nn.ShapeError as exc:
         src = f"stage {s - 1}'s activation" if s else "the input batch"
-        raise PipelineError(f"stage {s} (pipeline rank {c.where(s, m)}) cannot take {src} of shape {np.shape(x)} "
-                            f"(microbatch {m}): {exc}") from None
+        raise PipelineError(
+            f"stage {s} (pipeline rank {c.where(s, m)}) cannot take {src} of shape {np.shape(x)} "
+            f"(microbatch {m}): {exc}"
+        ) from None
     c.stash[(s, m)] = rec
     c.charge("F", s)
 
@@ -246,7 +260,7 @@ def settle(st: dict, commit: bool) -> None:
 
 
 def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
-             ) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
+             ) -> tuple[float | None, int, list[ActionRecord]]:
     """One training step of the pipelined operation stored under ``dev.state[key]``; returns
     (the mean microbatch loss on a last-stage device, else None; this device's pipeline rank;
     (action, wall start, wall end, modelled start, modelled end) per action run).  ``rows``: the
@@ -264,7 +278,7 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
             raise PipelineError(f"unknown action kind {a.kind!r} in {a}; known kinds: {', '.join(HANDLERS)}")
         w0, m0 = time.monotonic(), dev.clock
         handler(c, a)
-        c.records.append((str(a), w0, time.monotonic(), m0, dev.clock))
+        c.records.append(ActionRecord(a, w0, time.monotonic(), m0, dev.clock))
     for req in c.sends:
         req.wait()
     copies = spec.placement.copies
@@ -281,9 +295,10 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
         if spec.dp_axis is not None:
             grads = {k: dev.all_reduce(v, op="avg", group=spec.dp_axis) for k, v in grads.items()}
         final[s] = grads
-    st["staged"] = final  # applied by the next step or weight fetch, once the driver knows every device succeeded
+    st["staged"] = (
+        final  # applied by the next step or weight fetch, once the driver knows every device succeeded
+    )
     loss = float(np.mean([c.losses[m] for m in sorted(c.losses)])) if c.losses else None
     if loss is not None and spec.dp_axis is not None:
         loss = float(dev.all_reduce(np.array([loss]), op="avg", group=spec.dp_axis)[0])
     return loss, prank, c.records
-

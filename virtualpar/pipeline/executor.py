@@ -36,7 +36,7 @@ from .. import nn
 from ..checkpoint import Recoverable
 from ..errors import UsageError
 from ..ops.placement import without_cluster_state
-from .actions import Action, Schedule
+from .actions import Action, ActionRecord, Schedule
 from .committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from .lower import lower
 from .partition import Pipeline
@@ -72,19 +72,25 @@ class StepSpec:
 
 
 class PipelinedOperation(Recoverable):
-    """One training step of ``pipeline`` on a cluster, run by ``cluster.execute(op, x, y)`` (see the module doc).
+    """One training step of ``pipeline`` on a cluster, run by ``cluster.execute(op, x, y)`` (see the
+    module doc).
 
-    ``schedule``: a name in ``SCHEDULES`` (``"gpipe"``, ``"1f1b"``, ...) or a ``(schedule, placement)`` pair;
-    ``microbatches`` per step; ``loss(pred, target)``; ``optimizer`` (default ``nn.SGD(0.1)``); ``axis``: the mesh
-    axis the pipeline ranks lie along (None: every device); ``dp_axis``: a data-parallel axis; ``virtual``: stage
-    chunks per rank of a named schedule (None: stages / ranks when that divides); ``costs``: {kind: FLOPs}."""
+    ``schedule``: a name in ``SCHEDULES`` (``"gpipe"``, ``"1f1b"``, ...) or a ``(schedule,
+    placement)`` pair; ``microbatches`` per step; ``loss(pred, target)``; ``optimizer`` (default
+    ``nn.SGD(0.1)``); ``axis``: the mesh axis the pipeline ranks lie along (None: every device);
+    ``dp_axis``: a data-parallel axis; ``virtual``: stage chunks per rank of a named schedule (None:
+    stages / ranks when that divides); ``costs``: {kind: FLOPs}."""
 
     def __init__(self, pipeline: Pipeline, schedule: str | tuple[Schedule, Placement], microbatches: int,
                  loss: Callable[[Any, Any], Any] = nn.mse_loss, optimizer: nn.Optimizer | None = None,
                  axis: Any = None, dp_axis: Any = None, virtual: int | None = None,
                  costs: Mapping[str, float] | None = None) -> None:
         self.pipeline = pipeline
-        if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or not microbatches > 0:
+        if (
+            isinstance(microbatches, bool)
+            or not isinstance(microbatches, (int, np.integer))
+            or not microbatches > 0
+        ):
             raise UsageError(f"PipelinedOperation: microbatches must be a positive int, got {microbatches!r}")
         if isinstance(schedule, str) and schedule not in SCHEDULES:  # here, not at the first execute
             raise UsageError(f"PipelinedOperation: unknown schedule {schedule!r}; choose one of "
@@ -101,13 +107,15 @@ class PipelinedOperation(Recoverable):
             self.schedule_name = "custom"
             self.schedule, self.placement = schedule
         else:
-            raise UsageError(f"PipelinedOperation: schedule must be a name in SCHEDULES ({', '.join(SCHEDULES)}) or "
-                             f"a (schedule, Placement) pair, got {type(schedule).__name__}")
+            raise UsageError(
+                f"PipelinedOperation: schedule must be a name in SCHEDULES ({', '.join(SCHEDULES)}) or "
+                f"a (schedule, Placement) pair, got {type(schedule).__name__}"
+            )
         self.key = f"pipeline/{next(_IDS)}"
         # the clusters holding this op's weights (PlacedOperation): per cluster "spec" (the step planned
         # for its ranks), "last_records" (its last step's records), "version" (the committed state it holds)
-        self.last_records: dict[int, list[tuple[str, float, float, float, float]]] = {}
-        self.all_records: dict[int, list[tuple[str, float, float, float, float]]] = {}  # per device
+        self.last_records: dict[int, list[ActionRecord]] = {}
+        self.all_records: dict[int, list[ActionRecord]] = {}  # per device
 
     def __copy__(self) -> "PipelinedOperation":
         return self._fresh(without_cluster_state(self.__dict__))
@@ -139,15 +147,19 @@ class PipelinedOperation(Recoverable):
             except UsageError as exc:
                 if not inferred:
                     raise
-                raise UsageError(f"a pipeline of {len(self.pipeline)} stages on {ranks} pipeline ranks means "
-                                 f"{virtual} stages per rank, which {self.schedule_name!r} cannot run ({exc.message}); "
-                                 f"cut the model into {ranks} stages, or choose interleaved_1f1b or looped_bfs") from None
+                raise UsageError(
+                    f"a pipeline of {len(self.pipeline)} stages on {ranks} pipeline ranks means "
+                    f"{virtual} stages per rank, which {self.schedule_name!r} cannot run ({exc.message}); "
+                    f"cut the model into {ranks} stages, or choose interleaved_1f1b or looped_bfs"
+                ) from None
         else:
             schedule, placement = self.schedule, self.placement
         if placement.stages != len(self.pipeline):
-            raise UsageError(f"schedule {self.schedule_name!r} on {ranks} pipeline ranks runs {placement.stages} "
-                             f"stages, but the pipeline has {len(self.pipeline)}; cut the model into "
-                             f"{placement.stages} stages or change the ranks / virtual chunks")
+            raise UsageError(
+                f"schedule {self.schedule_name!r} on {ranks} pipeline ranks runs {placement.stages} "
+                f"stages, but the pipeline has {len(self.pipeline)}; cut the model into "
+                f"{placement.stages} stages or change the ranks / virtual chunks"
+            )
         if placement.ranks != ranks:
             where = f"the mesh axis {self.axis!r} has {ranks}" if self.axis is not None else \
                 f"the cluster has {ranks} devices (pass axis= to run along one mesh axis)"
@@ -169,8 +181,12 @@ class PipelinedOperation(Recoverable):
         spec = (self.state_for(cluster) or {}).get("spec")
         if spec is None:
             spec = self._plan(ranks)
-            payload = {"spec": spec, "modules": {s.index: s.module for s in self.pipeline.stages},
-                       "flops": {s.index: s.flops(1) for s in self.pipeline.stages}, "optimizer": self.optimizer}
+            payload = {
+                "spec": spec,
+                "modules": {s.index: s.module for s in self.pipeline.stages},
+                "flops": {s.index: s.action_flops(1) for s in self.pipeline.stages},
+                "optimizer": self.optimizer,
+            }
             cluster.run(_place, self.key, payload)
             self.hold(cluster, spec=spec)
         return spec
@@ -187,13 +203,19 @@ class PipelinedOperation(Recoverable):
         dp = len(replicas[0]) if replicas else 1
         x, y = np.asarray(x), np.asarray(y)
         if len(x) != len(y):  # found only by the last stage's loss, in microbatch shapes
-            raise UsageError(f"x has {len(x)} rows and y {len(y)}: a batch's inputs and targets pair row by row")
+            raise UsageError(
+                f"x has {len(x)} rows and y {len(y)}: a batch's inputs and targets pair row by row"
+            )
         if dp > 1 and len(x) % dp:  # unequal replicas' gradients, averaged, are not the batch's mean gradient
-            raise UsageError(f"a batch of {len(x)} rows does not split into {dp} equal data-parallel replicas "
-                             f"(mesh axis {self.dp_axis!r}); use a multiple of {dp} rows")
+            raise UsageError(
+                f"a batch of {len(x)} rows does not split into {dp} equal data-parallel replicas "
+                f"(mesh axis {self.dp_axis!r}); use a multiple of {dp} rows"
+            )
         if (len(x) // dp) % M:  # said by one arbitrary device, with its traceback, before
-            raise UsageError(f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a "
-                             f"batch whose rows are a multiple of {dp * M}")
+            raise UsageError(
+                f"a batch of {len(x)} rows does not split into {dp * M} equal microbatches: give a "
+                f"batch whose rows are a multiple of {dp * M}"
+            )
         xs, ys = np.array_split(x, dp), np.array_split(y, dp)
         for r in range(mesh.size):
             pos = mesh.group_of(r, mesh.axes(self.axis)).index(r)
@@ -218,7 +240,7 @@ class PipelinedOperation(Recoverable):
         # the mean over every microbatch: a device's mean weighs as many microbatches as it ended
         # (a strategy may give its workers unequal numbers; data-parallel replicas have equal ones)
         last = Action(p.stages - 1, "F", 0)
-        ended = [(loss, sum(1 for t, *_ in records if Action.from_str(t)._replace(microbatch=0) == last))
+        ended = [(loss, sum(1 for a, *_ in records if a._replace(microbatch=0) == last))
                  for loss, _, records in replies if loss is not None]
         return float(sum(loss * n for loss, n in ended) / sum(n for _, n in ended))
 
@@ -264,8 +286,10 @@ class PipelinedOperation(Recoverable):
         check_clock(clock, ("model", "wall"))
         if cluster is not None:
             check_ran(self, cluster)
-        records = self.last_records if cluster is None else (self.state_for(cluster) or {}).get("last_records", {})
-        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in recs]
+        records = (
+            self.last_records if cluster is None else (self.state_for(cluster) or {}).get("last_records", {})
+        )
+        rows = {p: [(a, (m0, m1) if clock == "model" else (w0, w1)) for a, w0, w1, m0, m1 in recs]
                 for p, recs in sorted(records.items())}
         # seconds, unless the modelled clock counts cost units (the demo's unit costs on a 1 FLOP/s device)
         unit = getattr(self, "clock_unit", "s") if clock == "model" else "s"
@@ -285,9 +309,11 @@ def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:
     shared = [a for a in pipe if a in dp]
     if shared:
         rest = [a for a in mesh.axes(None) if a not in dp]
-        raise UsageError(f"the pipeline's mesh axes {pipe} and the data-parallel axes {dp} share {shared}: a device "
-                         f"cannot be both a pipeline rank and a replica along one axis; give the pipeline the other "
-                         f"axes, e.g. axis={rest[0] if len(rest) == 1 else tuple(rest)!r}")
+        raise UsageError(
+            f"the pipeline's mesh axes {pipe} and the data-parallel axes {dp} share {shared}: a device "
+            f"cannot be both a pipeline rank and a replica along one axis; give the pipeline the other "
+            f"axes, e.g. axis={rest[0] if len(rest) == 1 else tuple(rest)!r}"
+        )
 
 
 def check_clock(clock: str, known: tuple[str, ...]) -> None:

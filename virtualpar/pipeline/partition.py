@@ -43,28 +43,46 @@ class PipelineStage:
         """Forward FLOPs of ``rows`` rows through the stage (see :func:`forward_flops`)."""
         return forward_flops(self.module, rows)
 
+    def action_flops(self, rows: int) -> dict[str, float]:
+        """FLOPs of ``rows`` rows per compute action of the stage (see :func:`action_flops`)."""
+        return action_flops(self.module, rows)
+
     def input_features(self) -> int | None:
         first = next(iter(self.module), None)
         return getattr(first, "in_features", None)
 
 
-def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
-    """Forward FLOPs of ``rows`` rows through ``module``, at any depth of nesting: a ``Linear``
-    costs 2·rows·in·out; an ``Embedding`` is a lookup (0); any other layer holding parameters
-    itself (a norm, a recurrent cell) 2·rows per parameter, one multiply-add each — for a
-    recurrent layer that is one time step per row.  Layers without parameters cost nothing here; a
-    module that counts its own (a traced stage) is asked."""
-    own_count = getattr(module, "forward_flops", None)
+def action_flops(module: nn.Module, rows: int, path: tuple = ()) -> dict[str, float]:
+    """FLOPs of ``rows`` rows through ``module`` per compute action, as its layers declare them:
+    ``F`` the forward, ``I`` the backward's input part (dx), ``W`` its weight part (dW), and ``B``
+    = ``I + W``.  A ``Linear`` declares ``flops(rows)`` and ``backward_flops(rows)`` (one
+    ``kernels.matmul_flops`` each); an ``Embedding`` is a lookup (0); any other layer holding
+    parameters itself (a norm, a recurrent cell) costs 2·rows per parameter in each of F, I and W,
+    one multiply-add each — for a recurrent layer one time step per row.  Layers without
+    parameters cost nothing here.  Nested modules are summed at any depth; a module that counts its
+    own (a traced stage: ``action_flops(rows)``) is asked."""
+    own_count = getattr(module, "action_flops", None)
     if callable(own_count):
-        return float(own_count(rows))
+        return dict(own_count(rows))
     if isinstance(module, nn.Linear):
-        return float(module.flops(rows))
+        dx, dw = module.backward_flops(rows)
+        return {"F": float(module.flops(rows)), "I": dx, "W": dw, "B": dx + dw}
     if isinstance(module, nn.Embedding):
-        return 0.0
+        return {"F": 0.0, "I": 0.0, "W": 0.0, "B": 0.0}
     children = [c for _, c in module.named_children() if not any(c is p for p in path)]
     own = sum(int(np.size(v)) for k, v in vars(module).items()
               if isinstance(v, np.ndarray) and k in module.__dict__.get("_order", ()))
-    return 2.0 * rows * own + sum(forward_flops(c, rows, path + (module,)) for c in children)
+    total = {"F": 2.0 * rows * own, "I": 2.0 * rows * own, "W": 2.0 * rows * own}
+    for c in children:
+        part = action_flops(c, rows, path + (module,))
+        for kind in total:
+            total[kind] += part[kind]
+    return {**total, "B": total["I"] + total["W"]}
+
+
+def forward_flops(module: nn.Module, rows: int, path: tuple = ()) -> float:
+    """Forward FLOPs of ``rows`` rows through ``module`` (:func:`action_flops`'s ``F``)."""
+    return action_flops(module, rows, path)["F"]
 
 
 #: how a model that is not an ``nn.Sequential`` is cut: ``TRACED["pipeline"]`` is
@@ -108,14 +126,18 @@ class Pipeline:
             if isinstance(i, numbers.Integral) and not isinstance(i, bool):  # numpy's integers too
                 i = int(i)
             if not isinstance(i, int) or isinstance(i, bool) or not 0 < i < n:
-                raise UsageError(f"no cut point {c!r} in this model; valid cut points are the layers {names[1:]} "
-                                 f"(a cut at c starts a new stage at layer c)")
+                raise UsageError(
+                    f"no cut point {c!r} in this model; valid cut points are the layers {names[1:]} "
+                    f"(a cut at c starts a new stage at layer c)"
+                )
             points.append(i)
         if points != sorted(set(points)):
             raise UsageError(f"cut points must be increasing and distinct, got {list(cuts)}")
         bounds = [0, *points, n]
         self.model = model
-        self.stages = [PipelineStage(i, model[a:b], a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+        self.stages = [
+            PipelineStage(i, model[a:b], a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
+        ]
 
     @classmethod
     def balanced(cls, model: nn.Sequential, stages: int, by: str = "params", rows: int = 1,
@@ -128,7 +150,9 @@ class Pipeline:
             raise UsageError(f"balance by 'params' or 'flops', got {by!r}")
         if isinstance(stages, bool) or not isinstance(stages, numbers.Integral):
             raise UsageError(f"stages must be an int, got {stages!r}")
-        weights = [layer.num_parameters() if by == "params" else forward_flops(layer, rows) for layer in model]
+        weights = [
+            layer.num_parameters() if by == "params" else forward_flops(layer, rows) for layer in model
+        ]
         n = len(weights)
         if not 1 <= stages <= n:
             raise UsageError(f"cannot cut {n} layers into {stages} non-empty stages")
@@ -140,7 +164,9 @@ class Pipeline:
                 for start in range(parts - 1, end):
                     prev = best.get((start, parts - 1))
                     if prev is not None:
-                        options.append((max(prev[0], prefix[end] - prefix[start]), prev[1] + ([start] if start else [])))
+                        options.append(
+                            (max(prev[0], prefix[end] - prefix[start]), prev[1] + ([start] if start else []))
+                        )
                 best[(end, parts)] = min(options, key=lambda o: (o[0], o[1]))
         return cls(model, best[(n, stages)][1])
 

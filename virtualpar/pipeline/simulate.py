@@ -2,10 +2,14 @@
 
 Each rank runs its actions in order; an action starts when its rank is free and its inputs are
 there: F(s, m) needs F(s−1, m), a backward B/I(s, m) needs F(s, m) and the backward of stage s+1
-(the last stage's backward starts from its own loss), W(s, m) needs I(s, m).  A value that
-crosses ranks arrives ``comm`` later.  Start times are a dataflow fixpoint, computed in one pass
-over the actions with a work list (each rank's next action waits on at most two others), so
-1F1B at S = 32, M = 1024 (65 536 actions) takes well under a second.
+(the last stage's backward starts from its own loss), W(s, m) needs I(s, m).  A value that crosses
+ranks arrives ``comm`` later.  An action on a rank that does not keep its stage's weights (the
+placement's weight rank, or a copy) first fetches them for ``fetch``: ``start = max(free, inputs) +
+fetch`` — no prefetch, as the unified strategies' scheme has it.  This is the one timing engine:
+pipeline schedules and the unified strategies (lowered to these actions) are timed here.  Start
+times are a dataflow fixpoint, computed in one pass over the actions with a work list (each rank's
+next action waits on at most two others), so 1F1B at S = 32, M = 1024 (65 536 actions) takes well
+under a second.
 
 - ``bubble`` = 1 − Σ busy / (ranks × makespan): the idle fraction of the ranks × time rectangle.
 - ``peak_activations[s]``: most microbatches whose forward at stage s has run and whose backward
@@ -43,7 +47,9 @@ def check_costs(costs: Mapping[str, Any] | None, where: str, stages: int | None 
         return
     where = f"{where}: " if where else ""
     if not isinstance(costs, Mapping):
-        raise UsageError(f"{where}costs must be a mapping such as {{'F': 1, 'B': 2}}, got {type(costs).__name__}")
+        raise UsageError(
+            f"{where}costs must be a mapping such as {{'F': 1, 'B': 2}}, got {type(costs).__name__}"
+        )
     unknown = sorted(set(costs) - set(COMPUTE), key=str)
     if unknown:
         raise UsageError(f"{where}costs name {', '.join(map(repr, unknown))}, not an action kind; "
@@ -58,7 +64,10 @@ def check_costs(costs: Mapping[str, Any] | None, where: str, stages: int | None 
             raise UsageError(f"{where}costs[{kind!r}] must be a number, got a mapping")
         if per_stage and set(range(stages)) - set(c):
             missing = sorted(set(range(stages)) - set(c))
-            raise UsageError(f"{where}costs[{kind!r}] gives no cost for {plural(len(missing), 'stage')} {missing} of {stages}")
+            raise UsageError(
+                f"{where}costs[{kind!r}] gives no cost for {plural(len(missing), 'stage')} {missing} "
+                f"of {stages}"
+            )
         for v in (c.values() if per_stage else [c]):
             if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
                 raise UsageError(f"{where}costs[{kind!r}] must be a finite number >= 0, got {v!r}")
@@ -70,10 +79,11 @@ class PipelineDeadlock(UsageError):
 
 @dataclass
 class Simulation:
-    """What ``simulate`` returns for ``ranks``, ``stages`` and ``microbatches``: ``times``, action → (rank, start,
-    end); ``makespan``, the last end; ``busy``, per rank the sum of its actions' durations; per stage,
-    ``peak_activations`` and ``activation_curve`` ((time, microbatches stashed) steps).  ``bubble``,
-    ``utilisation`` (busy / makespan per rank), ``grid`` and ``memory`` derive from these."""
+    """What ``simulate`` returns for ``ranks``, ``stages`` and ``microbatches``: ``times``, action →
+    (rank, start, end); ``makespan``, the last end; ``busy``, per rank the sum of its actions'
+    durations; per stage, ``peak_activations`` and ``activation_curve`` ((time, microbatches
+    stashed) steps).  ``bubble``, ``utilisation`` (busy / makespan per rank), ``grid`` and
+    ``memory`` derive from these."""
 
     ranks: int
     stages: int
@@ -100,9 +110,12 @@ class Simulation:
         (rounding to cells hid some, and a tiny cost made millions of cells)."""
         durations = [e - s for _, s, e in self.times.values() if e > s]
         step = step or (min(durations) if durations else 0.0)
-        on_cells = step > 0 and self.makespan / step <= 400 and all(
-            abs(t / step - round(t / step)) < 1e-9 for _, s, e in self.times.values() for t in (s, e)) and all(
-            e > s for _, s, e in self.times.values())
+        on_cells = (
+            step > 0
+            and self.makespan / step <= 400
+            and all(abs(t / step - round(t / step)) < 1e-9 for _, s, e in self.times.values() for t in (s, e))
+            and all(e > s for _, s, e in self.times.values())
+        )
         if on_cells:
             cells = int(round(self.makespan / step))
             grid: dict[int, list[Action | None]] = {r: [None] * cells for r in range(self.ranks)}
@@ -125,16 +138,28 @@ class Simulation:
                optimizer: Mapping[int, float] | None = None, activation: Mapping[int, float] | None = None
                ) -> dict[int, list[tuple[float, float]]]:
         """Per stage, (time, bytes) steps: params + grads + optimizer state + stashed activations."""
-        for name, given in (("params", params), ("grads", grads), ("optimizer", optimizer), ("activation", activation)):
+        for name, given in (
+            ("params", params),
+            ("grads", grads),
+            ("optimizer", optimizer),
+            ("activation", activation),
+        ):
             if given is not None and set(range(self.stages)) - set(given):
                 missing = sorted(set(range(self.stages)) - set(given))
-                raise UsageError(f"Simulation.memory: {name} gives no figure for {plural(len(missing), 'stage')} "
-                                 f"{missing} of {self.stages}")
+                raise UsageError(
+                    f"Simulation.memory: {name} gives no figure for {plural(len(missing), 'stage')} "
+                    f"{missing} of {self.stages}"
+                )
         grads = grads or params
         optimizer = optimizer or {s: 0.0 for s in params}
         activation = activation or {s: 1.0 for s in params}
-        return {s: [(t, params[s] + grads[s] + optimizer[s] + n * activation[s]) for t, n in self.activation_curve[s]]
-                for s in range(self.stages)}
+        return {
+            s: [
+                (t, params[s] + grads[s] + optimizer[s] + n * activation[s])
+                for t, n in self.activation_curve[s]
+            ]
+            for s in range(self.stages)
+        }
 
 
 def _deps(a: Action, last: int) -> list[Action]:
@@ -150,12 +175,21 @@ def _deps(a: Action, last: int) -> list[Action]:
 
 
 def simulate(schedule: Schedule, placement: Placement, microbatches: int,
-             costs: Mapping[str, float | Mapping[int, float]] | None = None, comm: float = 0.0) -> Simulation:
+             costs: Mapping[str, float | Mapping[int, float]] | None = None, comm: float = 0.0,
+             fetch: float = 0.0, waits: Mapping[Action, Iterable[Action]] | None = None) -> Simulation:
     """Times of every action of ``schedule`` (see the module doc).  ``costs[kind]`` is a number or
-    a per-stage mapping; missing kinds take ``DEFAULT_COSTS``."""
+    a per-stage mapping; missing kinds take ``DEFAULT_COSTS``.  ``comm``: time for a value to cross
+    ranks; ``fetch``: time to bring a stage's weights to a rank that does not keep them;
+    ``waits[a]``: actions whose end ``a`` also waits for, on any rank and with no transfer (the
+    backward that frees the activation memory a forward needs, as a capped scheduler decided)."""
     check_costs(costs, "simulate", stages=placement.stages)
-    if isinstance(comm, bool) or not isinstance(comm, Real) or not 0 <= comm < math.inf:  # nan dropped every edge
-        raise UsageError(f"simulate: comm must be a finite number >= 0 (seconds per transfer), got {comm!r}")
+    for name, value in (("comm", comm), ("fetch", fetch)):  # nan dropped every edge
+        if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value < math.inf:
+            raise UsageError(f"simulate: {name} must be a finite number >= 0 (seconds per transfer), got "
+                             f"{value!r}")
+    keepers = {
+        s: set(placement.copies.get(s, ())) or {placement.weight_rank(s)} for s in range(placement.stages)
+    }
     costs = {**DEFAULT_COSTS, **(costs or {})}
     last = placement.stages - 1
     orders = {r: [a for a in acts if a is not None] for r, acts in schedule.items()}
@@ -171,7 +205,8 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
         while pos[r] < len(orders[r]):
             a = orders[r][pos[r]]
             deps = [d for d in _deps(a, last) if d in present]
-            missing = next((d for d in deps if d not in times), None)
+            extra = [d for d in waits.get(a, ()) if d in present] if waits else []
+            missing = next((d for d in deps + extra if d not in times), None)
             if missing is not None:
                 waiting.setdefault(missing, []).append(r)
                 break
@@ -179,6 +214,10 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
             for d in deps:
                 dr, _, de = times[d]
                 start = max(start, de + (comm if dr != r else 0.0))
+            if fetch and a.is_compute and r not in keepers[a.stage]:
+                start += fetch
+            for d in extra:  # the weights may arrive while it waits for room
+                start = max(start, times[d][2])
             c = costs[a.kind]
             dur = float(c[a.stage] if isinstance(c, Mapping) else c)
             times[a] = (r, start, start + dur)
@@ -191,12 +230,16 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
         lines = []
         for r in blocked:
             a = orders[r][pos[r]]
-            need = [d for d in _deps(a, last) if d in present and d not in times]
+            need = [
+                d for d in [*_deps(a, last), *(waits or {}).get(a, ())] if d in present and d not in times
+            ]
             lines.append(f"rank {r} waits at {a} for {', '.join(map(str, need)) or 'an action no rank runs'}")
         raise PipelineDeadlock("the schedule cannot finish:\n  " + "\n  ".join(lines))
     makespan = max((e for _, _, e in times.values()), default=0.0)
     if not math.isfinite(makespan):  # each cost finite, their sum past the largest float
-        raise UsageError(f"simulate: the costs add up past the largest float (makespan {makespan}); use smaller units")
+        raise UsageError(
+            f"simulate: the costs add up past the largest float (makespan {makespan}); use smaller units"
+        )
     curve, peak = _activations(times, placement.stages)
     return Simulation(placement.ranks, placement.stages, microbatches, times, makespan,
                       [busy[r] for r in range(placement.ranks)], peak, curve)

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
-from .partition import TRACED, Pipeline, PipelineStage, forward_flops
+from .partition import TRACED, Pipeline, PipelineStage, action_flops, forward_flops
 from .trace import Trace, check_cuts, placeholders, replay, trace_calls
 
 __all__ = ["TracedStage", "TracedPipeline", "default_inputs", "named_modules"]
@@ -73,10 +73,19 @@ class TracedStage(nn.Module):
         inputs = placeholders(self._example, int(np.shape(x)[0]))
         return replay(self._model, self._trace, self._start, self._stop, inputs, x)
 
-    def forward_flops(self, rows: int) -> float:
-        """Forward FLOPs of ``rows`` rows: the stage's called modules' (:func:`.partition.forward_flops`)."""
+    def action_flops(self, rows: int) -> dict[str, float]:
+        """FLOPs of ``rows`` rows per compute action (F, I, W, B): the sums of what the stage's called
+        modules declare (:func:`.partition.action_flops`)."""
         modules = named_modules(self._model)
-        return sum(forward_flops(modules[c.name], rows) for c in self._trace.calls[self._start:self._stop])
+        total = {"F": 0.0, "I": 0.0, "W": 0.0, "B": 0.0}
+        for call in self._trace.calls[self._start:self._stop]:
+            for kind, value in action_flops(modules[call.name], rows).items():
+                total[kind] += value
+        return total
+
+    def forward_flops(self, rows: int) -> float:
+        """Forward FLOPs of ``rows`` rows (:meth:`action_flops`'s ``F``)."""
+        return self.action_flops(rows)["F"]
 
     def extra_repr(self) -> str:
         calls = self._trace.calls

@@ -36,9 +36,11 @@ __all__ = ["Step", "RedistributionPlan", "plan_redistribution"]
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a plan: ``collective`` (or a local ``slice``) over mesh ``axes``, a group of ``group_size``;
-    ``dim`` the dim it gathers, scatters or slices (all_to_all: concatenates), ``split_dim`` the dim all_to_all
-    splits, ``op`` the reduction, ``bytes_per_device`` what each device sends (the ring's, see the module doc)."""
+    """One step of a plan: ``collective`` (or a local ``slice``) over mesh ``axes``, a group of
+    ``group_size``; ``dim`` the dim it gathers, scatters or slices (all_to_all: concatenates),
+    ``split_dim`` the dim all_to_all splits, ``op`` the reduction, ``bytes_per_device`` what each
+    device sends (the ring's, see the module doc).
+    """
 
     collective: str  # all_reduce | reduce_scatter | all_to_all | all_gather | slice
     axes: tuple[str, ...]
@@ -58,8 +60,10 @@ class Step:
 
 @dataclass(frozen=True)
 class RedistributionPlan:
-    """How to turn a tensor of ``shape`` (items of ``itemsize`` bytes) sharded as ``src`` into ``dst``: ``steps``
-    in order; ``run(dev, local)`` applies them on a device, ``format(hardware)`` prints them with bytes and time."""
+    """How to turn a tensor of ``shape`` (items of ``itemsize`` bytes) sharded as ``src`` into
+    ``dst``: ``steps`` in order; ``run(dev, local)`` applies them on a device, ``format(hardware)``
+    prints them with bytes and time.
+    """
 
     src: TensorSharding
     dst: TensorSharding
@@ -101,13 +105,9 @@ class RedistributionPlan:
         for s in self.steps:
             t = ""
             if hw is not None and s.collective != "slice" and s.group_size > 1:
-                a, b = hw.intra_latency, hw.intra_bandwidth
-                n, m = s.group_size, s.bytes_per_device
-                total = {"all_reduce": m * n / (2 * (n - 1)), "reduce_scatter": m * n / (n - 1),
-                         "all_to_all": m * n / (n - 1), "all_gather": m * n / (n - 1)}[s.collective]
-                f = {"all_reduce": analytic.ring_all_reduce, "reduce_scatter": analytic.ring_reduce_scatter,
-                     "all_gather": analytic.ring_all_gather, "all_to_all": analytic.ring_all_gather}[s.collective]
-                t = f"  modelled {seconds(f(n, total, a, b))}"
+                modelled = analytic.ring_time(s.collective, s.group_size, s.bytes_per_device,
+                                              hw.intra_latency, hw.intra_bandwidth)
+                t = f"  modelled {seconds(modelled)}"
             lines.append(f"  {str(s):<40} {nbytes(s.bytes_per_device):>10}/device{t}")
         if not self.steps:
             lines.append("  (nothing to do)")
@@ -116,15 +116,18 @@ class RedistributionPlan:
 
 def plan_redistribution(src: TensorSharding, dst: TensorSharding, shape: Sequence[int], mesh: Any,
                         dtype: Any = np.float64) -> RedistributionPlan:
-    """The plan from ``src`` to ``dst`` for a global array of ``shape`` and ``dtype`` on ``mesh``, by the rules of
-    the module doc: reduce_scatter / all_reduce, all_to_all, all_gather, then local slices.  Raises
-    ``ShardingError`` if either spec does not fit, or if ``dst`` has a pending reduction."""
+    """The plan from ``src`` to ``dst`` for a global array of ``shape`` and ``dtype`` on ``mesh``,
+    by the rules of the module doc: reduce_scatter / all_reduce, all_to_all, all_gather, then local
+    slices.  Raises ``ShardingError`` if either spec does not fit, or if ``dst`` has a pending
+    reduction."""
     shape = tuple(int(s) for s in shape)
     src.check(shape, mesh, name="source")
     dst.check(shape, mesh, name="target")
     if dst.partial:
-        raise ShardingError(f"cannot redistribute to a partial spec ({dst}): a pending reduction is produced by a "
-                            "computation, not by moving data")
+        raise ShardingError(
+            f"cannot redistribute to a partial spec ({dst}): a pending reduction is produced by a "
+            "computation, not by moving data"
+        )
     itemsize = np.dtype(dtype).itemsize
     cur = list(src.dims)
     steps: list[Step] = []
@@ -151,7 +154,13 @@ def plan_redistribution(src: TensorSharding, dst: TensorSharding, shape: Sequenc
                               bytes_per_device=2 * (n - 1) / n * local_bytes(), group_size=n))
     for i in range(len(shape)):  # axes moving from dim i to a dim j that is replicated now
         for j in range(len(shape)):
-            if i != j and cur[i].axes and cur[i].axes == dst.dims[j].axes and not cur[j].axes and cur[i] != dst.dims[i]:
+            if (
+                i != j
+                and cur[i].axes
+                and cur[i].axes == dst.dims[j].axes
+                and not cur[j].axes
+                and cur[i] != dst.dims[i]
+            ):
                 n = size(cur[i].axes)
                 steps.append(Step("all_to_all", cur[i].axes, i, split_dim=j,
                                   bytes_per_device=(n - 1) / n * local_bytes(), group_size=n))
@@ -159,7 +168,9 @@ def plan_redistribution(src: TensorSharding, dst: TensorSharding, shape: Sequenc
     for d in range(len(shape)):
         if cur[d].axes and cur[d] != dst.dims[d]:
             n = size(cur[d].axes)
-            steps.append(Step("all_gather", cur[d].axes, d, bytes_per_device=(n - 1) * local_bytes(), group_size=n))
+            steps.append(
+                Step("all_gather", cur[d].axes, d, bytes_per_device=(n - 1) * local_bytes(), group_size=n)
+            )
             cur[d] = DimSharding()
     for d in range(len(shape)):
         if dst.dims[d].axes and cur[d] != dst.dims[d]:

@@ -27,6 +27,8 @@ import math
 
 __all__ = [
     "p2p",
+    "RING_STEPS",
+    "ring_time",
     "ring_all_reduce",
     "ring_all_gather",
     "ring_reduce_scatter",
@@ -51,6 +53,27 @@ def p2p(M: float, a: float, b: float) -> float:
     """One message of ``M`` bytes: ``α + M/β`` (Hockney 1994)."""
     _check(2, M, a, b)
     return a + M / b
+
+
+#: Steps of each ring collective over ``n`` devices; in every step each device sends one message.
+RING_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1),
+    "all_gather": lambda n: n - 1,
+    "reduce_scatter": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1,
+}
+
+
+def ring_time(kind: str, n: int, sent: float, a: float, b: float) -> float:
+    """α–β time of the ring collective ``kind`` over ``n`` devices from the bytes ``sent`` by each
+    device: ``steps·α + sent/β`` (``steps`` from :data:`RING_STEPS`).  The same figure as
+    :func:`ring_all_reduce` for ``sent = 2(n−1)M/n``, as :func:`ring_all_gather` and
+    :func:`ring_reduce_scatter` for ``sent = (n−1)M/n``; ``all_to_all`` sends ``(n−1)/n`` of its
+    array, one piece to each peer in turn.  What the policy table and the redistribution plans read."""
+    if kind not in RING_STEPS:
+        raise ValueError(f"ring_time: unknown collective {kind!r}; expected one of {', '.join(RING_STEPS)}")
+    _check(n, sent, a, b)
+    return RING_STEPS[kind](n) * a + sent / b
 
 
 def ring_all_reduce(n: int, M: float, a: float, b: float) -> float:

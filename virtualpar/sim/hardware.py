@@ -96,14 +96,18 @@ class DeviceSpec:
         try:
             items = [(k, v) for k, v in items]
         except (TypeError, ValueError):
-            raise ValueError(f"{where}: peak_flops must be a mapping {{dtype: FLOP/s}} or (dtype, FLOP/s) pairs; "
-                             f"got {self.peak_flops!r}") from None
+            raise ValueError(
+                f"{where}: peak_flops must be a mapping {{dtype: FLOP/s}} or (dtype, FLOP/s) pairs; "
+                f"got {self.peak_flops!r}"
+            ) from None
         pairs = tuple(sorted((dtype_name(k), _positive(where, f"peak_flops[{k!r}]", v)) for k, v in items))
         if _FALLBACK_DTYPE not in dict(pairs):
             raise ValueError(f"{where}: peak_flops needs a {_FALLBACK_DTYPE!r} figure (the fallback for "
                              f"other dtypes); got dtypes {[k for k, _ in pairs]}")
         object.__setattr__(self, "peak_flops", pairs)
-        object.__setattr__(self, "memory_bandwidth", _positive(where, "memory_bandwidth", self.memory_bandwidth))
+        object.__setattr__(
+            self, "memory_bandwidth", _positive(where, "memory_bandwidth", self.memory_bandwidth)
+        )
         object.__setattr__(self, "memory_capacity", _positive(where, "memory_capacity", self.memory_capacity))
 
     def peak(self, dtype: Any = _FALLBACK_DTYPE) -> float:
@@ -156,20 +160,27 @@ class Hardware:
     def __post_init__(self) -> None:
         where = f"Hardware {self.name!r}"
         if not isinstance(self.device, DeviceSpec):
-            raise ValueError(f"{where}: device must be a DeviceSpec (e.g. virtualpar.sim.hardware.H100_SXM); got {self.device!r}")
+            raise ValueError(
+                f"{where}: device must be a DeviceSpec (e.g. virtualpar.sim.hardware.H100_SXM); "
+                f"got {self.device!r}"
+            )
         object.__setattr__(self, "intra_latency", _nonneg(where, "intra_latency", self.intra_latency))
         object.__setattr__(self, "intra_bandwidth", _positive(where, "intra_bandwidth", self.intra_bandwidth))
         dpn = self.devices_per_node
         if dpn is not None and (isinstance(dpn, bool) or not isinstance(dpn, int) or dpn < 1):
             raise ValueError(f"{where}: devices_per_node must be a positive int or None; got {dpn!r}")
         if (self.inter_latency is None) != (self.inter_bandwidth is None):
-            raise ValueError(f"{where}: give both inter_latency and inter_bandwidth or neither; got "
-                             f"inter_latency={self.inter_latency!r}, inter_bandwidth={self.inter_bandwidth!r}")
+            raise ValueError(
+                f"{where}: give both inter_latency and inter_bandwidth or neither; got "
+                f"inter_latency={self.inter_latency!r}, inter_bandwidth={self.inter_bandwidth!r}"
+            )
         if self.inter_latency is not None:
             if dpn is None:
                 raise ValueError(f"{where}: inter-node links need devices_per_node; got None")
             object.__setattr__(self, "inter_latency", _nonneg(where, "inter_latency", self.inter_latency))
-            object.__setattr__(self, "inter_bandwidth", _positive(where, "inter_bandwidth", self.inter_bandwidth))
+            object.__setattr__(
+                self, "inter_bandwidth", _positive(where, "inter_bandwidth", self.inter_bandwidth)
+            )
 
     @property
     def multi_node(self) -> bool:
@@ -196,7 +207,8 @@ class Hardware:
     @classmethod
     def uniform(cls, latency: float, bandwidth: float, device: DeviceSpec = IDEAL_DEVICE,
                 name: str | None = None) -> Hardware:
-        """Any number of devices, fully connected by links of latency α = ``latency`` s and β = ``bandwidth`` B/s.
+        """Any number of devices, fully connected by links of latency α = ``latency`` s and β =
+        ``bandwidth`` B/s.
 
         With the default ideal device compute is free, so modelled time is pure α–β communication.
         """
@@ -205,6 +217,14 @@ class Hardware:
         named = f"uniform(α={seconds(latency)}, β={rate(bandwidth)})"
         return cls(name or named, device, latency, bandwidth,
                    description="fully connected, uniform α–β links")
+
+    @classmethod
+    def unit(cls) -> Hardware:
+        """Free links and a device of 1 FLOP/s (float32, any dtype falls back to it): with action
+        costs such as ``{"F": 1, "B": 1}`` the modelled clock counts schedule steps, so an executed
+        run's timeline is the textbook picture."""
+        inf = math.inf
+        return cls.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
 
 
 # --- presets -----------------------------------------------------------------------------------
@@ -260,7 +280,8 @@ HARDWARE: dict[str, Hardware] = {
 
 
 def get_hardware(hardware: str | Hardware) -> Hardware:
-    """``hardware`` itself if it is a :class:`Hardware`, else the preset of that name from :data:`HARDWARE`."""
+    """``hardware`` itself if it is a :class:`Hardware`, else the preset of that name from
+    :data:`HARDWARE`."""
     if isinstance(hardware, Hardware):
         return hardware
     if isinstance(hardware, str) and hardware in HARDWARE:

@@ -8,15 +8,18 @@
 
 from __future__ import annotations
 
+from .actions import action_of, to_actions
 from .lowering import StrategyOperation, count_transfers, lower_strategy
 from .render import to_html, to_text
 from .simulate import OldestBatchFirst, OldestStageFirst, ScheduledWork, StrategyRun, simulate
 from .work import (STRATEGIES, ComputeAndWeightWorkers, Cuckoo, Direction, DistributedDataParallel,
-                   FullyShardedDataParallel, FullyShardedLoopedPipeline, GPipe, LoopedPipeline, Strategy, Work)
+                   FullyShardedDataParallel, FullyShardedLoopedPipeline, GPipe, LoopedPipeline, Strategy,
+                   Work)
 
 __all__ = [
-    "Work", "Direction", "ComputeAndWeightWorkers", "Strategy", "DistributedDataParallel", "FullyShardedDataParallel",
-    "GPipe", "LoopedPipeline", "FullyShardedLoopedPipeline", "Cuckoo", "STRATEGIES", "simulate", "StrategyRun",
-    "ScheduledWork", "OldestBatchFirst", "OldestStageFirst", "to_text", "to_html", "StrategyOperation",
-    "lower_strategy", "count_transfers",
+    "Work", "Direction", "ComputeAndWeightWorkers", "Strategy", "DistributedDataParallel",
+    "FullyShardedDataParallel", "GPipe", "LoopedPipeline", "FullyShardedLoopedPipeline", "Cuckoo",
+    "STRATEGIES", "simulate", "StrategyRun", "ScheduledWork", "OldestBatchFirst", "OldestStageFirst",
+    "to_text", "to_html", "StrategyOperation", "lower_strategy", "count_transfers", "action_of",
+    "to_actions",
 ]

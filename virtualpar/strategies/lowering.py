@@ -28,6 +28,7 @@ from typing import Any
 from .. import nn
 from ..errors import UsageError
 from ..pipeline import Action, Pipeline, PipelinedOperation, Placement
+from .actions import to_actions
 from .simulate import StrategyRun, simulate
 from .work import Direction, Strategy
 
@@ -35,52 +36,54 @@ __all__ = ["lower_strategy", "StrategyOperation", "count_transfers"]
 
 
 def lower_strategy(run: StrategyRun) -> tuple[dict[int, list[Action]], Placement]:
-    """The simulated ``run`` as a pipeline ``(schedule, placement)``: each worker's items in start order as
-    ``Action(stage, F|B, batch)``, and each item's compute and weight workers (see the module doc); refuses a
-    backward on another worker than its forward, or a replicated stage kept by a worker that does not compute it."""
-    order = sorted(run.items, key=lambda i: (i.workers.compute, i.start))
-    schedule: dict[int, list[Action]] = {w: [] for w in range(run.num_workers)}
-    compute: dict[tuple[int, int], int] = {}
-    weights: dict[int, set[int]] = {}
-    local: dict[int, bool] = {}
+    """The simulated ``run`` as a pipeline ``(schedule, placement)`` (:func:`~.actions.to_actions`):
+    each worker's items in start order as ``Action(stage, F|B, batch)``, and each item's compute and
+    weight workers.  Refuses what the executor cannot run: a backward on another worker than its
+    forward, or a replicated stage kept by a worker that does not compute it."""
     forward_on = {(i.work.stage, i.work.batch): i.workers.compute for i in run.items
                   if i.work.direction is Direction.FORWARD}
-    for item in order:
+    weights: dict[int, set[int]] = {}
+    local: dict[int, bool] = {}
+    for item in sorted(run.items, key=lambda i: (i.workers.compute, i.start)):
         w = item.work
-        kind = "F" if w.direction is Direction.FORWARD else "B"
-        schedule[item.workers.compute].append(Action(w.stage, kind, w.batch))
-        key = (w.stage, w.batch)
-        if forward_on[key] != item.workers.compute:  # a backward away from its forward (Cuckoo)
-            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker {forward_on[key]} "
-                             f"and its backward on worker {item.workers.compute}: moving the stashed activation "
-                             "is not supported by the executor (simulate this strategy instead)")
-        compute[key] = item.workers.compute
+        if forward_on[(w.stage, w.batch)] != item.workers.compute:  # a backward away from its forward
+            raise UsageError(f"stage {w.stage} of batch {w.batch} runs its forward on worker "
+                             f"{forward_on[(w.stage, w.batch)]} and its backward on worker "
+                             f"{item.workers.compute}: moving the stashed activation is not supported by "
+                             "the executor (simulate this strategy instead)")
         weights.setdefault(w.stage, set()).add(item.workers.weight)
         local[w.stage] = local.get(w.stage, True) and item.workers.weight == item.workers.compute
-    replicated = tuple((s, tuple(sorted(weights[s]))) for s in range(run.num_stages) if len(weights[s]) > 1)
-    for s, _ in replicated:  # several weight workers: copies, as data parallelism keeps them
-        if not local[s]:
-            raise UsageError(f"stage {s}'s weights are mapped to workers {sorted(weights[s])}, some of which do not "
-                             "compute with them: the executor keeps a stage's weights on one worker, or a copy on "
-                             "each worker that computes with its own copy")
-    stage_rank = tuple(compute[(s, 0)] for s in range(run.num_stages))
-    placement = Placement(run.num_workers, stage_rank, tuple(sorted(compute.items())),
-                          tuple(min(weights[s]) for s in range(run.num_stages)), replicated)
-    return schedule, placement
+    for s in range(run.num_stages):  # several weight workers: copies, as data parallelism keeps them
+        if len(weights[s]) > 1 and not local[s]:
+            raise UsageError(f"stage {s}'s weights are mapped to workers {sorted(weights[s])}, some of which "
+                             "do not compute with them: the executor keeps a stage's weights on one "
+                             "worker, or a copy on each worker that computes with its own copy")
+    return to_actions(run.items, run.num_workers, run.num_stages)
 
 
 def count_transfers(op: PipelinedOperation) -> dict[str, int]:
     """Transfers the last executed step made, counted from what every rank ran."""
-    kinds = [Action.from_str(t).kind for recs in op.all_records.values() for t, *_ in recs]
+    kinds = [a.kind for recs in op.all_records.values() for a, *_ in recs]
     return {"activation": kinds.count("SF") + kinds.count("SB"), "weight": kinds.count("SW"),
             "gradient": kinds.count("SG")}
 
 
 class StrategyOperation(PipelinedOperation):
-    """A ``PipelinedOperation`` whose schedule and placement come from a strategy's simulation."""
+    """A ``PipelinedOperation`` whose schedule and placement come from a strategy: its scheduler
+    orders the work, the pipeline's one timing engine times it (``self.run``), and the pipeline's
+    executor runs the same actions."""
 
-    def __init__(self, pipeline: Pipeline, strategy: Strategy, num_workers: int, num_batches: int,
-                 loss: Any = nn.mse_loss, optimizer: nn.Optimizer | None = None, axis: Any = None, **sim: Any) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        strategy: Strategy,
+        num_workers: int,
+        num_batches: int,
+        loss: Any = nn.mse_loss,
+        optimizer: nn.Optimizer | None = None,
+        axis: Any = None,
+        **sim: Any,
+    ) -> None:
         self.run = simulate(num_workers, len(pipeline), num_batches, strategy, **sim)
         super().__init__(pipeline, lower_strategy(self.run), microbatches=num_batches, loss=loss,
                          optimizer=optimizer, axis=axis)

@@ -1,49 +1,36 @@
 """The greedy, tickless scheduler of the unified scheme, and its statistics.
 
+The scheduler chooses the order of the work items; the times it reports are the pipeline's:
+the order is lowered to ``Action`` lists (:mod:`.actions`) and timed by the one timing engine,
+:func:`virtualpar.pipeline.simulate`, which times every schedule.
+
 Each batch runs forward through stages 0…S−1, then backward from S−1 to 0.  At every decision the
 scheduler looks at the next work item of every unfinished batch and starts the one that can start
-earliest: at the later of when its predecessor ends (plus ``activation_cost`` if the predecessor
-ran on another worker) and when its compute worker is free, plus ``weight_cost`` when its weights
-live on another worker — the fetch starts once the worker is free and the input is there (no
-prefetch), so ``start = max(free, pred + ac) + wc``.  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest batch, then furthest
-along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest batch).  With
-``max_activations`` a worker holding that many stashed activations starts no forward until a
-backward frees one — which is how 1F1B emerges from the GPipe mapping.  A batch that runs k > 1
-forwards on one worker (looped strategies: stages 0, 2, 4 on one worker) reserves all k slots
-there at its first forward on it: taking them one at a time, two batches could each hold some of
-that worker's slots and wait for the rest forever (with the cap at exactly k, as one batch needs).
-A batch needing more slots on one worker than the cap is refused with the worker and the count.
+earliest: at the later of when its predecessor ends (plus ``activation_cost`` if the predecessor ran
+on another worker) and when its compute worker is free, plus ``weight_cost`` when its weights live
+on another worker — the fetch starts once the worker is free and the input is there (no prefetch),
+so ``start = max(free, pred + ac) + wc``.  Ties go by the ``policy``: ``OldestBatchFirst`` (lowest
+batch, then furthest along) or ``OldestStageFirst`` (furthest along its pipeline, then lowest
+batch).  With ``max_activations`` a worker holding that many stashed activations starts no forward
+until a backward frees one — which is how 1F1B emerges from the GPipe mapping.  A batch that runs
+k > 1 forwards on one worker (looped strategies: stages 0, 2, 4 on one worker) reserves all k
+slots there at its first forward on it: taking them one at a time, two batches could each hold some
+of that worker's slots and wait for the rest forever (with the cap at exactly k, as one batch
+needs).  A batch needing more slots on one worker than the cap is refused with the worker and the
+count.
 
-Statistics (f, b the forward and backward costs; W workers; B batches; S stages; T the latency):
-
-- ``latency`` T: when the last item ends.  ``throughput``: 2SB / (T·W), work items per unit time
-  per worker.  ``busy`` / ``utilisation`` per worker.
-- ``activation_transmissions``: consecutive items of a batch on different workers (an activation
-  forward, a gradient backward).  ``weight_transmissions``: items whose weights live elsewhere
-  (fetched to the compute worker); ``gradient_transmissions``: backward items among those (their
-  gradient goes back to the weight worker).
-- ``weight_storage``: per worker, the stages whose weights it keeps.
-- activation storage: the forward of stage s for batch b stashes its input on its compute worker
-  until the backward of (s, b) ends; ``peak_activations`` is the most any worker holds at once,
-  ``mean_activations`` the time average of what a worker holds, averaged over the workers.
-
-The bound ρ ≤ M/S (ρ the throughput above, M the peak activation storage of a worker, S the
-stages).  What we can prove: the activation of (s, b) is held at least from the start of F(s, b)
-to the end of B(s, b), which spans the forward and backward of stages s…S−1: (S−s)(f+b).  Summed
-over one batch that is (f+b)·S(S+1)/2, and over the run at most W·M·T is available, so
-ρ = 2SB/(TW) ≤ 4M / ((f+b)(S+1)) — for f+b = 3 this is ρ ≤ (4/3)·M/(S+1), which implies ρ ≤ M/S
-for S ≤ 3; for larger S the tests check ρ ≤ M/S on every built-in strategy, and the proven bound
-always.
+The statistics of a run are :class:`~.run.StrategyRun`'s (:mod:`.run`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
 from ..errors import UsageError
+from .actions import time_items
+from .run import ScheduledWork, StrategyRun, activation_stats
 from .work import ComputeAndWeightWorkers, Direction, Strategy, Work
 
 __all__ = ["simulate", "StrategyRun", "ScheduledWork", "OldestBatchFirst", "OldestStageFirst"]
@@ -58,59 +45,6 @@ def OldestBatchFirst(batch: int, position: int) -> tuple:
 def OldestStageFirst(batch: int, position: int) -> tuple:
     """Tie-break key (smaller first): the item furthest along its batch's 2S items, then the lowest batch."""
     return (-position, batch)
-
-
-@dataclass(frozen=True)
-class ScheduledWork:
-    """One scheduled item: ``work`` on ``workers`` (compute and weight), computing from ``start`` to ``end``."""
-
-    work: Work
-    workers: ComputeAndWeightWorkers
-    start: float
-    end: float
-
-
-@dataclass
-class StrategyRun:
-    """What ``simulate`` returns: its sizes and costs (f, b), the ``items`` scheduled, the transmission counts,
-    ``peak_activations`` / ``mean_activations`` and ``busy`` per worker; ``latency``, ``throughput`` (2SB / (T·W)),
-    ``utilisation`` and ``weight_storage`` derive from these (see the module doc)."""
-
-    num_workers: int
-    num_stages: int
-    num_batches: int
-    items: list[ScheduledWork]
-    forward_cost: float
-    backward_cost: float
-    activation_transmissions: int
-    weight_transmissions: int
-    gradient_transmissions: int
-    peak_activations: int
-    mean_activations: float
-    busy: list[float] = field(default_factory=list)
-
-    @property
-    def latency(self) -> float:
-        return max((i.end for i in self.items), default=0.0)
-
-    @property
-    def throughput(self) -> float:
-        return len(self.items) / (self.latency * self.num_workers) if self.latency else 0.0
-
-    @property
-    def utilisation(self) -> list[float]:
-        return [b / self.latency if self.latency else 0.0 for b in self.busy]
-
-    @property
-    def weight_storage(self) -> list[int]:
-        stores: list[set[int]] = [set() for _ in range(self.num_workers)]
-        for i in self.items:
-            stores[i.workers.weight].add(i.work.stage)
-        return [len(s) for s in stores]
-
-    def proven_bound(self) -> float:
-        """4M / ((f+b)(S+1)): the throughput no schedule can beat at this peak storage."""
-        return 4 * self.peak_activations / ((self.forward_cost + self.backward_cost) * (self.num_stages + 1))
 
 
 def _sequence(stages: int, batch: int) -> list[Work]:
@@ -142,7 +76,8 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
     need = [_forwards_per_worker(seqs[b], strategy, num_workers) for b in range(num_batches)] \
         if max_activations is not None else []
     items: list[ScheduledWork] = []
-    busy = [0.0] * num_workers
+    freed_by: dict[tuple[int, int], Work] = {}  # (worker, index in held) -> the backward that frees it
+    waits: dict[Work, Work] = {}  # a forward that waited for room -> the backward that made it
     act_tx = w_tx = g_tx = 0
     remaining = 2 * num_stages * num_batches
     while remaining:
@@ -152,31 +87,46 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
                 continue
             w = seqs[b][pos[b]]
             cw = _workers(strategy(w), w, num_workers)
-            start = max(free[cw.compute], done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0))
+            start = max(
+                free[cw.compute],
+                done_at[b] + (activation_cost if last_worker[b] not in (None, cw.compute) else 0.0),
+            )
             if cw.weight != cw.compute:
                 start += weight_cost
-            if w.direction is Direction.FORWARD and max_activations is not None and (b, cw.compute) not in reserved:
-                k = need[b][cw.compute]  # the batch's first forward on this worker reserves all it needs there
+            if (
+                w.direction is Direction.FORWARD
+                and max_activations is not None
+                and (b, cw.compute) not in reserved
+            ):
+                # the batch's first forward on this worker reserves all it needs there
+                k = need[b][cw.compute]
                 if k > max_activations:
-                    raise UsageError(f"simulate: batch {b} runs {k} forwards on worker {cw.compute}, whose "
-                                     f"activations are held at once; max_activations={max_activations} is too "
-                                     f"small for this strategy (at least {k})")
+                    raise UsageError(
+                        f"simulate: batch {b} runs {k} forwards on worker {cw.compute}, whose "
+                        f"activations are held at once; max_activations={max_activations} is too "
+                        f"small for this strategy (at least {k})"
+                    )
                 slot = _slot_free_at(held[cw.compute], max_activations, k)
                 if slot is None:
                     continue
                 start = max(start, slot)
+                freer = next((freed_by[(cw.compute, j)] for j, t in enumerate(held[cw.compute])
+                              if t == slot and (cw.compute, j) in freed_by), None) if slot > 0 else None
+            else:
+                freer = None
             key = (start, *policy(b, pos[b]))
             if best is None or key < best[0]:
-                best = (key, b, w, cw, start)
+                best = (key, b, w, cw, start, freer)
         if best is None:
             raise UsageError(f"simulate: every next work item waits for activation room that only another "
                              f"waiting item would free (max_activations={max_activations}): a cycle of waits "
                              "this strategy's mapping creates at this limit")
-        _, b, w, cw, start = best
+        _, b, w, cw, start, freer = best
+        if freer is not None:
+            waits[w] = freer
         cost = forward_cost if w.direction is Direction.FORWARD else backward_cost
         end = start + cost
         items.append(ScheduledWork(w, cw, start, end))
-        busy[cw.compute] += cost
         if last_worker[b] is not None and last_worker[b] != cw.compute:
             act_tx += 1
         if cw.weight != cw.compute:
@@ -195,12 +145,27 @@ def simulate(num_workers: int, num_stages: int, num_batches: int, strategy: Stra
         else:
             worker, idx = stash.pop((w.stage, b))
             held[worker][idx] = end
+            freed_by[(worker, idx)] = w
         free[cw.compute], done_at[b], last_worker[b] = end, end, cw.compute
         pos[b] += 1
         remaining -= 1
-    peak, mean = _activation_stats(items, num_workers)
-    return StrategyRun(num_workers, num_stages, num_batches, items, forward_cost, backward_cost, act_tx, w_tx, g_tx,
-                       peak, mean, busy)
+    items, busy = time_items(items, num_workers, num_stages, num_batches, forward_cost, backward_cost,
+                             activation_cost, weight_cost, waits)
+    peak, mean = activation_stats(items, num_workers)
+    return StrategyRun(
+        num_workers,
+        num_stages,
+        num_batches,
+        items,
+        forward_cost,
+        backward_cost,
+        act_tx,
+        w_tx,
+        g_tx,
+        peak,
+        mean,
+        busy,
+    )
 
 
 def _check_callables(strategy: Any, policy: Any) -> None:
@@ -208,13 +173,17 @@ def _check_callables(strategy: Any, policy: Any) -> None:
     and the seed notebook's ``OldestStageFirst(num_stages, num_batches)`` calls it, giving a tuple
     that failed deep inside as "'tuple' object is not callable"."""
     if not callable(strategy):
-        raise UsageError(f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, "
-                         f"or STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}")
+        raise UsageError(
+            f"simulate: strategy must be a function Work -> ComputeAndWeightWorkers (e.g. GPipe, "
+            f"or STRATEGIES[name](W, S, B)), got {type(strategy).__name__} {strategy!r}"
+        )
     if not callable(policy):
         hint = (" — pass the policy itself, OldestStageFirst or OldestBatchFirst, not a call of it such as "
                 "OldestStageFirst(6, 12)") if isinstance(policy, tuple) else ""
-        raise UsageError(f"simulate: policy must be a function (batch, position) -> sort key, such as "
-                         f"OldestBatchFirst or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}")
+        raise UsageError(
+            f"simulate: policy must be a function (batch, position) -> sort key, such as "
+            f"OldestBatchFirst or OldestStageFirst; got {type(policy).__name__} {policy!r}{hint}"
+        )
 
 
 def _slot_free_at(releases: list[float], cap: int, k: int = 1) -> float | None:
@@ -239,35 +208,17 @@ def _forwards_per_worker(seq: list[Work], strategy: Strategy, workers: int) -> l
 def _workers(cw: Any, w: Work, n: int) -> ComputeAndWeightWorkers:
     """The strategy's answer as ``ComputeAndWeightWorkers`` of two ints in 0..n−1 (a plain pair and
     numpy ints are taken as such); anything else is refused, naming the work item."""
-    if isinstance(cw, tuple) and len(cw) == 2 and all(isinstance(x, Integral) and not isinstance(x, bool) for x in cw):
+    if (
+        isinstance(cw, tuple)
+        and len(cw) == 2
+        and all(isinstance(x, Integral) and not isinstance(x, bool) for x in cw)
+    ):
         if all(0 <= x < n for x in cw):
             return cw if type(cw) is ComputeAndWeightWorkers and all(type(x) is int for x in cw) else \
                 ComputeAndWeightWorkers(int(cw[0]), int(cw[1]))
-        raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to workers {tuple(map(int, cw))}; "
-                         f"there are {n} workers, 0..{n - 1}")
+        raise UsageError(
+            f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to workers {tuple(map(int, cw))}; "
+            f"there are {n} workers, 0..{n - 1}"
+        )
     raise UsageError(f"the strategy mapped {w} (stage {w.stage}, batch {w.batch}) to {cw!r}; expected "
                      f"ComputeAndWeightWorkers(compute, weight), two ints in 0..{n - 1}")
-
-
-def _activation_stats(items: list[ScheduledWork], workers: int) -> tuple[int, float]:
-    """Peak over workers and time of stashed activations, and the mean over time and workers."""
-    events: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
-    start_of: dict[tuple[int, int], tuple[int, float]] = {}
-    for i in items:
-        if i.work.direction is Direction.FORWARD:
-            start_of[(i.work.stage, i.work.batch)] = (i.workers.compute, i.start)
-    for i in items:
-        if i.work.direction is Direction.BACKWARD:
-            worker, t0 = start_of[(i.work.stage, i.work.batch)]
-            events[worker] += [(t0, 1), (i.end, -1)]
-    latency = max((i.end for i in items), default=0.0)
-    peak, area = 0, 0.0
-    for ev in events:
-        ev.sort(key=lambda e: (e[0], e[1]))
-        n, last = 0, 0.0
-        for t, d in ev:
-            area += n * (t - last)
-            n, last = n + d, t
-            peak = max(peak, n)
-    mean = area / (latency * workers) if latency else 0.0
-    return peak, mean

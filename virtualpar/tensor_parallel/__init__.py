@@ -14,7 +14,7 @@ collectives/FLOPs), ``matmul`` and ``ffn`` (the policies and the two operations)
 layer run as an operation, resident inputs), ``runner`` (forward now, backward later, measured),
 ``execute`` (the forward on a cluster; ``TensorParallelOp``, the form with declared shapes),
 ``explore`` / ``explore_ffn`` (every assignment of mesh axes, ``policy="auto"``), ``table`` (the
-``virtualpar policies`` rows), ``tour``.
+``virtualpar policies`` rows).
 
 Accuracy (tests/test_tp_*.py): outputs and gradients equal numpy's to ≤ 1e-12 relative
 (max |error| / max |reference|) in float64 and ≤ 2e-6 in float32 at the test shapes (k ≤ 48);

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..sim.analytic import ring_time
 from ..sim.hardware import get_hardware
 
 __all__ = ["Collective", "PhaseCost", "PolicyCost", "gather_bytes", "scatter_bytes", "reduce_bytes",
@@ -89,12 +90,12 @@ def estimate_hardware(hardware: Any) -> Any:
 
 
 def modelled_estimate(phase: PhaseCost, mesh: Any, hardware: Any, dtype: Any) -> float:
-    """Σ over collectives of steps·α + bytes sent/β (ring: 2(n−1) steps for all_reduce, n−1 else)
-    plus FLOPs / peak: compute-bound kernels, no overlap of communication and compute."""
+    """Σ over collectives of ``sim.analytic.ring_time`` (steps·α + bytes sent/β on the intra-node
+    link) plus FLOPs / peak: compute-bound kernels, no overlap of communication and compute."""
     hardware = estimate_hardware(hardware)
     a, b = hardware.intra_latency, hardware.intra_bandwidth
     total = phase.flops / hardware.device.peak(dtype)
     for c in phase.collectives:
         n = int(np.prod([mesh.axis_size(x) for x in c.axes]))
-        total += (2 if c.kind == "all_reduce" else 1) * (n - 1) * a + c.bytes_sent / b
+        total += ring_time(c.kind, n, c.bytes_sent, a, b)
     return total

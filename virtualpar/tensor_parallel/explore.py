@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardingError
+from ..kernels import matmul_backward_flops, matmul_flops
 from . import autodiff as ad
 from .costs import (Collective, PhaseCost, PolicyCost, estimate_hardware, gather_bytes, modelled_estimate,
                     reduce_bytes, scatter_bytes)
@@ -93,20 +94,25 @@ class DerivedMatMul:
         peak = (math.prod(shape["A"]) + math.prod(shape["B"])) * itemsize
         fwd: list[Collective] = []
         bwd: list[Collective] = []
-        flops = 0
+        flops = back = 0
         for s in self.steps:
             size = mesh.axis_size(s.axis) if s.axis else 1
             if s.op == "matmul":
                 (mm, kk), (_, nn) = shape["A"], shape["B"]
                 shape["C"] = [mm, nn]
-                flops = 2 * mm * kk * nn
+                flops = matmul_flops(mm, kk, nn)
+                back = sum(matmul_backward_flops(mm, kk, nn))
                 peak += mm * nn * itemsize
             elif s.op == "g":
                 nbytes = math.prod(shape["C"]) * itemsize
                 fwd.append(Collective("all_reduce", (s.axis,), reduce_bytes(nbytes, size)))
                 peak += nbytes + reduce_bytes(nbytes, size)  # result + the chunks it receives
             elif s.op == "f":
-                bwd.append(Collective("all_reduce", (s.axis,), reduce_bytes(math.prod(shape[s.tensor]) * itemsize, size)))
+                bwd.append(
+                    Collective(
+                        "all_reduce", (s.axis,), reduce_bytes(math.prod(shape[s.tensor]) * itemsize, size)
+                    )
+                )
             else:
                 piece = math.prod(shape[s.tensor]) * itemsize
                 fwd.append(Collective("all_gather", (s.axis,), gather_bytes(piece, size)))
@@ -114,7 +120,7 @@ class DerivedMatMul:
                 peak += piece * size + piece * (size - 1)  # result + the pieces it receives
                 if s.op == "all_gather":
                     bwd.append(Collective("reduce_scatter", (s.axis,), scatter_bytes(piece * size, size)))
-        return PolicyCost(PhaseCost(tuple(fwd), flops), PhaseCost(tuple(reversed(bwd)), 2 * flops)), peak
+        return PolicyCost(PhaseCost(tuple(fwd), flops), PhaseCost(tuple(reversed(bwd)), back)), peak
 
 
 def _size(mesh: Any, axes: tuple[str, ...]) -> int:
@@ -134,7 +140,10 @@ def derive(a: Layout, b: Layout, replicate_output: bool = False) -> DerivedMatMu
     a_after = set(am) | set(partial)          # axes along which A's local block varies after its gathers
     b_after = set(bn_keep) | set(partial)
     steps: list[Step] = []
-    for name, gathers, other, own in (("A", gather_a, b_after, set(am) | set(ak)), ("B", gather_b, a_after, set(bk) | set(bn))):
+    for name, gathers, other, own in (
+        ("A", gather_a, b_after, set(am) | set(ak)),
+        ("B", gather_b, a_after, set(bk) | set(bn)),
+    ):
         for axis in sorted(other - own):
             steps.append(Step("f", name, axis))
         for dim, axes in sorted(gathers.items()):
@@ -189,7 +198,9 @@ def explore(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "floa
         out.append(Candidate(layer, cost, peak, modelled_estimate(cost.forward, mesh, hardware, dtype),
                              modelled_estimate(cost.backward, mesh, hardware, dtype),
                              peak <= hardware.device.memory_capacity))
-    return sorted(out, key=lambda c: (c.modelled_forward_s, c.modelled_backward_s, c.peak_bytes, c.layer.name))
+    return sorted(
+        out, key=lambda c: (c.modelled_forward_s, c.modelled_backward_s, c.peak_bytes, c.layer.name)
+    )
 
 
 def choose(m: int, k: int, n: int, mesh: Any, hardware: Any, dtype: Any = "float32", policy: str = "auto",

@@ -1,11 +1,12 @@
 """``FeedForward``: y = relu(x·W1 + b1)·W2 + b2 under a ``FeedForwardShardingPolicy``, fwd and bwd.
 
 x and y are (b, s, m); W1 (m, h), b1 (h,), W2 (h, m), b2 (m,).  As for MatMul, each policy is a
-forward program over :mod:`.autodiff`; its backward is the vjp.  Notation: T = b·s tokens,
-s_ = itemsize; collectives are listed in the order they run (the backward's is autograd's
-reverse topological order of the forward); FLOPs counted as in :mod:`.autodiff` (2 per multiply-add, 1 per element for bias,
-ReLU, ReLU mask, bias-gradient sum).  The unsharded block does 4Tmh + 2Th + Tm flops forward and
-8Tmh + 2Th + Tm backward; each policy divides it as stated.  Bytes are sent per device.
+forward program over :mod:`.autodiff`; its backward is the vjp.  Notation: T = b·s tokens, s_ =
+itemsize; collectives are listed in the order they run (the backward's is autograd's reverse
+topological order of the forward); FLOPs counted as in :mod:`.autodiff` (2 per multiply-add, 1 per
+element for bias, ReLU, ReLU mask, bias-gradient sum).  The unsharded block does 4Tmh + 2Th + Tm
+flops forward and 8Tmh + 2Th + Tm backward; each policy divides it as stated.  Bytes are sent per
+device.
 
 ``unsharded``  everything replicated; no collective.
 ``megatron``   (arXiv 1909.08053 §3) over axes A, t = |A|: x [R, R, R], W1 [R, S(A)], b1 [S(A)],
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ShardingError
+from ..kernels import matmul_backward_flops, matmul_flops
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
 from ..sharding import TensorSharding
@@ -103,21 +105,29 @@ class FeedForwardShardingPolicy:
     @classmethod
     def named(cls, name: str, mesh: Any, **roles: Any) -> "FeedForwardShardingPolicy":
         if name not in FFN_POLICIES:
-            raise ShardingError(f"unknown FeedForward policy {name!r}; expected one of {sorted(FFN_POLICIES)}", policy=name)
+            raise ShardingError(
+                f"unknown FeedForward policy {name!r}; expected one of {sorted(FFN_POLICIES)}", policy=name
+            )
         if not hasattr(mesh, "axis_names"):
-            raise ShardingError(f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
-                                policy=name)
+            raise ShardingError(
+                f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
+                policy=name,
+            )
         needed = FFN_POLICIES[name][0]
         unknown = sorted(set(roles) - set(needed))
         if unknown:
-            raise ShardingError(f"policy {name!r} takes roles {needed}, got unexpected {unknown}", policy=name)
+            raise ShardingError(
+                f"policy {name!r} takes roles {needed}, got unexpected {unknown}", policy=name
+            )
         axes = tuple(mesh.axis_names)
         full: dict[str, tuple[str, ...]] = {}
         if name in ("megatron", "sequence_parallel"):
             full = {"t": axes}
         elif name == "gspmd":
             if len(axes) < 2:
-                raise ShardingError(f"policy 'gspmd' needs a mesh with at least 2 axes; got axes {axes}", policy=name)
+                raise ShardingError(
+                    f"policy 'gspmd' needs a mesh with at least 2 axes; got axes {axes}", policy=name
+                )
             full = {"x": axes[:1], "y": axes[1:]}
         full.update(role_axes(name, roles))
         full = check_roles(name, full, mesh, FFN_POLICIES[name][2], ("x", "W1", "b1", "W2", "b2", "y"))
@@ -141,24 +151,32 @@ class FeedForwardShardingPolicy:
 
     def __str__(self) -> str:
         names = ("x", "W1", "b1", "W2", "b2", "y")
-        return f"{self.name}: " + " ".join(f"{n}{format_layout(lay)}" for n, lay in zip(names, self.layouts()))
+        return f"{self.name}: " + " ".join(
+            f"{n}{format_layout(lay)}" for n, lay in zip(names, self.layouts())
+        )
 
     def cost(self, b: int, s: int, m: int, h: int, mesh: Any, itemsize: int) -> PolicyCost:
         """The closed forms of the module docstring."""
         r, e, T = self.role_axes, itemsize, b * s
+        # x·W1 and a·W2 (kernels.matmul_flops), their backward's input and weight parts; the
+        # elementwise terms (2Th: bias and ReLU of the hidden, Tm: bias of the output) are
+        # autodiff's kernels, one FLOP per element
+        mm = matmul_flops(T, m, h) + matmul_flops(T, h, m)
+        mm_back = sum(matmul_backward_flops(T, m, h)) + sum(matmul_backward_flops(T, h, m))
         if self.name == "unsharded":
-            return PolicyCost(PhaseCost((), 4 * T * m * h + 2 * T * h + T * m), PhaseCost((), 8 * T * m * h + 2 * T * h + T * m))
+            return PolicyCost(PhaseCost((), mm + 2 * T * h + T * m),
+                              PhaseCost((), mm_back + 2 * T * h + T * m))
         if self.name in ("megatron", "sequence_parallel"):
             A, t = r["t"], axes_size(mesh, r["t"])
             if self.name == "megatron":
                 ar = Collective("all_reduce", A, reduce_bytes(T * m * e, t))
-                return PolicyCost(PhaseCost((ar,), (4 * T * m * h + 2 * T * h) // t + T * m),
-                                  PhaseCost((ar,), (8 * T * m * h + 2 * T * h) // t + T * m))
+                return PolicyCost(PhaseCost((ar,), (mm + 2 * T * h) // t + T * m),
+                                  PhaseCost((ar,), (mm_back + 2 * T * h) // t + T * m))
             ag = Collective("all_gather", A, gather_bytes(T // t * m * e, t))
             rs = Collective("reduce_scatter", A, scatter_bytes(T * m * e, t))
-            return PolicyCost(PhaseCost((ag, rs), (4 * T * m * h + 2 * T * h + T * m) // t),
+            return PolicyCost(PhaseCost((ag, rs), (mm + 2 * T * h + T * m) // t),
                               PhaseCost((Collective("all_reduce", A, reduce_bytes(m * e, t)), ag, rs),
-                                        (8 * T * m * h + 2 * T * h + T * m) // t))
+                                        (mm_back + 2 * T * h + T * m) // t))
         X, Y = r["x"], r["y"]
         p, q = axes_size(mesh, X), axes_size(mesh, Y)
         w_piece = (m // p) * (h // q) * e
@@ -173,8 +191,8 @@ class FeedForwardShardingPolicy:
                Collective("reduce_scatter", X, scatter_bytes((h // q) * m * e, p)),
                Collective("reduce_scatter", Y, scatter_bytes((T // p) * m * e, q)))
         pq = p * q
-        return PolicyCost(PhaseCost(fwd, (4 * T * m * h + 2 * T * h + T * m) // pq),
-                          PhaseCost(bwd, (8 * T * m * h + 2 * T * h + T * m) // pq))
+        return PolicyCost(PhaseCost(fwd, (mm + 2 * T * h + T * m) // pq),
+                          PhaseCost(bwd, (mm_back + 2 * T * h + T * m) // pq))
 
 
 @dataclass(frozen=True)

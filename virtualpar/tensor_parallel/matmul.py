@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ShardingError
+from ..kernels import matmul_backward_flops, matmul_flops
 from . import autodiff as ad
 from .costs import Collective, PhaseCost, PolicyCost, gather_bytes, reduce_bytes, scatter_bytes
 from ..sharding import TensorSharding
@@ -64,7 +65,9 @@ def _matched_inner(dev: Any, a, b, r: dict):
 
 
 def _unmatched_inner(dev: Any, a, b, r: dict):
-    return ad.matmul(ad.all_gather_invariant(a, dev, 1, r["ka"]), ad.all_gather_invariant(b, dev, 0, r["kb"]), dev)
+    return ad.matmul(
+        ad.all_gather_invariant(a, dev, 1, r["ka"]), ad.all_gather_invariant(b, dev, 0, r["kb"]), dev
+    )
 
 
 def _outer(dev: Any, a, b, r: dict):
@@ -100,7 +103,9 @@ def _default_roles(name: str, axes: tuple[str, ...]) -> dict[str, tuple[str, ...
         return {"n": axes}
     if name in ("unmatched_inner", "outer", "full"):
         if len(axes) < 2:
-            raise ShardingError(f"policy {name!r} needs a mesh with at least 2 axes; got axes {axes}", policy=name)
+            raise ShardingError(
+                f"policy {name!r} needs a mesh with at least 2 axes; got axes {axes}", policy=name
+            )
         first, second = ("ka", "kb") if name == "unmatched_inner" else ("m", "k")
         return {first: axes[:1], second: axes[1:]}
     return {}
@@ -117,19 +122,27 @@ class MatMulShardingPolicy:
     def named(cls, name: str, mesh: Any, **roles: Any) -> "MatMulShardingPolicy":
         """The policy ``name``; roles not given default to the mesh's axes (see ``_default_roles``)."""
         if name not in MATMUL_POLICIES:
-            raise ShardingError(f"unknown MatMul policy {name!r}; expected one of {sorted(MATMUL_POLICIES)}", policy=name)
+            raise ShardingError(
+                f"unknown MatMul policy {name!r}; expected one of {sorted(MATMUL_POLICIES)}", policy=name
+            )
         if not hasattr(mesh, "axis_names"):
-            raise ShardingError(f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
-                                policy=name)
+            raise ShardingError(
+                f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
+                policy=name,
+            )
         needed = MATMUL_POLICIES[name][0]
         unknown = sorted(set(roles) - set(needed))
         if unknown:
-            raise ShardingError(f"policy {name!r} takes roles {needed}, got unexpected {unknown}", policy=name)
+            raise ShardingError(
+                f"policy {name!r} takes roles {needed}, got unexpected {unknown}", policy=name
+            )
         full = _default_roles(name, tuple(mesh.axis_names)) if set(roles) != set(needed) else {}
         full.update(role_axes(name, roles))
         for role in needed:
             if not full.get(role):
-                raise ShardingError(f"policy {name!r}: role {role!r} needs at least one mesh axis, got {full.get(role)!r}")
+                raise ShardingError(
+                    f"policy {name!r}: role {role!r} needs at least one mesh axis, got {full.get(role)!r}"
+                )
         full = check_roles(name, full, mesh, MATMUL_POLICIES[name][2], ("A", "B", "C"))
         if name == "unmatched_inner" and full["ka"] == full["kb"]:
             raise ShardingError(f"unmatched_inner: A's k and B's k are both sharded over {full['ka']}; "
@@ -142,16 +155,37 @@ class MatMulShardingPolicy:
         parsed); with ``name``, a ShardingError unless that policy is the one these layouts mean."""
         a, b = as_sharding(a).axes, as_sharding(b).axes
         if len(a) != 2 or len(b) != 2:
-            raise ShardingError(f"a MatMul takes 2-d layouts for A (m, k) and B (k, n); got A{format_layout(a)} "
-                                f"B{format_layout(b)}", a=format_layout(a), b=format_layout(b))
+            raise ShardingError(
+                f"a MatMul takes 2-d layouts for A (m, k) and B (k, n); got A{format_layout(a)} "
+                f"B{format_layout(b)}",
+                a=format_layout(a),
+                b=format_layout(b),
+            )
         found = infer_matmul_policy(a, b)
         if name is None or name == found.name or (name == "row" and found.name == "matched_inner"):
             return found if name is None else cls(name, found.roles)
-        want = MATMUL_POLICIES[name][2]({role: ("K",) if role.startswith("k") else (role.upper(),)
-                                          for role in MATMUL_POLICIES[name][0]}) if name in MATMUL_POLICIES else None
-        expected = f"A{format_layout(want[0])} B{format_layout(want[1])}" if want else f"one of {sorted(MATMUL_POLICIES)}"
-        raise ShardingError(f"policy {name!r} expects {expected}; received A{format_layout(a)} B{format_layout(b)}, "
-                            f"which is {found.name}", policy=name, a=format_layout(a), b=format_layout(b))
+        want = (
+            MATMUL_POLICIES[name][2](
+                {
+                    role: ("K",) if role.startswith("k") else (role.upper(),)
+                    for role in MATMUL_POLICIES[name][0]
+                }
+            )
+            if name in MATMUL_POLICIES
+            else None
+        )
+        expected = (
+            f"A{format_layout(want[0])} B{format_layout(want[1])}"
+            if want
+            else f"one of {sorted(MATMUL_POLICIES)}"
+        )
+        raise ShardingError(
+            f"policy {name!r} expects {expected}; received A{format_layout(a)} B{format_layout(b)}, "
+            f"which is {found.name}",
+            policy=name,
+            a=format_layout(a),
+            b=format_layout(b),
+        )
 
     @property
     def role_axes(self) -> dict[str, tuple[str, ...]]:
@@ -178,34 +212,39 @@ class MatMulShardingPolicy:
         """The closed forms of the module docstring, for these shapes on ``mesh``."""
         r, s = self.role_axes, itemsize
         size = {role: axes_size(mesh, axes) for role, axes in r.items()}
-        mnk = 2 * m * n * k
+        mnk = matmul_flops(m, k, n)  # the forward
+        back = sum(matmul_backward_flops(m, k, n))  # the backward: dA = dC·Bᵀ and dB = Aᵀ·dC
         if self.name == "unsharded":
-            return PolicyCost(PhaseCost((), mnk), PhaseCost((), 2 * mnk))
+            return PolicyCost(PhaseCost((), mnk), PhaseCost((), back))
         if self.name in ("matched_inner", "row"):
             q = size["k"]
-            return PolicyCost(PhaseCost((Collective("all_reduce", r["k"], reduce_bytes(m * n * s, q)),), mnk // q),
-                              PhaseCost((), 2 * mnk // q))
+            return PolicyCost(
+                PhaseCost((Collective("all_reduce", r["k"], reduce_bytes(m * n * s, q)),), mnk // q),
+                PhaseCost((), back // q),
+            )
         if self.name == "unmatched_inner":
             qa, qb = size["ka"], size["kb"]
             fwd = (Collective("all_gather", r["ka"], gather_bytes(m * (k // qa) * s, qa)),
                    Collective("all_gather", r["kb"], gather_bytes((k // qb) * n * s, qb)))
-            return PolicyCost(PhaseCost(fwd, mnk), PhaseCost((), 2 * mnk))
+            return PolicyCost(PhaseCost(fwd, mnk), PhaseCost((), back))
         if self.name == "outer":
             p, q = size["m"], size["k"]
             fwd = (Collective("all_gather", r["k"], gather_bytes((m // p) * (k // q) * s, q)),
                    Collective("all_gather", r["k"], gather_bytes((k // q) * n * s, q)),
                    Collective("all_gather", r["m"], gather_bytes((m // p) * n * s, p)))
             bwd = (Collective("all_reduce", r["m"], reduce_bytes((k // q) * n * s, p)),)
-            return PolicyCost(PhaseCost(fwd, mnk // p), PhaseCost(bwd, 2 * mnk // p))
+            return PolicyCost(PhaseCost(fwd, mnk // p), PhaseCost(bwd, back // p))
         if self.name == "full":
             p, q = size["m"], size["k"]
             fwd = (Collective("all_gather", r["m"], gather_bytes((k // q) * (n // p) * s, p)),
                    Collective("all_reduce", r["k"], reduce_bytes((m // p) * n * s, q)))
             bwd = (Collective("reduce_scatter", r["m"], scatter_bytes((k // q) * n * s, p)),)
-            return PolicyCost(PhaseCost(fwd, mnk // (p * q)), PhaseCost(bwd, 2 * mnk // (p * q)))
+            return PolicyCost(PhaseCost(fwd, mnk // (p * q)), PhaseCost(bwd, back // (p * q)))
         t = size["n"]  # column
-        return PolicyCost(PhaseCost((), mnk // t),
-                          PhaseCost((Collective("all_reduce", r["n"], reduce_bytes(m * k * s, t)),), 2 * mnk // t))
+        return PolicyCost(
+            PhaseCost((), mnk // t),
+            PhaseCost((Collective("all_reduce", r["n"], reduce_bytes(m * k * s, t)),), back // t),
+        )
 
 
 def infer_matmul_policy(a: Layout | str | Axes, b: Layout | str | Axes) -> MatMulShardingPolicy:

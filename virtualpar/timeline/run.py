@@ -25,7 +25,6 @@ from ..pipeline import build, lower, simulate, validate
 from ..pipeline.committed import fetch_state, open_spill, place_state, settle_all, step_keeping
 from ..pipeline.executor import StepSpec, check_clock, check_ran, format_timeline
 from ..pipeline.simulate import check_costs
-from ..pipeline.actions import Action
 from .sequence_pipe import SequencePipe
 
 __all__ = ["TimelineParallel", "stage_forward"]
@@ -80,12 +79,13 @@ class _TupleGrad:
 
 
 class TimelineParallel(Recoverable):
-    """One training step of ``model`` (a ``SequencePipe``) with its time axis split over ``model.get_group()``.
+    """One training step of ``model`` (a ``SequencePipe``) with its time axis split over
+    ``model.get_group()``.
 
-    ``microbatches`` per step; ``optimizer`` (default ``nn.SGD(0.1)``); ``costs``: ``{"F": flops, "B": flops}`` on
-    the modelled clock.  ``cluster.execute(op, inputs, labels)`` (tuples of arrays, inputs (N, T, ...) with T a
-    multiple of the axis size) returns the mean microbatch loss; ``state_dict(cluster, rank)`` gives the weights,
-    ``timeline(clock)`` the last step."""
+    ``microbatches`` per step; ``optimizer`` (default ``nn.SGD(0.1)``); ``costs``: ``{"F": flops,
+    "B": flops}`` on the modelled clock.  ``cluster.execute(op, inputs, labels)`` (tuples of arrays,
+    inputs (N, T, ...) with T a multiple of the axis size) returns the mean microbatch loss;
+    ``state_dict(cluster, rank)`` gives the weights, ``timeline(clock)`` the last step."""
 
     def __init__(self, model: SequencePipe, microbatches: int, optimizer: nn.Optimizer | None = None,
                  costs: dict[str, float] | None = None) -> None:
@@ -97,7 +97,8 @@ class TimelineParallel(Recoverable):
         self.costs = costs
         self.axis = model.get_group()
         self.key = f"timeline/{id(self)}"
-        # the clusters holding its weights (PlacedOperation): per cluster "version" (the committed state it holds)
+        # the clusters holding its weights (PlacedOperation): per cluster "version" (the committed
+        # state it holds)
         self.last_records: dict[int, list] = {}
 
     def execute_on(self, cluster: Any, inputs: tuple, labels: tuple) -> float:
@@ -106,8 +107,10 @@ class TimelineParallel(Recoverable):
         D = len(mesh.group_of(0, axes))
         for name, given in (("inputs", inputs), ("labels", labels)):
             if not isinstance(given, (tuple, list)):
-                raise UsageError(f"TimelineParallel: {name} must be a tuple of arrays (each (N, T, ...) for inputs), "
-                                 f"got {type(given).__name__}")
+                raise UsageError(
+                    f"TimelineParallel: {name} must be a tuple of arrays (each (N, T, ...) for inputs), "
+                    f"got {type(given).__name__}"
+                )
         inputs, labels = tuple(inputs), tuple(labels)
         if not inputs or np.ndim(inputs[0]) < 2:
             raise UsageError(f"TimelineParallel: inputs[0] must be (N, T, ...), batch then time; got shape "
@@ -121,8 +124,12 @@ class TimelineParallel(Recoverable):
         seg = T // D
         for r in range(mesh.size):
             i = mesh.group_of(r, axes).index(r)
-            cluster.put(r, self.key + "/x", tuple(np.ascontiguousarray(a[:, i * seg:(i + 1) * seg]) for a in inputs),
-                        block=False)
+            cluster.put(
+                r,
+                self.key + "/x",
+                tuple(np.ascontiguousarray(a[:, i * seg : (i + 1) * seg]) for a in inputs),
+                block=False,
+            )
             if i == D - 1:
                 cluster.put(r, self.key + "/y", labels, block=False)
         want = self._held(cluster)  # the state version its devices hold, their last step settled
@@ -145,8 +152,17 @@ class TimelineParallel(Recoverable):
             sched, placement = build("1f1b", D, self.microbatches)
             validate(sched, placement, self.microbatches)
             simulate(sched, placement, self.microbatches)
-            spec = StepSpec(lower(sched, placement), placement, self.microbatches, None, self.axis, None, self.costs,
-                            stage_forward=stage_forward, shared_axis=self.axis)
+            spec = StepSpec(
+                lower(sched, placement),
+                placement,
+                self.microbatches,
+                None,
+                self.axis,
+                None,
+                self.costs,
+                stage_forward=stage_forward,
+                shared_axis=self.axis,
+            )
             cluster.run(_place, self.key, spec, self.model, self.optimizer)
             self.hold(cluster)
 
@@ -171,7 +187,9 @@ class TimelineParallel(Recoverable):
         """The trained weights (every device of the axis holds the same copy)."""
         check_ran(self, cluster)
         if isinstance(rank, bool) or not isinstance(rank, Integral) or not 0 <= rank < cluster.size:
-            raise UsageError(f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}")
+            raise UsageError(
+                f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}"
+            )
         return cluster.run(_weights, self.key, self._held(cluster))[rank]
 
     def timeline(self, clock: str = "auto") -> str:
@@ -180,9 +198,9 @@ class TimelineParallel(Recoverable):
         check_clock(clock, ("auto", "model", "wall"))
         recs = sorted(self.last_records.items())
         if clock == "auto":
-            clock = "model" if any(m1 > m0 for _, rs in recs for t, _, _, m0, m1 in rs
-                                   if Action.from_str(t).is_compute) else "wall"
-        rows = {p: [(Action.from_str(t), (m0, m1) if clock == "model" else (w0, w1)) for t, w0, w1, m0, m1 in rs]
+            clock = "model" if any(m1 > m0 for _, rs in recs for a, _, _, m0, m1 in rs
+                                   if a.is_compute) else "wall"
+        rows = {p: [(a, (m0, m1) if clock == "model" else (w0, w1)) for a, w0, w1, m0, m1 in rs]
                 for p, rs in recs}
         return f"({clock} clock)\n" + format_timeline(rows)
 

@@ -9,7 +9,6 @@ import numpy as np
 from .... import Mesh, VirtualCluster, nn
 from ....errors import VirtualParError
 from ....sim import Hardware
-from ....sim.hardware import DeviceSpec
 from ....timeline import TimelineParallel, reference_step
 from ...harness import describe
 from ...lab import CheckOptions, Lab
@@ -23,12 +22,6 @@ def _data(batch: int = 4, length: int = 12, hidden: int = 6, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, length, hidden))
     return (x,), ((x[:, :, 0].sum(axis=1) > 0).astype(np.int64),)
-
-
-def _unit_hardware() -> Hardware:
-    """Free links and a 1 FLOP/s device: with costs F=1, B=b the modelled clock counts steps."""
-    inf = float("inf")
-    return Hardware.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
 
 
 def check(path: str, options: CheckOptions) -> Report:
@@ -64,11 +57,15 @@ def check(path: str, options: CheckOptions) -> Report:
             split.append(f"{devices} devices, {microbatches} microbatch(es): {describe(exc, path)}")
             continue
         for name, g in grads.items():
-            moved = before[name] - after[name]  # one SGD step with lr = 1 moves a weight by minus its gradient
+            moved = (
+                before[name] - after[name]
+            )  # one SGD step with lr = 1 moves a weight by minus its gradient
             if not np.allclose(moved, g, rtol=1e-10, atol=1e-12):
-                split.append(f"{devices} devices, {microbatches} microbatch(es): the gradient of {name} differs from "
-                             f"the whole sequence's by up to {np.max(np.abs(moved - g)):.3g} — is every segment "
-                             f"starting from the state it is handed, and returning its last one?")
+                split.append(
+                    f"{devices} devices, {microbatches} microbatch(es): the gradient of {name} differs from "
+                    f"the whole sequence's by up to {np.max(np.abs(moved - g)):.3g} — is every segment "
+                    f"starting from the state it is handed, and returning its last one?"
+                )
                 break
     report.add("time-split gradients equal the whole sequence's", not split, output="\n".join(split[:3]))
     wrong = []
@@ -77,18 +74,24 @@ def check(path: str, options: CheckOptions) -> Report:
         try:
             got = float(module.timeline_makespan(devices, microbatches, backward))
         except Exception as exc:
-            wrong.append(f"timeline_makespan({devices}, {microbatches}, {backward}) raised {type(exc).__name__}: "
-                         f"{exc}")
+            wrong.append(
+                f"timeline_makespan({devices}, {microbatches}, {backward}) raised {type(exc).__name__}: "
+                f"{exc}"
+            )
             continue
         if got != want:
-            wrong.append(f"timeline_makespan({devices}, {microbatches}, {backward}) = {got:g}; expected {want}")
+            wrong.append(
+                f"timeline_makespan({devices}, {microbatches}, {backward}) = {got:g}; expected {want}"
+            )
     if not wrong and not fwd:  # and the formula holds on an executed run
         op = TimelineParallel(module.GRUClassifier(num_layers=1), microbatches=2, costs={"F": 1, "B": 1})
-        with VirtualCluster(Mesh({"time": 3}), hardware=_unit_hardware()) as cluster:
+        with VirtualCluster(Mesh({"time": 3}), hardware=Hardware.unit()) as cluster:
             cluster.execute(op, inputs, labels)
             measured = max(cluster.clocks())
         if measured != module.timeline_makespan(3, 2, 1):
-            wrong.append(f"an executed step of 3 devices x 2 microbatches took {measured:g} on the modelled clock")
+            wrong.append(
+                f"an executed step of 3 devices x 2 microbatches took {measured:g} on the modelled clock"
+            )
         report.timeline = f"the executed step (3 time segments x 2 microbatches, F = B = 1):\n{op.timeline()}"
     report.add("makespan: the closed form, and an executed run", not wrong, output="\n".join(wrong[:3]))
     return report

@@ -1,4 +1,5 @@
-"""Timeline parallelism's part of ``virtualpar tour``: a GRU classifier split over 3 time segments."""
+"""Timeline parallelism's part of ``virtualpar tour``: a GRU classifier split over 3 time
+segments."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from typing import TextIO
 import numpy as np
 
 from .. import nn
-from .sequence_pipe import SequencePipe
-from .run import TimelineParallel
+from ..mesh import Mesh
+from ..runtime import VirtualCluster
+from ..sim import Hardware
+from ..timeline import SequencePipe, TimelineParallel, reference_step
+from ..trace.fmt import number
 
 __all__ = ["tour_section", "TinyGRU"]
 
@@ -39,26 +43,22 @@ class TinyGRU(SequencePipe):
 
 
 def tour_section(out: TextIO, hardware: str | None) -> bool:
-    from ..mesh import Mesh
-    from ..pipeline.demo import unit_hardware
-    from .. import VirtualCluster  # the driver side of a demo; the device program uses the protocol only
-    from .sequence_pipe import reference_step
-
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, 12, 6))
     labels = (np.ones(6, bool), (x[:, :, 0].sum(axis=1) > 0).astype(np.int64))
     D, M = 3, 3
     op = TimelineParallel(TinyGRU(), microbatches=M, optimizer=nn.SGD(1.0), costs={"F": 1, "B": 1})
     before = TinyGRU().state_dict()
-    with VirtualCluster(Mesh({"time": D}), hardware=unit_hardware()) as cluster:
+    with VirtualCluster(Mesh({"time": D}), hardware=Hardware.unit()) as cluster:
         loss = cluster.execute(op, (x,), labels)
         after = op.state_dict(cluster)
         makespan = max(cluster.clocks())
     _, want = reference_step(TinyGRU(), (x,), labels, microbatches=M)
     exact = all(np.allclose(before[k] - after[k], want[k], rtol=1e-8, atol=1e-12) for k in want)
-    out.write(f"A 12-step sequence split into {D} time segments on {D} devices, {M} microbatches pipelined;\n"
-              f"each device passes its GRU state on and the state's gradient back (loss {loss:.4f}):\n")
-    out.write(op.timeline() + "\n")
-    out.write(f"makespan {makespan:g} units = 2(M + D - 1) = {2 * (M + D - 1)}; gradients equal one device "
-              f"running the whole sequence: {'yes' if exact else 'NO'}\n")
+    out.write(f"A 12-step sequence split into {D} time segments on {D} devices, {M} microbatches "
+              f"pipelined;\neach device passes its GRU state on and the state's gradient back "
+              f"(loss {loss:.4f}):\n")
+    out.write(str(op.timeline()) + "\n")  # the timeline fits the width itself
+    out.write(f"makespan {number(makespan)} units = 2(M + D - 1) = {2 * (M + D - 1)}; gradients equal one "
+              f"device running the whole sequence: {'yes' if exact else 'NO'}\n")
     return exact and makespan == 2 * (M + D - 1)

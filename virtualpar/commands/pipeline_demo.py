@@ -1,4 +1,6 @@
-"""A pipelined MLP trained on a real cluster, for ``virtualpar pipeline`` and the tour."""
+"""A pipelined MLP trained on a real cluster, for ``virtualpar pipeline`` and the tour.
+
+Presentation: it starts a cluster and writes text, so it lives with the commands."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import numpy as np
 from .. import nn
 from .._words import counted
 from ..errors import UsageError
-from .executor import PipelinedOperation
-from .partition import Pipeline
-from .schedules import default_virtual
+from ..pipeline.executor import PipelinedOperation
+from ..pipeline.partition import Pipeline
+from ..pipeline.schedules import build, default_virtual, used_kinds
+from ..runtime import VirtualCluster
+from ..sim import Hardware
+from ..trace.fmt import WIDTH, number, seconds
 
 __all__ = ["train_demo", "run_demo", "plan_demo", "report", "DemoRun", "tour_section", "seed_mlp"]
 
@@ -27,16 +32,6 @@ def seed_mlp(dtype=np.float32, sizes=SIZES) -> nn.Sequential:
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
-
-
-def unit_hardware():
-    """Free links and a 1 FLOP/s device: with ``costs={"F": 1, "B": 1}`` the modelled clock counts
-    schedule steps, so an executed run's timeline is the textbook picture."""
-    from ..sim import Hardware
-    from ..sim.hardware import DeviceSpec
-
-    inf = float("inf")
-    return Hardware.uniform(latency=0.0, bandwidth=inf, device=DeviceSpec("unit", {"float32": 1.0}, inf, inf))
 
 
 @dataclass(frozen=True)
@@ -63,8 +58,6 @@ def plan_demo(schedule: str, devices: int | None, microbatches: int, batch: int,
               virtual: int | None) -> tuple[int, int]:
     """Check the demo's sizes before any device starts; return ``(devices, virtual)``.  Every
     refusal is a ``UsageError`` naming the number it wants."""
-    from .schedules import build
-
     virtual = default_virtual(schedule) if virtual is None else virtual
     for name, value in (("devices", devices), ("virtual", virtual)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -93,8 +86,6 @@ def run_demo(schedule: str = "1f1b", devices: int | None = None, microbatches: i
     ``check``, compare against single-process training (float64).  ``costs`` ({kind: cost units}):
     model each action at that cost on a 1 FLOP/s device with free links instead of ``hardware``,
     so the modelled clock counts cost units (the textbook picture)."""
-    from .. import VirtualCluster  # the driver side of a demo; the device program uses the protocol only
-
     devices, virtual = plan_demo(schedule, devices, microbatches, batch, virtual)
     dtype = np.float64 if check else np.float32
     rng = np.random.default_rng(0)
@@ -107,7 +98,7 @@ def run_demo(schedule: str = "1f1b", devices: int | None = None, microbatches: i
                             virtual=virtual)
     if costs is not None:
         op.clock_unit = "unit"  # the modelled clock counts cost units: titles and axes say so
-    with VirtualCluster(devices, hardware=unit_hardware() if costs is not None else hardware) as cluster:
+    with VirtualCluster(devices, hardware=Hardware.unit() if costs is not None else hardware) as cluster:
         losses = [cluster.execute(op, x, y) for _ in range(steps)]
         state = op.state_dict(cluster)
         clock = max(cluster.clocks())
@@ -121,39 +112,42 @@ def run_demo(schedule: str = "1f1b", devices: int | None = None, microbatches: i
                    float(clock), costs, hardware, op, matches)
 
 
-def report(out: TextIO, run: DemoRun, steps: int, clock: str = "model") -> None:
-    """The demo's text: losses, modelled time, the last step's timeline, the check."""
+def report(out: TextIO, run: DemoRun, steps: int, clock: str = "model", width: int | None = None) -> None:
+    """The demo's text: losses, modelled time, the last step's timeline, the check; ``width``: fold
+    the timeline's steps into blocks of at most that many columns."""
     chunks = f" ({run.virtual} chunks each)" if run.virtual > 1 else ""
+    losses = ", ".join(f"{v:.4f}" for v in run.losses)  # 4 decimals: the steps' losses differ there
     out.write(f"{run.schedule}: {run.stages} stages on {run.devices} devices{chunks} x {run.microbatches} "
-              f"microbatches, batch {run.batch}; losses {', '.join(f'{v:.4f}' for v in run.losses)}\n")
+              f"microbatches, batch {run.batch}; losses {losses}\n")
     if run.costs is not None:
-        given = ", ".join(f"{k} = {v:g}" for k, v in run.costs.items())
-        out.write(f"modelled with {given} cost units on free links: {steps} steps took {run.clock:g} units\n")
+        given = ", ".join(f"{k} = {number(v)}" for k, v in run.costs.items())
+        out.write(f"modelled with {given} cost units on free links: {steps} steps took {number(run.clock)} "
+                  "units\n")
     else:
-        out.write(f"modelled time of {steps} steps on {run.hardware}: {run.clock * 1e3:.3f} ms\n")
+        out.write(f"modelled time of {steps} steps on {run.hardware}: {seconds(run.clock)}\n")
     out.write(f"the last step as it ran ({'modelled' if clock == 'model' else 'wall'} clock; F forward, "
               f"B backward, I/W split backward):\n")
-    out.write(run.op.timeline(clock=clock) + "\n")
+    out.write(str(run.op.timeline(clock=clock, **({} if width is None else {"width": width}))) + "\n")
     if run.matches is not None:
         out.write(f"matches single-process training (float64, 1e-9): {'yes' if run.matches else 'NO'}\n")
 
 
 def train_demo(out: TextIO, schedule: str = "1f1b", devices: int | None = None, microbatches: int = 8,
-               steps: int = 3, batch: int = 64, hardware: str | None = "h100-node", check: bool = True, unit: bool = False,
-               virtual: int | None = None, costs: dict[str, float] | None = None) -> bool:
+               steps: int = 3, batch: int = 64, hardware: str | None = "h100-node", check: bool = True,
+               unit: bool = False, virtual: int | None = None, costs: dict[str, float] | None = None,
+               width: int | None = None) -> bool:
     """:func:`run_demo` printed by :func:`report`; ``unit``: every kind the schedule runs costs 1 unit.
     Returns False only when the check ran and failed."""
-    from .schedules import used_kinds
-
     if unit and costs is None:
         costs = {k: 1.0 for k in used_kinds(schedule)}
     run = run_demo(schedule, devices, microbatches, steps, batch, hardware, check, costs, virtual)
-    report(out, run, steps)
+    report(out, run, steps, width=width)
     return run.matches is not False
 
 
 def tour_section(out: TextIO, hardware: str | None) -> bool:
     out.write("Seed 003's MLP (256-512-1024-512-256) cut into 4 stages on 4 devices, trained with 1F1B.\n")
-    ok = train_demo(out, "1f1b", devices=4, microbatches=8, steps=2, batch=32, hardware=hardware, unit=True)
+    ok = train_demo(out, "1f1b", devices=4, microbatches=8, steps=2, batch=32, hardware=hardware, unit=True,
+                    width=WIDTH)
     out.write("Try: virtualpar schedule zb_h1 --png zb_h1.png   (the same peak memory, a smaller bubble)\n")
     return ok
