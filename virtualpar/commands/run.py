@@ -236,12 +236,33 @@ def _run(args: argparse.Namespace) -> int:
         print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} devices) disagree; give one",
               file=sys.stderr)
         return 2
+    from ..errors import UnknownAxisError
+
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
-    with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **_cluster_options(args)) as cluster:
-        results = cluster.run(fn)
-        _print(mesh, results, cluster.clocks(), cluster.stats(), cluster.trace if args.trace else None, args)
+    try:
+        with VirtualCluster(mesh, hardware=_hardware(args, mesh.size), **_cluster_options(args)) as cluster:
+            results = cluster.run(fn)
+            trace = cluster.trace if args.trace else None
+            _print(mesh, results, cluster.clocks(), cluster.stats(), trace, args)
+    except UnknownAxisError as exc:
+        if args.mesh is not None:
+            raise
+        print(_axis_hint(args.target, mesh.size, str(exc)), file=sys.stderr)
+        return 2
     return 0
+
+
+def _axis_hint(target: str, n: int, message: str) -> str:
+    """What to say when a function run on ``-n N`` (a one-axis mesh, ``world``) names another axis:
+    which axis, and the ``--mesh`` that names it."""
+    found = re.search(r"unknown mesh axis '([^']+)'", message)
+    axis = found.group(1) if found else "tp"
+    other = "dp" if axis != "dp" else "tp"
+    two = f" (or two axes: --mesh {other}=2,{axis}={n // 2})" if n % 2 == 0 and n > 2 else ""
+    return (f"virtualpar run: {target} uses mesh axis {axis!r}, but -n {n} makes a one-axis mesh "
+            f"(world={n}); name the axes with --mesh instead of -n, e.g. --mesh {axis}={n}{two}\n"
+            f"  ({message})")
 
 
 def register(sub) -> None:
