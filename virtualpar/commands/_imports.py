@@ -61,7 +61,8 @@ def requirements() -> dict[str, str]:
 
 
 def _starts_mpi(path: str | None) -> bool:
-    """Whether the module at ``path`` imports ``mpi4py.MPI`` at its top level."""
+    """Whether the module at ``path`` imports ``mpi4py.MPI`` when it is imported (at its top
+    level, a ``try`` or an ``if`` included; not inside a function or a class)."""
     if not path or not path.endswith(".py"):
         return False
     try:
@@ -69,13 +70,30 @@ def _starts_mpi(path: str | None) -> bool:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return False
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == "mpi4py" and any(a.name == "MPI" for a in node.names):
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module == "mpi4py.MPI" or (
+                node.module == "mpi4py" and any(a.name == "MPI" for a in node.names))):
             return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and "mpi4py.MPI" in (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]):
+        if isinstance(node, ast.Import) and any(a.name == "mpi4py.MPI" for a in node.names):
             return True
+        todo.extend(ast.iter_child_nodes(node))
     return False
+
+
+def _missing(exc: BaseException) -> str | None:
+    """The top-level name of the module whose absence caused ``exc``, following the chain
+    (``raise ImportError("... needs mpi4py") from exc`` keeps the original as the cause)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ImportError) and exc.name:
+            return exc.name.partition(".")[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _modules() -> list[tuple[str, BaseException | None]]:
@@ -131,8 +149,8 @@ def import_findings() -> list[Finding]:
     for name, exc in results:
         if exc is None:
             continue
-        if isinstance(exc, ImportError) and exc.name:
-            missing = exc.name.partition(".")[0]
+        missing = _missing(exc) if isinstance(exc, ImportError) else None
+        if missing is not None:
             if missing in EXTRAS:
                 extra, disables = EXTRAS[missing]
                 key = ("WARN", f"{missing} is missing: {disables} will not work; "

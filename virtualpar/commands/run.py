@@ -248,21 +248,20 @@ def _run(args: argparse.Namespace) -> int:
     except UnknownAxisError as exc:
         if args.mesh is not None:
             raise
-        print(_axis_hint(args.target, mesh.size, str(exc)), file=sys.stderr)
-        return 2
+        hint = _axis_hint(exc.message, mesh.size, args.n is not None)
+        raise exc.replace(f"{exc.message}; {hint}") from exc.__cause__
     return 0
 
 
-def _axis_hint(target: str, n: int, message: str) -> str:
-    """What to say when a function run on ``-n N`` (a one-axis mesh, ``world``) names another axis:
-    which axis, and the ``--mesh`` that names it."""
+def _axis_hint(message: str, n: int, given: bool) -> str:
+    """What to add when a function run on ``-n N`` (a one-axis mesh, ``world``) names another
+    axis: the ``--mesh`` that names it."""
     found = re.search(r"unknown mesh axis '([^']+)'", message)
     axis = found.group(1) if found else "tp"
     other = "dp" if axis != "dp" else "tp"
     two = f" (or two axes: --mesh {other}=2,{axis}={n // 2})" if n % 2 == 0 and n > 2 else ""
-    return (f"virtualpar run: {target} uses mesh axis {axis!r}, but -n {n} makes a one-axis mesh "
-            f"(world={n}); name the axes with --mesh instead of -n, e.g. --mesh {axis}={n}{two}\n"
-            f"  ({message})")
+    made = f"-n {n} makes" if given else f"without --mesh, {n} devices make"
+    return f"{made} a one-axis mesh (world={n}): name the axes with --mesh, e.g. --mesh {axis}={n}{two}"
 
 
 def register(sub) -> None:
