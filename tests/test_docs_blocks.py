@@ -116,7 +116,8 @@ def _bash_evaluator(env: dict[str, str]):
 
 
 def _have_mpi(env: dict[str, str]) -> bool:
-    return shutil.which("mpiexec", path=env["PATH"]) is not None and importlib.util.find_spec("mpi4py") is not None
+    mpiexec = shutil.which("mpiexec", path=env["PATH"])
+    return mpiexec is not None and importlib.util.find_spec("mpi4py") is not None
 
 
 def _write_file(example) -> None:
@@ -135,6 +136,11 @@ def _python_blocks(document):
         yield region
 
 
+def _parsers(bin_dir: Path) -> list:
+    """Sybil's skip directive, python blocks (file blocks written), bash blocks line by line."""
+    return [SkipParser(), _python_blocks, CodeBlockParser("bash", _bash_evaluator(_environment(bin_dir)))]
+
+
 def _location(example) -> str:
     return f"{Path(example.path).relative_to(REPO)}, line {example.line}"
 
@@ -145,7 +151,7 @@ def test_every_block_of_the_document_runs(path: Path, tmp_path: Path, monkeypatc
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    parsers = [SkipParser(), _python_blocks, CodeBlockParser("bash", _bash_evaluator(_environment(tmp_path / "bin")))]
+    parsers = _parsers(tmp_path / "bin")
     document = sybil.Sybil(parsers=parsers, path=str(REPO)).parse(path)
     ran = skipped = 0
     for example in document:
@@ -157,7 +163,8 @@ def test_every_block_of_the_document_runs(path: Path, tmp_path: Path, monkeypatc
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise AssertionError(f"the block at {_location(example)} failed: {type(exc).__name__}: {exc}") from exc
+            raise AssertionError(f"the block at {_location(example)} failed: {type(exc).__name__}: {exc}") \
+                from exc
         finally:
             os.chdir(work)  # a block that changed directory does not move the next one
         ran += 1
@@ -201,7 +208,7 @@ def test_a_failing_command_and_a_skipped_block_are_seen(tmp_path, monkeypatch):
         """))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bin").mkdir()
-    parsers = [SkipParser(), _python_blocks, CodeBlockParser("bash", _bash_evaluator(_environment(tmp_path / "bin")))]
+    parsers = _parsers(tmp_path / "bin")
     document = sybil.Sybil(parsers=parsers, path=str(tmp_path)).parse(doc)
     outcomes = []
     for example in document:
@@ -232,7 +239,7 @@ def test_a_file_block_is_written_for_the_commands_after_it(tmp_path, monkeypatch
         """))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bin").mkdir()
-    parsers = [SkipParser(), _python_blocks, CodeBlockParser("bash", _bash_evaluator(_environment(tmp_path / "bin")))]
+    parsers = _parsers(tmp_path / "bin")
     for example in sybil.Sybil(parsers=parsers, path=str(tmp_path)).parse(doc):
         example.evaluate()
     assert (tmp_path / "step.py").read_text().startswith("# step.py\ndef step(dev):")

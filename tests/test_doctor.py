@@ -108,7 +108,8 @@ def test_a_module_that_breaks_on_import_is_a_failure_not_a_traceback(tmp_path):
     doctor used to crash with that traceback.  A stand-in autograd that raises the same way."""
     fake = tmp_path / "fake" / "autograd"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise AttributeError(\"module 'numpy.linalg' has no attribute 'linalg'\")\n")
+    message = "module 'numpy.linalg' has no attribute 'linalg'"
+    (fake / "__init__.py").write_text(f"raise AttributeError({message!r})\n")
     got = _doctor_in_subprocess("", tmp_path, pythonpath=str(tmp_path / "fake"))
     assert got.returncode == 1, got.stdout + got.stderr
     assert "Traceback" not in got.stdout + got.stderr
@@ -133,3 +134,31 @@ def test_every_module_imports_here():
     from virtualpar.commands._imports import import_findings
 
     assert [status for status, _, _ in import_findings()] == ["OK"]
+
+
+def test_each_kind_of_failed_import_names_its_fix():
+    from virtualpar.commands._imports import _cause
+
+    reqs = {"scipy": "scipy>=1.11"}
+    assert _cause(ModuleNotFoundError("No module named 'scipy'", name="scipy"), reqs) == (
+        "FAIL", 'scipy is missing, a requirement of virtualpar: python -m pip install "scipy>=1.11"')
+    status, why = _cause(ModuleNotFoundError("No module named 'sklearn'", name="sklearn"), reqs)
+    assert status == "FAIL" and "virtualpar does not declare it" in why and why.endswith("pip install sklearn")
+    status, why = _cause(ModuleNotFoundError("nope", name="matplotlib.pyplot"), reqs)
+    assert status == "WARN" and "PNG timelines" in why and 'pip install "virtualpar[viz]"' in why
+    try:  # how virtualpar.mpi.device says it: its own message, mpi4py's ImportError as the cause
+        try:
+            raise ModuleNotFoundError("No module named 'mpi4py'", name="mpi4py")
+        except ImportError as exc:
+            raise ImportError("the MPI backend needs mpi4py") from exc
+    except ImportError as wrapped:
+        status, why = _cause(wrapped, reqs)
+    assert status == "WARN" and 'pip install "virtualpar[mpi]"' in why
+
+
+def test_requirements_are_read_from_the_installed_metadata_without_the_extras():
+    from virtualpar.commands._imports import requirements
+
+    reqs = requirements()
+    assert reqs["scipy"].startswith("scipy>=") and reqs["autograd"].startswith("autograd[scipy]>=")
+    assert not {"pytest", "matplotlib", "mpi4py", "sybil"} & set(reqs)

@@ -141,35 +141,36 @@ def _version(dist: str) -> str:
         return "of unknown version"
 
 
+def _cause(exc: BaseException, reqs: dict[str, str]) -> tuple[str, str]:
+    """(status, why) of one failed import: what is missing or broken, and the install that fixes it."""
+    missing = _missing(exc) if isinstance(exc, ImportError) else None
+    if missing in EXTRAS:
+        extra, disables = EXTRAS[missing]
+        return "WARN", (f"{missing} is missing: {disables} will not work; "
+                        f'python -m pip install "virtualpar[{extra}]"')
+    if missing in reqs:
+        return "FAIL", (f"{missing} is missing, a requirement of virtualpar: "
+                        f'python -m pip install "{reqs[missing]}"')
+    if missing is not None:
+        return "FAIL", (f"{missing} is missing, and virtualpar does not declare it (setup.cfg should): "
+                        f"python -m pip install {missing}")
+    where = _raised_in(exc)
+    fix = ""
+    if where:
+        wanted = reqs.get(where)
+        upgrade = f'; virtualpar requires {wanted}: python -m pip install -U "{wanted}"' if wanted else ""
+        fix = f" (raised in {where} {_version(where)}{upgrade})"
+    return "FAIL", f"{type(exc).__name__}: {exc}{fix}"
+
+
 def import_findings() -> list[Finding]:
     """One finding per cause: ``OK`` if every module imported, else what is missing or broken."""
     reqs = requirements()
     results = _modules()
     failed: dict[tuple[str, str], list[str]] = {}
     for name, exc in results:
-        if exc is None:
-            continue
-        missing = _missing(exc) if isinstance(exc, ImportError) else None
-        if missing is not None:
-            if missing in EXTRAS:
-                extra, disables = EXTRAS[missing]
-                key = ("WARN", f"{missing} is missing: {disables} will not work; "
-                               f"python -m pip install \"virtualpar[{extra}]\"")
-            elif missing in reqs:
-                key = ("FAIL", f"{missing} is missing, a requirement of virtualpar: "
-                               f"python -m pip install \"{reqs[missing]}\"")
-            else:
-                key = ("FAIL", f"{missing} is missing, and virtualpar does not declare it (setup.cfg should): "
-                               f"python -m pip install {missing}")
-        else:
-            where = _raised_in(exc)
-            fix = ""
-            if where:
-                wanted = reqs.get(where)
-                fix = f" (raised in {where} {_version(where)}" + (
-                    f"; virtualpar requires {wanted}: python -m pip install -U \"{wanted}\")" if wanted else ")")
-            key = ("FAIL", f"{type(exc).__name__}: {exc}{fix}")
-        failed.setdefault(key, []).append(name)
+        if exc is not None:
+            failed.setdefault(_cause(exc, reqs), []).append(name)
     if not failed:
         return [("OK", "imports", f"all {len(results)} modules of virtualpar import")]
     found = []
