@@ -162,3 +162,12 @@ def test_requirements_are_read_from_the_installed_metadata_without_the_extras():
     reqs = requirements()
     assert reqs["scipy"].startswith("scipy>=") and reqs["autograd"].startswith("autograd[scipy]>=")
     assert not {"pytest", "matplotlib", "mpi4py", "sybil"} & set(reqs)
+
+
+def test_without_pytest_the_plugin_is_a_warning_not_a_failure(tmp_path):
+    """``pip install -e .`` without the test extra has no pytest: only the plugin needs it."""
+    got = _doctor_in_subprocess("sys.modules['pytest'] = None", tmp_path)
+    assert got.returncode == 0, got.stdout + got.stderr
+    (imports,) = _lines(got.stdout, "imports")
+    assert imports.startswith("WARN") and "import virtualpar.testing.plugin failed: pytest is missing" in imports
+    assert 'python -m pip install "virtualpar[test]"' in imports

@@ -8,7 +8,7 @@ by ``nn``'s exact GELU through ``autograd.scipy``).  So the doctor imports every
 
 - a missing module that a requirement of virtualpar provides is ``FAIL`` with the requirement as
   installed metadata spells it (``python -m pip install "scipy>=1.11"``);
-- a missing module of an extra (mpi, viz) is ``WARN`` naming what it disables;
+- a missing module of an extra (mpi, viz; pytest for the plugin) is ``WARN`` naming what it disables;
 - a missing module virtualpar does not declare is ``FAIL`` too, and says setup.cfg should declare it;
 - any other exception while importing (an old ``autograd`` under numpy 2 raises ``AttributeError``)
   is ``FAIL`` naming the installed package it was raised in and the version virtualpar requires.
@@ -38,7 +38,8 @@ Finding = tuple[str, str, str]
 _FALLBACK = {"numpy": "numpy>=1.26", "networkx": "networkx>=3.0", "autograd": "autograd[scipy]>=1.7",
              "scipy": "scipy>=1.11", "cloudpickle": "cloudpickle>=2.2", "threadpoolctl": "threadpoolctl>=3.1"}
 EXTRAS = {"matplotlib": ("viz", "PNG timelines (trace.gantt, the tour's pictures)"),
-          "mpi4py": ("mpi", "real MPI runs under mpiexec and the MPICH references")}
+          "mpi4py": ("mpi", "real MPI runs under mpiexec and the MPICH references"),
+          "pytest": ("test", "the pytest plugin (the cluster fixture, the spmd mark)")}
 _SKIP = {"virtualpar.__main__"}  # importing it runs the command line
 
 
