@@ -145,6 +145,7 @@ def _location(example) -> str:
     return f"{Path(example.path).relative_to(REPO)}, line {example.line}"
 
 
+@pytest.mark.timeout(900)  # a whole document: each of its bash lines has LINE_TIMEOUT of its own
 @pytest.mark.parametrize("path", DOCUMENTS, ids=[str(p.relative_to(REPO)) for p in DOCUMENTS])
 def test_every_block_of_the_document_runs(path: Path, tmp_path: Path, monkeypatch):
     (tmp_path / "bin").mkdir()

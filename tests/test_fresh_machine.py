@@ -43,10 +43,8 @@ def test_a_command_piped_into_a_closed_reader_ends_quietly(argv):
                              stderr=subprocess.PIPE, text=True, env=ENV, timeout=120)
     finally:
         os.close(write)
-    if argv == ["--help"]:  # argparse prints and exits on its own, before main's handler: still no traceback
-        assert "Traceback" not in got.stderr
-        return
-    assert got.returncode == 1 and got.stderr == "", got.stderr
+    # argparse prints --help itself: Python 3.11.2's argparse let the BrokenPipeError out of parse_args
+    assert got.returncode in ((0, 1) if argv == ["--help"] else (1,)) and got.stderr == "", got.stderr
 
 
 def test_head_reads_the_first_line_and_the_command_exits_without_a_traceback():

@@ -29,16 +29,27 @@ def main(argv: list[str] | None = None) -> int:
     keeps its Python traceback.  Output piped into a reader that stops early (``| head -1``) ends
     the command quietly with exit code 1, as Python's documentation advises for ``BrokenPipeError``:
     stdout is pointed at ``/dev/null`` so the interpreter's final flush cannot raise again."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a closed pipe found by the final flush is handled here too
+        return code
+    except SystemExit:  # argparse's --help, --version and usage errors print, then exit
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+        raise
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     from .errors import VirtualParError
 
     args = build_parser().parse_args(argv)
     try:
-        code = args.func(args)
-        sys.stdout.flush()  # inside the try: a closed pipe found by the final flush is handled here too
-        return code
-    except BrokenPipeError:
-        _silence_stdout()
-        return 1
+        return args.func(args)
     except VirtualParError as exc:
         # a remote traceback prints with leading blank lines (for Python's own chained display): strip them
         cause = f"{str(exc.__cause__).strip(chr(10))}\n\n" if exc.__cause__ is not None else ""
