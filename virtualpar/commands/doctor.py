@@ -7,6 +7,9 @@ the one-way latency of a 4 KiB message, whether a large message is copied straig
 sender's memory (``process_vm_readv``; a ptrace policy may forbid it, and the rings then carry it),
 resident memory per device, and that closing it leaves no process and no shared memory behind.
 
+Every module of virtualpar is imported too (:mod:`._imports`): a missing requirement is a FAIL
+naming the ``pip install`` that brings it, a missing extra a WARN naming what it disables.
+
 Each finding is ``OK``, ``WARN`` (works, but slower or without an extra) or ``FAIL`` (a cluster
 cannot work); the exit code is 1 if anything failed.
 """
@@ -27,11 +30,12 @@ import time
 from typing import Any
 
 from ._args import positive_int
+from ._imports import import_findings, requirements
 
 __all__ = ["register", "environment", "live"]
 
 Finding = tuple[str, str, str]  # (OK | WARN | FAIL, what, detail)
-_REQUIRED = ("numpy", "networkx", "autograd", "cloudpickle", "threadpoolctl")
+_REQUIRED = ("numpy", "networkx", "autograd", "scipy", "cloudpickle", "threadpoolctl")
 _EXTRAS = {"matplotlib": "PNG timelines: pip install 'virtualpar[viz]'",
            "mpi4py": "real MPI runs and MPICH references: pip install 'virtualpar[mpi]'"}
 
@@ -75,12 +79,17 @@ def environment() -> list[Finding]:
         avail = mem.get("MemAvailable", 0)
         found.append(("OK" if avail >= 2 ** 30 else "WARN", "memory",
                       f"{_gib(avail)} available of {_gib(mem.get('MemTotal', 0))}"))
+    reqs = requirements()
     for name in _REQUIRED:
         try:
             importlib.import_module(name)
             found.append(("OK", name, _version(name)))
         except ImportError:
-            found.append(("FAIL", name, "missing: pip install virtualpar installs it"))
+            found.append(("FAIL", name, f"missing: python -m pip install \"{reqs.get(name, name)}\""))
+        except Exception as exc:  # an installed package that breaks on import (old autograd, numpy 2)
+            found.append(("FAIL", name, f"{_version(name)} fails to import ({type(exc).__name__}: {exc}); "
+                          f"virtualpar requires {reqs.get(name, name)}: python -m pip install -U "
+                          f"\"{reqs.get(name, name)}\""))
     try:
         from threadpoolctl import threadpool_info
 
@@ -95,6 +104,9 @@ def environment() -> list[Finding]:
             found.append(("OK", name, _version(name)))
         except ImportError:
             found.append(("WARN", name, f"not installed; needed for {why}"))
+        except Exception as exc:  # installed but broken: the extra's features will fail the same way
+            found.append(("WARN", name, f"fails to import ({type(exc).__name__}: {exc}); needed for {why}"))
+    found.extend(import_findings())
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec")
     found.append(("OK" if mpiexec else "WARN", "mpiexec", mpiexec or "not found (the mpich wheel provides it)"))

@@ -319,14 +319,33 @@ def _run(args: argparse.Namespace) -> int:
         print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} devices) disagree; give one",
               file=sys.stderr)
         return 2
+    from ..errors import UnknownAxisError
+
     fn = _load(args.target)
     mesh = args.mesh or Mesh({"world": args.n or 2})
     options = _cluster_options(args, mesh.size)
-    with start_cluster(mesh, hardware=_hardware(args, mesh.size), **options) as cluster:
-        results = cluster.run(fn)
-        trace = cluster.trace if args.trace or args.png else None
-        _print(mesh, results, cluster.clocks(), cluster.stats(), trace, args)
+    try:
+        with start_cluster(mesh, hardware=_hardware(args, mesh.size), **options) as cluster:
+            results = cluster.run(fn)
+            trace = cluster.trace if args.trace or args.png else None
+            _print(mesh, results, cluster.clocks(), cluster.stats(), trace, args)
+    except UnknownAxisError as exc:
+        if args.mesh is not None:
+            raise
+        hint = _axis_hint(exc.message, mesh.size, args.n is not None)
+        raise exc.replace(f"{exc.message}; {hint}") from exc.__cause__
     return 0
+
+
+def _axis_hint(message: str, n: int, given: bool) -> str:
+    """What to add when a function run on ``-n N`` (a one-axis mesh, ``world``) names another
+    axis: the ``--mesh`` that names it."""
+    found = re.search(r"unknown mesh axis '([^']+)'", message)
+    axis = found.group(1) if found else "tp"
+    other = "dp" if axis != "dp" else "tp"
+    two = f" (or two axes: --mesh {other}=2,{axis}={n // 2})" if n % 2 == 0 and n > 2 else ""
+    made = f"-n {n} makes" if given else f"without --mesh, {n} devices make"
+    return f"{made} a one-axis mesh (world={n}): name the axes with --mesh, e.g. --mesh {axis}={n}{two}"
 
 
 def register(sub) -> None:

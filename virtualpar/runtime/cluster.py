@@ -22,6 +22,7 @@ This module is the public API; the mechanism lives in one module per concept:
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from typing import Any, Callable, Mapping
@@ -133,6 +134,9 @@ class VirtualCluster:
         progress: Callable[[], None] | None = None,
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
+        if not sys.platform.startswith("linux"):  # before anything is allocated: /dev/shm, process_vm_readv
+            raise UsageError(f"virtualpar's runtime runs on Linux only: it needs /dev/shm and process_vm_readv; "
+                             f"this is {sys.platform!r}")
         if start_method not in START_METHODS:
             raise UsageError(f"unknown start_method {start_method!r}; choose one of {START_METHODS}")
         check_not_bootstrapping(start_method)
