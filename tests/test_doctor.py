@@ -87,7 +87,15 @@ def _doctor_in_subprocess(prelude: str, tmp_path, pythonpath: str | None = None)
 
 
 def _lines(out: str, what: str) -> list[str]:
-    return [line.strip() for line in out.splitlines() if line.split()[1:2] == [what]]
+    """The doctor's findings about ``what``, each with its wrapped continuation lines joined."""
+    entries: list[list[str]] = []
+    for line in out.splitlines():
+        words = line.split()
+        if words[:1] and words[0] in ("OK", "WARN", "FAIL"):
+            entries.append([line.strip()])
+        elif entries and line.startswith(" " * 10) and words:
+            entries[-1].append(line.strip())
+    return [" ".join(e) for e in entries if e[0].split()[1:2] == [what]]
 
 
 def test_a_missing_required_module_fails_naming_it_and_the_install_that_brings_it(tmp_path):

@@ -50,7 +50,7 @@ def test_a_command_piped_into_a_closed_reader_ends_quietly(argv):
 def test_head_reads_the_first_line_and_the_command_exits_without_a_traceback():
     got = subprocess.run(f'"{sys.executable}" -m virtualpar schedule gpipe --microbatches 64 | head -1',
                          shell=True, capture_output=True, text=True, env=ENV, timeout=120)
-    assert got.stdout.startswith("gpipe: 4 pipeline ranks, 4 stages, 64 microbatches")
+    assert got.stdout.startswith("gpipe: 4 ranks, 4 stages, 64 microbatches")
     assert got.stdout.count("\n") == 1 and "Traceback" not in got.stderr and "BrokenPipe" not in got.stderr
 
 

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 from . import __version__
 from .commands import COMMANDS
@@ -18,8 +19,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"virtualpar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(name).register(sub)
+        command = name.rsplit(".", 1)[-1]
+        try:  # a command's register() imports what it lists (schedules, strategies) before adding its parser
+            importlib.import_module(name).register(sub)
+        except Exception as exc:  # a missing or broken dependency must not take the doctor down with it
+            if command not in sub.choices:
+                _unavailable(sub, command, exc)
     return parser
+
+
+def _unavailable(sub: Any, command: str, exc: Exception) -> None:
+    """A command whose module cannot be imported here: it stays listed, and running it says why and
+    points at ``virtualpar doctor`` (exit 1) instead of every command failing with a traceback."""
+    def explain(args: argparse.Namespace) -> int:
+        print(f"virtualpar {command}: unavailable here: {type(exc).__name__}: {exc}; run `virtualpar doctor` "
+              f"to see what is missing and how to install it", file=sys.stderr)
+        return 1
+
+    p = sub.add_parser(command, help=f"(unavailable here: {exc})", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=explain)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,7 +77,7 @@ def _pipeline(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from ..pipeline.schedules import SCHEDULES
 
-    p = sub.add_parser("pipeline", help="train seed 003's MLP with a pipeline schedule and show what ran")
+    p = sub.add_parser("pipeline", help="train a 4-stage MLP with a pipeline schedule and show what ran")
     p.add_argument("name", nargs="?", default=None, metavar="NAME",
                    help=f"the schedule (default 1f1b): {', '.join(SCHEDULES)}")
     p.add_argument("--schedule", default=None, help=argparse.SUPPRESS)  # the old spelling, still accepted

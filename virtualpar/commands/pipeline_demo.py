@@ -82,7 +82,7 @@ def run_demo(schedule: str = "1f1b", devices: int | None = None, microbatches: i
              costs: dict[str, float] | None = None, virtual: int | None = None) -> DemoRun:
     """Train the MLP for ``steps`` steps on ``devices`` pipeline devices, each holding ``virtual``
     model chunks (default: the schedule's own, 1 or 2), so the MLP is cut into devices × virtual
-    stages; by default the 4 stages of seed 003 (4 devices, or 2 for two-chunk schedules).  With
+    stages; by default the 4-stage MLP (4 devices, or 2 for two-chunk schedules).  With
     ``check``, compare against single-process training (float64).  ``costs`` ({kind: cost units}):
     model each action at that cost on a 1 FLOP/s device with free links instead of ``hardware``,
     so the modelled clock counts cost units (the textbook picture)."""

@@ -4,7 +4,7 @@
 ``cross_entropy(logits, labels, mask=None) = −mean_{i: mask_i} log softmax(logits_i)[labels_i]``
 over the rows (all leading dims of ``logits`` flattened), with a log-sum-exp shifted by the row
 max for stability.  A mask that selects no row gives 0 (and zero gradients), as the timeline
-seed's loss does for a microbatch without labelled rows.
+reference loss does for a microbatch without labelled rows.
 """
 
 from __future__ import annotations

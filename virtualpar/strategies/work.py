@@ -1,4 +1,4 @@
-"""Every training strategy as two functions of a unit of work (seed 001's scheme).
+"""Every training strategy as two functions of a unit of work (the work → worker scheme).
 
 A unit of ``Work`` is one stage of one batch in one direction.  A strategy maps it to
 ``ComputeAndWeightWorkers``: the worker that computes it and the worker that stores the weights

@@ -31,7 +31,7 @@ layout (a replicated dC identical on every device); dA and dB leave in A's and B
     linear).  fwd: f (identity), no collective; 2mnk/t flops.  bwd: dA's contributions summed by
     f's vjp: all_reduce(N) of mks bytes: sends 2(t−1)/t·mks; 4mnk/t flops.
 
-Inference from the input layouts (seed 003's dispatch, made total): both replicated → unsharded;
+Inference from the input layouts (total: every pair of layouts has a policy): both replicated → unsharded;
 A [R, S(K)], B [S(K), R] → matched_inner; A [R, S(KA)], B [S(KB), R], KA ≠ KB → unmatched_inner;
 A [S(M), S(K)], B [S(K), R] → outer; A [S(M), S(K)], B [S(K), S(M)] → full; A [R, R], B [R, S(N)]
 → column.  Anything else is a ShardingError listing what was received and these patterns.

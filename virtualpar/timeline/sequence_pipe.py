@@ -1,4 +1,4 @@
-"""Timeline parallelism for recurrent models (seed 000): ``SequencePipe``.
+"""Timeline parallelism for recurrent models: ``SequencePipe``.
 
 A recurrent model's sequence is split along time across the devices of one mesh axis.  Device i
 runs time segment i of every microbatch, starting from the recurrent state device i−1 hands it,
@@ -9,7 +9,7 @@ set of weights: it runs on the pipeline executor with the 1F1B schedule, each de
 full copy of the weights, and the weight gradients of the segments are summed over the axis
 before one optimizer step (so every copy stays identical and equal to one device's training).
 
-The user subclasses ``SequencePipe`` and writes only what seed 000's user writes::
+The user subclasses ``SequencePipe`` and writes only the model's pieces::
 
     forward(inputs, states) -> (outputs, states)      # tuples of arrays, batch first
     loss_fn(outputs, labels) -> scalar                 # read on the last segment's outputs
@@ -17,7 +17,7 @@ The user subclasses ``SequencePipe`` and writes only what seed 000's user writes
     get_group() -> mesh axis name
 
 with ``virtualpar.nn`` layers and no backward code.  The loss is computed on the last time
-segment (it reads the labels at the last step, as the seed's does): ``loss_fn`` gets that
+segment (it reads the labels at the last step): ``loss_fn`` gets that
 segment's outputs only, so a loss that reads earlier steps differs from :func:`reference_step`,
 which gives it the whole sequence.  With M microbatches the step's
 loss and gradients are the mean over the microbatches (see :func:`reference_step`).
