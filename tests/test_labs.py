@@ -137,3 +137,13 @@ def test_a_course_plugs_in_its_own_lab_through_the_entry_point(tmp_path, monkeyp
 def test_a_broken_lab_folder_is_refused(tmp_path):
     with pytest.raises(UsageError, match="has no skeleton.py"):
         Lab("x", "g", "c", "intro", tmp_path, ("f",), lambda p, o: Report("x"))
+
+
+def test_check_draws_the_students_run_beside_the_reference(tmp_path):
+    import matplotlib.image
+
+    for name, solution in (("one-f-one-b", "ofob_gpipe.py"), ("ring-allreduce", "ring_gather0.py")):
+        report = get(name).check(SOLUTIONS / solution, CheckOptions(quick=True, png=str(tmp_path)))
+        assert len(report.pictures) == 2 and report.timeline, report.format()
+        mine, ref = (matplotlib.image.imread(p) for p in report.pictures)
+        assert mine.shape[2] in (3, 4) and mine.shape != ref.shape or (mine != ref).any()  # two different runs

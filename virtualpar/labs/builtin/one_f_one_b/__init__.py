@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ....pipeline import Placement, ScheduleError, format_grid, simulate, validate
+import os
+
+from ....pipeline import Diagram, Placement, ScheduleError, format_grid, simulate, validate
 from ...lab import CheckOptions, Lab
 from ...report import Report
 from ...student import load_student
@@ -68,8 +70,15 @@ def check(path: str, options: CheckOptions) -> Report:
         ref_sim = simulate(ref, _placement(4), 8, costs={"F": 1.0, "B": 1.0})
         schedule, sim = timed[(4, 8)]
         report.timeline = (f"your schedule, R=4, M=8, F=B=1 (makespan {sim.makespan:g}, bubble {sim.bubble:.3f}):\n"
-                           f"{format_grid(sim.grid())}\n\nthe reference (makespan {ref_sim.makespan:g}, "
-                           f"bubble {ref_sim.bubble:.3f}):\n{format_grid(ref_sim.grid())}")
+                           f"{format_grid(sim.grid(), line_width=options.width)}\n\nthe reference (makespan "
+                           f"{ref_sim.makespan:g}, bubble {ref_sim.bubble:.3f}):\n"
+                           f"{format_grid(ref_sim.grid(), line_width=options.width)}")
+        if options.png:
+            for label, run in (("run", sim), ("reference", ref_sim)):
+                path = os.path.join(options.png, f"{LAB.name}-{label}.png")
+                title = "your 1F1B" if label == "run" else "the reference 1F1B"
+                Diagram.from_simulation(run, _placement(4), title=f"{title}, R=4, M=8").to_png(path)
+                report.pictures.append(path)
     return report
 
 
