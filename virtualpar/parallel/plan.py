@@ -175,6 +175,8 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
     """The modelled step of ``cfg`` (see the module doc) on ``hardware`` (a :class:`~virtualpar.sim.Hardware`)."""
     import numpy as np
 
+    cfg.check_model(model)
+    cfg.check_batch((batch, seq), model.seq_len)
     itemsize = np.dtype(dtype).itemsize
     peak = hardware.device.peak(dtype)
     links = _links(hardware, cfg)
@@ -219,7 +221,11 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
     ranks = [placement.stages_of(pr) for pr in range(cfg.pp)]
     compute = max(sum(3 * ftime[st] + redo[st] for st in sts) * m for sts in ranks)
     comm_inside = max(sum(inner[st] for st in sts) * m for sts in ranks)
-    dp_comm = max(_dp_time(cfg, [u.size * itemsize for st in sts for u in units[st]], links) for sts in ranks)
+    sp_bytes = 0.0
+    if cfg.sequence_parallel and t > 1:  # per unit: its replicated entries (norms, biases; a few kB)
+        sp_bytes = 4 * h * itemsize
+    dp_comm = max(_dp_time(cfg, [u.size * itemsize for st in sts for u in units[st]], links, sp_bytes)
+                  for sts in ranks)
     mem = device_memory(model, cfg, batch, seq, itemsize)
     fullest = max(mem, key=lambda d: d["total"])
     step = sim.makespan + dp_comm
@@ -228,12 +234,15 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
                     hardware.device.memory_capacity, mfu)
 
 
-def _dp_time(cfg: ParallelConfig, unit_bytes: list[float], links: dict) -> float:
+def _dp_time(cfg: ParallelConfig, unit_bytes: list[float], links: dict, sp_bytes: float = 0.0) -> float:
     """One pipeline rank's gradient reduction and ZeRO traffic (:mod:`.zero`): zero=0 all-reduces
     buckets of ``bucket_bytes`` over dp × cp; zero 1 and 3 reduce each unit's flat vector on its own
     (the cp sum, then reduce-scatter + all-gather; zero=3 all-gathers every microbatch's forward, again
     in the backward with recompute, and reduce-scatters its gradient)."""
+    total = 0.0
     if cfg.zero == 0:
+        if sp_bytes:
+            total += len(unit_bytes) * _ring(cfg.tp, sp_bytes, links["tp"])
         group = cfg.dp * cfg.cp
         link = links["dp"] if cfg.dp > 1 else links["cp"]
         buckets, size = [], 0.0
@@ -243,9 +252,10 @@ def _dp_time(cfg: ParallelConfig, unit_bytes: list[float], links: dict) -> float
                 size = 0.0
             size += n
         buckets.append(size)
-        return sum(_ring(group, n, link) for n in buckets)
-    total = 0.0
+        return total + sum(_ring(group, n, link) for n in buckets)
     for n in unit_bytes:
+        if sp_bytes:  # sequence parallelism: the replicated parameters' partial gradients, summed over tp
+            total += _ring(cfg.tp, sp_bytes, links["tp"])
         total += _ring(cfg.cp, n, links["cp"])
         if cfg.zero == 1:
             total += 2 * _ring(cfg.dp, n, links["dp"], 1)
