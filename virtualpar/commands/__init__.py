@@ -19,5 +19,6 @@ COMMANDS: tuple[str, ...] = (
     "virtualpar.commands.doctor",
     "virtualpar.commands.lab",
     "virtualpar.commands.train",
+    "virtualpar.commands.plan",
 
 )

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..trace.fmt import WIDTH, count, nbytes, number, seconds, table
 from ._args import hardware_choices, output_file, parse_mesh, positive_int, usage_error
+from ._output import table_width
 from ._progress import bar
 
 __all__ = ["register", "synthetic_batch", "PERIOD"]
@@ -243,5 +244,5 @@ def register(sub: Any) -> None:
                    help="continue the run checkpointed in DIR (its step count and data position)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="seconds any one device op may wait before a named error (default 120)")
-    p.add_argument("--width", type=int, default=WIDTH, metavar="N", help=f"columns of the tables (default {WIDTH})")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the tables (default {WIDTH})")
     p.set_defaults(func=_run)
