@@ -17,13 +17,12 @@ measured in the same round.  The ratio is the cluster's wall time per step over 
 over a (dp, tp) mesh; JAX has no pipeline axis, so pp's devices become dp) and torch's pipelining
 with DTensor over gloo; each ratio is printed whichever way it falls, or "skipped" with the reason.
 
-    python benchmarks/bench_train.py [--rounds 3] [--quick] [--json]
+    python benchmarks/bench_train.py [--rounds 3] [--quick] [--json] [--peer-python /path/to/venv/bin/python]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -106,13 +105,15 @@ def floor_and_wall(model_name: str, rounds: int, steps: int) -> dict:
             "modelled_step_s": modelled, "target": 1.5}
 
 
-def peer(name: str, script: str, env: dict[str, str], module: str, wall: float) -> dict:
-    """Run a peer's script in a subprocess (its own environment) if ``module`` is installed."""
-    if importlib.util.find_spec(module) is None:
-        return {"peer": name, "skipped": f"{module} is not installed"}
+def peer(name: str, script: str, env: dict[str, str], module: str, wall: float, python: str) -> dict:
+    """Run a peer's script with ``python`` (its own environment) if ``module`` is installed there."""
     path = os.path.join(HERE, script)
-    done = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, **env})
+    has = subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    if not has:
+        return {"peer": name, "skipped": f"{module} is not installed for {python}"}
+    if not os.path.exists(path):
+        return {"peer": name, "skipped": f"no peer script {script} yet"}
+    done = subprocess.run([python, path], capture_output=True, text=True, timeout=1800, env={**os.environ, **env})
     if done.returncode != 0:
         return {"peer": name, "skipped": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
     seconds = float(json.loads(done.stdout.strip().splitlines()[-1])["step_s"])
@@ -124,14 +125,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per round and side (default 2)")
     ap.add_argument("--quick", action="store_true", help="smoke run: the tiny model, 1 round, no peers")
+    ap.add_argument("--peer-python", default=sys.executable, metavar="PYTHON",
+                    help="the interpreter that runs the peers (a venv with jax or torch; default this one)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     model = "tiny" if args.quick else "small"
     result = floor_and_wall(model, 1 if args.quick else args.rounds, 1 if args.quick else args.steps)
     peers = [] if args.quick else [
         peer("JAX, 8 virtual CPU devices, jit + NamedSharding", "_jax_train.py",
-             {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, "jax", result["wall_s"]),
-        peer("torch pipelining + DTensor over gloo", "_torch_train.py", {}, "torch", result["wall_s"])]
+             {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, "jax", result["wall_s"], args.peer_python),
+        peer("torch pipelining + DTensor over gloo", "_torch_train.py", {}, "torch", result["wall_s"], args.peer_python)]
     result["peers"] = peers
     if args.json:
         print(json.dumps(result, indent=1))
