@@ -63,7 +63,8 @@ def adamw(params, grads, m, v, t, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):
     m = jax.tree.map(lambda a, g: b1 * a + (1 - b1) * g, m, grads)
     v = jax.tree.map(lambda a, g: b2 * a + (1 - b2) * g * g, v, grads)
     fix1, fix2 = 1 - b1 ** t, 1 - b2 ** t
-    params = jax.tree.map(lambda p, a, b: p - lr * (a / fix1 / (jnp.sqrt(b / fix2) + eps) + wd * p), params, m, v)
+    params = jax.tree.map(lambda p, a, b: p - lr * (a / fix1 / (jnp.sqrt(b / fix2) + eps) + wd * p),
+                          params, m, v)
     return params, m, v
 
 

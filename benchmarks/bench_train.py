@@ -81,7 +81,8 @@ def floor_and_wall(model_name: str, rounds: int, steps: int) -> dict:
     with VirtualCluster(cfg.mesh(), hardware="h100-node") as cluster:
         cluster.execute(trainer, tokens, targets)  # places the weights; not timed
         for _ in range(rounds):
-            floor_s = statistics.median(one_process_step(reference, opt, tokens, targets, cfg.dp * cfg.microbatches)
+            parts = cfg.dp * cfg.microbatches
+            floor_s = statistics.median(one_process_step(reference, opt, tokens, targets, parts)
                                         for _ in range(steps))
             memcpy = _memcpy_Bps()
             time.sleep(0.3)  # the floor's BLAS threads spin a while before they sleep
@@ -113,7 +114,8 @@ def peer(name: str, script: str, env: dict[str, str], module: str, wall: float, 
         return {"peer": name, "skipped": f"{module} is not installed for {python}"}
     if not os.path.exists(path):
         return {"peer": name, "skipped": f"no peer script {script} yet"}
-    done = subprocess.run([python, path], capture_output=True, text=True, timeout=1800, env={**os.environ, **env})
+    done = subprocess.run([python, path], capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, **env})
     if done.returncode != 0:
         return {"peer": name, "skipped": f"failed: {done.stderr.strip().splitlines()[-1:]}"}
     seconds = float(json.loads(done.stdout.strip().splitlines()[-1])["step_s"])
@@ -133,21 +135,26 @@ def main() -> None:
     result = floor_and_wall(model, 1 if args.quick else args.rounds, 1 if args.quick else args.steps)
     peers = [] if args.quick else [
         peer("JAX, 8 virtual CPU devices, jit + NamedSharding", "_jax_train.py",
-             {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, "jax", result["wall_s"], args.peer_python),
-        peer("torch pipelining + DTensor over gloo", "_torch_train.py", {}, "torch", result["wall_s"], args.peer_python)]
+             {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, "jax", result["wall_s"],
+             args.peer_python),
+        peer("torch pipelining + DTensor over gloo", "_torch_train.py", {}, "torch", result["wall_s"],
+             args.peer_python)]
     result["peers"] = peers
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"# bench_train: GPT {model!r}, {CONFIG}, batch {result['batch']} x {result['seq']}, float32, AdamW")
-    print(f"{'round':>5} {'kernels s':>10} {'MiB moved':>10} {'memcpy GB/s':>12} {'floor s':>8} {'wall s':>8} "
+    print(f"# bench_train: GPT {model!r}, {CONFIG}, batch {result['batch']} x {result['seq']}, float32, "
+          f"AdamW")
+    print(f"{'round':>5} {'kernels s':>10} {'MiB moved':>10} {'memcpy GB/s':>12} {'floor s':>8} "
+          f"{'wall s':>8} "
           f"{'ratio':>6}")
     for i, r in enumerate(result["rounds"]):
         print(f"{i:>5} {r['kernels_s']:>10.3f} {r['bytes_moved'] / 2**20:>10.1f} {r['memcpy_GBps']:>12.1f} "
               f"{r['floor_s']:>8.3f} {r['wall_s']:>8.3f} {r['ratio']:>6.2f}")
     verdict = "PASS" if result["ratio"] <= result["target"] else "FAIL"
     print(f"step: {result['wall_s']:.3f} s wall against a floor of {result['floor_s']:.3f} s: ratio "
-          f"{result['ratio']:.2f}x (median round; target <= {result['target']}x) {verdict}; modelled on h100-node "
+          f"{result['ratio']:.2f}x (median round; target <= {result['target']}x) {verdict}; modelled on "
+          f"h100-node "
           f"{result['modelled_step_s'] * 1e6:.1f} us")
     for p in peers:
         if "skipped" in p:

@@ -40,7 +40,8 @@ def _why(best: Any, others: list[tuple[str, Any]]) -> list[str]:
         parts.append(f"exposed communication {seconds(e.exposed_comm)} vs {seconds(best.exposed_comm)}")
         parts.append(f"compute {seconds(e.compute)} vs {seconds(best.compute)}")
         parts.append(f"memory {nbytes(e.memory['total'])} vs {nbytes(best.memory['total'])}")
-        lines.append(f"- {name} ({e.label()}) is {e.step_time / best.step_time:.2f}× slower: " + "; ".join(parts))
+        slower = e.step_time / best.step_time
+        lines.append(f"- {name} ({e.label()}) is {slower:.2f}× slower: " + "; ".join(parts))
     return lines
 
 
@@ -119,7 +120,8 @@ def _run(args: argparse.Namespace) -> int:
     checked = None
     if args.confirm:
         if args.devices > 16:
-            return usage_error("plan", f"--confirm runs the top configurations on {args.devices} emulated devices; "
+            return usage_error("plan", f"--confirm runs the top configurations on {args.devices} "
+                                       f"emulated devices; "
                                        "keep it to 16 or fewer")
         picked = distinct(fit, 3)
         with bar(len(picked), "confirming", "run") as advance:
@@ -128,8 +130,9 @@ def _run(args: argparse.Namespace) -> int:
         checked = {"configurations": [e.label() for e in picked], "modelled": [e.step_time for e in picked],
                    "real_modelled_clock": real, "order_holds": order == list(range(len(real)))}
     if args.json:
-        print(json.dumps({"command": "plan", "model": args.model, "devices": args.devices, "hardware": hardware,
-                          "batch": batch, "seq": seq, "dtype": args.dtype, "fit": len(fit), "do_not_fit": unfit,
+        print(json.dumps({"command": "plan", "model": args.model, "devices": args.devices,
+                          "hardware": hardware, "batch": batch, "seq": seq, "dtype": args.dtype,
+                          "fit": len(fit), "do_not_fit": unfit,
                           "ranking": [e.as_dict() for e in top], "confirm": checked}, indent=1))
         return 0 if checked is None or checked["order_holds"] else 1
     print(f"plan for GPT {args.model!r} ({model.num_parameters():,} parameters) on {args.devices} × "
@@ -143,8 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     if checked is not None:
         print("\nconfirmed on the modelled clock of real runs (2 steps each, the second timed):")
         print(table(["configuration", "modelled by the plan", "real run"],
-                    [[c, seconds(m), seconds(r)] for c, m, r in zip(checked["configurations"], checked["modelled"],
-                                                                    checked["real_modelled_clock"])],
+                    [[c, seconds(m), seconds(r)] for c, m, r in
+                     zip(checked["configurations"], checked["modelled"], checked["real_modelled_clock"])],
                     width=args.width))
         print("the order holds" if checked["order_holds"] else "the order does NOT hold")
         return 0 if checked["order_holds"] else 1
@@ -152,12 +155,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="rank every parallel configuration of a GPT on N devices by modelled step time",
+    p = sub.add_parser("plan", help="rank every parallel configuration of a GPT on N devices by "
+                                    "modelled step time",
                        description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--model", default="small", choices=("tiny", "small"), help="GPT preset (default small)")
-    p.add_argument("--devices", type=positive_int, default=8, metavar="N", help="devices to plan for (default 8)")
+    p.add_argument("--devices", type=positive_int, default=8, metavar="N", help="devices to plan for "
+                                                                                "(default 8)")
     p.add_argument("--hardware", default=None, choices=hardware_choices(),
-                   help="modelled machine (default h100-node up to 8 devices, h100-cluster for multiples of 8)")
+                   help="modelled machine (default h100-node up to 8 devices, h100-cluster for "
+                        "multiples of 8)")
     p.add_argument("--batch", type=positive_int, default=None, metavar="ROWS",
                    help="sequences per step (default max(8, devices))")
     p.add_argument("--seq", type=positive_int, default=None, metavar="TOKENS",
@@ -166,10 +172,13 @@ def register(sub: Any) -> None:
                    help="element type: bytes per value and the peak FLOP/s it runs at (default float32)")
     p.add_argument("--memory", type=float, default=None, metavar="GiB",
                    help="device memory to fit in, GiB (default the hardware's)")
-    p.add_argument("--top", type=positive_int, default=10, metavar="N", help="configurations to show (default 10)")
+    p.add_argument("--top", type=positive_int, default=10, metavar="N", help="configurations to show "
+                                                                             "(default 10)")
     p.add_argument("--confirm", action="store_true",
-                   help="train the top 3 (distinct) configurations on emulated devices and check the order holds "
+                   help="train the top 3 (distinct) configurations on emulated devices and check the "
+                        "order holds "
                         "on their modelled clock (exit 1 if not)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
-    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the tables (default {WIDTH})")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the "
+                                                                                 f"tables (default {WIDTH})")
     p.set_defaults(func=_run)

@@ -32,7 +32,8 @@ __all__ = ["register", "synthetic_batch", "PERIOD"]
 PERIOD = 16  # tokens of the repeating pattern (at most the vocabulary)
 
 
-def synthetic_batch(step: int, batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_batch(step: int, batch: int, seq: int, vocab: int,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, targets) of training step ``step``: each row counts up from its own offset modulo
     ``min(PERIOD, vocab)``; targets are the tokens shifted by one.  The same on every rank."""
     period = min(PERIOD, vocab)
@@ -104,7 +105,9 @@ class Report:
 
         s = self.s
         tokens = s["batch"] * s["seq"]
-        util = mfu(s["model"], s["batch"], s["seq"], modelled, s["cfg"].size, s["peak"]) if modelled > 0 else 0.0
+        util = 0.0
+        if modelled > 0:
+            util = mfu(s["model"], s["batch"], s["seq"], modelled, s["cfg"].size, s["peak"])
         row = {"step": k, "loss": loss, "tokens_per_second": tokens / wall if wall > 0 else 0.0,
                "wall_seconds": wall, "modelled_step_seconds": modelled, "mfu": util}
         self.steps.append(row)
@@ -143,7 +146,8 @@ class Report:
                  nbytes(sum(r["closed_form"][k] for k in kinds)), nbytes(r["measured"]["activations"]),
                  nbytes(r["closed_form"]["activations"])] for r in rows]
         print(f"\nmemory per device: measured on the device, against the closed forms (ZeRO: (P + G + K)·Ψ "
-              f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer at {itemsize}-byte activations, divided as "
+              f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer at {itemsize}-byte activations, "
+              f"divided as "
               f"TP/SP divide it, × layers × the schedule's microbatches in flight); capacity "
               f"{nbytes(s['capacity'])} per device")
         print(table(["device", "dp,pp,cp,tp", "params", "grads", "optimizer", "P+G+K", "ZeRO form",
@@ -158,7 +162,8 @@ def _train_emulated(args: argparse.Namespace, s: dict[str, Any]) -> int:
 
     trainer, cfg = s["trainer"], s["cfg"]
     if (args.save or args.resume) and not hasattr(trainer, "load"):
-        raise UsageError("--save and --resume need ParallelTrainer.save/load (the Recoverable checkpoint API), "
+        raise UsageError("--save and --resume need ParallelTrainer.save/load (the Recoverable "
+                         "checkpoint API), "
                          "which this version of virtualpar.parallel does not have yet")
     with start_cluster(cfg.mesh(), hardware=s["hardware"], timeout=args.timeout) as cluster:
         first = 0
@@ -211,16 +216,21 @@ def register(sub: Any) -> None:
                    help="GPT preset: tiny (vocab 256, d 64, 4 layers, 4 heads, seq 32) or small (vocab 2048, "
                         "d 256, 8 layers, 8 heads, seq 128) (default tiny)")
     p.add_argument("--mesh", type=parse_mesh, default=None,
-                   help="degrees of the axes dp, pp, cp, tp, e.g. dp=2,pp=2,tp=2 (default; devices = product)")
+                   help="degrees of the axes dp, pp, cp, tp, e.g. dp=2,pp=2,tp=2 (default; devices = "
+                        "product)")
     p.add_argument("--cp", type=positive_int, default=None, metavar="N",
-                   help="context-parallel degree: ring attention over N sequence chunks (default 1, or the mesh's)")
+                   help="context-parallel degree: ring attention over N sequence chunks (default 1, or "
+                        "the mesh's)")
     p.add_argument("--microbatches", type=positive_int, default=4, metavar="M",
                    help="microbatches per step and replica (default 4)")
-    p.add_argument("--schedule", default="1f1b", choices=tuple(SCHEDULES), help="pipeline schedule (default 1f1b)")
+    p.add_argument("--schedule", default="1f1b", choices=tuple(SCHEDULES), help="pipeline schedule "
+                                                                                "(default 1f1b)")
     p.add_argument("--zero", type=int, default=1, choices=(0, 1, 3),
-                   help="ZeRO stage: 0 all-reduce, 1 sharded optimizer state, 3 sharded parameters (default 1)")
+                   help="ZeRO stage: 0 all-reduce, 1 sharded optimizer state, 3 sharded parameters "
+                        "(default 1)")
     p.add_argument("--sequence-parallel", action="store_true",
-                   help="Megatron's sequence parallelism: norms and dropout sharded over tp along the sequence")
+                   help="Megatron's sequence parallelism: norms and dropout sharded over tp along the "
+                        "sequence")
     p.add_argument("--recompute", action="store_true", help="recompute each block's forward in the backward")
     p.add_argument("--steps", type=positive_int, default=20, metavar="N", help="training steps (default 20)")
     p.add_argument("--batch", type=positive_int, default=None, metavar="ROWS",
@@ -230,7 +240,8 @@ def register(sub: Any) -> None:
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 0.003)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 to compare runs to 1e-12)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model's weights and of the data (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's weights and of the data "
+                                                       "(default 0)")
     p.add_argument("--hardware", default=None, choices=hardware_choices(),
                    help="modelled hardware for the step time and MFU (default h100-node up to 8 devices, "
                         "h100-cluster for multiples of 8)")
@@ -239,10 +250,12 @@ def register(sub: Any) -> None:
                    help="write every device's events as a Chrome trace (modelled clock)")
     p.add_argument("--weights", metavar="FILE.npz", type=output_file, default=None,
                    help="write the final weights, keyed like model.state_dict()")
-    p.add_argument("--save", metavar="DIR", default=None, help="write a checkpoint of the run to DIR at the end")
+    p.add_argument("--save", metavar="DIR", default=None, help="write a checkpoint of the run to DIR at "
+                                                               "the end")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue the run checkpointed in DIR (its step count and data position)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="seconds any one device op may wait before a named error (default 120)")
-    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the tables (default {WIDTH})")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the "
+                                                                                 f"tables (default {WIDTH})")
     p.set_defaults(func=_run)

@@ -172,7 +172,8 @@ def device_memory(model: Any, cfg: ParallelConfig, batch: int, seq: int, itemsiz
 
 def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: Any,
              dtype: str = "float32") -> Estimate:
-    """The modelled step of ``cfg`` (see the module doc) on ``hardware`` (a :class:`~virtualpar.sim.Hardware`)."""
+    """The modelled step of ``cfg`` (see the module doc) on ``hardware`` (a
+    :class:`~virtualpar.sim.Hardware`)."""
     import numpy as np
 
     cfg.check_model(model)
@@ -190,7 +191,8 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
     head = model.flops_per_token(seq) - sum(blk.flops_per_token(seq) for blk in model.blocks)
     for st, us in enumerate(units):
         layers = sum(u.name.startswith("blocks.") for u in us)
-        ftime[st] = (layers * per_token_block + (head if us[-1].name == "final" else 0.0)) * b * s_local / t / peak
+        per_token = layers * per_token_block + (head if us[-1].name == "final" else 0.0)
+        ftime[st] = per_token * b * s_local / t / peak
         if cfg.sequence_parallel:  # an all-gather and a reduce-scatter where TP has an all-reduce
             coll = 2 * layers * 2 * _ring(t, bsh, links["tp"], 1)
             coll_b = coll + 2 * layers * _ring(t, bsh, links["tp"], 1)  # the gathered linears' repeat

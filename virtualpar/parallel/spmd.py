@@ -86,7 +86,8 @@ def assemble(trainer: Any, mesh: Any, parts: list[dict[int, dict[str, np.ndarray
         for s, flats in stages.items():
             for u in trainer.units[s]:
                 for n, a, b, shape in u.offsets():
-                    pieces.setdefault(n, [None] * trainer.config.tp)[at.tp] = flats[u.name][a:b].reshape(shape)
+                    piece = flats[u.name][a:b].reshape(shape)
+                    pieces.setdefault(n, [None] * trainer.config.tp)[at.tp] = piece
     out = {n: unshard(v, n) for n, v in pieces.items()}
     if trainer.model.tie_embeddings:
         out["head.embedding.weight"] = out["tok_emb.weight"]
