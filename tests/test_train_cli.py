@@ -98,3 +98,14 @@ def test_help_documents_every_flag_with_its_unit(capsys):
                  "--weights", "--hardware", "--timeout"):
         assert flag in text
     assert "ROWS" in text and "TOKENS" in text and "seconds" in text
+
+
+def test_trace_and_weights_files_are_written(capsys, tmp_path):
+    trace, weights = tmp_path / "t.json", tmp_path / "w.npz"
+    assert main(["train", "--mesh", "pp=2", "--microbatches", "2", "--steps", "1", "--trace", str(trace),
+                 "--weights", str(weights)]) == 0
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert any("1F0" in str(e.get("name", "")) or e.get("name") == "F" for e in events)
+    with np.load(weights) as got:
+        assert sorted(got) == sorted(nn.GPT.preset("tiny").state_dict())

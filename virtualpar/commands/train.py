@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..trace.fmt import WIDTH, count, nbytes, number, seconds, table
-from ._args import hardware_choices, output_file, parse_mesh, positive_int, usage_error
+from ._args import (hardware_choices, natural_int, output_file, parse_mesh, positive_float, positive_int,
+                    usage_error)
 from ._output import table_width
 from ._progress import bar
 
@@ -240,8 +241,8 @@ def register(sub: Any) -> None:
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 0.003)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 to compare runs to 1e-12)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model's weights and of the data "
-                                                       "(default 0)")
+    p.add_argument("--seed", type=natural_int, default=0,
+                   help="seed of the model's weights and of the data, an int >= 0 (default 0)")
     p.add_argument("--hardware", default=None, choices=hardware_choices(),
                    help="modelled hardware for the step time and MFU (default h100-node up to 8 devices, "
                         "h100-cluster for multiples of 8)")
@@ -254,7 +255,7 @@ def register(sub: Any) -> None:
                                                                "the end")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue the run checkpointed in DIR (its step count and data position)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
                    help="seconds any one device op may wait before a named error (default 120)")
     p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the "
                                                                                  f"tables (default {WIDTH})")
