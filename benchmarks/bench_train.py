@@ -14,8 +14,10 @@ measured in the same round.  The ratio is the cluster's wall time per step over 
 
 **Peers**, when installed (never installed by this script): JAX on 8 virtual CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``; the same GPT, jit with ``NamedSharding``
-over a (dp, tp) mesh; JAX has no pipeline axis, so pp's devices become dp) and torch's pipelining
-with DTensor over gloo; each ratio is printed whichever way it falls, or "skipped" with the reason.
+over a (dp, tp) mesh; JAX has no pipeline axis, so pp's devices become dp: ``_jax_train.py``) and
+torch's pipelining (``Schedule1F1B``) with DTensor tensor parallelism over gloo, dp=2 × pp=2 × tp=2
+as here (``_torch_train.py``); each ratio is printed whichever way it falls, or "skipped" with the
+reason.  ``--peer-python`` names the interpreter that has them (a separate venv).
 
     python benchmarks/bench_train.py [--rounds 3] [--quick] [--json] [--peer-python /path/to/venv/bin/python]
 """
