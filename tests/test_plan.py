@@ -36,8 +36,10 @@ def real_step(cfg: C, batch: int = 8) -> tuple[float, list]:
 
 @pytest.mark.parametrize("cfg", [C(dp=4), C(dp=2, tp=2), C(pp=2, dp=2, microbatches=2, schedule="gpipe"),
                                  C(pp=2, tp=2, microbatches=4, zero=0),
-                                 C(dp=2, pp=2, microbatches=2, zero=1)],
-                         ids=["dp4", "dp2-tp2", "pp2-dp2-gpipe", "pp2-tp2-M4", "dp2-pp2-zero1"])
+                                 C(dp=2, pp=2, microbatches=2, zero=1), C(dp=2, pp=2, microbatches=2, zero=3),
+                                 C(dp=4, zero=3)],
+                         ids=["dp4", "dp2-tp2", "pp2-dp2-gpipe", "pp2-tp2-M4", "dp2-pp2-zero1",
+                              "dp2-pp2-zero3", "dp4-zero3"])
 def test_the_modelled_step_is_the_executed_run_s_modelled_clock(cfg):
     want, ledgers = real_step(cfg)
     got = estimate(gpt(), cfg, 8, 16, H100)

@@ -7,13 +7,15 @@ t = tp, α–β the links of the group's axis, F = a stage's forward FLOPs per m
 - **Stage times** go to the pipeline simulator (:func:`virtualpar.pipeline.simulate`): per stage,
   F = F_flops/peak + its tensor-parallel collectives (blocking, inside the forward: 2 ring
   all-reduces of b·s·h per layer, or with SP an all-gather and a reduce-scatter each, plus the
-  vocabulary-parallel ends) + cp's ring attention (cp−1 K,V blocks per layer); B = 2·F_flops/peak
-  (+ F_flops of the blocks with recompute) + the backward's collectives (I and W halve B's compute
+  vocabulary-parallel ends) + cp's ring attention (cp−1 K,V blocks per layer) + ZeRO-3's all-gather
+  of each unit's parameters over dp (FSDP, on the stage's path); B = 2·F_flops/peak
+  (+ F_flops of the blocks with recompute) + the backward's collectives, ZeRO-3's reduce-scatter
+  (and its gather again with recompute) included (I and W halve B's compute
   for the zero-bubble schedules); ``comm`` = one activation's p2p (α + b·s·h/(t if SP)/β).  The
   simulated makespan holds the **bubble**.
 - **Data parallelism** after the backward (exposed, the gradient reduction blocks here):
   ring all-reduce 2(N_d−1)(α + Ψ/(N_d·β)) for zero 0 (and the cp sum), reduce-scatter +
-  all-gather for zero 1, per-microbatch all-gathers and reduce-scatters for zero 3 (FSDP).
+  all-gather of each unit for zero 1 (zero=0 reduces buckets, zero 1 and 3 unit by unit).
 - **Memory** per pipeline rank: ZeRO's (P + G + K)·Ψ/… (:func:`.costs.zero_memory`) + Megatron's
   activations per layer (:func:`.costs.megatron_activation_bytes`) × its layers × the microbatches the
   schedule keeps in flight (the simulator's ``peak_activations``).
@@ -209,8 +211,13 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
         ring_attn = layers * (cfg.cp - 1) * 2 * (links["cp"][0] + bsh / t / links["cp"][1])
         redo[st] = layers * per_token_block * b * s_local / t / peak if cfg.recompute else 0.0
         again = coll + ring_attn if cfg.recompute else 0.0  # the recomputed forward's collectives
-        fwd[st] = ftime[st] + coll + ends + ring_attn
-        bwd[st] = 2 * ftime[st] + redo[st] + coll_b + ends_b + ring_attn + again
+        # ZeRO-3 (FSDP): each unit's parameters all-gathered over dp where its forward runs (again in
+        # the backward with recompute), its gradient reduce-scattered in the backward: on the stage's path
+        z3 = 0.0
+        if cfg.zero == 3:
+            z3 = sum(_ring(cfg.dp, u.size * itemsize, links["dp"], 1) for u in us)
+        fwd[st] = ftime[st] + coll + ends + ring_attn + z3
+        bwd[st] = 2 * ftime[st] + redo[st] + coll_b + ends_b + ring_attn + again + z3 * (1 + cfg.recompute)
         inner[st] = fwd[st] + bwd[st] - 3 * ftime[st] - redo[st]
     schedule, placement = _schedule(cfg.schedule, cfg.pp, m, cfg.chunks)
     kinds = {a.kind for acts in schedule.values() for a in acts if a is not None}
@@ -239,8 +246,8 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
 def _dp_time(cfg: ParallelConfig, unit_bytes: list[float], links: dict, sp_bytes: float = 0.0) -> float:
     """One pipeline rank's gradient reduction and ZeRO traffic (:mod:`.zero`): zero=0 all-reduces
     buckets of ``bucket_bytes`` over dp × cp; zero 1 and 3 reduce each unit's flat vector on its own
-    (the cp sum, then reduce-scatter + all-gather; zero=3 all-gathers every microbatch's forward, again
-    in the backward with recompute, and reduce-scatters its gradient)."""
+    (the cp sum, then for zero=1 reduce-scatter + all-gather; zero=3's gathers and reduce-scatters
+    run inside the stages, where :func:`estimate` counts them)."""
     total = 0.0
     if cfg.zero == 0:
         if sp_bytes:
@@ -261,8 +268,6 @@ def _dp_time(cfg: ParallelConfig, unit_bytes: list[float], links: dict, sp_bytes
         total += _ring(cfg.cp, n, links["cp"])
         if cfg.zero == 1:
             total += 2 * _ring(cfg.dp, n, links["dp"], 1)
-        else:
-            total += (2 + cfg.recompute) * cfg.microbatches * _ring(cfg.dp, n, links["dp"], 1)
     return total
 
 
