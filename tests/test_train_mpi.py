@@ -29,7 +29,11 @@ def _train(tmp_path, name: str, flags: list[str], launcher: list[str] | None = N
         done = run_mpiexec(launcher + argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with np.load(out) as f:
-        return {k: f[k] for k in f}
+        weights = {k: f[k] for k in f}
+    import json
+    from virtualpar.commands.train import weights_l2
+    assert json.loads(done.stdout)["weights_l2"] == weights_l2(weights)
+    return weights
 
 
 def check_same_weights(tmp_path, n: int, flags: list[str]) -> None:

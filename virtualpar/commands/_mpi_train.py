@@ -36,7 +36,7 @@ def train_mpi(args: argparse.Namespace, s: dict[str, Any]) -> int:
     from ..mpi.device import MPIDevice, collect
     from ..parallel.spmd import SpmdTrainer, assemble
     from .run import ABORT_GRACE, _unlink_job_segments
-    from .train import Report, synthetic_batch
+    from .train import Report, synthetic_batch, weights_l2
 
     cfg = s["cfg"]
     comm = MPI.COMM_WORLD
@@ -62,8 +62,10 @@ def train_mpi(args: argparse.Namespace, s: dict[str, Any]) -> int:
         events = collect(dev, None) if args.trace else None
         if root:
             extra: dict[str, Any] = {}
+            weights = assemble(s["trainer"], cfg.mesh(), parts)
+            extra["weights_l2"] = weights_l2(weights)
             if args.weights:
-                np.savez(args.weights, **assemble(s["trainer"], cfg.mesh(), parts))
+                np.savez(args.weights, **weights)
                 extra["weights"] = args.weights
             if args.trace:
                 extra["trace"] = events["trace"].write_chrome(args.trace)

@@ -28,7 +28,7 @@ from ._args import (hardware_choices, natural_int, output_file, parse_mesh, posi
 from ._output import table_width
 from ._progress import bar
 
-__all__ = ["register", "synthetic_batch", "PERIOD"]
+__all__ = ["register", "synthetic_batch", "weights_l2", "PERIOD"]
 
 PERIOD = 16  # tokens of the repeating pattern (at most the vocabulary)
 
@@ -42,6 +42,12 @@ def synthetic_batch(step: int, batch: int, seq: int, vocab: int,
     start = rng.integers(0, period, (batch, 1))
     ids = (start + np.arange(seq + 1)[None, :]) % period
     return ids[:, :-1].astype(np.int64), ids[:, 1:].astype(np.int64)
+
+
+def weights_l2(weights: dict[str, np.ndarray]) -> float:
+    """The final weights' L2 norm, all tensors together (in float64): one number to compare two runs
+    by (the emulator's and mpiexec's), printed and in ``--json``; ``--weights`` writes them all."""
+    return float(np.sqrt(sum(float(np.sum(np.square(w, dtype=np.float64))) for w in weights.values())))
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -181,8 +187,10 @@ def _train_emulated(args: argparse.Namespace, s: dict[str, Any]) -> int:
                 advance()
         memory = trainer.memory(cluster)
         extra: dict[str, Any] = {}
+        weights = trainer.state_dict(cluster)
+        extra["weights_l2"] = weights_l2(weights)
         if args.weights:
-            np.savez(args.weights, **trainer.state_dict(cluster))
+            np.savez(args.weights, **weights)
             extra["weights"] = args.weights
         if args.save:
             trainer.save(cluster, args.save)
