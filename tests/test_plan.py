@@ -107,3 +107,25 @@ def test_plan_json_ranks_and_explains(capsys):
 def test_plan_usage_errors_exit_2(capsys, argv, words):
     assert main(["plan", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_groups_inside_a_node_take_nvlink_and_groups_across_nodes_infiniband():
+    """Axes are laid out dp, pp, cp, tp (tp fastest): on 64 GPUs in nodes of 8, tp=8 stays in a node,
+    dp=8 crosses nodes; tp=2 × pp=4 fill a node, so dp's groups cross nodes and pp's do not."""
+    from virtualpar.parallel.plan_model import _links
+
+    hw = get_hardware("h100-cluster")
+    nvlink, ib = (hw.intra_latency, hw.intra_bandwidth), (hw.inter_latency, hw.inter_bandwidth)
+    links = _links(hw, C(dp=8, tp=8))
+    assert links["tp"] == nvlink and links["dp"] == ib
+    links = _links(hw, C(dp=8, tp=2, pp=4))
+    assert links["tp"] == links["pp"] == nvlink and links["dp"] == ib
+    assert _links(hw, C(pp=16, tp=4))["pp"] == ib
+
+
+def test_small_on_64_devices_ranks_thousands_of_configurations_and_beats_pure_data_parallelism():
+    fit, out = plan(nn.GPT.preset("small"), 64, "h100-cluster", 64)
+    assert len(fit) > 1000 and out == 0
+    best = fit[0]
+    assert best.config.size == 64 and best.step_time == min(e.step_time for e in fit)
+    assert best.step_time < next(e for e in fit if e.config.dp == 64).step_time

@@ -155,12 +155,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="rank every parallel configuration of a GPT on N devices by "
-                                    "modelled step time",
+    p = sub.add_parser("plan",
+                       help="rank every parallel configuration of a GPT on N devices by modelled step time",
                        description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--model", default="small", choices=("tiny", "small"), help="GPT preset (default small)")
-    p.add_argument("--devices", type=positive_int, default=8, metavar="N", help="devices to plan for "
-                                                                                "(default 8)")
+    p.add_argument("--devices", type=positive_int, default=8, metavar="N",
+                   help="devices to plan for (default 8)")
     p.add_argument("--hardware", default=None, choices=hardware_choices(),
                    help="modelled machine (default h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8)")
@@ -172,13 +172,13 @@ def register(sub: Any) -> None:
                    help="element type: bytes per value and the peak FLOP/s it runs at (default float32)")
     p.add_argument("--memory", type=float, default=None, metavar="GiB",
                    help="device memory to fit in, GiB (default the hardware's)")
-    p.add_argument("--top", type=positive_int, default=10, metavar="N", help="configurations to show "
-                                                                             "(default 10)")
+    p.add_argument("--top", type=positive_int, default=10, metavar="N",
+                   help="configurations to show (default 10)")
     p.add_argument("--confirm", action="store_true",
                    help="train the top 3 (distinct) configurations on emulated devices and check the "
                         "order holds "
                         "on their modelled clock (exit 1 if not)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
-    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the "
-                                                                                 f"tables (default {WIDTH})")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
+                   help=f"columns of the tables (default {WIDTH})")
     p.set_defaults(func=_run)

@@ -232,8 +232,8 @@ def register(sub: Any) -> None:
                         "the mesh's)")
     p.add_argument("--microbatches", type=positive_int, default=4, metavar="M",
                    help="microbatches per step and replica (default 4)")
-    p.add_argument("--schedule", default="1f1b", choices=tuple(SCHEDULES), help="pipeline schedule "
-                                                                                "(default 1f1b)")
+    p.add_argument("--schedule", default="1f1b", choices=tuple(SCHEDULES),
+                   help="pipeline schedule (default 1f1b)")
     p.add_argument("--zero", type=int, default=1, choices=(0, 1, 3),
                    help="ZeRO stage: 0 all-reduce, 1 sharded optimizer state, 3 sharded parameters "
                         "(default 1)")
@@ -259,12 +259,12 @@ def register(sub: Any) -> None:
                    help="write every device's events as a Chrome trace (modelled clock)")
     p.add_argument("--weights", metavar="FILE.npz", type=output_file, default=None,
                    help="write the final weights, keyed like model.state_dict()")
-    p.add_argument("--save", metavar="DIR", default=None, help="write a checkpoint of the run to DIR at "
-                                                               "the end")
+    p.add_argument("--save", metavar="DIR", default=None,
+                   help="write a checkpoint of the run to DIR at the end")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue the run checkpointed in DIR (its step count and data position)")
     p.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
                    help="seconds any one device op may wait before a named error (default 120)")
-    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N", help=f"columns of the "
-                                                                                 f"tables (default {WIDTH})")
+    p.add_argument("--width", type=table_width, default=WIDTH, metavar="N",
+                   help=f"columns of the tables (default {WIDTH})")
     p.set_defaults(func=_run)
