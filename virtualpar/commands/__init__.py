@@ -18,4 +18,7 @@ COMMANDS: tuple[str, ...] = (
     "virtualpar.commands.run",
     "virtualpar.commands.doctor",
     "virtualpar.commands.lab",
+    "virtualpar.commands.train",
+    "virtualpar.commands.plan",
+
 )
