@@ -128,11 +128,11 @@ POSITIONAL = {("schedule",): ("1f1b", "nope"), ("strategy",): ("gpipe", "nope"),
               ("run",): ("prog.py:step", "missing.py:step"), ("lab", "start"): ("ring-allreduce", "nope"),
               ("lab", "check"): ("ring-allreduce", "nope")}
 #: A value each option type refuses.
-BAD = {"positive_int": "0", "natural_int": "-1", "positive_float": "0", "parse_mesh": "dp=x",
+BAD = {"positive_int": "0", "natural_int": "-1", "positive_float": "0", "positive_number": "-1", "parse_mesh": "dp=x",
        "parse_costs": "Q=1", "table_width": "10", "output_file": "/nonexistent-dir/x.json",
        "png_file": "picture.svg", "_shape": "a,b", "int": "x"}
 #: Options that take any text: checked after parsing, below, or a folder to create.
-FREE_TEXT = {("pipeline", "--schedule"), ("lab check", "--png")}
+FREE_TEXT = {("pipeline", "--schedule"), ("lab check", "--png"), ("train", "--save"), ("train", "--resume")}
 
 
 def _bad_options():

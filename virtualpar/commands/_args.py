@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float",
+__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "positive_number",
            "output_file", "natural_int", "hardware_choices", "usage_error", "check_cost_kinds", "png_file",
            "add_picture_args"]
 
@@ -43,6 +43,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """A quantity given on the command line (a learning rate, GiB of memory): a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
     return value
 
 

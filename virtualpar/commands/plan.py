@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..trace.fmt import WIDTH, nbytes, seconds, table
-from ._args import hardware_choices, positive_int, usage_error
+from ._args import hardware_choices, positive_int, positive_number, usage_error
 from ._output import table_width
 from ._progress import bar
 
@@ -170,7 +170,7 @@ def register(sub: Any) -> None:
                    help="tokens per sequence (default the model's seq_len)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="element type: bytes per value and the peak FLOP/s it runs at (default float32)")
-    p.add_argument("--memory", type=float, default=None, metavar="GiB",
+    p.add_argument("--memory", type=positive_number, default=None, metavar="GiB",
                    help="device memory to fit in, GiB (default the hardware's)")
     p.add_argument("--top", type=positive_int, default=10, metavar="N",
                    help="configurations to show (default 10)")

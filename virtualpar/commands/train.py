@@ -24,7 +24,7 @@ import numpy as np
 
 from ..trace.fmt import WIDTH, count, nbytes, number, seconds, table
 from ._args import (hardware_choices, natural_int, output_file, parse_mesh, positive_float, positive_int,
-                    usage_error)
+                    positive_number, usage_error)
 from ._output import table_width
 from ._progress import bar
 
@@ -246,7 +246,7 @@ def register(sub: Any) -> None:
                    help="sequences per step, a multiple of dp × microbatches (default: the least >= 8)")
     p.add_argument("--seq", type=positive_int, default=None, metavar="TOKENS",
                    help="tokens per sequence (default the model's seq_len)")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 0.003)")
+    p.add_argument("--lr", type=positive_number, default=3e-3, help="AdamW learning rate (default 0.003)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
                    help="parameters and activations (default float32; float64 to compare runs to 1e-12)")
     p.add_argument("--seed", type=natural_int, default=0,
