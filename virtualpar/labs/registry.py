@@ -32,6 +32,7 @@ BUILTIN: dict[str, str] = {
     "zero1": "zero1",
     "timeline-gru": "timeline_gru",
     "pipeline-dp": "pipeline_dp",
+    "parallel-3d": "parallel_3d",
 }
 
 
