@@ -129,3 +129,34 @@ def test_small_on_64_devices_ranks_thousands_of_configurations_and_beats_pure_da
     best = fit[0]
     assert best.config.size == 64 and best.step_time == min(e.step_time for e in fit)
     assert best.step_time < next(e for e in fit if e.config.dp == 64).step_time
+
+
+def test_overlapped_buckets_by_hand():
+    """Three units, one bucket each, in the backward's order final (1 s forward), blocks.0 (2 s),
+    embed (0 s); backward = 2 × forward.  Buckets of 3 s: final's starts at 2 and ends at 5,
+    blocks.0's is final at 6 and ends at 9, embed's ends at 12; the compute ends at 6: 6 s past it.
+    Buckets of 0.5 s: 2.5, 6.5, 7: 1 s past it (only the last bucket and the one before it show)."""
+    from types import SimpleNamespace as U
+
+    from virtualpar.parallel.plan_dp import overlapped
+
+    units = [U(name="embed", padded=100), U(name="blocks.0", padded=100), U(name="final", padded=100)]
+    times = {"embed": 0.0, "blocks.0": 2.0, "final": 1.0}
+    assert overlapped(units, times, 2.0, 4, 400, lambda n: 3.0, 0.0) == 6.0
+    assert overlapped(units, times, 2.0, 4, 400, lambda n: 0.5, 0.0) == 1.0
+    sizes = []  # one bucket of all three when they fit: it starts when the compute is done
+    assert overlapped(units, times, 2.0, 4, 1200, lambda n: sizes.append(n) or 3.0, 0.0) == 3.0
+    assert sizes == [1200]
+
+
+def test_simulate_adds_extra_time_to_one_action_and_refuses_a_negative_one():
+    from virtualpar.errors import UsageError
+    from virtualpar.pipeline import Action, build, simulate
+
+    schedule, placement = build("gpipe", 2, 2, 1)
+    plain = simulate(schedule, placement, 2)
+    longer = simulate(schedule, placement, 2, extra={Action(1, "B", 1): 5.0})
+    assert longer.times[Action(1, "B", 1)][2] - longer.times[Action(1, "B", 1)][1] == 2.0 + 5.0
+    assert longer.makespan == plain.makespan + 5.0  # stage 0's B1 waits for it
+    with pytest.raises(UsageError, match="extra"):
+        simulate(schedule, placement, 2, extra={Action(1, "B", 1): -1.0})

@@ -66,3 +66,13 @@ def test_mpiexec_with_the_wrong_number_of_ranks_is_a_usage_error(tmp_path):
                         "--steps", "1"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     assert "mpiexec -n 4" in done.stderr
+
+
+def test_mpiexec_refuses_save_and_resume_saying_why(tmp_path):
+    if _mpiexec() is None:
+        pytest.skip("mpiexec is not installed (pip install mpich)")
+    done = run_mpiexec([_mpiexec(), "-n", "2", sys.executable, "-m", "virtualpar", "train", "--mesh", "dp=2",
+                        "--steps", "1", "--save", str(tmp_path / "ck")],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "not supported under mpiexec" in done.stderr and "--weights" in done.stderr

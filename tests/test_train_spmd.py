@@ -70,3 +70,28 @@ def test_rank_batch_covers_the_batch_once_per_tp_rank():
             seen[at.tp, at.dp * 4:(at.dp + 1) * 4, at.cp * 4:(at.cp + 1) * 4] += 1
             np.testing.assert_array_equal(x, tokens[at.dp * 4:(at.dp + 1) * 4, at.cp * 4:(at.cp + 1) * 4])
     assert (seen == 1).all()
+
+
+def test_split_flat_s_gradient_is_slicing_s_with_zeros_on_the_padding():
+    """stage.unpack's primitive: the same gradient as autograd's slices, padding included."""
+    import autograd.numpy as anp
+    from autograd import grad
+
+    from virtualpar.parallel.stage import split_flat
+
+    pieces = ((0, 6, (2, 3)), (6, 10, (4,)))
+    rng = np.random.default_rng(0)
+    flat, w = rng.normal(size=11), rng.normal(size=(2, 3))  # one padding entry at the end
+
+    def by_split(f):
+        a, b = split_flat(f, pieces)
+        return anp.sum(anp.tanh(a) * w) + anp.sum(b ** 3)
+
+    def by_slices(f):
+        return anp.sum(anp.tanh(anp.reshape(f[0:6], (2, 3))) * w) + anp.sum(f[6:10] ** 3)
+
+    got, want = grad(by_split)(flat), grad(by_slices)(flat)
+    np.testing.assert_array_equal(got, want)
+    assert got[10] == 0.0 and got.shape == flat.shape
+    only_b = grad(lambda f: anp.sum(split_flat(f, pieces)[1] ** 2))(flat)  # a piece no one reads: zeros
+    np.testing.assert_array_equal(only_b, np.r_[np.zeros(6), 2 * flat[6:10], 0.0])

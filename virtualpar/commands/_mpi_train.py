@@ -27,16 +27,15 @@ def train_mpi(args: argparse.Namespace, s: dict[str, Any]) -> int:
     from ..errors import UsageError
 
     if args.save or args.resume:
-        raise UsageError("--save and --resume are not supported under mpiexec yet (checkpoints are "
-                         "written by "
-                         "the emulator's driver); run without them, or write the weights with --weights "
-                         "FILE.npz")
+        raise UsageError("--save and --resume are not supported under mpiexec: a checkpoint is written and "
+                         "read by the emulator's driver, which mpiexec's ranks do not have; checkpoint a "
+                         "run without mpiexec, or write the final weights with --weights FILE.npz")
     from mpi4py import MPI
 
     from ..mpi.device import MPIDevice, collect
     from ..parallel.spmd import SpmdTrainer, assemble
     from .run import ABORT_GRACE, _unlink_job_segments
-    from .train import Report, synthetic_batch, weights_l2
+    from ._training import Report, synthetic_batch, weights_l2
 
     cfg = s["cfg"]
     comm = MPI.COMM_WORLD

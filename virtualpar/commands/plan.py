@@ -72,7 +72,7 @@ def confirm(model_name: str, picked: list[Any], batch: int, seq: int, hardware: 
     """The modelled step time of a real run (2 steps, the second timed) of each picked configuration."""
     from .. import nn
     from ..parallel import ParallelTrainer
-    from .train import synthetic_batch
+    from ._training import synthetic_batch
     from ._progress import start_cluster
 
     times = []

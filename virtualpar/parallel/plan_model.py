@@ -1,20 +1,26 @@
 """The planner's model of one configuration's step: time, its causes, and memory per device.  Pure.
 
 For one configuration (b = rows per microbatch and replica, s = sequence per cp rank, h = d_model,
-t = tp, α–β the links of the group's axis, F = a stage's forward FLOPs per microbatch):
+t = tp, α–β the links of the group's axis, F = a stage's forward FLOPs per microbatch); every
+collective's time is :mod:`virtualpar.sim.analytic`'s (``ring_all_reduce``, ``ring_all_gather``,
+``ring_reduce_scatter``, ``p2p``), the one place the α–β forms are defined:
 
 - **Stage times** go to the pipeline simulator (:func:`virtualpar.pipeline.simulate`): per stage,
   F = F_flops/peak + its tensor-parallel collectives (blocking, inside the forward: 2 ring
   all-reduces of b·s·h per layer, or with SP an all-gather and a reduce-scatter each, plus the
   vocabulary-parallel ends) + cp's ring attention (cp−1 K,V blocks per layer) + ZeRO-3's all-gather
-  of each unit's parameters over dp (FSDP, on the stage's path); B = 2·F_flops/peak
-  (+ F_flops of the blocks with recompute) + the backward's collectives, ZeRO-3's reduce-scatter
-  (and its gather again with recompute) included (I and W halve B's compute
-  for the zero-bubble schedules); ``comm`` = one activation's p2p (α + b·s·h/(t if SP)/β).  The
+  of each unit over dp; B = 2·F_flops/peak (+ F_flops of the blocks with recompute) + the
+  backward's collectives, ZeRO-3's second all-gather of each unit (FSDP frees it after the
+  forward; a recomputed block gathers for its recomputation instead) and its reduce-scatter — 3
+  per unit and microbatch, 2 for tied embeddings, which keep theirs (I and W halve B's compute for
+  the zero-bubble schedules); ``comm`` = one activation's p2p (α + b·s·h/(t if SP)/β).  The
   simulated makespan holds the **bubble**.
-- **Data parallelism** after the backward (exposed, the gradient reduction blocks here):
-  ring all-reduce 2(N_d−1)(α + Ψ/(N_d·β)) for zero 0 (and the cp sum), reduce-scatter +
-  all-gather of each unit for zero 1 (zero=0 reduces buckets, zero 1 and 3 unit by unit).
+- **Data parallelism, zero=0**: DDP's buckets (:func:`.zero.buckets`) all-reduced over dp·cp beside
+  each stage's last backward, as :mod:`.overlap` runs them: the compute is fixed, bucket k starts
+  at max(r_k, c_{k−1}) (r_k: when its last unit's gradient is final) and takes
+  2(N−1)(α + B_k/(N·β)); what runs past the compute lengthens that one action in the simulator
+  (``extra``), so a stage before it waits too (:mod:`.plan_dp`).  **zero 1**: reduce-scatter +
+  all-gather of each unit after the pipeline (exposed), and the cp sum for zero 1 and 3.
 - **Memory** per pipeline rank: ZeRO's (P + G + K)·Ψ/… (:func:`.costs.zero_memory`) + Megatron's
   activations per layer (:func:`.costs.megatron_activation_bytes`) × its layers × the microbatches the
   schedule keeps in flight (the simulator's ``peak_activations``).
@@ -31,17 +37,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..pipeline import build, simulate, validate
+from ..sim.analytic import p2p, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .config import ParallelConfig
 from .costs import megatron_activation_bytes, model_flops, zero_memory
 from .layout import stage_units
+from .plan_dp import dp_after, last_backwards, overlapped
 
 __all__ = ["Estimate", "estimate", "device_memory"]
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """One configuration's modelled step: ``step_time`` = ``pipeline`` (compute, tp/cp collectives
-    and p2p on the simulated schedule) + ``dp_comm`` (exposed); ``compute`` is the busiest rank's
+    """One configuration's modelled step: ``step_time`` = ``pipeline`` (compute, tp/cp collectives,
+    p2p and zero=0's overlapped buckets on the simulated schedule) + the reduction after it;
+    ``dp_comm`` is the data-parallel communication exposed (that reduction, or zero=0's buckets'
+    time past the backward they overlap, inside ``pipeline``); ``compute`` is the busiest rank's
     FLOPs time, ``bubble`` the schedule's idle fraction, ``comm`` the collectives' time inside the
     stages, ``memory`` the fullest device's bytes by kind, ``fits`` against ``capacity``."""
 
@@ -91,15 +101,6 @@ def _links(hardware: Any, cfg: ParallelConfig) -> dict[str, tuple[float, float]]
                      else (hardware.inter_latency, hardware.inter_bandwidth))
         stride *= size
     return out
-
-
-def _ring(n: int, nbytes: float, link: tuple[float, float], steps_per: int = 2) -> float:
-    """Ring collective time: ``steps_per``·(n−1) steps of nbytes/n (2 for all-reduce, 1 for
-    all-gather or reduce-scatter)."""
-    if n == 1:
-        return 0.0
-    alpha, beta = link
-    return steps_per * (n - 1) * (alpha + nbytes / n / beta)
 
 
 class _Shapes:
@@ -169,6 +170,21 @@ def device_memory(model: Any, cfg: ParallelConfig, batch: int, seq: int, itemsiz
     return out
 
 
+def _unit_times(model: Any, units: list, seq: int, rows_tokens: float, peak: float) -> dict[str, float]:
+    """Forward seconds of each unit on one device for ``rows_tokens`` = b·s/cp/tp tokens' share: a
+    block's ``flops_per_token``, the head's on "final", nothing for the embeddings (as
+    :meth:`.ParallelTrainer.stage_flops` declares them)."""
+    head = model.flops_per_token(seq) - sum(blk.flops_per_token(seq) for blk in model.blocks)
+    out = {}
+    for u in units:
+        if u.name.startswith("blocks."):
+            per_token = model.blocks[int(u.name[7:])].flops_per_token(seq)
+        else:
+            per_token = head if u.name == "final" else 0.0
+        out[u.name] = per_token * rows_tokens / peak
+    return out
+
+
 def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: Any,
              dtype: str = "float32") -> Estimate:
     """The modelled step of ``cfg`` (see the module doc) on ``hardware`` (a
@@ -184,37 +200,44 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
     b = batch // (cfg.dp * m)
     s_local = seq // cfg.cp
     bsh = b * s_local * h * itemsize
-    units = _units(model, cfg.stages, t, 1)
-    fwd, bwd, inner, ftime, redo = {}, {}, {}, {}, {}
+    tp_link, dp_link = links["tp"], links["dp"]
+    units = _units(model, cfg.stages, t, 1 if cfg.zero == 0 else cfg.dp)
+    fwd, bwd, inner, ftime, redo, unit_times = {}, {}, {}, {}, {}, {}
     per_token_block = model.blocks[0].flops_per_token(seq)
-    head = model.flops_per_token(seq) - sum(blk.flops_per_token(seq) for blk in model.blocks)
+    tied = model.tie_embeddings
     for st, us in enumerate(units):
         layers = sum(u.name.startswith("blocks.") for u in us)
-        per_token = layers * per_token_block + (head if us[-1].name == "final" else 0.0)
-        ftime[st] = per_token * b * s_local / t / peak
+        unit_times[st] = _unit_times(model, us, seq, b * s_local / t, peak)
+        ftime[st] = sum(unit_times[st].values())
         if cfg.sequence_parallel:  # an all-gather and a reduce-scatter where TP has an all-reduce
-            coll = 2 * layers * 2 * _ring(t, bsh, links["tp"], 1)
-            coll_b = coll + 2 * layers * _ring(t, bsh, links["tp"], 1)  # the gathered linears' repeat
+            coll = 2 * layers * 2 * ring_all_gather(t, bsh, *tp_link)
+            coll_b = coll + 2 * layers * ring_all_gather(t, bsh, *tp_link)  # the gathered linears' repeat
         else:
-            coll = coll_b = 2 * layers * _ring(t, bsh, links["tp"])
+            coll = coll_b = 2 * layers * ring_all_reduce(t, bsh, *tp_link)
         # the vocabulary-parallel ends: the embedding's g (forward), the loss's 3 all-reduces of b·s
         # (row max, sum of exponentials, the target's logit), the head's f (backward)
-        ends = _ring(t, bsh, links["tp"]) if us[0].name == "embed" else 0.0
+        ends = ring_all_reduce(t, bsh, *tp_link) if us[0].name == "embed" else 0.0
         ends_b = 0.0
         if us[-1].name == "final":
-            ends += 3 * _ring(t, b * s_local * itemsize, links["tp"])
-            ends_b = _ring(t, bsh, links["tp"])
+            ends += 3 * ring_all_reduce(t, b * s_local * itemsize, *tp_link)
+            ends_b = ring_all_reduce(t, bsh, *tp_link)
         # ring attention: cp − 1 shifts of K and of V (b·s·h/t each) per layer, back again in the backward
-        ring_attn = layers * (cfg.cp - 1) * 2 * (links["cp"][0] + bsh / t / links["cp"][1])
+        ring_attn = layers * (cfg.cp - 1) * 2 * p2p(bsh / t, *links["cp"]) if cfg.cp > 1 else 0.0
         redo[st] = layers * per_token_block * b * s_local / t / peak if cfg.recompute else 0.0
         again = coll + ring_attn if cfg.recompute else 0.0  # the recomputed forward's collectives
-        # ZeRO-3 (FSDP): each unit's parameters all-gathered over dp where its forward runs (again in
-        # the backward with recompute), its gradient reduce-scattered in the backward: on the stage's path
-        z3 = 0.0
+        # ZeRO-3 (FSDP, .fsdp): each unit's parameters all-gathered over dp before its forward, and
+        # again before its backward (a recomputed block: for its recomputation), its gradient
+        # reduce-scattered; tied embeddings keep their gathered parameters: no second gather
+        z3_f = z3_b = 0.0
         if cfg.zero == 3:
-            z3 = sum(_ring(cfg.dp, u.size * itemsize, links["dp"], 1) for u in us)
-        fwd[st] = ftime[st] + coll + ends + ring_attn + z3
-        bwd[st] = 2 * ftime[st] + redo[st] + coll_b + ends_b + ring_attn + again + z3 * (1 + cfg.recompute)
+            for u in us:
+                moved = ring_all_gather(cfg.dp, u.padded * itemsize, *dp_link)
+                z3_f += moved
+                z3_b += ring_reduce_scatter(cfg.dp, u.padded * itemsize, *dp_link)
+                if not (tied and u.name in ("embed", "final")):
+                    z3_b += moved
+        fwd[st] = ftime[st] + coll + ends + ring_attn + z3_f
+        bwd[st] = 2 * ftime[st] + redo[st] + coll_b + ends_b + ring_attn + again + z3_b
         inner[st] = fwd[st] + bwd[st] - 3 * ftime[st] - redo[st]
     schedule, placement = _schedule(cfg.schedule, cfg.pp, m, cfg.chunks)
     kinds = {a.kind for acts in schedule.values() for a in acts if a is not None}
@@ -222,47 +245,27 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
     if "I" in kinds:  # zero bubble: B's input half carries the collectives, W one forward's FLOPs
         costs["W"] = dict(ftime)
         costs["I"] = {st: bwd[st] - ftime[st] for st in fwd}
-    p2p = links["pp"][0] + bsh / (t if cfg.sequence_parallel else 1) / links["pp"][1] if cfg.pp > 1 else 0.0
-    sim = simulate(schedule, placement, m, costs={k: v for k, v in costs.items() if k in kinds}, comm=p2p)
+    sp_time = 0.0
+    if cfg.sequence_parallel and t > 1:  # per unit: its replicated entries (norms, biases; a few kB)
+        sp_time = ring_all_reduce(t, 4 * h * itemsize, *tp_link)
+    extra = {}
+    if cfg.zero == 0 and cfg.dp * cfg.cp > 1:  # DDP's buckets beside the last backward (.overlap)
+        group, link = cfg.dp * cfg.cp, dp_link if cfg.dp > 1 else links["cp"]
+        for st, a in last_backwards(schedule, placement).items():
+            extra[a] = overlapped(units[st], unit_times[st], 2.0 if a.kind == "B" else 1.0, itemsize,
+                                   cfg.bucket_bytes, lambda n: ring_all_reduce(group, n, *link), sp_time)
+    p2p_time = p2p(bsh / (t if cfg.sequence_parallel else 1), *links["pp"]) if cfg.pp > 1 else 0.0
+    sim = simulate(schedule, placement, m, costs={k: v for k, v in costs.items() if k in kinds},
+                   comm=p2p_time, extra=extra)
     ranks = [placement.stages_of(pr) for pr in range(cfg.pp)]
     compute = max(sum(3 * ftime[st] + redo[st] for st in sts) * m for sts in ranks)
     comm_inside = max(sum(inner[st] for st in sts) * m for sts in ranks)
-    sp_bytes = 0.0
-    if cfg.sequence_parallel and t > 1:  # per unit: its replicated entries (norms, biases; a few kB)
-        sp_bytes = 4 * h * itemsize
-    dp_comm = max(_dp_time(cfg, [u.size * itemsize for st in sts for u in units[st]], links, sp_bytes)
-                  for sts in ranks)
+    after = max(dp_after(cfg, [u.padded * itemsize for st in sts for u in units[st]], links, sp_time)
+                for sts in ranks)
+    hidden_not = max(sum(v for a, v in extra.items() if a.stage in sts) for sts in ranks) if extra else 0.0
     mem = device_memory(model, cfg, batch, seq, itemsize)
     fullest = max(mem, key=lambda d: d["total"])
-    step = sim.makespan + dp_comm
+    step = sim.makespan + after
     mfu = model_flops(model, batch, seq) / (step * cfg.size * peak) if step > 0 else 0.0
-    return Estimate(cfg, step, sim.makespan, compute, comm_inside, dp_comm, sim.bubble, fullest,
+    return Estimate(cfg, step, sim.makespan, compute, comm_inside, after + hidden_not, sim.bubble, fullest,
                     hardware.device.memory_capacity, mfu)
-
-
-def _dp_time(cfg: ParallelConfig, unit_bytes: list[float], links: dict, sp_bytes: float = 0.0) -> float:
-    """One pipeline rank's gradient reduction and ZeRO traffic (:mod:`.zero`): zero=0 all-reduces
-    buckets of ``bucket_bytes`` over dp × cp; zero 1 and 3 reduce each unit's flat vector on its own
-    (the cp sum, then for zero=1 reduce-scatter + all-gather; zero=3's gathers and reduce-scatters
-    run inside the stages, where :func:`estimate` counts them)."""
-    total = 0.0
-    if cfg.zero == 0:
-        if sp_bytes:
-            total += len(unit_bytes) * _ring(cfg.tp, sp_bytes, links["tp"])
-        group = cfg.dp * cfg.cp
-        link = links["dp"] if cfg.dp > 1 else links["cp"]
-        buckets, size = [], 0.0
-        for n in unit_bytes:
-            if size and size + n > cfg.bucket_bytes:
-                buckets.append(size)
-                size = 0.0
-            size += n
-        buckets.append(size)
-        return total + sum(_ring(group, n, link) for n in buckets)
-    for n in unit_bytes:
-        if sp_bytes:  # sequence parallelism: the replicated parameters' partial gradients, summed over tp
-            total += _ring(cfg.tp, sp_bytes, links["tp"])
-        total += _ring(cfg.cp, n, links["cp"])
-        if cfg.zero == 1:
-            total += 2 * _ring(cfg.dp, n, links["dp"], 1)
-    return total

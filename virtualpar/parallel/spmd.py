@@ -5,11 +5,14 @@ step committed.  Under ``mpiexec`` there is no driver: each rank holds the same 
 configuration and the same data (built from the same seed), so each can compute its own part of
 that work deterministically.  This module is that part, written once per rank:
 
-- :func:`rank_init`: what the driver would put on device ``rank`` (its stages' tp shards, ZeRO-3's
+- :func:`rank_init`: what the driver puts on device ``rank`` (its stages' tp shards, ZeRO-3's
   dp shard, a copy of the optimizer per stage, the step plan);
 - :func:`rank_batch`: its rows (dp) and sequence chunk (cp) of the batch, the tokens on the first
   pipeline stage's devices and the targets on the last's;
 - :func:`assemble`: the model's weights from every device's flat vectors (what rank 0 gathers);
+
+the driver (:class:`~.trainer.ParallelTrainer`) calls the same three for every rank, so the host's
+logic exists once;
 - :class:`SpmdTrainer`: the per-device program (:mod:`.device_step`'s ``place``, ``step``,
   ``fetch``) run by this device itself.  A step commits when the next begins: under ``mpiexec`` a
   failing rank aborts the job, so reaching the next step means every rank finished the last.
@@ -26,12 +29,22 @@ from typing import Any
 
 import numpy as np
 
+from .. import nn
 from ..errors import UsageError
 from .device_step import fetch, place, step
 from .layout import flatten, shard, unshard
 from .memory import ledger
 
-__all__ = ["rank_init", "rank_batch", "assemble", "SpmdTrainer"]
+__all__ = ["skeleton", "rank_init", "rank_batch", "assemble", "SpmdTrainer"]
+
+
+def skeleton(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters are empty arrays of their dtype: its norms' forward, its
+    flags and sizes, shipped to every device without the weights."""
+    twin = copy.deepcopy(model)
+    for _, owner, leaf, value in list(twin._slots()):
+        object.__setattr__(owner, leaf, np.zeros(0, np.asarray(value).dtype))
+    return twin
 
 
 def rank_init(trainer: Any, spec: Any, mesh: Any, rank: int, twin: Any = None,
@@ -40,8 +53,6 @@ def rank_init(trainer: Any, spec: Any, mesh: Any, rank: int, twin: Any = None,
     rank runs, the units' flat vectors of this device's tp shard (1/dp of it under ZeRO-3) and a
     fresh copy of the optimizer; the step plan ``spec`` and the model's skeleton.  ``full``: the
     model's state dict (computed once by a caller looping over ranks)."""
-    from .trainer import skeleton
-
     cfg, model = trainer.config, trainer.model
     full = model.state_dict() if full is None else full
     at = mesh.index(rank)

@@ -18,7 +18,6 @@ in the driver before a device runs (:class:`.ParallelConfig`).
 
 from __future__ import annotations
 
-import copy
 import itertools
 from typing import Any
 
@@ -33,23 +32,15 @@ from .checkpoints import TrainerCheckpoints
 from .committed import fetch_weights, step_keeping
 from .config import ParallelConfig
 from .device_step import place
-from .layout import flatten, shard, stage_units, unshard
+from .layout import stage_units
 from .memory import ledger
 from .overlap import on_grads
+from .spmd import assemble, rank_batch, rank_init, skeleton
 from .stage import stage_forward
 
 __all__ = ["ParallelTrainer"]
 
 _IDS = itertools.count()
-
-
-def skeleton(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose parameters are empty arrays of their dtype: its norms' forward, its
-    flags and sizes, shipped to every device without the weights."""
-    twin = copy.deepcopy(model)
-    for _, owner, leaf, value in list(twin._slots()):
-        object.__setattr__(owner, leaf, np.zeros(0, np.asarray(value).dtype))
-    return twin
 
 
 class ParallelTrainer(TrainerCheckpoints):
@@ -104,25 +95,9 @@ class ParallelTrainer(TrainerCheckpoints):
         return spec
 
     def _place(self, cluster: Any, spec: StepSpec) -> None:
-        cfg, mesh = self.config, cluster.mesh
-        full = self.model.state_dict()
-        dtype = self.model.dtype
-        twin = skeleton(self.model)
-        for r in range(mesh.size):
-            at = mesh.index(r)
-            params, optimizers = {}, {}
-            for s in spec.placement.stages_of(at.pp):
-                flats = {}
-                for u in self.units[s]:
-                    flat = flatten(u, {n: shard(full[n], n, cfg.tp, at.tp) for n in u.names}, dtype)
-                    if cfg.zero == 3:
-                        flat = np.array_split(flat, cfg.dp)[at.dp].copy()
-                    flats[u.name] = flat
-                params[s] = flats
-                optimizers[s] = copy.deepcopy(self.optimizer)
-            init = {"spec": spec, "params": params, "optimizers": optimizers,
-                    "units": dict(enumerate(self.units)), "meta": self._meta(), "skeleton": twin, "flops": {}}
-            cluster.put(r, self.key + "/init", init)
+        full, twin = self.model.state_dict(), skeleton(self.model)
+        for r in range(cluster.mesh.size):
+            cluster.put(r, self.key + "/init", rank_init(self, spec, cluster.mesh, r, twin, full))
         cluster.run(place, self.key)
 
     def stage_flops(self, seq: int) -> dict[int | str, float]:
@@ -154,17 +129,13 @@ class ParallelTrainer(TrainerCheckpoints):
         cfg.check_batch(tokens.shape, self.model.seq_len)
         spec = self._ensure_placed(cluster)
         self._resume(cluster)  # the last committed state, if this cluster lacks it (checkpoint/recovery.py)
-        p = spec.placement
-        first, last = p.rank_of(0, 0), p.rank_of(p.stages - 1, 0)
-        batch, seq = tokens.shape
-        rows, chunk = batch // cfg.dp, seq // cfg.cp
+        rows, seq = tokens.shape[0] // cfg.dp, tokens.shape[1]
         for r in range(mesh.size):
-            at = mesh.index(r)
-            part = (slice(at.dp * rows, (at.dp + 1) * rows), slice(at.cp * chunk, (at.cp + 1) * chunk))
-            if at.pp == first:
-                cluster.put(r, self.key + "/x", np.ascontiguousarray(tokens[part]), block=False)
-            if at.pp == last:
-                cluster.put(r, self.key + "/y", np.ascontiguousarray(targets[part]), block=False)
+            x, y = rank_batch(cfg, spec, mesh, r, tokens, targets)
+            if x is not None:
+                cluster.put(r, self.key + "/x", x, block=False)
+            if y is not None:
+                cluster.put(r, self.key + "/y", y, block=False)
         before = cluster.clocks()
         try:
             replies = cluster.run(step_keeping, self.key, rows, self._held(cluster),
@@ -188,21 +159,7 @@ class ParallelTrainer(TrainerCheckpoints):
             raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster, so it holds none "
                              f"of its weights; run a step first: cluster.execute(trainer, tokens, targets)")
         parts = cluster.run(fetch_weights, self.key, self._held(cluster))
-        mesh = cluster.mesh
-        pieces: dict[str, list] = {}
-        for r, stages in enumerate(parts):
-            at = mesh.index(r)
-            if at.dp or at.cp:
-                continue
-            for s, flats in stages.items():
-                for u in self.units[s]:
-                    for n, a, b, shape in u.offsets():
-                        piece = flats[u.name][a:b].reshape(shape)
-                        pieces.setdefault(n, [None] * self.config.tp)[at.tp] = piece
-        out = {n: unshard(v, n) for n, v in pieces.items()}
-        if self.model.tie_embeddings:
-            out["head.embedding.weight"] = out["tok_emb.weight"]
-        return {k: out[k].copy() for k in self.model.state_dict()}
+        return assemble(self, cluster.mesh, parts)
 
     def memory(self, cluster: Any) -> list[dict[str, Any]]:
         """Per device (rank order), the memory ledger of the last step, measured on the device:
