@@ -19,7 +19,7 @@ from .. import Mesh, VirtualCluster
 from ..errors import DeviceError, VirtualParError
 from .student import RuledDevice, student_traceback
 
-__all__ = ["Run", "run_student", "compare", "describe", "noncontiguous", "MODES"]
+__all__ = ["Run", "run_student", "compare", "describe", "noncontiguous", "side_by_side", "MODES"]
 
 #: name -> cluster options; every correctness check runs in each of them
 MODES: dict[str, dict[str, Any]] = {
@@ -127,3 +127,21 @@ def compare(results: Sequence[Any], expected: Sequence[np.ndarray], mesh: Mesh, 
             problems.append(f"{who}: {what} differs at index {first}: expected {want[first]!r}, got {got[first]!r} "
                             f"({int(bad.sum())} of {bad.size} elements differ)")
     return problems
+
+
+def side_by_side(report: Any, runs: Sequence[tuple[str, Run]], what: str, width: int = 100,
+                 png: str | None = None) -> None:
+    """The traced runs (``("your run", run), ("the reference", run)``) as text timelines on the
+    modelled clock in ``report.timeline``, and as PNG Gantt charts in the folder ``png`` if given."""
+    import os
+
+    parts = []
+    for label, run in runs:
+        if run.trace is None:
+            continue
+        parts.append(f"{label} ({what}, modelled clock):\n{run.trace.to_text(width=width)}")
+        if png:
+            path = os.path.join(png, f"{report.lab}-{label.split()[-1]}.png")
+            run.trace.to_png(path, title=f"{report.lab}: {label} ({what})")
+            report.pictures.append(path)
+    report.timeline = "\n\n".join(parts)

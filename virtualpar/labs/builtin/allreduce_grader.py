@@ -8,13 +8,12 @@ device and a broadcast back send ``(n-1) * M`` from that device — ``n/2`` time
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
 
 from ...mesh import Mesh
-from ..harness import MODES, Run, compare, describe, run_student
+from ..harness import MODES, Run, compare, describe, run_student, side_by_side
 from ..lab import CheckOptions
 from ..report import Report
 from ..student import COLLECTIVES, StudentFunction, broke_rule
@@ -95,15 +94,8 @@ class Grader:
         """Both runs of ``case`` with a trace, side by side in the report (text, and PNG if asked)."""
         mine, _ = self.run(self.student, case, trace=True)
         ref, _ = self.run(self.reference, case, trace=True)
-        parts = []
-        for label, run in (("your run", mine), ("the reference", ref)):
-            if run.trace is not None:
-                parts.append(f"{label} ({case}, modelled clock):\n{run.trace.to_text(width=self.options.width)}")
-                if self.options.png:
-                    path = os.path.join(self.options.png, f"{self.report.lab}-{label.split()[-1]}.png")
-                    run.trace.to_png(path, title=f"{self.report.lab}: {label}")
-                    self.report.pictures.append(path)
-        self.report.timeline = "\n\n".join(parts)
+        side_by_side(self.report, [("your run", mine), ("the reference", ref)], repr(case), self.options.width,
+                     self.options.png)
         return mine, ref
 
     def cost(self, case: Case, optimum_bytes: float, formula: str, time_slack: float = 1.25) -> None:

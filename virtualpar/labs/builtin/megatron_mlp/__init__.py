@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ....mesh import Mesh
-from ...harness import compare, describe, run_student
+from ...harness import compare, describe, run_student, side_by_side
 from ...lab import CheckOptions, Lab
 from ...report import Report
 from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
@@ -89,6 +89,11 @@ def check(path: str, options: CheckOptions) -> Report:
         extra = hint if found and any("'dp'" in p or "dp=" in p for p in found) and "cost" not in key else ""
         report.add(name, not found, output="\n".join(found[:3]) + extra)
     report.add("rules: only all_reduce over tp", not problems["rules"], output="\n".join(problems["rules"][:1]))
+    mesh = Mesh({"dp": 2, "tp": 2})
+    args = _data(mesh, seed=1)[1]
+    runs = [(label, run_student(fn, args, mesh, forbidden=FORBIDDEN, rule=RULE, trace=True))
+            for label, fn in (("your run", bwd), ("the reference", StudentFunction(LAB.reference, FUNCTIONS[1])))]
+    side_by_side(report, runs, "the backward on dp=2 x tp=2", options.width, options.png)
     return report
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ....mesh import Mesh
-from ...harness import compare, describe, run_student
+from ...harness import compare, describe, run_student, side_by_side
 from ...lab import CheckOptions, Lab
 from ...report import Report
 from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
@@ -72,6 +72,10 @@ def check(path: str, options: CheckOptions) -> Report:
                not problems["correct"] and not problems["bytes"],
                output="\n".join(problems["bytes"][:2]) or ("not judged" if problems["correct"] else ""))
     report.add("rules: p2p and all_reduce only", not problems["rules"], output="\n".join(problems["rules"][:1]))
+    mesh, args, _ = _case(2)
+    runs = [(label, run_student(f, args, mesh, forbidden=FORBIDDEN, rule=RULE, trace=True))
+            for label, f in (("your run", fn), ("the reference", StudentFunction(LAB.reference, FUNCTION)))]
+    side_by_side(report, runs, "2 microbatches on dp=2 x pp=2", options.width, options.png)
     return report
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ....mesh import Mesh
-from ...harness import compare, describe, run_student
+from ...harness import compare, describe, run_student, side_by_side
 from ...lab import CheckOptions, Lab
 from ...report import Report
 from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
@@ -85,6 +85,13 @@ def check(path: str, options: CheckOptions) -> Report:
                not problems["correct"] and not problems["comm"], output=judged or "\n".join(problems["comm"][:2]))
     report.add("rules: only reduce_scatter and all_gather", not problems["rules"],
                output="\n".join(problems["rules"][:1]))
+    rng = np.random.default_rng(4)
+    params, grads = rng.standard_normal(P), rng.standard_normal((4, STEPS, P))
+    runs = [(label, run_student(f, [(params, grads[r]) for r in range(4)], Mesh({"dp": 4}), forbidden=FORBIDDEN,
+                                rule=RULE, trace=True))
+            for label, f in (("your run", fn),
+                             ("the reference", functools.partial(_train, step=StudentFunction(LAB.reference, FUNCTION))))]
+    side_by_side(report, runs, f"{STEPS} steps on 4 devices", options.width, options.png)
     return report
 
 
