@@ -241,8 +241,11 @@ def test_ctrl_c_ends_a_run_in_one_line_and_leaves_nothing_behind(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import time\n\ndef sleepy(dev):\n    print('started', flush=True)\n    time.sleep(1000)\n")
     before = set(os.listdir("/dev/shm"))
+    # a shell that started pytest in the background hands it SIGINT ignored, and Python keeps an
+    # ignored SIGINT ignored: the child gets the default back, as it has when started from a terminal
     proc = subprocess.Popen([sys.executable, "-m", "virtualpar", "run", f"{script}:sleepy", "-n", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while "started" not in proc.stdout.readline() and time.monotonic() < deadline:
         pass
