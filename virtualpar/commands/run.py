@@ -91,7 +91,8 @@ def _load(target: str):
     if not path or not func:
         path = path or target.rstrip(":")
         if not os.path.exists(path):
-            raise _usage(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and there is no file {path!r})")
+            raise _usage(f"virtualpar run: expected FILE.py:FUNCTION, got {target!r} (and "
+                         f"there is no file {path!r})")
         names = _defined(path)
         hint = f"; {path} defines {', '.join(names)}: e.g. virtualpar run {path}:{names[0]}" if names else ""
         raise _usage(f"virtualpar run: name the function to run on every device, FILE.py:FUNCTION, or pass "
@@ -101,7 +102,11 @@ def _load(target: str):
     module = _import(path)
     fn = getattr(module, func, None)
     if not callable(fn):
-        what = f"has no function {func!r}" if fn is None else f"defines {func!r} as {type(fn).__name__}, not a function"
+        what = (
+            f"has no function {func!r}"
+            if fn is None
+            else f"defines {func!r} as {type(fn).__name__}, not a function"
+        )
         raise _usage(f"virtualpar run: {path} {what}; its functions: {_functions(module)}")
     return fn
 
@@ -135,7 +140,8 @@ def _run_mpi(args: argparse.Namespace) -> int:
                    codes=codes)
     except VirtualParError as exc:
         sys.stdout.flush()
-        text = str(exc) if isinstance(exc, MPIAbort) else _mpi_tags(str(exc))  # an abort quotes the script's words
+        # an abort quotes the script's words
+        text = str(exc) if isinstance(exc, MPIAbort) else _mpi_tags(str(exc))
         print(f"virtualpar run --mpi: {type(exc).__name__}: {text}", file=sys.stderr)
         return exc.errorcode if isinstance(exc, MPIAbort) else 1
     return max(codes)
@@ -176,8 +182,8 @@ def _run_under_mpiexec(args: argparse.Namespace) -> int:
     try:
         got = collect(dev, fn(dev))  # an unpicklable result fails in collect: abort then too, or rank 0 waits
     except BaseException:  # the other ranks would wait for this one forever: abort the job, saying who
-        print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}", file=sys.stderr,
-              flush=True)
+        print(f"virtualpar run: {dev.name} raised in {args.target}:\n{traceback.format_exc()}",
+              file=sys.stderr, flush=True)
         _unlink_job_segments()
         time.sleep(ABORT_GRACE)  # the launcher forwards our stderr; aborting at once lost it (~1 run in 50)
         MPI.COMM_WORLD.Abort(1)
@@ -286,7 +292,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.mpi:
         return _run_mpi(args) if not args.png or can_draw("run") else 1
     if "--mpi" in args.script_args:
-        print(f"usage: {args.usage}\nvirtualpar run: error: --mpi goes before FILE.py: what follows an mpi4py "
+        print(f"usage: {args.usage}\nvirtualpar run: error: --mpi goes before "
+              "FILE.py: what follows an mpi4py "
               "script is the script's own arguments", file=sys.stderr)
         return 2
     if args.script_args:  # options given after the target (REMAINDER keeps them for --mpi scripts)
@@ -309,14 +316,16 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     if any(v in os.environ for v in _MPI_ENV):
         if args.eager_limit is not None or args.shuffle is not None:
-            print("virtualpar run: --eager-limit and --shuffle are modes of the emulator; under mpiexec the MPI "
+            print("virtualpar run: --eager-limit and --shuffle are modes of the "
+                  "emulator; under mpiexec the MPI "
                   "library decides (MPICH: MPIR_CVAR_CH3_EAGER_MAX_MSG_SIZE)", file=sys.stderr)
             return 2
         return _run_under_mpiexec(args)
     from .. import Mesh
 
     if args.mesh is not None and args.n is not None and args.n != args.mesh.size:  # -n was silently ignored
-        print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} devices) disagree; give one",
+        print(f"virtualpar run: -n {args.n} and --mesh {args.mesh} ({args.mesh.size} "
+              "devices) disagree; give one",
               file=sys.stderr)
         return 2
     from ..errors import UnknownAxisError
@@ -350,27 +359,37 @@ def _axis_hint(message: str, n: int, given: bool) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run FUNC(dev) from a script on every device, or (--mpi) an mpi4py script")
-    p.add_argument("target", help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
-    p.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (not with --mpi: use -n)")
-    p.add_argument("-n", type=positive_int, default=None, help="devices of a 1-D mesh when --mesh is not given (default 2)")
+    p.add_argument("target",
+                   help="FILE.py:FUNCTION, a function of one argument, the device; with --mpi, FILE.py")
+    p.add_argument("--mesh", type=parse_mesh, default=None,
+                   help="mesh axes, e.g. dp=2,tp=2 (not with --mpi: use -n)")
+    p.add_argument("-n", type=positive_int, default=None,
+                   help="devices of a 1-D mesh when --mesh is not given (default 2)")
     p.add_argument("--hardware", default=None, choices=hardware_choices(),
                    help="modelled hardware preset (default: h100-node up to 8 devices, h100-cluster for "
                         "multiples of 8, else the mesh's fully connected NVLink-class links)")
     p.add_argument("--stats", action="store_true", help="print the bytes each device sent to each other")
-    p.add_argument("--trace", metavar="FILE.json", type=output_file, default=None, help="write every device's events as a Chrome trace")
+    p.add_argument("--trace", metavar="FILE.json", type=output_file, default=None,
+                   help="write every device's events as a Chrome trace")
     p.add_argument("--timeout", type=positive_float, default=60.0, metavar="S",
-                   help="seconds any one op may wait (default 60), emulated or under mpiexec: then a named error")
+                   help="seconds any one op may wait (default 60), emulated or under "
+                        "mpiexec: then a named error")
     p.add_argument("--run-timeout", type=positive_float, default=None, metavar="S",
-                   help="seconds the whole run may take on the emulator (default: no limit): a device busy in its "
+                   help="seconds the whole run may take on the emulator (default: no "
+                        "limit): a device busy in its "
                         "own code past it, where no op times out, ends the run in a RunTimeout")
     p.add_argument("--eager-limit", type=natural_int, default=None, metavar="BYTES",
-                   help="strict mode: a send of more than BYTES waits for its matching receive (0: every send), as "
-                        "above MPI's eager limit, so a program that only works because channels buffer ends in a "
+                   help="strict mode: a send of more than BYTES waits for its matching "
+                        "receive (0: every send), as "
+                        "above MPI's eager limit, so a program that only works because "
+                        "channels buffer ends in a "
                         "named Deadlock")
     p.add_argument("--shuffle", type=natural_int, default=None, metavar="SEED",
-                   help="shuffled mode: seeded random pauses before sends and receives, so a result that depends "
+                   help="shuffled mode: seeded random pauses before sends and receives, "
+                        "so a result that depends "
                         "on arrival order changes across seeds")
-    p.add_argument("--mpi", action="store_true", help="TARGET is an unmodified mpi4py script, run on -n devices")
+    p.add_argument("--mpi", action="store_true",
+                   help="TARGET is an unmodified mpi4py script, run on -n devices")
     p.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
                    help="prefix each line a device prints with [rank], as mpiexec --tag-output (default: on "
                         "for "
@@ -384,6 +403,7 @@ def register(sub) -> None:
                    help="instead of the text: one JSON object on one line (after anything the "
                         "devices print): each device's rank, mesh coordinates, result and modelled "
                         "clock in seconds; with --stats the bytes matrices; with --mpi the exit codes")
-    rest = p.add_argument("script_args", nargs=argparse.REMAINDER, help="with --mpi: the script's own arguments")
+    rest = p.add_argument("script_args", nargs=argparse.REMAINDER,
+                          help="with --mpi: the script's own arguments")
     rest.required = False  # argparse counts a REMAINDER as required: "required: target, script_args"
     p.set_defaults(func=_run, usage=p.format_usage().partition("usage: ")[2].strip())
