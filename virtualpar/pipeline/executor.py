@@ -66,7 +66,8 @@ class StepSpec:
     # another stage program (timeline parallelism): fn(step, stage, microbatch, received) -> (vjp, out, loss)
     stage_forward: Callable[..., Any] | None = None
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
-    # after a B or W accumulated stage s's gradients of microbatch m: fn(step, kind, stage, microbatch) -> True
+    # after a B or W accumulated stage s's gradients of microbatch m: fn(step, kind, stage, microbatch) ->
+    # True
     # if it charged that action's compute itself (a stage program overlapping its gradient reduction with it)
     on_grads: Callable[..., bool] | None = None
 
