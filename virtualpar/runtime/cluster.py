@@ -135,7 +135,8 @@ class VirtualCluster:
     ) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if not sys.platform.startswith("linux"):  # before anything is allocated: /dev/shm, process_vm_readv
-            raise UsageError(f"virtualpar's runtime runs on Linux only: it needs /dev/shm and process_vm_readv; "
+            raise UsageError("virtualpar's runtime runs on Linux only: it needs "
+                             "/dev/shm and process_vm_readv; "
                              f"this is {sys.platform!r}")
         if start_method not in START_METHODS:
             raise UsageError(f"unknown start_method {start_method!r}; choose one of {START_METHODS}")
@@ -151,7 +152,8 @@ class VirtualCluster:
         self.run_timeout = None if run_timeout is None else float(run_timeout)
         self.hardware, topology, device_spec = resolve_hardware(hardware, self.mesh)
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
-                                    check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
+                                    check_nan=check_nan, trace=trace, t0=time.monotonic(),
+                                    eager_limit=eager_limit,
                                     shuffle=shuffle, bind=bool(bind), start_line=bool(start_line))
         self.mesh.prepare_groups()  # inherited by every device
         global _created
@@ -172,7 +174,8 @@ class VirtualCluster:
             raise
         relay.started()
         self._ctl = ClusterControl(self.mesh, self.config, self.layout, self._arena, sup, doorbells)
-        weakref.finalize(self, self._ctl.collected, f"VirtualCluster({self.mesh})")  # dropped unclosed: close it
+        # dropped unclosed: close it
+        weakref.finalize(self, self._ctl.collected, f"VirtualCluster({self.mesh})")
         if detect_deadlocks:
             from .deadlock import DeadlockWatch
 
