@@ -52,12 +52,14 @@ class TensorSharding:
 
     def __post_init__(self) -> None:
         if self.partial is not None and self.partial not in _PARTIAL_OPS:
-            raise ShardingError(f"unknown pending reduction P({self.partial}); expected one of {sorted(_PARTIAL_OPS)}",
+            raise ShardingError(f"unknown pending reduction P({self.partial}); expected one "
+                                f"of {sorted(_PARTIAL_OPS)}",
                                 partial=self.partial)
 
     def __str__(self) -> str:
         over = ":" + ",".join(self.partial_over) if self.partial_over else ""
-        return "[" + ", ".join(map(str, self.dims)) + "]" + (f" P({self.partial}{over})" if self.partial else "")
+        return "[" + ", ".join(map(str,
+                                   self.dims)) + "]" + (f" P({self.partial}{over})" if self.partial else "")
 
     @classmethod
     def parse(cls, text: str) -> "TensorSharding":
@@ -131,20 +133,24 @@ class TensorSharding:
         if uneven not in ("error", "array_split"):
             raise ShardingError(f"uneven must be 'error' or 'array_split', got {uneven!r}")
         if len(self.dims) != len(shape):
-            raise ShardingError(f"{name}: spec {self} has {len(self.dims)} dims but the shape {tuple(shape)} has "
+            raise ShardingError(f"{name}: spec {self} has {len(self.dims)} dims but the "
+                                f"shape {tuple(shape)} has "
                                 f"{len(shape)}", spec=str(self), shape=tuple(shape))
         self.check_axes(mesh, name)
         seen: dict[str, int] = {}
         for d, dim in enumerate(self.dims):
             for a in dim.axes:
                 if a in seen:
-                    raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice (dims {seen[a]} and {d}); "
+                    raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice "
+                                        f"(dims {seen[a]} and {d}); "
                                         "an axis can split one dim only", spec=str(self), axis=a)
                 seen[a] = d
             if list(dim.axes) != [a for a in mesh.axis_names if a in dim.axes]:  # S(y,x) placed as S(x,y)
                 ordered = ",".join(a for a in mesh.axis_names if a in dim.axes)
-                raise ShardingError(f"{name}: spec {self} lists the axes of dim {d} as ({','.join(dim.axes)}); several "
-                                    f"axes of one dim go major first in the mesh's order {list(mesh.axis_names)}: "
+                raise ShardingError(f"{name}: spec {self} lists the axes of dim {d} as "
+                                    f"({','.join(dim.axes)}); several "
+                                    "axes of one dim go major first in the mesh's order "
+                                    f"{list(mesh.axis_names)}: "
                                     f"write S({ordered})", spec=str(self))
             n = self.group_size(dim, mesh)
             if set(dim.axes) & set(self.partial_over):
