@@ -49,7 +49,8 @@ import numpy as np
 
 from ..errors import ResourceLimitError
 
-__all__ = ["Layout", "SharedArena", "FENCE_PLANES", "FENCE_PAYLOAD_MAX", "ring_control", "RECORD_BYTES", "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
+__all__ = ["Layout", "SharedArena", "FENCE_PLANES", "FENCE_PAYLOAD_MAX", "ring_control", "RECORD_BYTES",
+           "RECORD_SLOTS", "read_remote", "CROSS_MEMORY", "PERMANENT_ERRORS"]
 
 SHM_DIR = "/dev/shm"
 _LINE = 64
@@ -58,7 +59,8 @@ RECORD_SLOTS = 64  # flight-recorder entries kept per device
 RECORD_BYTES = 256  # bytes per flight-recorder entry
 
 FENCE_PLANES = 7  # arrival words per (group kind, device), see transport/arrivals.py
-FENCE_PAYLOAD_MAX = 8 << 10  # bytes a member's fence may carry (the one-fence all_reduce, collectives/shm.py) ...
+# bytes a member's fence may carry (the one-fence all_reduce, collectives/shm.py) ...
+FENCE_PAYLOAD_MAX = 8 << 10
 FENCE_PAYLOAD_BUDGET = 16 << 20  # ... and the bytes of all the slots together, at most, whatever the mesh
 
 
@@ -250,7 +252,8 @@ class SharedArena:
         return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset)
 
     def bytes_at(self, offset: int, nbytes: int) -> memoryview:
-        """A byte memoryview of ``nbytes`` at ``offset`` (slicing and copying it costs far less than numpy)."""
+        """A byte memoryview of ``nbytes`` at ``offset`` (slicing and copying it costs far less than
+        numpy)."""
         return memoryview(self._mmap)[offset : offset + nbytes]
 
     def word_at(self, offset: int) -> memoryview:
@@ -319,7 +322,8 @@ def _load_process_vm_readv():
         fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
+                   ctypes.c_ulong, ctypes.c_ulong]
     fn.restype = ctypes.c_ssize_t
     return fn
 
