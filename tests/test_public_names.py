@@ -38,7 +38,8 @@ def test_mesh_and_mesh_index():
 
 
 def test_every_device_is_a_virtual_device_at_its_mesh_coordinates(cluster):
-    assert cluster.run(_identity) == [(True, 0, (0, 0)), (True, 1, (0, 1)), (True, 2, (1, 0)), (True, 3, (1, 1))]
+    want = [(True, 0, (0, 0)), (True, 1, (0, 1)), (True, 2, (1, 0)), (True, 3, (1, 1))]
+    assert cluster.run(_identity) == want
 
 
 def test_a_virtual_channel_is_an_empty_ring_between_two_endpoints():
