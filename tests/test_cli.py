@@ -124,7 +124,7 @@ def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own
     raising.write_text("import json\n\njson.loads('{')\n\ndef step(dev):\n    pass\n")
     shown = fails(f"{raising}:step")
     assert f'File "{raising}", line 3, in <module>' in shown and "JSONDecodeError" in shown
-    assert "importlib" not in shown and "commands/run.py" not in shown  # the script's frames, not ours
+    assert "importlib" not in shown and "virtualpar/commands" not in shown  # the script's frames, not ours
 
 
 def test_run_argument_mistakes_name_what_is_wrong_with_the_full_usage(tmp_path, capsys):
