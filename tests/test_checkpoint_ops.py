@@ -88,9 +88,10 @@ def test_pipeline_save_load_round_trip_equals_the_trained_state_exactly(tmp_path
 
 def test_strategy_round_trip_with_replicated_stages(tmp_path):
     """DDP keeps a copy of every stage on every worker: one copy is reported and saved per stage."""
-    # noqa: E731
-    make = lambda: StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES["ddp"](2, 4, 2), 2, 2,
-                                     optimizer=nn.SGD(0.1, momentum=0.5))
+    def make():
+        return StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES["ddp"](2, 4, 2), 2, 2,
+                                 optimizer=nn.SGD(0.1, momentum=0.5))
+
     op = make()
     with VirtualCluster(2) as cluster:
         train(op, cluster, 2)
@@ -192,8 +193,9 @@ def _forward(weights: dict, x: np.ndarray) -> np.ndarray:
 
 def test_a_timeline_operation_resumes_after_a_kill(caplog):
     inputs, labels = example.synthetic(batch=4, length=12)
-    # noqa: E731
-    make = lambda: TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.Adam(0.05))
+    def make():
+        return TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.Adam(0.05))
+
     whole = make()
     with VirtualCluster(Mesh({"time": 2})) as cluster:
         want = [cluster.execute(whole, inputs, labels) for _ in range(4)]

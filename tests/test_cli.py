@@ -83,9 +83,9 @@ def test_run_command_runs_a_scripts_function_on_every_device(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:nope"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode != 0 and "has no function 'nope'; its functions: ['step']" in bad.stderr
-    # it said "has no function 'limit'", which it has, as an int
     value = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:limit"],
                            capture_output=True,
+                           # it said "has no function 'limit'", which it has, as an int
                            text=True, timeout=120)
     assert (
         value.returncode != 0
@@ -131,8 +131,8 @@ def test_run_argument_mistakes_name_what_is_wrong_with_the_full_usage(tmp_path, 
     step = tmp_path / "step.py"
     step.write_text("def step(dev):\n    return 1\n")
     # not "target, script_args"
-    # was "unrecognized"
     for argv, said in ((["run"], "the following arguments are required: target\n"),
+                       # was "unrecognized"
                        (["run", str(step), "--mpi", "-n", "4"], "--mpi goes before FILE.py"),
                        (["run", f"{step}:step", "-n", "0"], "argument -n: must be an int >= 1, got 0")):
         try:
@@ -227,13 +227,13 @@ def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     assert sixteen.returncode == 0 and sixteen.stdout.count(": 16.0") == 16, sixteen.stderr  # two 8-GPU nodes
 
 
-# was: "has not run on this cluster, so it holds none of its weights"
-# was: "(nothing ran)" and "matches single-process training: yes"
-# was: "ranks must be a positive int", an option nobody typed
 @pytest.mark.parametrize("argv, option", [
+    # was: "has not run on this cluster, so it holds none of its weights"
     (["pipeline", "--steps", "0"], "--steps"),
+    # was: "(nothing ran)" and "matches single-process training: yes"
     (["pipeline", "--batch", "0"], "--batch"),
     (["pipeline", "--microbatches", "-1"], "--microbatches"),
+    # was: "ranks must be a positive int", an option nobody typed
     (["schedule", "1f1b", "--stages", "0"], "--stages"),
     (["schedule", "1f1b", "--virtual", "0"], "--virtual"),
     (["strategy", "ddp", "--workers", "0"], "--workers"),
@@ -248,16 +248,16 @@ def test_a_count_below_one_is_refused_naming_its_option(argv, option, capsys):
     assert f"argument {option}: must be an int >= 1, got" in err, err
 
 
-# was dp=2, silently
-# was "invalid parse_mesh value"
-# was a traceback after the run
-# printed nothing, exit 0
 @pytest.mark.parametrize("argv, said", [
+    # was dp=2, silently
     (["run", "s.py:f", "--mesh", "dp=2,dp=2"], "argument --mesh: mesh axis 'dp' is given twice"),
+    # was "invalid parse_mesh value"
     (["run", "s.py:f", "--mesh", "dp=0"], "argument --mesh: mesh axis 'dp' has size 0"),
     (["tour", "--trace", "/nonexistent/t.json"],
      "argument --trace: cannot write '/nonexistent/t.json': the folder /nonexistent does not exist"),
+    # was a traceback after the run
     (["run", "s.py:f", "--trace", "/nonexistent/t.json"], "argument --trace: cannot write"),
+    # printed nothing, exit 0
     (["policies", "--explore", "-1"], "argument --explore: must be an int >= 1, got -1"),
 ])
 def test_a_bad_option_is_refused_before_any_work(argv, said, capsys):

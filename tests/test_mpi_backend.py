@@ -121,8 +121,9 @@ def test_the_tours_collectives_give_the_same_results_on_both_backends(tmp_path):
 
 def test_modelled_clocks_and_traffic_are_the_same_on_both_backends(tmp_path):
     emu, real = _both(tmp_path, TIMED, 4, "--mesh", "dp=2,tp=2", "--stats")
-    # noqa: E731
-    clocks = lambda out: [line.split("(modelled")[1] for line in out.splitlines() if "(modelled" in line]
+    def clocks(out):
+        return [line.split("(modelled")[1] for line in out.splitlines() if "(modelled" in line]
+
     assert clocks(real) == clocks(emu) and len(clocks(emu)) == 4
     matrix = lambda out: out.split("src\\dst")[1].split("device-to-device")[0]  # noqa: E731
     # the emulator's default all_reduce reads peers' memory and counts it; MPI's own is not counted
@@ -267,11 +268,11 @@ def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said
     assert not left_behind(before)
 
 
-# sum is OR, as numpy adds bools; MPI refused SUM
 @pytest.mark.parametrize("fn, want",
                          [("only_dp0", ["3.0", "3.0", "None", "None"]),
                           ("polled", ["3.0", "None", "None", "None"]),
                                       ("odd_inputs", ["(1.0,", "(1.0,", "(1.0,", "(1.0,"]),
+                                      # sum is OR, as numpy adds bools; MPI refused SUM
                                       ("bools", ["([True,"] * 4)])
 def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, want):
     """A collective that only its group's members call hung: the group's communicator was split

@@ -49,13 +49,13 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
                           capture_output=True, text=True, timeout=120, env=env)
     assert real.returncode == 0, real.stderr
     assert _lines(emu.stdout) == _lines(real.stdout)
-    # MPICH's values
     expect = {"p2p_and_collectives.py": f"total {n * (n + 1) // 2}", "tutorial.py": "gathered pi 3.14159",
               "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}",
               "contexts.py": "rank 1 b got on b a got on a",
               "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, "
                             "0.0, 0.0, 0.0, 0.0] count 3",
               "in_place.py": f"rank 0 Reduce_scatter_block [{n * (n - 1) / 2}, {n * (n - 1) / 2 + n}]",
+              # MPICH's values
               "semantics.py": "rank 0 open line (-1, 1) from PROC_NULL -1 constants -2 -1 -1",
               "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}",
               "synchronous.py": "rank 0 issends done before their receives: (False, False)",
@@ -205,7 +205,6 @@ def test_a_buffer_that_does_not_split_into_equal_blocks_says_so(tmp_path):
         ), call
 
 
-# (an overwrite of the next piece)
 @pytest.mark.parametrize("call, error", [
     ("comm.send(1, dest=-3)",
      "MPI rank -3 is not a rank of this communicator of size 4 (0..3 or PROC_NULL): MPI_ERR_RANK"),
@@ -218,6 +217,7 @@ def test_a_buffer_that_does_not_split_into_equal_blocks_says_so(tmp_path):
     ("comm.send(1, dest=0, tag=2**29)",
      "MPI tag 536870912 is out of range 0..536870911 (Get_attr(MPI.TAG_UB)): "
                                         "MPI_ERR_TAG"),
+    # (an overwrite of the next piece)
     ("comm.Alltoallv([np.ones(12), [3, 3, 3, 3]], [np.zeros(8), [2, 2, 2, 2]])",
      "Alltoallv: rank 0 sent 3 elements for a receive count of 2 (MPI_ERR_TRUNCATE)"),
 ])

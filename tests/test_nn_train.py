@@ -114,8 +114,8 @@ def test_errors_name_the_layer_and_the_shapes():
         nn.GRU(3, 4)(np.ones((2, 5, 3), np.float32), np.zeros((1, 3, 4), np.float32))
 
 
-# numpy's "negative dimensions"
 @pytest.mark.parametrize("make, said", [
+    # numpy's "negative dimensions"
     (lambda: nn.Linear(-1, 3), "Linear: in_features must be an int >= 1, got -1"),
     (lambda: nn.Linear(4, 2.5), "Linear: out_features must be an int >= 1, got 2.5"),  # silently became 2
     (lambda: nn.Embedding(0, 3), "Embedding: num_embeddings must be an int >= 1"),
@@ -194,12 +194,12 @@ def test_adam_counts_steps_per_parameter_as_torch_does():
                                   opt.step({"a": np.zeros(1)}, {"a": np.ones(1)})["a"])
 
 
-# was KeyError
 @pytest.mark.parametrize("make, said", [
     (lambda: nn.SGD(0.1).step({"b": np.zeros(4)}, {"b": np.ones((3, 4))}),
      r"gradient of 'b' has shape \(3, 4\)"),
     (lambda: nn.Adam(0.1).step({"w": np.zeros((3, 4))}, {"w": np.ones(4)}), r"the parameter \(3, 4\)"),
     (lambda: nn.accumulate([{"w": np.ones((2, 3))}, {"w": np.ones(3)}]), "microbatch 1's gradients"),
+    # was KeyError
     (lambda: nn.accumulate([{"w": np.ones(3)}, {"v": np.ones(3)}]), "do not match microbatch 0's"),
     (lambda: nn.SGD(0.1, momentum=-1), "momentum must be >= 0"),
     (lambda: nn.AdamW(betas=(1.5, 0.9)), r"betas must lie in \[0, 1\)"),

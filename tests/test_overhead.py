@@ -164,8 +164,8 @@ class _Layout:
 
 
 def _recorder() -> FlightRecorder:
-    # type: ignore[arg-type]
-    return FlightRecorder(_Arena(2 * (64 + RECORD_SLOTS * RECORD_BYTES)), _Layout(), 1)
+    arena = _Arena(2 * (64 + RECORD_SLOTS * RECORD_BYTES))
+    return FlightRecorder(arena, _Layout(), 1)  # type: ignore[arg-type]
 
 
 def test_recorder_round_trip_with_text_or_encoded_text():

@@ -55,8 +55,8 @@ def test_all_gather_invariant_gives_each_uneven_piece_its_own_gradient_or_refuse
     with VirtualCluster(2) as c:
         for r, g in enumerate(c.run(_gather_back, (3, 2), w)):
             np.testing.assert_array_equal(g, np.array_split(w, 2)[r])
-        # either member may be the one reported
         with pytest.raises(ShardingError, match="all_gather_invariant of pieces of uneven size along dim 0 "
+                                                # either member may be the one reported
                                                 r"\(this member's: [23] of 5\)"):
             c.run(_gather_back, (2, 3), w)  # not numpy.array_split's layout: where would its rows be?
 

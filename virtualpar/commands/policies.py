@@ -37,12 +37,12 @@ def _shape(text: str) -> tuple[int, ...]:
 def format_rows(rows, width: int = WIDTH) -> str:
     """The rows as a table of at most ``width`` columns (one row per policy; long cells wrap), then
     the layouts and any errors, each wrapped at ``width`` too."""
-    # cannot apply here: the reason follows
     cells = [
         (r.policy, ("yes" if r.correct else "NO") + ("" if r.matches_closed_form else "*"),
          seconds(r.modelled_s), seconds(r.modelled_closed_form_s), nbytes(r.bytes_device_to_device),
          count(r.flops_per_device), nbytes(r.peak_bytes_per_device), nbytes(r.bytes_host_to_device),
          nbytes(r.bytes_device_to_host), seconds(r.wall_s))
+        # cannot apply here: the reason follows
         if not r.error else (r.policy, "n/a", *["-"] * (len(_HEAD) - 2))
         for r in rows]
     right = [False, False] + [True] * (len(_HEAD) - 2)

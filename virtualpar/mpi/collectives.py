@@ -235,8 +235,8 @@ class MPICollectives:
         mine = self.group_rank(group) == root
 
         def native() -> np.ndarray:
-            return self._comm(group).scatter(np.array_split(np.asarray(x), n, axis=dim) if mine else None,
-                                             root=root)
+            pieces = np.array_split(np.asarray(x), n, axis=dim) if mine else None
+            return self._comm(group).scatter(pieces, root=root)
 
         return self._collective("scatter", group, algorithm, native, (x if mine else None, root, dim),
                                 lambda out: out.nbytes * n, timeout=timeout)
@@ -276,9 +276,8 @@ def _check_args(dev: Any, name: str, ranks: tuple[int, ...], ours: tuple) -> Non
     where = f"{dev.name}: {name} on group {ranks}"
     if name in _ROOT_AT:
         root = ours[_ROOT_AT[name]]
-        if isinstance(root, (bool, np.bool_)) or not isinstance(root,
-                                                                (int,
-                                                                 np.integer)) or not 0 <= root < len(ranks):
+        is_int = isinstance(root, (int, np.integer)) and not isinstance(root, (bool, np.bool_))
+        if not is_int or not 0 <= root < len(ranks):
             raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, "
                              f"0..{len(ranks) - 1}", rank=dev.rank)
     x = ours[0] if ours else None

@@ -59,9 +59,9 @@ def _buf(spec: Any) -> np.ndarray:
     """The array of a buffer spec: ``arr``, ``[arr, MPI.DOUBLE]``, or ``[arr, count, MPI.DOUBLE]``
     (the first ``count`` elements, as mpi4py takes them)."""
     count = _per_rank(spec)
-    return _contiguous(spec[0] if isinstance(spec,
-                                             (list,
-                                              tuple)) else spec) if count is None else _flat(spec)[:count]
+    if count is not None:
+        return _flat(spec)[:count]
+    return _contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec)
 
 
 def _region(spec: Any, size: int) -> np.ndarray:

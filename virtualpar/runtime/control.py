@@ -303,6 +303,6 @@ class ClusterControl:
         self.sup.kill_all()
         self.sup.release()
         self.host = None
-        # type: ignore[assignment]
-        self._heads = self._tails = self._arrivals = self._abort = self.clocks = self.counters = None
+        self._heads = self._tails = self._arrivals = None  # type: ignore[assignment]
+        self._abort = self.clocks = self.counters = None  # type: ignore[assignment]
         self._arena.close()

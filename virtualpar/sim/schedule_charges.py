@@ -69,8 +69,7 @@ class ScheduleCharges:
         if column is None:
             column = self._keep(key,
                                 ring_all_reduce_column(self.topology, ranks, chunk_nbytes,
-                                                       ranks.index(self.rank),
-                                                            self._ring_links(ranks)))
+                                                       ranks.index(self.rank), self._ring_links(ranks)))
         return self._exit(column, entry)
 
     def tree_all_reduce(self, ranks: tuple[int, ...], entry: list[float], nbytes: int) -> float:
@@ -100,8 +99,7 @@ class ScheduleCharges:
         if column is None:
             column = self._keep(key,
                                 ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank),
-                                                 half,
-                                                      self._ring_links(ranks)))
+                                                 half, self._ring_links(ranks)))
         return self._exit(column, entry)
 
     def _ring_links(self, ranks: tuple[int, ...]) -> RingLinks:

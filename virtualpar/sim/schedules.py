@@ -149,9 +149,8 @@ def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) 
     n = len(ranks)
     offsets = [1 << k for k in range(max(n - 1, 0).bit_length())]
     rk = np.asarray(ranks)
-    # T(0) = α
-    steps = np.array([topology.figures_many(rk,
-                                            np.roll(rk, -k))[0] for k in offsets]).reshape(len(offsets), n)
+    latencies = [topology.figures_many(rk, np.roll(rk, -k))[0] for k in offsets]
+    steps = np.array(latencies).reshape(len(offsets), n)  # T(0) = α
     return max_plus_column(lambda lo, hi: steps[lo:hi], offsets, member, n)
 
 
@@ -189,9 +188,8 @@ def tree_all_reduce_links(topology: Topology,
     # rounds, last first
     steps += [(slice(0, p), np.arange(p) ^ (1 << k)) for k in range(p.bit_length() - 2, -1, -1)]
     steps.append((slice(p, n), slice(0, n - p)))  # fold: r ≥ p sent to r − p
-    latency, bandwidth = topology.figures_many(
-        *(np.concatenate([rk[step[i]] for step in steps]) for i in (0, 1))
-    )
+    latency, bandwidth = topology.figures_many(*(np.concatenate([rk[step[i]] for step in steps])
+                                                 for i in (0, 1)))
     bounds = np.cumsum([0] + [rk[a].size for a, _ in steps]).tolist()
     uniform = n == p and all(float(a.min()) == float(a.max()) for a in (latency, bandwidth))
     return [(a, b, lo, hi) for (a, b), lo, hi in zip(steps, bounds, bounds[1:])], latency, bandwidth, uniform

@@ -48,8 +48,8 @@ class ComputeAndWeightWorkers(NamedTuple):
     weight: int
 
 
-# : A strategy: maps each unit of ``Work`` to the ``ComputeAndWeightWorkers`` that compute it and store its
-# weights.
+#: A strategy: maps each unit of ``Work`` to the ``ComputeAndWeightWorkers`` that compute it and
+#: store its weights.
 Strategy = Callable[[Work], ComputeAndWeightWorkers]
 
 

@@ -125,9 +125,8 @@ def _program(layer: Any) -> str:
     return f"{type(layer).__name__} {getattr(layer, 'policy', layer)}"
 
 
-def run_backward(cluster: Any, layer: Any, dy: np.ndarray,
-                 in_shapes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[list[np.ndarray]],
-                                                              Phase]:
+def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]
+                 ) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
     """Backward of the last forward: (full input gradients, their pieces per input, the phase).
     ``layer`` must be the one that forward ran (the devices hold its saved values, nothing else's)."""
     layer = _bind(layer, cluster.mesh)

@@ -75,9 +75,8 @@ class Grader:
         self.ran_clean = True
         rtol = 1e-5 if case.dtype == np.float32 else 1e-10
         atol = 1e-6 if case.dtype.kind == "f" else 0.0
-        return run, [f"{case}, {mode}: {p}" for p in compare(run.results, case.expected(), run.mesh,
-                                                             rtol=rtol,
-                                                              atol=atol)]
+        found = compare(run.results, case.expected(), run.mesh, rtol=rtol, atol=atol)
+        return run, [f"{case}, {mode}: {p}" for p in found]
 
     def correctness(self, groups: Sequence[tuple[str, Sequence[Case]]]) -> None:
         for name, cases in groups:

@@ -15,8 +15,7 @@ from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
 FUNCTIONS = ("mlp_forward", "mlp_backward")
 RULE = "the only communication in this lab is dev.all_reduce(..., group='tp')"
 FORBIDDEN = tuple(c for c in COLLECTIVES if c != "all_reduce") + ("send", "recv", "isend", "irecv",
-                                                                  "sendrecv",
-                                                                   "ssend", "issend")
+                                                                  "sendrecv", "ssend", "issend")
 B, D, H = 3, 4, 8
 
 

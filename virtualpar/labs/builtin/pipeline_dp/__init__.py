@@ -51,8 +51,8 @@ def check(path: str, options: CheckOptions) -> Report:
                 ruled = broke_rule(run.error)
                 problems["rules" if ruled else key].append(f"{where}: {describe(run.error, path)}")
                 continue
-            problems[key] += [f"{where}: {p}" for p in compare(run.results, want, mesh, rtol=1e-10,
-                                                               what="gradient")]
+            found = compare(run.results, want, mesh, rtol=1e-10, what="gradient")
+            problems[key] += [f"{where}: {p}" for p in found]
             if mode == "plain":  # between a pipeline's two stages only activations and their gradients travel
                 expected = B * H * 8
                 for rank in range(mesh.size):
