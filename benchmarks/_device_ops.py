@@ -82,10 +82,12 @@ def stream(dev: Any, nbytes: int, iters: int) -> tuple[float, float]:
     else:
         for _ in range(iters):
             dev.recv(0, out=out)
-        model = dev.clock - c0  # before the ack: its latency is not one of the messages' (it was α/iters more)
+        # before the ack: its latency is not one of the messages' (it was α/iters more)
+        model = dev.clock - c0
         dev.send(ack, 0)
         return (time.perf_counter() - t0) / iters, model / iters
-    return (time.perf_counter() - t0) / iters, 0.0  # the modelled figure is the receiver's (the bench takes the max)
+    # the modelled figure is the receiver's (the bench takes the max)
+    return (time.perf_counter() - t0) / iters, 0.0
 
 
 def collective(dev: Any, op: str, nbytes: int, algorithm: str | None, iters: int) -> tuple[float, float]:

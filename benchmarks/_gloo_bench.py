@@ -73,7 +73,9 @@ def _child(rank: int, n: int, port: int, args: argparse.Namespace, conn: Any) ->
             result["bandwidth_GBps"][str(size)] = size / timed(stream) / 1e9
     for size in sizes:
         x = torch.zeros(size // 4, dtype=torch.float32)
-        result["allreduce_GBps"][str(size)] = size / timed(lambda iters, x=x: [dist.all_reduce(x) for _ in range(iters)]) / 1e9
+        result["allreduce_GBps"][str(size)] = (
+            size / timed(lambda iters, x=x: [dist.all_reduce(x) for _ in range(iters)]) / 1e9
+        )
     dist.destroy_process_group()
     if rank == 0:
         conn.send(result)

@@ -100,7 +100,8 @@ def main() -> None:
                     "allreduce_GBps": {}}
     if args.p2p and SIZE >= 2:
         result["latency_4KiB_s"] = latency(4096, args.budget, args.repeats, args.quick)
-        result["bandwidth_GBps"] = {str(s): bandwidth(s, args.budget, args.repeats, args.quick) for s in sizes}
+        result["bandwidth_GBps"] = {str(s): bandwidth(s, args.budget, args.repeats,
+                                                      args.quick) for s in sizes}
     for s in sizes:
         result["allreduce_GBps"][str(s)] = allreduce(s, args.budget, args.repeats, args.quick)
     if RANK == 0:

@@ -23,7 +23,8 @@ def _ops() -> dict:
     small, large = np.ones(8 * KIB // 8), np.ones(512 * KIB // 8)
     out_small, out_large = np.empty_like(small), np.empty_like(large)
     piece = large[: large.size // SIZE]
-    gathered = np.empty(piece.size * SIZE)  # a 512 KiB result (less the remainder when SIZE does not divide it)
+    # a 512 KiB result (less the remainder when SIZE does not divide it)
+    gathered = np.empty(piece.size * SIZE)
     return {
         "barrier": lambda: COMM.Barrier(),
         "all_reduce_8KiB": lambda: COMM.Allreduce(small, out_small, op=MPI.SUM),
@@ -41,7 +42,8 @@ def _timed(fn) -> float:
 
 def main() -> None:
     result = {"ranks": SIZE, "first_s": {}, "steady_s": {}}
-    COMM.allreduce(0.0, op=MPI.MAX)  # the harness's first timing call, untimed, as bench_scale.py makes its own
+    # the harness's first timing call, untimed, as bench_scale.py makes its own
+    COMM.allreduce(0.0, op=MPI.MAX)
     for name, fn in _ops().items():
         result["first_s"][name] = _timed(fn)
         result["steady_s"][name] = min(_timed(fn) for _ in range(3))

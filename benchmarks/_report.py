@@ -59,7 +59,8 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     big = 64 * MiB
     ratio = p2p[big] / memcpy[big] if big in p2p else None
     targets.append(_target("p2p bandwidth 64 MiB / memcpy", ratio, 0.7, "higher",
-                           f"{p2p[big]:.2f} GB/s vs memcpy {memcpy[big]:.2f} GB/s" if ratio else "64 MiB not measured"))
+                           f"{p2p[big]:.2f} GB/s vs memcpy {memcpy[big]:.2f} "
+                           "GB/s" if ratio else "64 MiB not measured"))
     ar_rounds = result.get("allreduce_rounds", {})
     if "rounds" in ar_rounds:  # measured in alternation: the fairer comparison (see bench_allreduce_rounds)
         worst, detail = None, []
@@ -120,15 +121,19 @@ def _latency_and_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
     rounds = result.get("latency_rounds", {})
     if "ours_s" in rounds:  # measured in alternation: the fairer comparison (see bench_latency_rounds)
         ours_s, theirs_s = rounds["ours_s"], rounds["mpi4py_s"]
-        targets.append(_target("4 KiB latency, default configuration / mpi4py pickle send/recv", _paired(ours_s, theirs_s),
-                               1.0, "lower", f"median of {rounds['rounds']} paired rounds (ratios {_ratios(rounds)}); medians "
+        targets.append(_target("4 KiB latency, default configuration / mpi4py pickle send/recv",
+                               _paired(ours_s, theirs_s),
+                               1.0, "lower",
+                               f"median of {rounds['rounds']} paired rounds (ratios "
+                               f"{_ratios(rounds)}); medians "
                                f"{seconds(statistics.median(ours_s))} vs "
                                f"{seconds(statistics.median(theirs_s))}"))
     elif mpi2 and "latency_4KiB_s" in mpi2:
-        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", ours / mpi2["latency_4KiB_s"], 1.0, "lower",
-                               f"{seconds(ours)} vs {seconds(mpi2['latency_4KiB_s'])}"))
+        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", ours / mpi2["latency_4KiB_s"], 1.0,
+                               "lower", f"{seconds(ours)} vs {seconds(mpi2['latency_4KiB_s'])}"))
     else:
-        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", None, 1.0, "lower", "mpi4py not measured"))
+        targets.append(_target("4 KiB latency / mpi4py pickle send/recv", None, 1.0, "lower",
+                               "mpi4py not measured"))
     st = result["startup"]
     targets.append(_target("8-device cluster ready (s)", st["ready_s"], 0.5, "lower",
                            f"first run done after {seconds(st['first_run_s'])}; "
@@ -173,7 +178,8 @@ def print_report(result: dict[str, Any]) -> None:
           f"{m['loadavg_start']:.2f} -> {m.get('loadavg_end', 0):.2f}")
     memcpy = _memcpy(result)
     _table("memcpy (numpy copyto), GB/s", ["size", "warm dst", "fresh dst"],
-           [[fmt_bytes(r["bytes"]), f"{r['warm_GBps']:.2f}", f"{r['fresh_GBps']:.2f}"] for r in result["memcpy"]])
+           [[fmt_bytes(r["bytes"]), f"{r['warm_GBps']:.2f}",
+             f"{r['fresh_GBps']:.2f}"] for r in result["memcpy"]])
     mpi2, gloo2 = _ref(result, "mpi4py", 2), _ref(result, "gloo", 2)
     lat = result["p2p_latency"]
     print(f"\n# point-to-point latency, 4 KiB one-way: {seconds(lat['latency_s'])}  "
@@ -201,7 +207,8 @@ def print_report(result: dict[str, Any]) -> None:
     for r in result["collectives"]:
         groups.setdefault((r["op"], r["devices"], r["algorithm"]), []).append(r)
     for (op, n, algo), rs in groups.items():
-        mpi, gloo = (_ref(result, "mpi4py", n), _ref(result, "gloo", n)) if op == "all_reduce" else (None, None)
+        mpi, gloo = (_ref(result, "mpi4py", n),
+                     _ref(result, "gloo", n)) if op == "all_reduce" else (None, None)
         rows = []
         for r in rs:
             b = r["bytes"]
@@ -210,7 +217,8 @@ def print_report(result: dict[str, Any]) -> None:
             rows.append([fmt_bytes(b), _time(r["time_s"]), f"{r['algbw_GBps']:.2f}",
                          _ratio(r["algbw_GBps"], memcpy.get(b)), f"{r['busbw_GBps']:.2f}",
                          _ratio(r["busbw_GBps"], memcpy.get(b)), _time(r["model_s"]),
-                         _num(ref_m), _ratio(r["algbw_GBps"], ref_m), _num(ref_g), _ratio(r["algbw_GBps"], ref_g)])
+                         _num(ref_m), _ratio(r["algbw_GBps"], ref_m), _num(ref_g),
+                         _ratio(r["algbw_GBps"], ref_g)])
         _table(f"{op} {algo}, {n} devices (GB/s; x = ratio)", ["size", "time", "algbw", "x memcpy", "busbw",
                "x memcpy", "model", "mpi4py", "x mpi4py", "gloo", "x gloo"], rows)
     _table("contract check (check_collectives=True vs False), all_reduce default algorithm",
@@ -218,14 +226,16 @@ def print_report(result: dict[str, Any]) -> None:
            [[str(r["devices"]), fmt_bytes(r["bytes"]), _time(r["off_s"]), _time(r["on_s"]),
              _time(r["overhead_s"])] for r in result["contract_check"]])
     if any(r["overhead_s"] < 0 for r in result["contract_check"]):
-        print("  (a negative overhead: the check costs less than this machine's noise between the two medians)")
+        print("  (a negative overhead: the check costs less than this machine's noise "
+              "between the two medians)")
     st = result["startup"]
     print(f"\n# start-up, {st['devices']} devices: ready {seconds(st['ready_s'])}, first run done "
           f"{seconds(st['first_run_s'])}; bare multiprocessing fork + one message "
           f"{seconds(st['bare_fork_s'])} "
           f"(x {st['ratio_bare']:.1f})")
     for name, per_n in result["references"].items():
-        skipped = [f"{k}: {v['skipped']}" for k, v in per_n.items() if isinstance(v, dict) and "skipped" in v] \
+        skipped = [f"{k}: {v['skipped']}" for k,
+                   v in per_n.items() if isinstance(v, dict) and "skipped" in v] \
             if "skipped" not in per_n else [per_n["skipped"]]
         if skipped:
             print(f"# {name} skipped: {'; '.join(skipped)}")
@@ -236,7 +246,8 @@ def print_report(result: dict[str, Any]) -> None:
             ours, theirs = ar[str(n)]["ours_GBps"][str(size)], ar[str(n)]["mpi4py_GBps"][str(size)]
             rows.append([str(n), fmt_bytes(size), " ".join(f"{v:.2f}" for v in ours),
                          " ".join(f"{v:.2f}" for v in theirs), f"{q:.2f}"])
-        _table(f"all_reduce default vs mpi4py Allreduce in alternation, algbw GB/s per round ({ar['rounds']} rounds)",
+        _table("all_reduce default vs mpi4py Allreduce in alternation, algbw GB/s per round "
+               f"({ar['rounds']} rounds)",
                ["devices", "size", "ours", "mpi4py", "x paired"], rows)
     print("\n# targets (issue 2, section 7)")
     for t in result["targets"]:

@@ -3,10 +3,10 @@
 For each device count n and message size, the steady time (median of a few calls, the slowest
 device's) of every algorithm (all_reduce: ``ring``, ``tree``, ``direct``, ``shm``; all_gather:
 ``ring``, ``direct``, ``shm``; broadcast from device 0: ``tree``, ``shm``; reduce_scatter:
-``ring``, ``shm``; all_to_all: ``direct``, ``shm``) and of the default choice (``algorithm=None``).  An all_gather's size is the
-gathered array's, as nccl-tests counts it (each device contributes size / n), a reduce_scatter's
-the array each device reduces (each gets size / n back), an all_to_all's the array each device
-splits.  The default must never be more than 10% slower than the best algorithm
+``ring``, ``shm``; all_to_all: ``direct``, ``shm``) and of the default choice (``algorithm=None``).  An
+all_gather's size is the gathered array's, as nccl-tests counts it (each device contributes size / n), a
+reduce_scatter's the array each device reduces (each gets size / n back), an all_to_all's the array each
+device splits.  The default must never be more than 10% slower than the best algorithm
 for that (size, n); the thresholds in ``virtualpar/collectives/selection.py`` come from this sweep
 (see benchmarks/README.md).
 
@@ -18,9 +18,9 @@ of the time of the algorithm the default picks (``default_algorithm``) over the 
 same algorithm called without naming it; ``def/chosen`` (median over rounds of the default's time
 over its algorithm's) shows that path adds nothing beyond the noise of timing one thing twice —
 which on this VM reaches ±25% for a cell (it was the verdict until 2026-11-23, and then failed
-cells where the default *was* the best).  The table's per-algorithm times are medians over rounds.  An algorithm that refuses a size is shown
-as ``refused`` and left out of that cell's best: ``direct`` all_reduce refuses what would take more
-than 80% of the machine's memory (128 devices and 512 KiB here).
+cells where the default *was* the best).  The table's per-algorithm times are medians over rounds.  An
+algorithm that refuses a size is shown as ``refused`` and left out of that cell's best: ``direct`` all_reduce
+refuses what would take more than 80% of the machine's memory (128 devices and 512 KiB here).
 
     python benchmarks/bench_algorithms.py --devices 2,4,8,16,32,64 --sizes 1024,8192,65536,524288,4194304
     python benchmarks/bench_algorithms.py --collective all_gather
@@ -53,8 +53,8 @@ def _timed(dev, collective: str, count: int, algorithm: str | None, iters: int) 
         x = x if dev.rank == 0 else None
         call = dev.broadcast
     else:
-        call = {"all_reduce": dev.all_reduce, "all_gather": dev.all_gather, "reduce_scatter": dev.reduce_scatter,
-                "all_to_all": dev.all_to_all}[collective]
+        call = {"all_reduce": dev.all_reduce, "all_gather": dev.all_gather,
+                "reduce_scatter": dev.reduce_scatter, "all_to_all": dev.all_to_all}[collective]
     out = []
     for _ in range(iters):
         dev.barrier()
@@ -64,7 +64,8 @@ def _timed(dev, collective: str, count: int, algorithm: str | None, iters: int) 
     return out
 
 
-def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5, collective: str = "all_reduce") -> list[dict]:
+def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5,
+          collective: str = "all_reduce") -> list[dict]:
     rows = []
     algos = tuple(ALGORITHMS[collective])
     contenders = (*algos, None)
@@ -74,15 +75,16 @@ def sweep(devices: list[int], sizes: list[int], iters: int, rounds: int = 5, col
     return rows
 
 
-def _sweep_cluster(n: int, sizes: list[int], iters: int, rounds: int, collective: str, algos: tuple, contenders: tuple,
-                   rows: list[dict], step) -> None:
+def _sweep_cluster(n: int, sizes: list[int], iters: int, rounds: int, collective: str, algos: tuple,
+                   contenders: tuple, rows: list[dict], step) -> None:
     """Every size on one cluster of ``n`` devices; ``step()`` after each (the progress bar)."""
     with VirtualCluster(n, timeout=120) as cluster:
         for nbytes in sizes:
             runs = []  # the contenders that take this size: 'direct' refuses what the machine cannot hold
             for algo in contenders:
                 try:
-                    cluster.run(_timed, collective, nbytes // 8, algo, 1)  # warm: first-call costs are bench_scale's business
+                    # warm: first-call costs are bench_scale's business
+                    cluster.run(_timed, collective, nbytes // 8, algo, 1)
                     runs.append(algo)
                 except UsageError:
                     pass
@@ -126,21 +128,27 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"# {args.collective} steady time per algorithm, ms (median over rounds of the slowest device's median);"
+    print(f"# {args.collective} steady time per algorithm, ms (median over rounds of the "
+          "slowest device's median);"
           " chosen/best: median over rounds of the default's algorithm / the best, in the same round;"
           " def/chosen: the default (algorithm=None) / its algorithm named")
     print(f"{'n':>4} {'bytes':>9} " + " ".join(f"{a:>9}" for a in (*algos, "default"))
           + f" {'best':>7} {'chosen':>7} {'chosen/best':>12} {'def/chosen':>11}")
     for r in rows:
-        cells = " ".join(f"{r['s'][a] * 1e3:9.3f}" if a in r["s"] else f"{'refused':>9}" for a in (*algos, "default"))
+        cells = " ".join(
+            f"{r['s'][a] * 1e3:9.3f}" if a in r["s"] else f"{'refused':>9}" for a in (*algos, "default")
+        )
         flag = "" if r["chosen_vs_best"] <= 1.10 else "  <-- over 10%"
-        print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['chosen']:>7} {r['chosen_vs_best']:12.2f}"
+        print(f"{r['devices']:>4} {r['bytes']:>9} {cells} {r['best']:>7} {r['chosen']:>7} "
+              f"{r['chosen_vs_best']:12.2f}"
               f" {r['default_vs_chosen']:11.2f}{flag}")
     worst = max(rows, key=lambda r: r["chosen_vs_best"])
     verdict = "PASS" if worst["chosen_vs_best"] <= 1.10 else "FAIL"
     spread = [r["default_vs_chosen"] for r in rows]
-    print(f"\n{verdict}  the default's algorithm within 10% of the best at every (n, size): worst {worst['chosen_vs_best']:.2f}x "
-          f"at n={worst['devices']}, {worst['bytes']} bytes (best there: {worst['best']}, chosen: {worst['chosen']})")
+    print(f"\n{verdict}  the default's algorithm within 10% of the best at every (n, size): worst "
+          f"{worst['chosen_vs_best']:.2f}x "
+          f"at n={worst['devices']}, {worst['bytes']} bytes (best there: {worst['best']}, "
+          f"chosen: {worst['chosen']})")
     print(f"      the default path against naming its algorithm: median {statistics.median(spread):.2f}x "
           f"(cells {min(spread):.2f}-{max(spread):.2f}x: the noise of timing the same code twice)")
 

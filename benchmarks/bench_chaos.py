@@ -115,8 +115,8 @@ def _interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # what Ctrl-C raises in the driver
 
 
-def train_through_faults(op: PipelinedOperation, steps: int, plan: dict, new_cluster: Callable[[], VirtualCluster],
-                         data: Callable[[int], tuple]) -> dict:
+def train_through_faults(op: PipelinedOperation, steps: int, plan: dict,
+                         new_cluster: Callable[[], VirtualCluster], data: Callable[[int], tuple]) -> dict:
     """Train ``op`` until it has committed ``steps`` steps, injecting ``plan``'s faults and starting a new
     cluster whenever one closed.  Returns the counts (see the module doc)."""
     stats = {"injected": 0, "fired": 0, "survived": 0, "attempts_lost": 0, "rolled_back": 0, "clusters": 0,
@@ -157,7 +157,8 @@ def train_through_faults(op: PipelinedOperation, steps: int, plan: dict, new_clu
                     cluster.close()  # a Ctrl-C between two runs: the script would stop here
                 continue
             if fault is not None:  # a fault that never fired (e.g. its op was not reached)
-                stats["unplanned"].append(f"step {before}: the {fault[0]} fault at op {fault[2]} of rank {fault[1]} "
+                stats["unplanned"].append(f"step {before}: the {fault[0]} fault at op "
+                                          f"{fault[2]} of rank {fault[1]} "
                                           "did not stop the step")
         stats["survived"] = stats["fired"]  # training reached the end after every one of them
     finally:
@@ -167,7 +168,8 @@ def train_through_faults(op: PipelinedOperation, steps: int, plan: dict, new_clu
     return stats
 
 
-def fault_free(make: Callable[[], Any], mesh: Any, steps: int, data: Callable[[int], tuple]) -> dict[str, np.ndarray]:
+def fault_free(make: Callable[[], Any], mesh: Any, steps: int,
+               data: Callable[[int], tuple]) -> dict[str, np.ndarray]:
     op = make()
     with VirtualCluster(mesh) as cluster:
         for _ in range(steps):
@@ -175,7 +177,8 @@ def fault_free(make: Callable[[], Any], mesh: Any, steps: int, data: Callable[[i
         return op.state_dict(cluster)
 
 
-_OURS = ("virtualpar-", "sem.mp-", "psm_", "mp-")  # the runtime's segments, multiprocessing's semaphores and blocks
+# the runtime's segments, multiprocessing's semaphores and blocks
+_OURS = ("virtualpar-", "sem.mp-", "psm_", "mp-")
 
 
 def _shm_left(before: set[str]) -> list[str]:
@@ -205,7 +208,8 @@ def leftovers(shm_before: set[str], tmp: str, settle: float = 3.0) -> dict:
 
 
 def chaos(steps: int = 200, seed: int = 0, rate: float = 0.1, stages: int = 4, microbatches: int = 4,
-          timeout: float = 2.0, kinds: tuple[str, ...] = KINDS, plan: dict | None = None, model: str = "mlp") -> dict:
+          timeout: float = 2.0, kinds: tuple[str, ...] = KINDS, plan: dict | None = None,
+          model: str = "mlp") -> dict:
     """The whole run (see the module doc); ``plan`` ({step: (kind, rank, at_op)}) replaces the seeded one;
     ``model`` "gpt": the composed trainer (``stages`` and ``microbatches`` are then its configuration's)."""
     if model == "gpt":
@@ -227,7 +231,8 @@ def chaos(steps: int = 200, seed: int = 0, rate: float = 0.1, stages: int = 4, m
             plan = plan_faults(seed, steps, rate, ops, kinds)
         op = make()
         t0 = time.perf_counter()
-        stats = train_through_faults(op, steps, plan, lambda: VirtualCluster(mesh, timeout=timeout, abort_grace=0.5,
+        stats = train_through_faults(op, steps, plan,
+                                     lambda: VirtualCluster(mesh, timeout=timeout, abort_grace=0.5,
                                                                              run_timeout=10 * timeout), data)
         chaos_s = time.perf_counter() - t0
         weights = op.committed_state_dict()  # the devices are gone: the driver's copy of the last step
@@ -238,7 +243,8 @@ def chaos(steps: int = 200, seed: int = 0, rate: float = 0.1, stages: int = 4, m
     finally:
         tempfile.tempdir = saved
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"model": model, "steps": steps, "seed": seed, "rate": rate, "stages": stages, "microbatches": microbatches,
+    return {"model": model, "steps": steps, "seed": seed, "rate": rate, "stages": stages,
+            "microbatches": microbatches,
             **stats, "bit_equal": equal, "fault_free_s": clean_s, "chaos_s": chaos_s, "left": left}
 
 
@@ -285,8 +291,8 @@ def copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:
             writes = cluster.run(_slot_write_seconds, trainer.key, reps)
             on, off = statistics.median(walls[True]), statistics.median(walls[False])
             copy_s = sum(t for t, _ in writes)
-            per_round.append({"copy_s": copy_s, "bytes": sum(n for _, n in writes), "with_s": on, "without_s": off,
-                              "ratio": copy_s / on, "paired_ratio": (on - off) / off})
+            per_round.append({"copy_s": copy_s, "bytes": sum(n for _, n in writes), "with_s": on,
+                              "without_s": off, "ratio": copy_s / on, "paired_ratio": (on - off) / off})
     mid = sorted(per_round, key=lambda r: r["ratio"])[len(per_round) // 2]
     return {"config": "GPT tiny float32, dp=2 tp=2 zero=1, batch 8 x 32, AdamW", "rounds": per_round, **mid,
             "target": 0.05}
@@ -294,7 +300,8 @@ def copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:
 
 def print_copy_cost(d: dict) -> None:
     verdict = "PASS" if d["ratio"] < d["target"] else "FAIL"
-    print(f"# driver copy of each committed step, ParallelTrainer ({d['config']}): {d['bytes'] / 2**20:.2f} MiB "
+    print(f"# driver copy of each committed step, ParallelTrainer ({d['config']}): "
+          f"{d['bytes'] / 2**20:.2f} MiB "
           "written into slot files per step")
     print(f"copy {d['copy_s'] * 1e3:.2f} ms summed over the devices, a step {d['with_s'] * 1e3:.2f} ms: "
           f"{d['ratio'] * 100:.2f}% of a step (target < {d['target'] * 100:.0f}%: {verdict}; the median of "
@@ -326,7 +333,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(r))
         return 0 if r["bit_equal"] and not any(r["left"].values()) else 1
-    what = (f"a {r['stages']}-stage MLP (float64, Adam, 1F1B, {r['microbatches']} microbatches)" if r["model"] == "mlp"
+    what = (f"a {r['stages']}-stage MLP (float64, Adam, 1F1B, {r['microbatches']} "
+            "microbatches)" if r["model"] == "mlp"
             else f"a GPT by ParallelTrainer (float64, AdamW, dp={GPT_CONFIG.dp} x pp={GPT_CONFIG.pp}, ZeRO-"
                  f"{GPT_CONFIG.zero}, {r['microbatches']} microbatches)")
     print(f"# chaos: {r['steps']} steps of {what}, seed {r['seed']}, a fault before a step with probability "
@@ -334,11 +342,13 @@ def main() -> int:
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["by_kind"].items()))
     print(f"faults injected   {r['injected']} ({kinds})")
     print(f"faults survived   {r['survived']} (training went on after each, by itself)")
-    print(f"steps redone      {r['attempts_lost']} step attempts lost, {r['rolled_back']} committed steps rolled back")
+    print(f"steps redone      {r['attempts_lost']} step attempts lost, {r['rolled_back']} "
+          "committed steps rolled back")
     print(f"clusters started  {r['clusters']}")
     for line in r["unplanned"]:
         print(f"unplanned         {line}")
-    print(f"final weights     {'EQUAL' if r['bit_equal'] else 'DIFFERENT'} to the fault-free run, bit for bit")
+    print(f"final weights     {'EQUAL' if r['bit_equal'] else 'DIFFERENT'} to the "
+          "fault-free run, bit for bit")
     left = r["left"]
     print(f"left behind       {len(left['processes'])} processes, {len(left['shm'])} /dev/shm entries, "
           f"{len(left['pymp'])} pymp-* directories" + ("" if not any(left.values()) else f": {left}"))

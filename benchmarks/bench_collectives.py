@@ -50,7 +50,8 @@ SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB ... 64 MiB
 QUICK_SIZES = [4 * KiB, 1 * MiB]
 DEVICE_COUNTS = (2, 4)
 # "default" is what a caller who names no algorithm gets (shm for any group of 2 or more)
-COLLECTIVES = {"all_reduce": ("default", "shm", "ring", "tree", "direct"), "all_gather": ("ring", "direct"), "reduce_scatter": ("ring",)}
+COLLECTIVES = {"all_reduce": ("default", "shm", "ring", "tree", "direct"), "all_gather": ("ring", "direct"),
+               "reduce_scatter": ("ring",)}
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
@@ -119,7 +120,8 @@ def bench_latency_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     theirs: list[float] = []
     with VirtualCluster(2, hardware=s.hardware) as default, \
             VirtualCluster(2, check_collectives=False, trace=False, hardware=s.hardware) as bare:
-        default.clocks(), bare.clocks()  # both warmed up: the second's warm-up would run beside the first's round
+        # both warmed up: the second's warm-up would run beside the first's round
+        default.clocks(), bare.clocks()
         for _ in range(rounds):
             ours.append(bench_p2p_latency(default, s)["latency_s"])
             untraced.append(bench_p2p_latency(bare, s)["latency_s"])
@@ -136,11 +138,12 @@ def bench_allreduce_rounds(s: Settings, rounds: int = 5) -> dict[str, Any]:
     """The default all_reduce at 1–64 MiB and mpi4py's ``Allreduce`` of the same sizes, 2 and 4
     processes, measured in alternation ``rounds`` times each (as ``bench_collective`` and
     ``_mpi_bench.py`` measure them): the all_reduce target takes the median of the per-round ratios
-    per size, for the reason given in ``bench_latency_rounds`` (4 processes on 2 cores swing even more).  GB/s of
-    algorithm bandwidth; ``{"skipped": why}`` without mpi4py."""
+    per size, for the reason given in ``bench_latency_rounds`` (4 processes on 2 cores swing even more).  GB/s
+    of algorithm bandwidth; ``{"skipped": why}`` without mpi4py."""
     sizes = [b for b in s.sizes if MiB <= b <= 64 * MiB]
     if not s.references or not sizes:
-        return {"skipped": "references not requested (--references)" if not s.references else "no size in 1-64 MiB"}
+        return {"skipped": "references not requested "
+                           "(--references)" if not s.references else "no size in 1-64 MiB"}
     out: dict[str, Any] = {"rounds": rounds, "sizes": sizes}
     for n in DEVICE_COUNTS:
         ours: dict[str, list[float]] = {str(b): [] for b in sizes}
@@ -178,7 +181,8 @@ def bench_collective(cluster: VirtualCluster, s: Settings, op: str, algorithm: s
     n = cluster.size
     rows = []
     for size in s.sizes:
-        samples = _measure(cluster, s, ops.collective, op, size, None if algorithm == "default" else algorithm)
+        samples = _measure(cluster, s, ops.collective, op, size,
+                           None if algorithm == "default" else algorithm)
         wall, model = _median(samples)
         algbw = size / wall / 1e9
         rows.append({"op": op, "algorithm": algorithm, "devices": n, "bytes": size, "time_s": wall,
@@ -202,9 +206,11 @@ def bench_contract_check(s: Settings) -> list[dict[str, Any]]:
                 times: dict[str, list[float]] = {"off": [], "on": []}
                 for _ in range(max(1, s.repeats)):
                     for name, c in (("off", off), ("on", on)):
-                        times[name] += [w for w, _ in _measure(c, s, ops.collective, "all_reduce", size, None)]
+                        times[name] += [w for w,
+                                        _ in _measure(c, s, ops.collective, "all_reduce", size, None)]
                 t_off, t_on = statistics.median(times["off"]), statistics.median(times["on"])
-                rows.append({"devices": n, "bytes": size, "off_s": t_off, "on_s": t_on, "overhead_s": t_on - t_off})
+                rows.append({"devices": n, "bytes": size, "off_s": t_off, "on_s": t_on,
+                             "overhead_s": t_on - t_off})
     return rows
 
 
@@ -222,7 +228,8 @@ def bench_startup(s: Settings, n: int = 8) -> dict[str, Any]:
         bare.append(refs.bare_fork_startup(n))
     ready, first = statistics.median(r for r, _ in ours), statistics.median(f for _, f in ours)
     base = statistics.median(bare)
-    return {"devices": n, "ready_s": ready, "first_run_s": first, "bare_fork_s": base, "ratio_bare": first / base}
+    return {"devices": n, "ready_s": ready, "first_run_s": first, "bare_fork_s": base,
+            "ratio_bare": first / base}
 
 
 def bench_references(s: Settings) -> dict[str, Any]:
@@ -289,11 +296,13 @@ def run(s: Settings) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 sizes, 1 iteration, no references")
-    ap.add_argument("--json", action="store_true", help="print the result as one JSON object instead of tables")
+    ap.add_argument("--json", action="store_true",
+                    help="print the result as one JSON object instead of tables")
     ap.add_argument("--hardware", default="h100-node", choices=hardware_choices(),
                     help="modelled hardware preset for the modelled-time column (default h100-node): "
                          "%(choices)s")
-    ap.add_argument("--budget", type=positive_float, default=0.15, help="seconds per repeat of one measurement")
+    ap.add_argument("--budget", type=positive_float, default=0.15,
+                    help="seconds per repeat of one measurement")
     ap.add_argument("--repeats", type=positive_int, default=3,
                     help="repeats of each measurement; the median is reported (default 3, 1 with --quick)")
     ap.add_argument("--max-size", type=positive_int, default=64 * MiB,

@@ -30,7 +30,8 @@ def mlp(dtype=np.float32) -> nn.Sequential:
     return seed_mlp(dtype, SIZES)
 
 
-def hand_written(params: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray, y: np.ndarray) -> tuple[float, list]:
+def hand_written(params: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray,
+                 y: np.ndarray) -> tuple[float, list]:
     """Forward and backward of the same MLP, by hand: what autograd competes with."""
     acts, pre = [x], []
     h = x
@@ -109,7 +110,8 @@ def main() -> None:
         return
     m, g = result["mlp"], result["gru"]
     print("# nn: autograd vs hand-written numpy, same run (MLP 256-512-1024-512-256, batch 64, float32)")
-    print(f"forward+backward  autograd {m['autograd_s'] * 1e3:8.3f} ms   hand-written {m['hand_s'] * 1e3:8.3f} ms   "
+    print(f"forward+backward  autograd {m['autograd_s'] * 1e3:8.3f} ms   hand-written "
+          f"{m['hand_s'] * 1e3:8.3f} ms   "
           f"ratio {m['ratio']:.2f}x  (target <= {TARGET}x: {'PASS' if m['ratio'] <= TARGET else 'FAIL'})")
     print(f"GRU 2x{g['hidden']}, batch {g['batch']}: forward {g['forward_per_step_s'] * 1e3:.3f} ms/step, "
           f"forward+backward {g['forward_backward_per_step_s'] * 1e3:.3f} ms/step")

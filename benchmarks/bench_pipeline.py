@@ -62,7 +62,8 @@ def bubbles() -> list[dict]:
         for S, M in ((2, 4), (4, 8), (4, 16), (8, 32)):
             sim = simulate(*build(name, S, M, V), M, costs=costs)
             rows.append({"schedule": name, "S": S, "M": M, "V": V, "costs": costs, "bubble": sim.bubble,
-                         "closed_form": closed_form(name, S, M, V) if costs is UNIT or name.startswith("zb") else None,
+                         "closed_form": closed_form(name, S, M,
+                                                    V) if costs is UNIT or name.startswith("zb") else None,
                          "peak_activations": sim.peak_activations})
     return rows
 
@@ -110,7 +111,9 @@ def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int) -> tupl
             wanted = i > 0  # as the executor: the batch itself needs no gradient
             t0 = time.perf_counter()
             if i == S - 1:
-                fn = lambda p, inp, mod=stage.module, tgt=ys[m]: nn.mse_loss(nn.functional_call(mod, p, inp), tgt)
+                fn = lambda p, inp, mod=stage.module, tgt=ys[m]: nn.mse_loss(
+                    nn.functional_call(mod, p, inp), tgt
+                )
                 rec = nn.vjp(fn, a, params=stage.module.parameters(), input_grads=wanted)
             else:
                 rec = nn.vjp(stage.module, a, input_grads=wanted)
@@ -125,7 +128,8 @@ def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int) -> tupl
             dy, grads = recs.pop().backward(dy)
             acc = sums.get(i)
             if acc is None:
-                sums[i] = {k: v if v.flags.owndata and v.flags.writeable else v.copy() for k, v in grads.items()}
+                sums[i] = {k: v if v.flags.owndata and v.flags.writeable else v.copy() for k,
+                           v in grads.items()}
             else:
                 for k, v in acc.items():
                     np.add(v, grads[k], out=v)
@@ -219,7 +223,8 @@ def driver_copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, 256)).astype(np.float32)
     y = rng.standard_normal((batch, 256)).astype(np.float32)
-    op = PipelinedOperation(Pipeline(seed_mlp(), cuts=[2, 4, 6]), "1f1b", microbatches=M, optimizer=nn.SGD(0.01))
+    op = PipelinedOperation(Pipeline(seed_mlp(), cuts=[2, 4, 6]), "1f1b", microbatches=M,
+                            optimizer=nn.SGD(0.01))
     per_round = []
     with VirtualCluster(4, hardware="h100-node") as cluster:
         cluster.execute(op, x, y)
@@ -235,8 +240,8 @@ def driver_copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:
             writes = cluster.run(_slot_write_seconds, op.key, reps)
             on, off = statistics.median(walls[True]), statistics.median(walls[False])
             copy_s = sum(t for t, _ in writes)
-            per_round.append({"copy_s": copy_s, "bytes": sum(n for _, n in writes), "with_s": on, "without_s": off,
-                              "ratio": copy_s / on, "paired_ratio": (on - off) / off})
+            per_round.append({"copy_s": copy_s, "bytes": sum(n for _, n in writes), "with_s": on,
+                              "without_s": off, "ratio": copy_s / on, "paired_ratio": (on - off) / off})
     mid = sorted(per_round, key=lambda r: r["ratio"])[len(per_round) // 2]
     return {"batch": batch, "microbatches": M, "rounds": per_round, **mid, "target": 0.05}
 
@@ -274,7 +279,8 @@ def main() -> None:
     f = result["floor"]
     verdict = "PASS" if f["ratio"] <= f["target"] else "FAIL"
     print(f"\n# speed target: batch {f['batch']}, {f['microbatches']} microbatches, 4 stages, 1F1B, float32")
-    print(f"wall per step {f['wall_s'] * 1e3:.2f} ms; floor {f['floor_s'] * 1e3:.2f} ms (compute {f['compute_floor_s'] * 1e3:.2f} ms "
+    print(f"wall per step {f['wall_s'] * 1e3:.2f} ms; floor {f['floor_s'] * 1e3:.2f} ms (compute "
+          f"{f['compute_floor_s'] * 1e3:.2f} ms "
           f"+ {f['bytes_sent'] / 2**20:.1f} MiB at {f['memcpy_GBps']:.1f} GB/s); ratio {f['ratio']:.2f}x "
           f"(target <= {f['target']}x: {verdict}; the median of {len(f['rounds'])} paired rounds: "
           + " ".join(f"{r['ratio']:.2f}" for r in f["rounds"]) + "; best step against best step: "
@@ -284,7 +290,8 @@ def main() -> None:
           f"(makespan {number(s['makespan'])})")
     d = result["driver_copy"]
     verdict = "PASS" if d["ratio"] < d["target"] else "FAIL"
-    print(f"\n# driver copy of each committed step (the speed target's step, SGD): {d['bytes'] / 2**20:.1f} MiB "
+    print("\n# driver copy of each committed step (the speed target's step, SGD): "
+          f"{d['bytes'] / 2**20:.1f} MiB "
           "written into slot files per step")
     print(f"copy {d['copy_s'] * 1e3:.2f} ms summed over the devices, a step {d['with_s'] * 1e3:.2f} ms: "
           f"{d['ratio'] * 100:.1f}% of a step (target < {d['target'] * 100:.0f}%: {verdict}; the median of "

@@ -9,14 +9,14 @@ leave ``MPI_Init`` together, and with one untimed call of the harness's own timi
 ``_mpi_scale.py`` begins with one of its own: the timing call is not an op under test, and its
 first call had run in the first barrier's exit wave (each woken device paid ~250 µs of CPU for a
 call it had never made before while the last ones still waited to leave the barrier: the first
-barrier read 3.0–3.9x its tenth at 16 devices, against 2.0–2.4x with the harness warm).  ``start`` is the time until
-``VirtualCluster()`` returned, ``warm`` until the devices had also finished their start-up warm-up
+barrier read 3.0–3.9x its tenth at 16 devices, against 2.0–2.4x with the harness warm).  ``start`` is the time
+until ``VirtualCluster()`` returned, ``warm`` until the devices had also finished their start-up warm-up
 (runtime/warmup.py), which the first call that needs them waits for.  The table shows first and
 steady; the tenth is in ``--json`` and in the first-against-tenth targets.  Then the cluster's
 resident memory (sum of the devices' PSS, so shared pages count once) once started and after
-every op, and the time to close it.  At each size MPICH runs at, ``--rounds`` rounds (a fresh cluster, then a fresh ``mpiexec``):
-the table shows the median of each figure, and a ratio against MPICH (in the table and in the
-targets) is the median of the per-round ratios, over the rounds whose MPICH run succeeded; a
+every op, and the time to close it.  At each size MPICH runs at, ``--rounds`` rounds (a fresh cluster, then a
+fresh ``mpiexec``): the table shows the median of each figure, and a ratio against MPICH (in the table and in
+the targets) is the median of the per-round ratios, over the rounds whose MPICH run succeeded; a
 target with no MPICH figure at all is printed as SKIP, with MPICH's reason.  Every
 result is checked (an all_reduce of ones gives n everywhere, a gather holds every rank's piece).
 Sizes are those of the result, as nccl-tests counts them: the all_gather's 512 KiB is the gathered
@@ -190,16 +190,20 @@ def paired_ratios(pairs: list[tuple[dict, dict]], kind: str, op: str) -> list[fl
 
 def targets(rows: list[dict], refs: dict[int, dict], paired: dict[int, list[tuple[dict, dict]]],
             round_trip_128: float | None) -> list[tuple[str, bool | str | None, str]]:
-    """The issue's targets (and, marked "INFO", figures shown beside them but not judged).  Against MPICH the verdict is the median of the per-round ratios (each
-    round a fresh cluster and a fresh ``mpiexec``, one after the other): one round's ratio moves by
-    ±30% on this shared VM."""
+    """The issue's targets (and, marked "INFO", figures shown beside them but not judged).  Against MPICH the
+    verdict is the median of the per-round ratios (each round a fresh cluster and a fresh ``mpiexec``, one
+    after the other): one round's ratio moves by ±30% on this shared VM."""
     out = []
     for row in rows:
         n = row["devices"]
         rounds = paired.get(n, [])
         pairs = [(ours, ref) for ours, ref in rounds if "first_s" in ref]
         failed = sorted({ref.get("skipped", "?") for _, ref in rounds if "first_s" not in ref})
-        note = f"; MPICH failed in {len(rounds) - len(pairs)} of {len(rounds)} rounds: {'; '.join(failed)}" if failed else ""
+        note = (
+            f"; MPICH failed in {len(rounds) - len(pairs)} of {len(rounds)} rounds: {'; '.join(failed)}"
+            if failed
+            else ""
+        )
         for kind in ("first_s", "steady_s") if n in (16, 32, 64) and rounds else ():
             name = f"all_reduce 512 KiB {kind[:-2]} at {n} <= MPICH"
             if not pairs:
@@ -212,22 +216,27 @@ def targets(rows: list[dict], refs: dict[int, dict], paired: dict[int, list[tupl
         if n in (16, 32, 64):
             worst = max(OPS, key=lambda op: row["first_s"][op] / row["tenth_s"][op])
             ratios = " ".join(f"{op} {row['first_s'][op] / row['tenth_s'][op]:.1f}x" for op in OPS)
-            out.append((f"first call <= 3x the tenth at {n}", row["first_s"][worst] <= 3 * row["tenth_s"][worst], ratios))
+            out.append((f"first call <= 3x the tenth at {n}",
+                        row["first_s"][worst] <= 3 * row["tenth_s"][worst], ratios))
         if n == 64:
             t = row["steady_s"]["barrier"]
-            out.append(("barrier at 64 devices <= 5 ms", t <= 5e-3, f"{t * 1e3:.2f} ms (median of {row['rounds']} round(s))"))
+            out.append(("barrier at 64 devices <= 5 ms", t <= 5e-3,
+                        f"{t * 1e3:.2f} ms (median of {row['rounds']} round(s))"))
         if n in (128, 256):
             out.append((f"every collective correct at {n}", row["correct"], "checked on every device"))
             ratios = " ".join(f"{op} {row['first_s'][op] / row['tenth_s'][op]:.1f}x" for op in OPS)
-            out.append((f"first call against the tenth at {n} (judged at 16, 32 and 64 only)", "INFO", ratios))
+            out.append((f"first call against the tenth at {n} (judged at 16, 32 and 64 only)", "INFO",
+                        ratios))
         if n == 256:
             out.append(("256 devices start <= 2 s", row["start_s"] <= 2.0,
                         f"{row['start_s']:.2f} s (warmed up {row['warm_s']:.2f} s after the start began)"))
             held = row["pss_start_bytes"]
             out.append(("256 devices hold <= 2 GiB once started", held <= 2 << 30,
-                        f"{held / 2**30:.2f} GiB ({row['pss_bytes'] / 2**30:.2f} GiB after every op, data and buffers included)"))
+                        f"{held / 2**30:.2f} GiB ({row['pss_bytes'] / 2**30:.2f} GiB after every op, "
+                        "data and buffers included)"))
     if round_trip_128 is not None:
-        out.append(("128 devices: start, first all_reduce, close <= 5 s", round_trip_128 <= 5.0, f"{round_trip_128:.2f} s"))
+        out.append(("128 devices: start, first all_reduce, close <= 5 s", round_trip_128 <= 5.0,
+                    f"{round_trip_128:.2f} s"))
     return out
 
 
@@ -248,8 +257,10 @@ def _at_least_zero(text: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=positive_ints, default="8,16,32,64,128,256", help="device counts, comma-separated")
-    ap.add_argument("--mpi-max", type=_at_least_zero, default=64, help="largest device count to run MPICH at (0: none)")
+    ap.add_argument("--sizes", type=positive_ints, default="8,16,32,64,128,256",
+                    help="device counts, comma-separated")
+    ap.add_argument("--mpi-max", type=_at_least_zero, default=64,
+                    help="largest device count to run MPICH at (0: none)")
     ap.add_argument("--rounds", type=positive_int, default=3,
                     help="rounds (a fresh cluster, then a fresh mpiexec) at each size MPICH runs at")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON object")
@@ -279,7 +290,11 @@ def main() -> None:
           "(first call on a fresh cluster / best of the next 3), each the median over the rounds run at that "
           f"size ({args.rounds} where MPICH runs, else 1); ratio = ours / MPICH's steady time, the median of "
           "the paired rounds' ratios")
-    head = f"{'n':>4} {'start':>7} {'warm':>6} " + " ".join(f"{op:>26}" for op in OPS) + f" {'PSS start/end':>15} {'close':>7}"
+    head = (
+        f"{'n':>4} {'start':>7} {'warm':>6} "
+        + " ".join(f"{op:>26}" for op in OPS)
+        + f" {'PSS start/end':>15} {'close':>7}"
+    )
     print(head)
     print("-" * len(head))
     for row in rows:
@@ -289,11 +304,20 @@ def main() -> None:
             f, s = row["first_s"][op] * 1e3, row["steady_s"][op] * 1e3
             ratio = f" ({np.median(paired_ratios(pairs, 'steady_s', op)):.2f}x)" if pairs else ""
             cells.append(f"{f:7.1f} / {s:6.2f}{ratio:>9}")
-        print(f"{row['devices']:>4} {row['start_s']:6.2f}s {row['warm_s']:5.2f}s " + " ".join(f"{c:>26}" for c in cells)
-              + f" {row['pss_start_bytes'] / 2**20:6.0f}/{row['pss_bytes'] / 2**20:.0f}Mi {row['close_s']:6.2f}s" + ("" if row["correct"] else "  WRONG"))
+        print(
+            f"{row['devices']:>4} {row['start_s']:6.2f}s {row['warm_s']:5.2f}s "
+            + " ".join(f"{c:>26}" for c in cells)
+            + f" {row['pss_start_bytes'] / 2**20:6.0f}/{row['pss_bytes'] / 2**20:.0f}Mi "
+            f"{row['close_s']:6.2f}s" + ("" if row["correct"] else "  WRONG")
+        )
     for n, ref in refs.items():
         if "first_s" in ref:
-            print(f"MPICH n={n:<3} " + "  ".join(f"{op} {ref['first_s'][op] * 1e3:.1f}/{ref['steady_s'][op] * 1e3:.2f}" for op in OPS))
+            print(
+                f"MPICH n={n:<3} "
+                + "  ".join(
+                    f"{op} " f"{ref['first_s'][op] * 1e3:.1f}/{ref['steady_s'][op] * 1e3:.2f}" for op in OPS
+                )
+            )
         else:
             print(f"MPICH n={n}: skipped ({ref.get('skipped')})")
     print()

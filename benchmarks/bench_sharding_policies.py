@@ -6,8 +6,8 @@
 For each MatMul policy (m=4096, k=2048, n=4096, float32) and each FeedForward policy (b=8, s=128,
 m=1024, h=4096) on an 8-device cluster: the weights are placed once, one warm-up ``execute`` runs,
 then ``--repeats`` timed ``execute`` calls (median and minimum reported; the ratio uses the minimum,
-as the floor's kernel times are minima: on a shared machine minima are what repeat).  Beside it, the *floor*: the
-sum over the devices of their local kernels (recorded on the devices, replayed and timed here in
+as the floor's kernel times are minima: on a shared machine minima are what repeat).  Beside it, the *floor*:
+the sum over the devices of their local kernels (recorded on the devices, replayed and timed here in
 one process with numpy's default threads), plus every byte moved host→device, device→host and
 device→device at the memcpy bandwidth measured in this run (before and after the policies; the
 faster of the two, which gives the lower floor).  ratio = wall / floor (target ≤ 1.5).
@@ -71,7 +71,8 @@ def kernel_seconds(log: list, repeats: int = 5) -> float:
         key = (kind, shapes, dtype)
         if key not in cache:
             arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
-            fn = {"matmul": lambda a, b: a @ b, "add_bias": lambda x, b: x + b, "relu": lambda x: np.maximum(x, 0)}[kind]
+            fn = {"matmul": lambda a, b: a @ b, "add_bias": lambda x, b: x + b,
+                  "relu": lambda x: np.maximum(x, 0)}[kind]
             best = float("inf")
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -86,7 +87,8 @@ def _blas_off(dev):
     dev.state["tp.blas"] = "default threads"  # execute's limit_blas_threads sees it set and leaves BLAS alone
 
 
-def bench_policy(cluster, kind: str, name: str, shape, repeats: int, bandwidth: float, seed_shapes: bool = True) -> dict:
+def bench_policy(cluster, kind: str, name: str, shape, repeats: int, bandwidth: float,
+                 seed_shapes: bool = True) -> dict:
     ffn = kind == "ffn"
     policy, op, shapes = build_op(name, cluster.mesh, shape, ffn)
     rng = np.random.default_rng(0)
@@ -109,8 +111,8 @@ def bench_policy(cluster, kind: str, name: str, shape, repeats: int, bandwidth: 
     floor = kernels + moved / bandwidth
     wall, best = statistics.median(walls), min(walls)
     seed = SEED_003.get((kind, name)) if seed_shapes else None  # seed times hold at seed 003's shapes only
-    return {"kind": kind, "policy": name, "shape": list(shape), "wall_s": wall, "wall_min_s": best, "floor_s": floor,
-            "kernels_s": kernels, "bytes_moved": moved, "ratio": best / floor,
+    return {"kind": kind, "policy": name, "shape": list(shape), "wall_s": wall, "wall_min_s": best,
+            "floor_s": floor, "kernels_s": kernels, "bytes_moved": moved, "ratio": best / floor,
             "seed_003_s": seed, "vs_seed": (seed / wall) if seed else None}
 
 
@@ -121,9 +123,11 @@ def main(argv=None) -> int:
                    help="timed execute calls per policy; median and minimum reported (default 3)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     p.add_argument("--blas-default", action="store_true",
-                   help="leave every device's BLAS at its default thread count (to measure what the limit buys)")
+                   help="leave every device's BLAS at its default thread count (to "
+                        "measure what the limit buys)")
     args = p.parse_args(argv)
-    mm, ff = ((4096, 2048, 4096), (8, 128, 1024, 4096)) if not args.quick else ((256, 128, 256), (2, 16, 64, 256))
+    mm, ff = ((4096, 2048, 4096),
+              (8, 128, 1024, 4096)) if not args.quick else ((256, 128, 256), (2, 16, 64, 256))
     repeats = 1 if args.quick else args.repeats
     bandwidth = memcpy_bandwidth()
     rows = []
@@ -150,13 +154,15 @@ def main(argv=None) -> int:
         return 0
     print(f"# sharding policies, mesh x=2,y=4 (8 devices), float32; memcpy {bandwidth / 1e9:.2f} GB/s; "
           f"MatMul m,k,n={mm}, FFN b,s,m,h={ff}")
-    print(f"# BLAS threads per device: {'numpy default' if args.blas_default else 'cores // devices'}; wall = median of "
+    print("# BLAS threads per device: "
+          f"{'numpy default' if args.blas_default else 'cores // devices'}; wall = median of "
           f"{repeats}, ratio = fastest wall / floor (kernel floors are minima too)")
-    print(f"{'kind':<7}{'policy':<18}{'wall s':>9}{'min s':>9}{'floor s':>9}{'kernels s':>10}{'moved MB':>10}{'ratio':>7}{'vs seed':>9}")
+    print(f"{'kind':<7}{'policy':<18}{'wall s':>9}{'min s':>9}{'floor s':>9}{'kernels s':>10}"
+          f"{'moved MB':>10}{'ratio':>7}{'vs seed':>9}")
     for r in rows:
         vs = f"{r['vs_seed']:.1f}x" if r["vs_seed"] else "-"
-        print(f"{r['kind']:<7}{r['policy']:<18}{r['wall_s']:9.3f}{r['wall_min_s']:9.3f}{r['floor_s']:9.3f}{r['kernels_s']:10.3f}"
-              f"{r['bytes_moved'] / 1e6:10.1f}{r['ratio']:7.2f}{vs:>9}")
+        print(f"{r['kind']:<7}{r['policy']:<18}{r['wall_s']:9.3f}{r['wall_min_s']:9.3f}{r['floor_s']:9.3f}"
+              f"{r['kernels_s']:10.3f}{r['bytes_moved'] / 1e6:10.1f}{r['ratio']:7.2f}{vs:>9}")
     for target, ok in result["targets"].items():
         print(f"target {target}: {'-' if ok is None else 'PASS' if ok else 'FAIL'}")
     return 0

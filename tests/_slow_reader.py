@@ -9,7 +9,8 @@ import time
 from virtualpar import Mesh, VirtualCluster
 
 
-def slow_reader_cluster(monkeypatch, fence_number: int, seconds: float = 0.3, rank: int = 0) -> VirtualCluster:
+def slow_reader_cluster(monkeypatch, fence_number: int, seconds: float = 0.3,
+                        rank: int = 0) -> VirtualCluster:
     """Mesh a=2 × b=2 (row groups {0, 1}, {2, 3} on "b"; columns {0, 2}, {1, 3} on "a"), forked
     after ``GroupComm.fence`` is patched so that device ``rank`` sleeps ``seconds`` after its
     ``fence_number``-th fence, and without the warm-up, whose fences would be the first counted."""

@@ -298,7 +298,8 @@ def test_scatter(n, dtype):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_to_all(algo, n, dtype):
-    cases = [((8, 3), 0, 0), ((8, 3), 0, 1), ((5, 8), 1, 0), ((2, 2), 0, 1), ((3, 4, 7), 2, 0), ((0, 3), 0, 1)]
+    cases = [((8, 3), 0, 0), ((8, 3), 0, 1), ((5, 8), 1, 0), ((2, 2), 0, 1), ((3, 4, 7), 2, 0),
+             ((0, 3), 0, 1)]
     inputs = [make_inputs(n, shape, dtype) for shape, _, _ in cases]
     copies = [[x.copy() for x in xs] for xs in inputs]
     calls = [per_rank(ALGORITHMS["all_to_all"][algo], xs, s, t) for xs, (_, s, t) in zip(inputs, cases)]
@@ -307,7 +308,10 @@ def test_all_to_all(algo, n, dtype):
     for (shape, split_dim, concat_dim), xs, xs0, got, sent_k, msgs in results:
         assert_unmodified(xs, xs0)
         assert_matches(got, reference.all_to_all(xs, split_dim, concat_dim), dtype)
-        piece = [k * xs[0].nbytes // shape[split_dim] if shape[split_dim] else 0 for k in split_sizes(shape[split_dim], n)]
+        piece = [
+            k * xs[0].nbytes // shape[split_dim] if shape[split_dim] else 0
+            for k in split_sizes(shape[split_dim], n)
+        ]
         assert sent_k == [xs[0].nbytes - piece[r] for r in range(n)]  # everything but its own piece
         assert msgs == [n - 1] * n
 

@@ -53,7 +53,8 @@ def test_every_benchmark_flag_has_help(script):
 
 def test_the_parser_reads_an_option_without_help_as_bare():
     """The check above can fail: an option with no help text reads as empty."""
-    text = "usage: x\n\noptions:\n  -h, --help  show this help message and exit\n  --steps STEPS\n  --json  print\n"
+    text = ("usage: x\n\noptions:\n  -h, --help  show this help message and exit\n"
+            "  --steps STEPS\n  --json  print\n")
     assert _options(text) == {"-h": "show this help message and exit", "--steps": "", "--json": "print"}
 
 

@@ -70,7 +70,8 @@ def test_a_device_sets_only_a_limit_it_did_not_inherit(fake_libs):
 def _threads(dev):
     a = np.ones((256, 256))
     a @ a  # a BLAS call at the device's limit
-    blas = [(p["internal_api"], p.get("threading_layer"), p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"]
+    blas = [(p["internal_api"], p.get("threading_layer"),
+             p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"]
     return blas, sorted(os.listdir("/proc/self/task"))
 
 
@@ -86,4 +87,5 @@ def test_devices_at_one_blas_thread_start_no_blas_pool(start_method):
         assert blas and all(threads == 1 for _, _, threads in blas)
         if all(api == "openblas" and layer == "pthreads" for api, layer, _ in blas):
             assert len(tasks) == 2, tasks  # the main thread and the sidecar: no OpenBLAS worker was started
-    assert [(p["internal_api"], p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"] == driver
+    assert [(p["internal_api"],
+             p["num_threads"]) for p in threadpool_info() if p["user_api"] == "blas"] == driver

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("bench_chaos", os.path.join(ROOT, "benchmarks", "bench_chaos.py"))
+_spec = importlib.util.spec_from_file_location("bench_chaos",
+                                               os.path.join(ROOT, "benchmarks", "bench_chaos.py"))
 bench_chaos = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_chaos)
 
@@ -39,14 +40,18 @@ def test_a_kill_a_hang_and_an_interrupt_cost_only_the_steps_they_stopped(caplog)
     assert r["bit_equal"]
     assert r["left"] == {"processes": [], "shm": [], "pymp": []}
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "virtualpar.checkpoint"]
-    assert [line.split(" from ")[1] for line in lines] == [f"step {s} (the cluster that held it closed)" for s in (1, 3, 4)]
+    assert [line.split(" from ")[1] for line in lines] == [f"step {s} (the cluster that held it "
+                                                           "closed)" for s in (1, 3, 4)]
 
 
 @pytest.mark.slow
 def test_a_seeded_chaos_run_ends_with_the_fault_free_weights_and_leaves_nothing(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_chaos.py"), "--steps", "40",
-                           "--rate", "0.25", "--seed", "3", "--json"], capture_output=True, text=True, timeout=600,
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_chaos.py"), "--steps",
+                           "40",
+                           "--rate", "0.25", "--seed", "3", "--json"], capture_output=True, text=True,
+                           timeout=600,
                           env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     r = json.loads(proc.stdout)

@@ -79,14 +79,19 @@ def test_pipeline_save_load_round_trip_equals_the_trained_state_exactly(tmp_path
     ck = Checkpoint(tmp_path / "c")
     assert ck.layout["kind"] == "PipelinedOperation" and ck.layout["first_layers"] == [0, 2]
     assert ck.meta["optimizer"] == {"type": "Adam", "lr": 0.01, "t": {"0": 2, "1": 2}}
-    assert sorted(k for k in ck.keys() if k.startswith("optim/0.weight/")) == ["optim/0.weight/m", "optim/0.weight/step",
-                                                                                "optim/0.weight/v"]
+    assert sorted(k for k in ck.keys() if k.startswith("optim/0.weight/")) == [
+        "optim/0.weight/m",
+        "optim/0.weight/step",
+        "optim/0.weight/v",
+    ]
 
 
 def test_strategy_round_trip_with_replicated_stages(tmp_path):
     """DDP keeps a copy of every stage on every worker: one copy is reported and saved per stage."""
-    make = lambda: StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES["ddp"](2, 4, 2), 2, 2,  # noqa: E731
-                                     optimizer=nn.SGD(0.1, momentum=0.5))
+    def make():
+        return StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES["ddp"](2, 4, 2), 2, 2,
+                                 optimizer=nn.SGD(0.1, momentum=0.5))
+
     op = make()
     with VirtualCluster(2) as cluster:
         train(op, cluster, 2)
@@ -116,7 +121,8 @@ def test_timeline_round_trip_is_one_shard_every_device_loads(tmp_path):
     assert list(Checkpoint(tmp_path / "c").index["files"])[0].startswith("model.")
 
 
-@pytest.mark.parametrize("cuts_from, ranks_from, cuts_to, ranks_to", [([2], 2, [1, 2, 3], 4), ([1, 2, 3], 4, [2], 2)])
+@pytest.mark.parametrize("cuts_from, ranks_from, cuts_to, ranks_to",
+                         [([2], 2, [1, 2, 3], 4), ([1, 2, 3], 4, [2], 2)])
 def test_a_pipeline_checkpoint_recut_into_other_stages_trains_on_as_if_never_stopped(
         tmp_path, reference, cuts_from, ranks_from, cuts_to, ranks_to):
     op = pipe_op(cuts_from)
@@ -139,7 +145,9 @@ def test_a_pipeline_checkpoint_recut_into_other_stages_trains_on_as_if_never_sto
 
 
 @pytest.mark.parametrize("slots", [True, False], ids=["slot-files", "in-replies"])
-def test_a_device_killed_mid_run_resumes_on_a_new_cluster_with_the_fault_free_weights(caplog, monkeypatch, slots):
+def test_a_device_killed_mid_run_resumes_on_a_new_cluster_with_the_fault_free_weights(
+    caplog, monkeypatch, slots
+):
     """The driver copy lives in slot files no name points to (checkpoint/spill.py), or, when they
     cannot be made, comes with each step's replies: either way the kill costs only its step."""
     if not slots:
@@ -162,12 +170,18 @@ def test_a_device_killed_mid_run_resumes_on_a_new_cluster_with_the_fault_free_we
     assert op.step == 3
     mid = op.committed_state_dict()
     with caplog.at_level(logging.WARNING, logger="virtualpar.checkpoint"), VirtualCluster(2) as cluster:
-        assert train(op, cluster, 1)[0] == pytest.approx(float(np.mean([  # step 3's loss from step 3's weights
-            nn.mse_loss(_forward(mid, xm), ym) for xm, ym in zip(np.split(batch(3)[0], 2), np.split(batch(3)[1], 2))])),
+        # step 3's loss from step 3's weights
+        assert train(op, cluster, 1)[0] == pytest.approx(float(np.mean([
+            nn.mse_loss(_forward(mid, xm), ym) for xm,
+            ym in zip(np.split(batch(3)[0], 2), np.split(batch(3)[1], 2))])),
             rel=1e-12)
         train(op, cluster, 1)
         _equal(op.state_dict(cluster), want)
-    lines = [r.getMessage() for r in caplog.records if r.name == "virtualpar.checkpoint" and r.levelno >= logging.WARNING]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "virtualpar.checkpoint" and r.levelno >= logging.WARNING
+    ]
     assert lines == [f"resuming {op.key} from step 3 (the cluster that held it closed)"]
 
 
@@ -179,7 +193,9 @@ def _forward(weights: dict, x: np.ndarray) -> np.ndarray:
 
 def test_a_timeline_operation_resumes_after_a_kill(caplog):
     inputs, labels = example.synthetic(batch=4, length=12)
-    make = lambda: TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.Adam(0.05))  # noqa: E731
+    def make():
+        return TimelineParallel(example.SimpleRNN(2, 6, 2), microbatches=2, optimizer=nn.Adam(0.05))
+
     whole = make()
     with VirtualCluster(Mesh({"time": 2})) as cluster:
         want = [cluster.execute(whole, inputs, labels) for _ in range(4)]
@@ -196,7 +212,9 @@ def test_a_timeline_operation_resumes_after_a_kill(caplog):
     assert f"resuming {op.key} from step 2 (the cluster that held it closed)" in caplog.text
 
 
-def test_a_copy_of_an_operation_carries_its_committed_state_and_a_loaded_one_says_where_from(tmp_path, caplog):
+def test_a_copy_of_an_operation_carries_its_committed_state_and_a_loaded_one_says_where_from(
+    tmp_path, caplog
+):
     op = pipe_op([2])
     with VirtualCluster(2) as cluster:
         train(op, cluster, 2)
@@ -231,7 +249,8 @@ def test_without_a_driver_copy_the_newest_checkpoint_is_resumed_and_the_lost_ste
         train(op, cluster, 5 - op.step)
         _equal(op.state_dict(cluster), want)
     lines = [r.getMessage() for r in caplog.records if r.name == "virtualpar.checkpoint"]
-    assert lines == [f"resuming {op.key} from step 2 (the cluster that held it closed; checkpoint {tmp_path / 'c'}, "
+    assert lines == [f"resuming {op.key} from step 2 (the cluster that held it closed; "
+                     f"checkpoint {tmp_path / 'c'}, "
                      "1 committed steps are redone)"]
 
 
@@ -243,7 +262,8 @@ def test_an_operation_whose_state_is_lost_raises_rather_than_starting_again():
         with pytest.raises(DeviceDied):
             cluster.execute(op, *batch(2))
     with VirtualCluster(2) as cluster, pytest.raises(
-            ResumeError, match=rf"{op.key} committed 2 steps and the cluster that held it closed, but no copy"):
+            ResumeError,
+            match=rf"{op.key} committed 2 steps and the cluster that held it closed, but no copy"):
         cluster.execute(op, *batch(2))
 
 

@@ -85,7 +85,8 @@ def test_a_piece_of_another_dtype_or_shape_is_refused():
 
 
 def _one_shard(path):
-    write_checkpoint(path, {"stage1": {"a": np.arange(3.0), "b": np.ones(2), "c": np.zeros(4)}}, step=2, layout={})
+    write_checkpoint(path, {"stage1": {"a": np.arange(3.0), "b": np.ones(2), "c": np.zeros(4)}}, step=2,
+                     layout={})
     (name,) = json.loads((path / INDEX).read_text())["files"]
     return name
 
@@ -105,7 +106,8 @@ def test_a_truncated_shard_is_refused_with_its_name_and_sizes(tmp_path):
     size = os.path.getsize(tmp_path / name)
     with open(tmp_path / name, "r+b") as f:
         f.truncate(size - 10)
-    with pytest.raises(CheckpointError, match=rf"shard file {name} is truncated \(expected {size} bytes, found "
+    with pytest.raises(CheckpointError,
+                       match=rf"shard file {name} is truncated \(expected {size} bytes, found "
                                               rf"{size - 10}\)"):
         Checkpoint(tmp_path).tensor("a")
 
@@ -121,9 +123,11 @@ def test_a_corrupted_shard_is_refused_by_its_hash(tmp_path):
 
 def test_a_shard_with_fewer_arrays_than_recorded_is_refused(tmp_path):
     name = _one_shard(tmp_path)
-    np.savez(tmp_path / name, a0=np.arange(3.0), a1=np.ones(2))  # (savez adds no suffix to a name ending .npz)
+    # (savez adds no suffix to a name ending .npz)
+    np.savez(tmp_path / name, a0=np.arange(3.0), a1=np.ones(2))
     _fix_index(tmp_path, name)
-    with pytest.raises(CheckpointError, match=rf"shard file {name} is truncated \(expected 3 arrays, read 2\)"):
+    with pytest.raises(CheckpointError,
+                       match=rf"shard file {name} is truncated \(expected 3 arrays, read 2\)"):
         Checkpoint(tmp_path).tensor("a")
 
 
@@ -200,7 +204,8 @@ def test_a_writer_killed_before_its_commit_leaves_the_old_checkpoint_and_the_nex
         import os, numpy as np
         from virtualpar.checkpoint import write_checkpoint
         os.replace = lambda *a: os._exit(3)
-        write_checkpoint({str(path)!r}, {{"stage0": {{"model/0.weight": np.zeros((3, 4))}}}}, step=9, layout={{}})
+        write_checkpoint({str(path)!r}, {{"stage0": {{"model/0.weight": np.zeros((3, 4))}}}},
+                         step=9, layout={{}})
     """)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
@@ -217,7 +222,8 @@ def test_a_writer_killed_before_its_commit_leaves_the_old_checkpoint_and_the_nex
 def test_pieces_from_the_index_can_name_a_box_in_a_larger_tensor(tmp_path):
     """A Piece whose offset is given lands there: two row blocks written as two pieces of one shard each."""
     full = np.arange(10, dtype=np.int32)
-    write_checkpoint(tmp_path / "c", {"a": {"v": Piece(full[5:], (5,), (10,))}, "b": {"v": Piece(full[:5], (0,), (10,))}},
+    write_checkpoint(tmp_path / "c",
+                     {"a": {"v": Piece(full[5:], (5,), (10,))}, "b": {"v": Piece(full[:5], (0,), (10,))}},
                      step=0, layout={})
     assert np.array_equal(Checkpoint(tmp_path / "c").tensor("v"), full)
 
@@ -240,13 +246,18 @@ def test_a_state_split_over_tensor_parallel_shards_recuts_into_another_degree(tm
             s = 2 * dp + tp
             names[s] = {"w": ("w", cols(tp, 2)), "b": "b"}
             stages[s] = StageState({"w": w[cols(tp, 2)], "b": b},
-                                   {"t": 3, "lr": 0.5, "state": {"w": {"m": m[cols(tp, 2)], "step": np.array(3)}}})
-    shards, meta = to_shards(TrainingState(3, stages), names, lambda s: f"rank{s}", Adam(), {"w": (3, 8), "b": (8,)})
+                                   {"t": 3, "lr": 0.5,
+                                    "state": {"w": {"m": m[cols(tp, 2)], "step": np.array(3)}}})
+    shards, meta = to_shards(TrainingState(3, stages), names, lambda s: f"rank{s}", Adam(),
+                             {"w": (3, 8), "b": (8,)})
     assert list(shards["rank0"]) == ["model/w", "optim/w/m", "optim/w/step", "model/b"]
     assert list(shards["rank1"]) == ["model/w", "optim/w/m"] and shards["rank2"] == shards["rank3"] == {}
     write_checkpoint(tmp_path / "c", shards, step=3, layout={"dp": 2, "tp": 2}, meta=meta)
     ck = Checkpoint(tmp_path / "c")
-    assert [p["box"] for p in ck.index["tensors"]["model/w"]["pieces"]] == [[[0, 3], [0, 4]], [[0, 3], [4, 8]]]
+    assert [p["box"] for p in ck.index["tensors"]["model/w"]["pieces"]] == [
+        [[0, 3], [0, 4]],
+        [[0, 3], [4, 8]],
+    ]
     target = {i: {"w": ("w", cols(i, 4)), "b": "b"} for i in range(4)}
     got = from_checkpoint(ck, target, {"w": w, "b": b}, Adam())
     assert got.step == 3

@@ -29,7 +29,9 @@ def test_tour_checks_every_collective_and_writes_a_trace(tmp_path):
     assert f"{expected_rows} of {expected_rows} collective runs match numpy" in text
     assert "bytes moved" in text and "modelled" in text and str(trace_path) in text
     doc = json.loads(trace_path.read_text())
-    names = [e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"]
+    names = [
+        e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"
+    ]
     assert "device 3 (dp=1, tp=1)" in names
     # ring all_reduce of a 4x6 float32 array (M = 96 B) in groups of n = 2 moves 2(n-1)/n * M per
     # device, on all 4 devices; direct moves (n-1) * M per device
@@ -63,7 +65,8 @@ def test_the_tour_runs_on_any_mesh_of_two_devices_or_more(tmp_path, monkeypatch)
 
 def test_cli_entry_point_and_module_run(tmp_path):
     assert main(["tour", "--trace", str(tmp_path / "t.json")]) == 0
-    version = subprocess.run([sys.executable, "-m", "virtualpar", "--version"], capture_output=True, text=True)
+    version = subprocess.run([sys.executable, "-m", "virtualpar", "--version"], capture_output=True,
+                             text=True)
     assert version.returncode == 0 and "virtualpar" in version.stdout
 
 
@@ -71,20 +74,28 @@ def test_run_command_runs_a_scripts_function_on_every_device(tmp_path):
     script = tmp_path / "step.py"
     script.write_text("import numpy as np\n\nlimit = 3\n\ndef step(dev):\n"
                       "    return float(dev.all_reduce(np.full(2, dev.index.tp + 1.0), group='tp')[0])\n")
-    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "--mesh", "dp=2,tp=2"],
+    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "--mesh",
+                           "dp=2,tp=2"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 4 and all(": 3.0" in line for line in lines)
-    bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:nope"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:nope"], capture_output=True,
+                         text=True, timeout=120)
     assert bad.returncode != 0 and "has no function 'nope'; its functions: ['step']" in bad.stderr
-    value = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:limit"], capture_output=True,
-                           text=True, timeout=120)  # it said "has no function 'limit'", which it has, as an int
-    assert value.returncode != 0 and "defines 'limit' as int, not a function; its functions: ['step']" in value.stderr
+    value = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:limit"],
+                           capture_output=True,
+                           # it said "has no function 'limit'", which it has, as an int
+                           text=True, timeout=120)
+    assert (
+        value.returncode != 0
+        and "defines 'limit' as int, not a function; its functions: ['step']" in value.stderr
+    )
     mpi = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", f"{script}:step"],
                          capture_output=True, text=True, timeout=120)
-    assert mpi.returncode == 2 and f"(to run step(dev) from {script} on every device, drop --mpi)" in mpi.stderr
+    assert (
+        mpi.returncode == 2 and f"(to run step(dev) from {script} on every device, drop --mpi)" in mpi.stderr
+    )
 
 
 def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own_errors(tmp_path, capsys):
@@ -101,24 +112,28 @@ def test_run_says_what_a_script_target_is_missing_and_shows_only_the_scripts_own
 
     step = tmp_path / "step.py"
     step.write_text("import numpy as np\nfrom os import path\n\ndef step(dev):\n    return 1\n")
-    assert fails(str(step)).endswith(f"got {str(step)!r}; {step} defines step: e.g. virtualpar run {step}:step")
+    assert fails(str(step)).endswith(f"got {str(step)!r}; {step} defines step: e.g. "
+                                     f"virtualpar run {step}:step")
     assert "there is no file 'missing.py'" in fails("missing.py")
     syntax = tmp_path / "syntax.py"
     syntax.write_text("def step(dev)\n    pass\n")
     shown = fails(f"{syntax}:step")
-    assert shown.startswith(f"virtualpar run: importing {syntax} failed:") and shown.endswith("SyntaxError: expected ':'")
+    assert shown.startswith(f"virtualpar run: importing {syntax} "
+                            "failed:") and shown.endswith("SyntaxError: expected ':'")
     raising = tmp_path / "raising.py"
     raising.write_text("import json\n\njson.loads('{')\n\ndef step(dev):\n    pass\n")
     shown = fails(f"{raising}:step")
     assert f'File "{raising}", line 3, in <module>' in shown and "JSONDecodeError" in shown
-    assert "importlib" not in shown and "commands/run.py" not in shown  # the script's frames, not ours
+    assert "importlib" not in shown and "virtualpar/commands" not in shown  # the script's frames, not ours
 
 
 def test_run_argument_mistakes_name_what_is_wrong_with_the_full_usage(tmp_path, capsys):
     step = tmp_path / "step.py"
     step.write_text("def step(dev):\n    return 1\n")
-    for argv, said in ((["run"], "the following arguments are required: target\n"),  # not "target, script_args"
-                       (["run", str(step), "--mpi", "-n", "4"], "--mpi goes before FILE.py"),  # was "unrecognized"
+    # not "target, script_args"
+    for argv, said in ((["run"], "the following arguments are required: target\n"),
+                       # was "unrecognized"
+                       (["run", str(step), "--mpi", "-n", "4"], "--mpi goes before FILE.py"),
                        (["run", f"{step}:step", "-n", "0"], "argument -n: must be an int >= 1, got 0")):
         try:
             code = main(argv)
@@ -126,7 +141,8 @@ def test_run_argument_mistakes_name_what_is_wrong_with_the_full_usage(tmp_path, 
             code = exc.code
         err = capsys.readouterr().err
         assert code == 2 and said in err, (argv, err)
-        assert "[--mpi]" in err and "[--trace FILE.json]" in err, err  # the whole usage, not the late options'
+        # the whole usage, not the late options'
+        assert "[--mpi]" in err and "[--trace FILE.json]" in err, err
 
 
 def test_run_takes_the_op_timeout(tmp_path, capsys):
@@ -140,10 +156,13 @@ def test_run_takes_the_op_timeout(tmp_path, capsys):
         assert "argument --timeout: must be a number of seconds > 0" in capsys.readouterr().err
 
 
-_UNSAFE_RING = ("import numpy as np\n\ndef ring(dev):\n    right, left = (dev.rank + 1) % dev.size, (dev.rank - 1) % dev.size\n"
+_UNSAFE_RING = ("import numpy as np\n\ndef ring(dev):\n    right, left = (dev.rank + 1) % dev.size, "
+                "(dev.rank - 1) % dev.size\n"
                 "    dev.send(np.full(1000, float(dev.rank)), right)\n    return float(dev.recv(left)[0])\n")
-_UNSAFE_MPI = ("from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\nr, n = comm.Get_rank(), comm.Get_size()\n"
-               "comm.send(np.full(1000, float(r)), dest=(r + 1) % n)\nprint(comm.recv(source=(r - 1) % n)[0])\n")
+_UNSAFE_MPI = ("from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\nr, n = "
+               "comm.Get_rank(), comm.Get_size()\n"
+               "comm.send(np.full(1000, float(r)), dest=(r + 1) % "
+               "n)\nprint(comm.recv(source=(r - 1) % n)[0])\n")
 
 
 @pytest.mark.parametrize("mpi", [False, True])
@@ -159,7 +178,10 @@ def test_run_in_strict_mode_names_the_deadlock_that_buffering_hides(tmp_path, ca
     capsys.readouterr()
     assert main(["run", "-n", "3", "--eager-limit", "0", *target]) == 1
     err = capsys.readouterr().err
-    assert "Deadlock: deadlock (a cycle of waits): device 0 waits send to 1 (tag 0) ← device 1 waits send to 2" in err
+    assert (
+        "Deadlock: deadlock (a cycle of waits): device 0 waits send to 1 (tag 0) ← device 1 waits send to 2"
+        in err
+    )
     assert main(["run", "-n", "3", "--eager-limit", "16384", *target]) == 0  # 8000 bytes: eager again
     for option, bad in (("--eager-limit", "-1"), ("--shuffle", "x")):
         with pytest.raises(SystemExit):
@@ -179,32 +201,40 @@ def test_run_under_mpiexec_refuses_the_emulators_modes(tmp_path, capsys, monkeyp
 
 def test_run_models_a_cluster_beyond_one_node_and_names_user_errors(tmp_path):
     script = tmp_path / "step.py"
-    script.write_text("import numpy as np\n\ndef step(dev):\n    return float(dev.all_reduce(np.ones(2))[0])\n\n"
+    script.write_text("import numpy as np\n\ndef step(dev):\n    return "
+                      "float(dev.all_reduce(np.ones(2))[0])\n\n"
                       "def bad(dev):\n    return dev.index.tp\n")
     big = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "12"],
                          capture_output=True, text=True, timeout=120)
     assert big.returncode == 0, big.stderr  # 12 devices: more than a node, not whole nodes: the mesh's links
     assert big.stdout.count(": 12.0") == 12
-    bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:bad"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:bad"], capture_output=True,
+                         text=True, timeout=120)
     assert bad.returncode == 1
     # the user's mistake, named as one (it read "raised AttributeError in virtualpar code (mesh/index.py)")
     assert bad.stderr.rstrip().splitlines()[-1].startswith("virtualpar run: UnknownAxisError: device ")
-    assert "unknown mesh axis 'tp'" in bad.stderr and 'step.py", line 7, in bad' in bad.stderr  # remote traceback
+    # remote traceback
+    assert "unknown mesh axis 'tp'" in bad.stderr and 'step.py", line 7, in bad' in bad.stderr
     wrong = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "12",
                             "--hardware", "h100-node"], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
-    assert "virtualpar run: MeshError: hardware 'h100-node' is a single node of at most 8 devices" in wrong.stderr
+    assert (
+        "virtualpar run: MeshError: hardware 'h100-node' is a single node of at most 8 devices"
+        in wrong.stderr
+    )
     sixteen = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "16"],
                              capture_output=True, text=True, timeout=120)
     assert sixteen.returncode == 0 and sixteen.stdout.count(": 16.0") == 16, sixteen.stderr  # two 8-GPU nodes
 
 
 @pytest.mark.parametrize("argv, option", [
-    (["pipeline", "--steps", "0"], "--steps"),  # was: "has not run on this cluster, so it holds none of its weights"
-    (["pipeline", "--batch", "0"], "--batch"),  # was: "(nothing ran)" and "matches single-process training: yes"
+    # was: "has not run on this cluster, so it holds none of its weights"
+    (["pipeline", "--steps", "0"], "--steps"),
+    # was: "(nothing ran)" and "matches single-process training: yes"
+    (["pipeline", "--batch", "0"], "--batch"),
     (["pipeline", "--microbatches", "-1"], "--microbatches"),
-    (["schedule", "1f1b", "--stages", "0"], "--stages"),  # was: "ranks must be a positive int", an option nobody typed
+    # was: "ranks must be a positive int", an option nobody typed
+    (["schedule", "1f1b", "--stages", "0"], "--stages"),
     (["schedule", "1f1b", "--virtual", "0"], "--virtual"),
     (["strategy", "ddp", "--workers", "0"], "--workers"),
     (["strategy", "ddp", "--max-activations", "x"], "--max-activations"),
@@ -219,11 +249,16 @@ def test_a_count_below_one_is_refused_naming_its_option(argv, option, capsys):
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["run", "s.py:f", "--mesh", "dp=2,dp=2"], "argument --mesh: mesh axis 'dp' is given twice"),  # was dp=2, silently
-    (["run", "s.py:f", "--mesh", "dp=0"], "argument --mesh: mesh axis 'dp' has size 0"),  # was "invalid parse_mesh value"
-    (["tour", "--trace", "/nonexistent/t.json"], "argument --trace: cannot write '/nonexistent/t.json': the folder /nonexistent does not exist"),
-    (["run", "s.py:f", "--trace", "/nonexistent/t.json"], "argument --trace: cannot write"),  # was a traceback after the run
-    (["policies", "--explore", "-1"], "argument --explore: must be an int >= 1, got -1"),  # printed nothing, exit 0
+    # was dp=2, silently
+    (["run", "s.py:f", "--mesh", "dp=2,dp=2"], "argument --mesh: mesh axis 'dp' is given twice"),
+    # was "invalid parse_mesh value"
+    (["run", "s.py:f", "--mesh", "dp=0"], "argument --mesh: mesh axis 'dp' has size 0"),
+    (["tour", "--trace", "/nonexistent/t.json"],
+     "argument --trace: cannot write '/nonexistent/t.json': the folder /nonexistent does not exist"),
+    # was a traceback after the run
+    (["run", "s.py:f", "--trace", "/nonexistent/t.json"], "argument --trace: cannot write"),
+    # printed nothing, exit 0
+    (["policies", "--explore", "-1"], "argument --explore: must be an int >= 1, got -1"),
 ])
 def test_a_bad_option_is_refused_before_any_work(argv, said, capsys):
     with pytest.raises(SystemExit) as info:
@@ -239,7 +274,8 @@ def test_ctrl_c_ends_a_run_in_one_line_and_leaves_nothing_behind(tmp_path):
     import time
 
     script = tmp_path / "step.py"
-    script.write_text("import time\n\ndef sleepy(dev):\n    print('started', flush=True)\n    time.sleep(1000)\n")
+    script.write_text("import time\n\ndef sleepy(dev):\n    print('started', "
+                      "flush=True)\n    time.sleep(1000)\n")
     before = set(os.listdir("/dev/shm"))
     # a shell that started pytest in the background hands it SIGINT ignored, and Python keeps an
     # ignored SIGINT ignored: the child gets the default back, as it has when started from a terminal
@@ -260,7 +296,8 @@ def test_run_timeout_ends_a_run_whose_devices_are_busy_in_their_own_code(tmp_pat
     """No op times out while every device sleeps in the user's function: only a run timeout can end it."""
     script = tmp_path / "step.py"
     script.write_text("import time\n\ndef sleepy(dev):\n    time.sleep(1000)\n")
-    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:sleepy", "-n", "2", "--run-timeout", "2"],
+    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:sleepy", "-n", "2",
+                           "--run-timeout", "2"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "virtualpar run: RunTimeout" in done.stderr
     assert 'step.py", line 4, in sleepy' in done.stderr  # where each device was

@@ -20,7 +20,8 @@ WIDTH = 100
 # a raw Python value or a unit spelt another way: "us", 1.6e-05, np.float64(...), {'F': 1.0}, [4, 3]
 RAW = re.compile(r"\d us\b|\d(\.\d+)?e-\d\d|np\.\w+\(|\{'|\[\d+(, \d+)+\]")
 
-SCRIPT = "import numpy as np\n\ndef step(dev):\n    return dev.all_reduce(np.ones(1000, np.float32) * dev.rank).sum()\n"
+SCRIPT = ("import numpy as np\n\ndef step(dev):\n"
+          "    return dev.all_reduce(np.ones(1000, np.float32) * dev.rank).sum()\n")
 
 
 def _out(argv: list[str], capsys) -> str:
@@ -108,7 +109,8 @@ def test_every_command_has_json():
                                               "doctor", "lab list", "lab check"}
 
 
-@pytest.mark.parametrize("argv", [["schedule", "zb_h1"], ["strategy", "cuckoo"], ["lab", "list"]], ids=" ".join)
+@pytest.mark.parametrize("argv", [["schedule", "zb_h1"], ["strategy", "cuckoo"], ["lab", "list"]],
+                         ids=" ".join)
 def test_json_is_one_object_on_stdout(argv, capsys):
     assert isinstance(json.loads(_out([*argv, "--json"], capsys)), (dict, list))
 
@@ -124,11 +126,13 @@ def test_run_json_reports_every_device(script, capsys):
 # -- usage errors: exit 2 ---------------------------------------------------------------------------
 
 #: What each command needs before its options (a valid value), and a refused one.
-POSITIONAL = {("schedule",): ("1f1b", "nope"), ("strategy",): ("gpipe", "nope"), ("pipeline",): ("1f1b", "nope"),
+POSITIONAL = {("schedule",): ("1f1b", "nope"), ("strategy",): ("gpipe", "nope"),
+              ("pipeline",): ("1f1b", "nope"),
               ("run",): ("prog.py:step", "missing.py:step"), ("lab", "start"): ("ring-allreduce", "nope"),
               ("lab", "check"): ("ring-allreduce", "nope")}
 #: A value each option type refuses.
-BAD = {"positive_int": "0", "natural_int": "-1", "positive_float": "0", "positive_number": "-1", "parse_mesh": "dp=x",
+BAD = {"positive_int": "0", "natural_int": "-1", "positive_float": "0", "positive_number": "-1",
+       "parse_mesh": "dp=x",
        "parse_costs": "Q=1", "table_width": "10", "output_file": "/nonexistent-dir/x.json",
        "png_file": "picture.svg", "_shape": "a,b", "int": "x"}
 #: Options that take any text: checked after parsing, below, or a folder to create.

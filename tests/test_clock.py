@@ -156,7 +156,8 @@ def test_advance_to_never_goes_back():
 
 # --- collectives driven by hand --------------------------------------------------------------------
 
-def ring_all_reduce(c: list[DeviceClock], nbytes: float, reduce_flops: float = 0.0, shuffle: int | None = None) -> None:
+def ring_all_reduce(c: list[DeviceClock], nbytes: float, reduce_flops: float = 0.0,
+                    shuffle: int | None = None) -> None:
     """2(n-1) steps: every device sends a chunk right, then receives one from its left (and reduces it)."""
     n = len(c)
     chunk = nbytes / n
@@ -236,7 +237,8 @@ def test_binomial_broadcast_async_costs_the_tree_depth(n):
     binomial_broadcast(c, M, blocking=False)
     for r, clock in enumerate(c):
         assert clock.now == pytest.approx(bin(r).count("1") * (A + M / B), rel=REL)
-    assert max(x.now for x in c) == pytest.approx(analytic.tree_broadcast(n, M, A, B, concurrent=True), rel=REL)
+    assert max(x.now for x in c) == pytest.approx(analytic.tree_broadcast(n, M, A, B, concurrent=True),
+                                                  rel=REL)
 
 
 def two_shot_all_reduce(c: list[DeviceClock], nbytes: float, blocking: bool) -> None:
@@ -255,7 +257,8 @@ def two_shot_all_reduce(c: list[DeviceClock], nbytes: float, blocking: bool) -> 
                 for i in range(n):
                     c[i].advance_to(arrivals[i])
         else:
-            stamps = {(i, (i + s) % n): c[i].on_send((i + s) % n, chunk) for i in range(n) for s in range(1, n)}
+            stamps = {(i, (i + s) % n): c[i].on_send((i + s) % n,
+                                                     chunk) for i in range(n) for s in range(1, n)}
             for i in range(n):
                 for s in range(1, n):
                     src = (i - s) % n
@@ -304,7 +307,8 @@ def test_bad_rank(rank):
 def test_numpy_sizes_are_accepted():
     s, r = clocks(Topology.fully_connected(2, latency=A, bandwidth=B))
     nbytes = np.zeros((4, 8), np.float32).nbytes
-    assert r.on_recv(0, np.int64(nbytes), s.on_send(1, np.int64(nbytes))) == pytest.approx(A + 128 / B, rel=REL)
+    assert r.on_recv(0, np.int64(nbytes),
+                     s.on_send(1, np.int64(nbytes))) == pytest.approx(A + 128 / B, rel=REL)
 
 
 def test_bad_messages():
@@ -367,7 +371,8 @@ def test_compute_refuses_what_is_not_an_amount_of_work():
                          (dict(flops="1e9"), "flops must be a finite number >= 0, got '1e9'"),
                          (dict(flops=True), "flops must be a finite number >= 0, got True"),
                          # inf made every later clock inf, and the trace's JSON invalid
-                         (dict(flops=float("inf")), r"device \d \(world=\d\): compute: flops must be a finite number >= 0, got inf"),
+                         (dict(flops=float("inf")),
+                          r"device \d \(world=\d\): compute: flops must be a finite number >= 0, got inf"),
                          (dict(bytes=np.float64("inf")), "bytes must be a finite number >= 0, got")):
             with pytest.raises(UsageError, match=said):
                 c.run(lambda d, kw=kw: d.compute(**kw))

@@ -31,8 +31,10 @@ def test_a_float16_average_does_not_overflow_where_its_mean_fits(algorithm):
 
 @pytest.mark.parametrize("x, op, said", [
     (np.array(["a", "bb"]), "sum", r"reduce op 'sum' is not defined on dtype <U2"),
-    (np.array(["2020-01-01"], "datetime64[D]"), "sum", r"reduce op 'sum' is not defined on dtype datetime64\[D\]"),
-    (np.array([1, 2], "timedelta64[s]"), "prod", r"reduce op 'prod' is not defined on dtype timedelta64\[s\]"),
+    (np.array(["2020-01-01"], "datetime64[D]"), "sum",
+     r"reduce op 'sum' is not defined on dtype datetime64\[D\]"),
+    (np.array([1, 2], "timedelta64[s]"), "prod",
+     r"reduce op 'prod' is not defined on dtype timedelta64\[s\]"),
     (np.array([True, False]), "avg", r"the average of bool values is not one"),
 ])
 def test_a_reduction_on_a_dtype_it_is_not_defined_on_is_refused_by_name(x, op, said):
@@ -43,8 +45,10 @@ def test_a_reduction_on_a_dtype_it_is_not_defined_on_is_refused_by_name(x, op, s
             with pytest.raises(UsageError, match=rf"device \d \(world=\d\): all_reduce on group .*: {said}"):
                 c.run(lambda dev: dev.all_reduce(x, op=op, algorithm=algorithm))
         ok = c.run(lambda dev: dev.all_reduce(np.array([1, 2], "timedelta64[s]"), op="max"))
-        one = c.run(lambda dev: dev.all_reduce(np.array([dev.rank + 1], "timedelta64[s]")))  # failed inside shm
-        late = c.run(lambda dev: dev.all_reduce(np.array([f"2020-01-0{dev.rank + 1}"], "datetime64[D]"), op="max"))
+        # failed inside shm
+        one = c.run(lambda dev: dev.all_reduce(np.array([dev.rank + 1], "timedelta64[s]")))
+        late = c.run(lambda dev: dev.all_reduce(np.array([f"2020-01-0{dev.rank + 1}"], "datetime64[D]"),
+                                                op="max"))
     assert ok[0].tolist() == np.array([1, 2], "timedelta64[s]").tolist()
     assert one[0] == np.array([6], "timedelta64[s]") and late[0] == np.array(["2020-01-03"], "datetime64[D]")
 
@@ -59,14 +63,16 @@ def test_one_call_spelled_two_ways_is_one_call():
         return piece.tolist(), dev.all_reduce(np.ones(2), op=op).tolist()
 
     with VirtualCluster(2, timeout=TIMEOUT) as c:
-        assert c.run(spelled) == [([[0.0, 1.0], [2.0, 3.0]], [2.0, 2.0]), ([[4.0, 5.0], [6.0, 7.0]], [2.0, 2.0])]
+        assert c.run(spelled) == [([[0.0, 1.0], [2.0, 3.0]], [2.0, 2.0]),
+                                  ([[4.0, 5.0], [6.0, 7.0]], [2.0, 2.0])]
         with pytest.raises(CollectiveMismatch):  # a real difference is still one
             c.run(lambda dev: dev.all_reduce(np.ones(2), op="sum" if dev.rank else "max"))
 
 
 @pytest.mark.parametrize("call, said", [
     (lambda dev: dev.all_reduce(np.ones(2), algorithm=["ring"]), r"unknown algorithm \['ring'\]"),
-    (lambda dev: dev.broadcast(np.ones(2), root=1.0), r"root=1.0 is not an int; root is a position in the group, 0..1"),
+    (lambda dev: dev.broadcast(np.ones(2), root=1.0),
+     r"root=1.0 is not an int; root is a position in the group, 0..1"),
     (lambda dev: dev.all_reduce(np.ones(2), op="SUM"), r"all_reduce on group .*: unknown reduce op 'SUM'"),
     (lambda dev: dev.all_reduce(np.ones(2), timeout="5"), r"timeout must be"),
     (lambda dev: dev.all_reduce(np.ones(2), timeout=True), r"timeout must be"),
@@ -84,7 +90,8 @@ def test_a_structured_array_is_refused_as_what_it_is():
 
     rec = np.zeros(2, dtype=[("a", "f8"), ("b", "i4")])
     with VirtualCluster(2, timeout=TIMEOUT) as c:
-        with pytest.raises(PayloadError, match=r"arrays of a structured dtype .* send\(\) and recv\(\) move them pickled"):
+        with pytest.raises(PayloadError,
+                           match=r"arrays of a structured dtype .* send\(\) and recv\(\) move them pickled"):
             c.run(lambda dev: dev.all_gather(rec))
         got = c.run(lambda dev: (dev.send(rec, 1 - dev.rank), dev.recv(1 - dev.rank))[1])
     assert all(g.dtype == rec.dtype for g in got)
@@ -98,26 +105,32 @@ def test_a_direct_all_reduce_the_machine_cannot_hold_is_refused_before_it_moves_
     from virtualpar.collectives import direct
     monkeypatch.setattr(direct, "MACHINE_BYTES", 1 << 20)
     with VirtualCluster(4, timeout=TIMEOUT) as c:
-        with pytest.raises(UsageError, match=r"device \d \(world=\d\): all_reduce on group .*: algorithm 'direct' would "
+        with pytest.raises(UsageError,
+                           match=r"device \d \(world=\d\): all_reduce on group .*: algorithm 'direct' would "
                                              r"hold ~2.2 MiB at once \(each of 4 devices keeps 3 arrays "
-                                             r"of 65536 bytes .* more than 80% of this machine's 1.0 MiB; use the default"):
+                                             r"of 65536 bytes .* more than 80% of this machine's "
+                                             r"1.0 MiB; use the default"):
             c.run(lambda dev: dev.all_reduce(np.ones(8192), algorithm="direct"))
         small = c.run(lambda dev: dev.all_reduce(np.ones(1), algorithm="direct"))
         large = c.run(lambda dev: dev.all_reduce(np.ones(8192)))
     assert [s.tolist() for s in small] == [[4.0]] * 4
     assert all((y == 4).all() for y in large)
-    assert direct.HELD_PER_TERM * 128 * 127 * (512 << 10) > 0.8 * (24 << 30)  # the case that was killed is refused
+    # the case that was killed is refused
+    assert direct.HELD_PER_TERM * 128 * 127 * (512 << 10) > 0.8 * (24 << 30)
     # the groups of a mesh axis call together: pairs on 4 devices hold 3 * 4 * 1 * 64 KiB = 768 KiB in all
     monkeypatch.setattr(direct, "MACHINE_BYTES", 800 << 10)
     with VirtualCluster(Mesh({"a": 2, "b": 2}), timeout=TIMEOUT) as c:
-        with pytest.raises(UsageError, match=r"on group b=.*would hold ~0.8 MiB at once \(each of 4 devices keeps 1 array "):
+        with pytest.raises(UsageError,
+                           match=r"on group b=.*would hold ~0.8 MiB at once \(each of 4 "
+                                 r"devices keeps 1 array "):
             c.run(lambda dev: dev.all_reduce(np.ones(8192), group="b", algorithm="direct"))
 
 
 @pytest.mark.parametrize("files, limit", [
     ({"/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/memory.max": "1073741824\n"}, 1 << 30),  # v2
     ({"/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/memory.max": "max\n"}, None),  # v2, no limit
-    ({"/proc/self/cgroup": "4:memory:/api/x\n1:cpu:/\n", "/sys/fs/cgroup/memory/api/x/memory.limit_in_bytes": "2147483648"},
+    ({"/proc/self/cgroup": "4:memory:/api/x\n1:cpu:/\n",
+      "/sys/fs/cgroup/memory/api/x/memory.limit_in_bytes": "2147483648"},
      2 << 30),  # v1
     ({}, None),  # no /proc
 ])

@@ -48,7 +48,8 @@ def test_a_bar_draws_on_a_terminal_only(monkeypatch):
         b(4)  # the total, once known
         for _ in range(4):
             b()
-    assert "candidates run" in tty.getvalue() and "0/4" in tty.getvalue()  # (tqdm redraws at most every 0.1 s)
+    # (tqdm redraws at most every 0.1 s)
+    assert "candidates run" in tty.getvalue() and "0/4" in tty.getvalue()
 
 
 def test_policies_shows_progress_on_a_terminal_and_nothing_otherwise(capsys, monkeypatch):
@@ -70,8 +71,8 @@ def test_policies_table_fits_the_width_in_one_spelling_of_units(capsys):
     assert max(len(line) for line in out) <= 100
     assert not [line for line in out if " us" in line or "e-0" in line or "e+0" in line]
     head = next(line for line in out if line.startswith("policy"))
-    assert head.split() == ["policy", "ok", "model", "estimate", "sent/dev", "FLOP/dev", "peak/dev", "host", "in",
-                            "host", "out", "wall"]
+    assert head.split() == ["policy", "ok", "model", "estimate", "sent/dev", "FLOP/dev", "peak/dev", "host",
+                            "in", "host", "out", "wall"]
     # row: 64x32 @ 32x48 float32 sharded on the inner dim over 4 devices, each all_reduces its 64x48
     # partial C by ring: 2(p-1)/p of 12 KiB = 18 KiB sent per device; 2·64·8·48 = 49,152 FLOPs each
     row = next(line for line in out if line.startswith("row "))
@@ -123,10 +124,12 @@ def test_gantt_labels_a_collective_by_name_or_initials_by_room():
     from virtualpar.trace.gantt import figure
 
     def ev(rank, kind, name, s, e):
-        return Event(rank, kind, name, s * MS, e * MS, s * MS, e * MS, group=(0, 1) if kind == "collective" else None)
+        return Event(rank, kind, name, s * MS, e * MS, s * MS, e * MS,
+                     group=(0, 1) if kind == "collective" else None)
 
     trace = Trace([ev(0, "compute", "compute", 0, 50), ev(0, "collective", "all_reduce", 50, 100),
-                   ev(1, "collective", "all_reduce", 50, 100), ev(0, "collective", "reduce_scatter", 100, 102),
+                   ev(1, "collective", "all_reduce", 50, 100),
+                   ev(0, "collective", "reduce_scatter", 100, 102),
                    ev(1, "collective", "broadcast", 102, 102.01)])
     fig = figure(trace)
     texts = [t.get_text() for t in fig.axes[0].texts]

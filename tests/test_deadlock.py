@@ -52,8 +52,12 @@ def test_pipeline_criss_cross():
         assert err.cycle == [1, 2]
 
 
-@pytest.mark.parametrize("any_source, waits", [(False, "device 0 waits recv from 1 (tag any) ← device 1 waits recv from 0 (tag any)"),
-                                                (True, "device 0 waits recv from any source (tag any) ← device 1 waits recv from any source (tag any)")])
+@pytest.mark.parametrize("any_source, waits",
+                         [(False,
+                           "device 0 waits recv from 1 (tag any) ← device 1 waits recv from 0 (tag any)"),
+                                                (True,
+                                                 "device 0 waits recv from any source (tag any) ← device 1 "
+                                                 "waits recv from any source (tag any)")])
 def test_receives_with_any_tag_are_named_not_timed_out(any_source, waits):
     """A receive with any tag published no wait ('OTHER'), so this classic waited the whole op
     timeout — and it is what an mpi4py program's comm.recv(source=p) does."""
@@ -69,8 +73,12 @@ def test_two_devices_in_wait_any_first_are_a_named_deadlock_and_a_slow_sender_is
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         err, took = _deadlock(c, fns.wait_any_first)
         assert took < WELL_BELOW
-        assert "device 0 waits any of several requests (wait_any) ← device 1 waits any of several requests" in str(err)
-        assert c.run(fns.wait_any_slow_sender, 0.5)[1] in (43.0, 34.0)  # whichever arrived first, then the other
+        assert (
+            "device 0 waits any of several requests (wait_any) ← device 1 waits any of several requests"
+            in str(err)
+        )
+        # whichever arrived first, then the other
+        assert c.run(fns.wait_any_slow_sender, 0.5)[1] in (43.0, 34.0)
 
 
 def test_two_devices_probing_first_are_a_named_deadlock():
@@ -133,7 +141,8 @@ def test_strict_mode_turns_an_unsafe_ring_into_a_named_deadlock(no_leaks):
     with VirtualCluster(3, timeout=TIMEOUT, eager_limit=0) as c:
         err, took = _deadlock(c, fns.ring_exchange, 64)
         assert took < WELL_BELOW
-        assert ("device 0 waits send to 1 (tag 3) ← device 1 waits send to 2 (tag 3) ← device 2 waits send to 0 (tag 3)"
+        assert ("device 0 waits send to 1 (tag 3) ← device 1 waits send to 2 (tag 3) ← device "
+                "2 waits send to 0 (tag 3)"
                 in str(err))
         assert "op #1 send to 1 tag=3 array(shape=(8,), float64)" in str(err)
 

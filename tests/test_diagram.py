@@ -18,10 +18,12 @@ WHOLE = {"F": 1, "B": 2}
 
 def _diagram(name: str, R: int, M: int, costs: dict, virtual: int | None = None) -> Diagram:
     sched, placement = build(name, R, M, virtual)
-    return Diagram.from_simulation(simulate(sched, placement, M, costs=costs), placement, f"{name} R={R} M={M}")
+    return Diagram.from_simulation(simulate(sched, placement, M, costs=costs), placement,
+                                   f"{name} R={R} M={M}")
 
 
-@pytest.mark.parametrize("name, costs, kinds", [("1f1b", WHOLE, "FB"), ("zb_h1", SPLIT, "FIW"), ("gpipe", WHOLE, "FB")])
+@pytest.mark.parametrize("name, costs, kinds",
+                         [("1f1b", WHOLE, "FB"), ("zb_h1", SPLIT, "FIW"), ("gpipe", WHOLE, "FB")])
 @pytest.mark.parametrize("R, M", [(1, 1), (2, 3), (4, 8), (5, 3)])
 def test_boxes_per_kind_per_rank_and_the_bubble(name, costs, kinds, R, M):
     d = _diagram(name, R, M, costs)
@@ -51,7 +53,9 @@ def test_chunks_label_interleaved_and_v_boxes():
     assert v.chunks == 2
     rank0 = {(b.stage, b.chunk) for b in v.boxes if b.rank == 0}
     assert rank0 == {(0, 0), (3, 1)}  # the V: rank 0 holds the first and the last stage
-    assert {b.label for b in v.boxes if b.rank == 0 and b.stage == 3 and b.kind == "F"} == {f"{m}c1" for m in range(4)}
+    assert {b.label for b in v.boxes if b.rank == 0 and b.stage == 3 and b.kind == "F"} == {
+        f"{m}c1" for m in range(4)
+    }
     one = _diagram("1f1b", 2, 2, WHOLE)
     assert one.chunks == 1 and {b.label for b in one.boxes} == {"0", "1"}
 

@@ -67,7 +67,8 @@ def test_a_segment_left_behind_is_a_failure(monkeypatch):
 def test_the_tour_and_run_pick_hardware_for_the_mesh_size():
     from virtualpar.commands._args import default_hardware
 
-    assert [default_hardware(None, n) for n in (4, 8, 16, 64, 12)] == ["h100-node", "h100-node", "h100-cluster",
+    assert [default_hardware(None, n) for n in (4, 8, 16, 64, 12)] == ["h100-node", "h100-node",
+                                                                       "h100-cluster",
                                                                          "h100-cluster", None]
     assert default_hardware("laptop", 64) == "laptop"  # the tour at 64 devices said h100-node holds at most 8
 
@@ -151,7 +152,8 @@ def test_each_kind_of_failed_import_names_its_fix():
     assert _cause(ModuleNotFoundError("No module named 'scipy'", name="scipy"), reqs) == (
         "FAIL", 'scipy is missing, a requirement of virtualpar: python -m pip install "scipy>=1.11"')
     status, why = _cause(ModuleNotFoundError("No module named 'sklearn'", name="sklearn"), reqs)
-    assert status == "FAIL" and "virtualpar does not declare it" in why and why.endswith("pip install sklearn")
+    assert status == "FAIL" and "virtualpar does not declare it" in why and why.endswith("pip install "
+                                                                                         "sklearn")
     status, why = _cause(ModuleNotFoundError("nope", name="matplotlib.pyplot"), reqs)
     assert status == "WARN" and "PNG timelines" in why and 'pip install "virtualpar[viz]"' in why
     try:  # how virtualpar.mpi.device says it: its own message, mpi4py's ImportError as the cause
@@ -177,5 +179,7 @@ def test_without_pytest_the_plugin_is_a_warning_not_a_failure(tmp_path):
     got = _doctor_in_subprocess("sys.modules['pytest'] = None", tmp_path)
     assert got.returncode == 0, got.stdout + got.stderr
     (imports,) = _lines(got.stdout, "imports")
-    assert imports.startswith("WARN") and "import virtualpar.testing.plugin failed: pytest is missing" in imports
+    assert (
+        imports.startswith("WARN") and "import virtualpar.testing.plugin failed: pytest is missing" in imports
+    )
     assert 'python -m pip install "virtualpar[test]"' in imports

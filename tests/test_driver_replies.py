@@ -29,7 +29,8 @@ def _device_only_class(dev, path):
 def test_a_reply_the_driver_cannot_load_is_that_devices_error_and_the_pipes_stay_in_step(tmp_path):
     (tmp_path / "vp_device_only_module.py").write_text("class Thing:\n    pass\n")
     with VirtualCluster(2) as cluster:
-        with pytest.raises(PayloadError, match=r"device 0 \(world=0\): its reply to .* cannot be unpickled in the "
+        with pytest.raises(PayloadError,
+                           match=r"device 0 \(world=0\): its reply to .* cannot be unpickled in the "
                                                r"driver \(ModuleNotFoundError"):
             cluster.run(_device_only_class, str(tmp_path))
         for i in range(2):  # every later run answers for itself, not for the one before
@@ -53,7 +54,8 @@ def test_a_round_interrupted_in_the_driver_closes_the_cluster():
             name = cluster._arena.name
             held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
                     if os.path.exists(f"/proc/self/fd/{fd}")]
-            assert not [h for h in held if name in h]  # the interrupted frames' views kept it mapped (plugin: leaked fd)
+            # the interrupted frames' views kept it mapped (plugin: leaked fd)
+            assert not [h for h in held if name in h]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -68,7 +70,8 @@ def test_a_class_brought_by_value_comes_back_and_travels_between_devices(tmp_pat
 
     import cloudpickle
 
-    (tmp_path / "vp_by_value_module.py").write_text("from collections import namedtuple\nPt = namedtuple('Pt', 'x y')\n")
+    (tmp_path / "vp_by_value_module.py").write_text("from collections import namedtuple\nPt = "
+                                                    "namedtuple('Pt', 'x y')\n")
     sys.path.insert(0, str(tmp_path))
     try:
         mod = importlib.import_module("vp_by_value_module")
@@ -155,7 +158,8 @@ def test_an_interrupted_posted_put_closes_the_cluster(monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             cluster.put(0, "x", np.ones(2), block=False)
         monkeypatch.undo()
-        with pytest.raises(ClusterClosedError, match="put 'x' was interrupted in the driver by KeyboardInterrupt"):
+        with pytest.raises(ClusterClosedError,
+                           match="put 'x' was interrupted in the driver by KeyboardInterrupt"):
             cluster.run(lambda dev: dev.rank)
 
 
@@ -210,5 +214,6 @@ def test_an_outside_exception_at_any_line_of_a_round_never_leaves_the_replies_be
     tracer, seen = _raise_at_line(0, files)  # (never raises) count the lines of a whole round
     round_with(tracer)
     assert seen[0] > 20
-    for k in list(range(1, 60)) + list(range(60, seen[0] + 1, 5)):  # the sends and reads, then the collect loop
+    # the sends and reads, then the collect loop
+    for k in list(range(1, 60)) + list(range(60, seen[0] + 1, 5)):
         round_with(_raise_at_line(k, files)[0])

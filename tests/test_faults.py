@@ -314,7 +314,9 @@ def test_device_killed_from_outside_while_peers_wait():
         with raises_within(DeviceDied) as info:
             c.run(kill_peer_mid_collective, c.pids[1])
         assert info.value.rank == 1 and info.value.signal == "SIGKILL"
-        assert "device 1 (world=1)" in str(info.value) and "during kill_peer_mid_collective" in str(info.value)
+        assert "device 1 (world=1)" in str(info.value) and "during kill_peer_mid_collective" in str(
+            info.value
+        )
         with pytest.raises(ClusterClosedError):
             c.run(rank_of)
 
@@ -489,7 +491,8 @@ def test_recv_with_no_send_times_out():
         assert "device 1 (world=1): recv from device 0 (tag 3)" in msg and "op #1" in msg
         assert (err.rank, err.peer, err.tag, err.op_seq) == (1, 0, 3, 1)
         mine = err.flight_records[1][-1]  # taken at the moment it timed out
-        assert set(err.flight_records) == {0, 1} and mine.state == "started" and mine.text == "recv from 0 tag=3"
+        assert set(err.flight_records) == {0,
+                                           1} and mine.state == "started" and mine.text == "recv from 0 tag=3"
         assert c.run(rank_of) == [0, 1, 2]
 
 
@@ -567,7 +570,8 @@ def test_bad_root(root):
         assert c.run(rank_of) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("dst, what", [(-1, "out of range"), (4, "out of range"), ("0", "must be a device rank")])
+@pytest.mark.parametrize("dst, what",
+                         [(-1, "out of range"), (4, "out of range"), ("0", "must be a device rank")])
 def test_bad_dst(dst, what):
     with cluster(4) as c:
         with raises_within(UsageError) as info:
@@ -640,7 +644,8 @@ def test_a_fault_its_run_never_reaches_fails_that_run_not_a_later_one():
     with a module-scoped cluster, in another test."""
     with cluster(2) as c:
         c.inject(0, at_op=3, action="raise")
-        with pytest.raises(UsageError, match="a fault injected at op 3 of this run did not fire: the run ended "
+        with pytest.raises(UsageError,
+                           match="a fault injected at op 3 of this run did not fire: the run ended "
                                              "after 2 ops"):
             c.run(_two_barriers)
         assert c.run(_two_barriers) == [0, 1]  # nothing left armed
@@ -655,8 +660,10 @@ def test_a_fault_its_run_never_reaches_fails_that_run_not_a_later_one():
 def test_host_channel_keys_are_names():
     """put(0, ["x"], 1) failed on the device as "unhashable type" in virtualpar code."""
     with cluster(2) as c:
-        for call in (lambda: c.put(0, ["x"], 1), lambda: c.put(0, 5, 1, block=False), lambda: c.get(1, ("k",))):
-            with pytest.raises(UsageError, match=r"cluster\.(put|get): key must be a str \(a name in dev\.state\)"):
+        for call in (lambda: c.put(0, ["x"], 1), lambda: c.put(0, 5, 1, block=False),
+                     lambda: c.get(1, ("k",))):
+            with pytest.raises(UsageError,
+                               match=r"cluster\.(put|get): key must be a str \(a name in dev\.state\)"):
                 call()
         c.put(0, "x", 1)
         assert c.get(0, "x") == 1
@@ -861,7 +868,8 @@ ALL_ERRORS = [virtualpar.errors.__dict__[name] for name in virtualpar.errors.__a
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
 def test_every_error_pickles_with_message_and_attributes(cls):
-    err = cls("device 3 (dp=1, tp=1): something at op #7", rank=3, op_seq=7, group=(0, 1, 2, 3), calls={0: "x"})
+    err = cls("device 3 (dp=1, tp=1): something at op #7", rank=3, op_seq=7, group=(0, 1, 2, 3),
+              calls={0: "x"})
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is cls and str(back) == str(err) and isinstance(back, VirtualParError)
     assert (back.rank, back.op_seq, back.group, back.calls) == (3, 7, (0, 1, 2, 3), {0: "x"})
@@ -880,7 +888,11 @@ def test_errors_from_a_real_run_pickle():
         with pytest.raises(CollectiveMismatch) as info:
             c.run(mismatched, "dtype")
         back = pickle.loads(pickle.dumps(info.value))
-        assert str(back) == str(info.value) and back.differs == ["dtype"] and set(back.flight_records) == {0, 1, 2, 3}
+        assert (
+            str(back) == str(info.value)
+            and back.differs == ["dtype"]
+            and set(back.flight_records) == {0, 1, 2, 3}
+        )
 
 
 def test_configuration_errors_are_value_errors():

@@ -21,7 +21,8 @@ MESH = {"a": 2, "b": 2, "c": 2}  # groups over ("a", "c"): ranks 0, 1, 4, 5 — 
 def test_kinds_count_the_axes_longer_than_one_and_invert():
     mesh = Mesh({"dp": 2, "one": 1, "tp": 4})
     assert fence_kinds(mesh) == 4  # dp and tp; the axis of size 1 changes no group
-    assert [fence_kind(mesh, axes) for axes in [(), ("dp",), ("tp",), ("dp", "tp"), ("dp", "one", "tp")]] == [0, 1, 2, 3, 3]
+    assert [fence_kind(mesh, axes) for axes in [(), ("dp",), ("tp",), ("dp", "tp"),
+                                                ("dp", "one", "tp")]] == [0, 1, 2, 3, 3]
     assert [kind_axes(mesh, k) for k in range(4)] == [(), ("dp",), ("tp",), ("dp", "tp")]
 
 
@@ -202,7 +203,8 @@ def _strided_and_scalar_inputs(dev) -> list:
             out.append(dev.all_reduce(base.T, group=group).tolist())  # Fortran order
             out.append(dev.all_reduce(base[::2, ::3], group=group).tolist())  # strided
             out.append(float(dev.all_reduce(np.full((), dev.rank + 1, np.float32), group=group)))  # 0-d
-            out.append(dev.all_reduce(np.arange(3, dtype=np.int16) + dev.rank, group=group, op="max").tolist())
+            out.append(dev.all_reduce(np.arange(3, dtype=np.int16) + dev.rank, group=group,
+                                      op="max").tolist())
     return out
 
 

@@ -168,7 +168,8 @@ def test_cluster_refuses_ragged_last_node():
 
 def test_cluster_with_fewer_devices_than_a_node_is_one_node():
     hw = HARDWARE["h100-cluster"]
-    assert hw.topology(4) == Topology.fully_connected(4, latency=hw.intra_latency, bandwidth=hw.intra_bandwidth)
+    assert hw.topology(4) == Topology.fully_connected(4, latency=hw.intra_latency,
+                                                      bandwidth=hw.intra_bandwidth)
     assert hw.topology(1).num_devices == 1
 
 
@@ -240,7 +241,8 @@ def test_analytic_small_cases_by_hand():
     assert analytic.tree_broadcast(5, M, A, B) == pytest.approx(3 * (A + M / B), rel=REL)
     assert analytic.tree_broadcast(5, M, A, B, concurrent=True) == pytest.approx(2 * (A + M / B), rel=REL)
     assert analytic.two_shot_all_reduce(4, M, A, B) == pytest.approx(6 * (A + M / 4 / B), rel=REL)
-    assert analytic.two_shot_all_reduce(4, M, A, B, concurrent=True) == pytest.approx(2 * (A + M / 4 / B), rel=REL)
+    assert analytic.two_shot_all_reduce(4, M, A, B,
+                                        concurrent=True) == pytest.approx(2 * (A + M / 4 / B), rel=REL)
     # one-shot: the whole M to each of the 3 peers
     assert analytic.direct_all_reduce(4, M, A, B) == pytest.approx(3 * (A + M / B), rel=REL)
     assert analytic.direct_all_reduce(4, M, A, B, concurrent=True) == pytest.approx(A + M / B, rel=REL)
@@ -256,7 +258,8 @@ def test_tree_broadcast_step_counts(n):
     assert analytic.tree_broadcast(n, M, A, B, concurrent=True) == pytest.approx(depth * (A + M / B), rel=REL)
 
 
-@pytest.mark.parametrize("args", [(0, M, A, B), (2, -1, A, B), (2, M, -1e-6, B), (2, M, A, 0.0), (2.0, M, A, B)])
+@pytest.mark.parametrize("args",
+                         [(0, M, A, B), (2, -1, A, B), (2, M, -1e-6, B), (2, M, A, 0.0), (2.0, M, A, B)])
 def test_analytic_rejects_bad_arguments(args):
     with pytest.raises(ValueError):
         analytic.ring_all_reduce(*args)

@@ -48,21 +48,26 @@ def test_untouched_skeleton_fails_naming_the_todo(name, tmp_path):
 # (lab, wrong solution, the test that must fail, what its feedback must say)
 WRONG = [
     ("ring-allreduce", "ring_blocking.py", "safe: strict (eager_limit=0)", "Deadlock"),
-    ("ring-allreduce", "ring_gather0.py", "cost: bytes sent by the busiest device", "2.00x the bytes of a ring"),
+    ("ring-allreduce", "ring_gather0.py", "cost: bytes sent by the busiest device",
+     "2.00x the bytes of a ring"),
     ("ring-allreduce", "ring_collective.py", "rules: no collectives", "build it from send/recv"),
-    ("latency-bandwidth", "lb_ring_as_tree.py", "latency: messages sent by the busiest device", "sent 14 messages"),
+    ("latency-bandwidth", "lb_ring_as_tree.py", "latency: messages sent by the busiest device",
+     "sent 14 messages"),
     ("latency-bandwidth", "lb_no_inf.py", "crossover: the alpha-beta closed form", "crossover_bytes(2,"),
     ("megatron-mlp", "mm_no_group.py", "forward matches numpy", "group='tp'"),
     ("megatron-mlp", "mm_gathers_weights.py", "rules: only all_reduce over tp", "all_gather"),
-    ("megatron-mlp", "mm_two_reduces.py", "forward: exactly one all-reduce of (batch, d)", "made 2 all-reduce"),
+    ("megatron-mlp", "mm_two_reduces.py", "forward: exactly one all-reduce of (batch, d)",
+     "made 2 all-reduce"),
     ("sharding-policy", "sp_always_allreduce.py", "forward_bytes matches the explorer for every layout",
      "the explorer says"),
-    ("sharding-policy", "sp_always_allreduce.py", "best_layouts picks the cheapest split", "the fewest bytes"),
+    ("sharding-policy", "sp_always_allreduce.py", "best_layouts picks the cheapest split",
+     "the fewest bytes"),
     ("one-f-one-b", "ofob_gpipe.py", "memory: stage s holds at most min(R - s, M) microbatches", "holds 4"),
     ("one-f-one-b", "ofob_no_drain.py", "valid: every F and B once, in an order that can run", "B"),
     ("zero1", "zero_full_state.py", "memory: optimizer state for one shard only", "keeps 24 numbers"),
     ("zero1", "zero_all_reduce.py", "rules: only reduce_scatter and all_gather", "all_reduce"),
-    ("timeline-gru", "tg_no_state.py", "time-split gradients equal the whole sequence's", "starting from the state"),
+    ("timeline-gru", "tg_no_state.py", "time-split gradients equal the whole sequence's",
+     "starting from the state"),
     ("timeline-gru", "tg_mean_loss.py", "forward and loss match a GRU over the whole sequence", "expected"),
     ("pipeline-dp", "pdp_world_group.py", "gradients match numpy over the whole batch", "CollectiveMismatch"),
     ("pipeline-dp", "pdp_ships_inputs.py", "communication: activations between stages, gradients over dp",
@@ -120,11 +125,14 @@ def test_a_course_plugs_in_its_own_lab_through_the_entry_point(tmp_path, monkeyp
     folder = tmp_path / "course_lab"
     folder.mkdir()
     for part in ("skeleton.py", "LAB.md", "reference.py"):
-        (folder / part).write_text("# Lab: echo\n" if part == "LAB.md" else "def echo(x):\n    return x  # TODO\n")
+        (folder / part).write_text("# Lab: "
+                                   "echo\n" if part == "LAB.md" else "def echo(x):\n    return x  # TODO\n")
     (tmp_path / "course_labs.py").write_text(
         "from pathlib import Path\nfrom virtualpar.labs import Lab, Report\n\n"
-        "def _check(path, options):\n    report = Report('echo')\n    report.add('echoes', True)\n    return report\n\n"
-        "LAB = Lab('echo', 'Return the input', 'plugins', 'intro', Path(__file__).parent / 'course_lab', ('echo',), "
+        "def _check(path, options):\n    report = Report('echo')\n    report.add('echoes', "
+        "True)\n    return report\n\n"
+        "LAB = Lab('echo', 'Return the input', 'plugins', 'intro', Path(__file__).parent / "
+        "'course_lab', ('echo',), "
         "_check)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     entry = metadata.EntryPoint("echo", "course_labs:LAB", ENTRY_POINT_GROUP)
@@ -149,4 +157,5 @@ def test_check_draws_the_students_run_beside_the_reference(tmp_path):
         report = get(name).check(SOLUTIONS / solution, CheckOptions(quick=True, png=str(tmp_path)))
         assert len(report.pictures) == 2 and report.timeline, report.format()
         mine, ref = (matplotlib.image.imread(p) for p in report.pictures)
-        assert mine.shape[2] in (3, 4) and mine.shape != ref.shape or (mine != ref).any()  # two different runs
+        # two different runs
+        assert mine.shape[2] in (3, 4) and mine.shape != ref.shape or (mine != ref).any()

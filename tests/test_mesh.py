@@ -132,7 +132,9 @@ def test_topology_default_custom_and_pickle():
     for m in (mesh, ring, Mesh(1), Mesh({"pp": 2, "dp": 2, "tp": 2}, topology=Topology.hierarchical(2, 4))):
         u = pickle.loads(pickle.dumps(m))
         assert u == m and hash(u) == hash(m) and u.topology == m.topology
-        assert u.groups("dp" if "dp" in m.axis_names else None) == m.groups("dp" if "dp" in m.axis_names else None)
+        assert u.groups("dp" if "dp" in m.axis_names else None) == m.groups(
+            "dp" if "dp" in m.axis_names else None
+        )
     assert len({mesh, ring, pickle.loads(pickle.dumps(mesh))}) == 2
 
 
@@ -157,7 +159,8 @@ def test_mesh_index():
     assert hash(idx) == hash(MeshIndex(("dp", "tp"), (1, 2)))
     back = pickle.loads(pickle.dumps(idx))
     assert back == idx and back.axis_names == idx.axis_names and str(back) == "(dp=1, tp=2)"
-    with pytest.raises(AttributeError, match=r"unknown mesh axis 'pp'; this index has axes \('dp', 'tp'\)") as info:
+    with pytest.raises(AttributeError,
+                       match=r"unknown mesh axis 'pp'; this index has axes \('dp', 'tp'\)") as info:
         idx.pp
     assert isinstance(info.value, MeshError) and not hasattr(idx, "pp") and getattr(idx, "pp", 7) == 7
     with pytest.raises(MeshError, match=r"unknown mesh axis 'pp'"):
@@ -190,14 +193,16 @@ M = Mesh({"dp": 2, "tp": 4})
     (lambda: Mesh((2, 4), ("dp",)), r"shape \(2, 4\) has 2 axes but 1 axis names were given"),
     (lambda: Mesh({"dp": 2}, ("tp",)), r"not both"),
     (lambda: Mesh("dp"), r"a mesh shape is an int"),
-    (lambda: Mesh(8, topology=Topology.ring(4)), r"\(world=8\) holds 8 devices, but its topology ring\(4\) has 4"),
+    (lambda: Mesh(8, topology=Topology.ring(4)),
+     r"\(world=8\) holds 8 devices, but its topology ring\(4\) has 4"),
     (lambda: Mesh(8, topology="ring"), r"topology must be a Topology; got str"),
     (lambda: M.groups("pp"), r"unknown mesh axis 'pp'; this mesh has axes \('dp', 'tp'\)"),
     (lambda: M.groups(("dp", "pp")), r"unknown mesh axis 'pp'"),
     (lambda: M.groups(("dp", "dp")), r"name an axis twice"),
     (lambda: M.groups(3), r"a name, a sequence of names or None; got 3"),
     (lambda: M.group_of(0, "sp"), r"unknown mesh axis 'sp'"),
-    (lambda: M.group_of(8, "tp"), r"rank 8 is out of range for mesh \(dp=2, tp=4\) with 8 devices \(valid ranks: 0..7\)"),
+    (lambda: M.group_of(8, "tp"),
+     r"rank 8 is out of range for mesh \(dp=2, tp=4\) with 8 devices \(valid ranks: 0..7\)"),
     (lambda: M.index(-1), r"rank -1 is out of range"),
     (lambda: M.index(1.5), r"a rank must be an integer; got 1.5"),
     (lambda: M.rank((2, 0)), r"coordinate dp=2 is out of range for mesh \(dp=2, tp=4\): valid 0..1"),
@@ -208,7 +213,8 @@ M = Mesh({"dp": 2, "tp": 4})
     (lambda: M.rank(dp=1, tp=0, pp=0), r"unknown: \['pp'\]"),
     (lambda: M.rank(), r"exactly one keyword per mesh axis"),
     (lambda: M.rank((0, 1), tp=1), r"not both"),
-    (lambda: M.rank(MeshIndex(("a", "b"), (0, 1))), r"index \(a=0, b=1\) has axes \('a', 'b'\); this mesh has axes"),
+    (lambda: M.rank(MeshIndex(("a", "b"), (0, 1))),
+     r"index \(a=0, b=1\) has axes \('a', 'b'\); this mesh has axes"),
     (lambda: M.axis_size("pp"), r"unknown mesh axis 'pp'"),
     (lambda: M.describe_group("pp", (0, 1)), r"unknown mesh axis 'pp'"),
     (lambda: Mesh(2).check_devices("2"), r"device count must be an integer"),

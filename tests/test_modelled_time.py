@@ -88,7 +88,8 @@ def test_direct_all_reduce_is_one_shot(n):
         clocks = cluster.run(_all_reduce, count, "direct")
         sent = cluster.stats().bytes.sum(axis=1)
     for clock in clocks:
-        assert clock == pytest.approx(analytic.direct_all_reduce(n, nbytes, ALPHA, BETA, concurrent=True), rel=1e-12)
+        assert clock == pytest.approx(analytic.direct_all_reduce(n, nbytes, ALPHA, BETA, concurrent=True),
+                                      rel=1e-12)
     assert sent.tolist() == [(n - 1) * nbytes] * n
 
 
@@ -155,7 +156,9 @@ def test_trace_of_a_real_run_loads_as_chrome_json():
     for clock in ("model", "wall"):
         doc = json.loads(json.dumps(trace.to_chrome(clock=clock)))
         events = doc["traceEvents"]
-        names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+        names = {
+            e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"
+        }
         assert names[3] == "device 3 (dp=1, tp=1)"
         complete = [e for e in events if e.get("ph") == "X"]
         assert complete and all(e["dur"] >= 0 for e in complete)
@@ -186,4 +189,5 @@ def test_matmul_kernel_charges_2mnk_flops():
     assert value == 32.0
     flops = 2 * 64 * 16 * 32
     nbytes = 4 * (64 * 32 + 32 * 16 + 64 * 16)
-    assert charged == pytest.approx(max(flops / spec.peak("float32"), nbytes / spec.memory_bandwidth), rel=1e-12)
+    assert charged == pytest.approx(max(flops / spec.peak("float32"), nbytes / spec.memory_bandwidth),
+                                    rel=1e-12)

@@ -20,7 +20,8 @@ def step(dev):
     x = np.arange(6.0).reshape(2, 3) + dev.rank
     axis = "tp" if "tp" in dev.mesh.axis_names else None
     out = [dev.all_reduce(x, group=axis), dev.all_gather(x, dim=1), dev.reduce_scatter(x, dim=1, group=axis),
-           dev.broadcast(x, root=1, group=axis), dev.reduce(x, root=0, op="max"), dev.gather(x, root=0, dim=0),
+           dev.broadcast(x, root=1, group=axis), dev.reduce(x, root=0, op="max"),
+           dev.gather(x, root=0, dim=0),
            dev.scatter(np.arange(12.0).reshape(4, 3) if dev.group_rank() == 0 else None, root=0),
            dev.all_to_all(np.arange(8.0) + dev.rank, group=axis), dev.all_reduce(x, op="avg")]
     dev.barrier()
@@ -102,10 +103,11 @@ def _both(tmp_path, program: str, n: int, *options: str) -> tuple[str, str]:
     script = tmp_path / "prog.py"
     script.write_text(program)
     cmd = ["run", f"{script}:step", *options]
-    emu = subprocess.run([sys.executable, "-m", "virtualpar", *cmd, "-n", str(n)], capture_output=True, text=True,
-                         timeout=120)
+    emu = subprocess.run([sys.executable, "-m", "virtualpar", *cmd, "-n", str(n)], capture_output=True,
+                         text=True, timeout=120)
     assert emu.returncode == 0, emu.stderr
-    real = run_mpiexec([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", *cmd], capture_output=True,
+    real = run_mpiexec([_mpiexec(), "-n", str(n), sys.executable, "-m", "virtualpar", *cmd],
+                       capture_output=True,
                           text=True, timeout=120)
     assert real.returncode == 0, real.stderr
     return emu.stdout, real.stdout
@@ -119,7 +121,9 @@ def test_the_tours_collectives_give_the_same_results_on_both_backends(tmp_path):
 
 def test_modelled_clocks_and_traffic_are_the_same_on_both_backends(tmp_path):
     emu, real = _both(tmp_path, TIMED, 4, "--mesh", "dp=2,tp=2", "--stats")
-    clocks = lambda out: [line.split("(modelled")[1] for line in out.splitlines() if "(modelled" in line]  # noqa: E731
+    def clocks(out):
+        return [line.split("(modelled")[1] for line in out.splitlines() if "(modelled" in line]
+
     assert clocks(real) == clocks(emu) and len(clocks(emu)) == 4
     matrix = lambda out: out.split("src\\dst")[1].split("device-to-device")[0]  # noqa: E731
     # the emulator's default all_reduce reads peers' memory and counts it; MPI's own is not counted
@@ -131,14 +135,18 @@ def test_modelled_clocks_and_traffic_are_the_same_on_both_backends(tmp_path):
 
 def test_a_failing_rank_under_mpiexec_aborts_the_job_naming_the_device(tmp_path):
     script = tmp_path / "bad.py"
-    script.write_text("import numpy as np\n\ndef step(dev):\n    return dev.all_reduce(np.ones(3), algorithm='shm')\n")
+    script.write_text("import numpy as np\n\ndef step(dev):\n    return "
+                      "dev.all_reduce(np.ones(3), algorithm='shm')\n")
     before = set(os.listdir("/dev/shm"))
     out = run_mpiexec([_mpiexec(), "-n", "2", sys.executable, "-m", "virtualpar", "run", f"{script}:step"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     # every rank raises; whichever reaches MPI_Abort first is the one named
     assert re.search(r"device ([01]) \(world=\1\) raised", out.stderr), out.stderr
-    assert "all_reduce(algorithm='shm') is not available under MPI; choose from ['direct', 'ring', 'tree']" in out.stderr
+    assert (
+        "all_reduce(algorithm='shm') is not available under MPI; choose from ['direct', 'ring', 'tree']"
+        in out.stderr
+    )
     left = left_behind(before)
     assert not left, f"the aborted job left shared memory behind: {left}"  # MPICH's, removed before MPI_Abort
 
@@ -150,7 +158,8 @@ def test_run_writes_a_trace_under_mpiexec(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(TIMED)
     out = run_mpiexec([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:step",
-                          "--mesh", "dp=2,tp=2", "--trace", str(trace)], capture_output=True, text=True, timeout=120)
+                          "--mesh", "dp=2,tp=2", "--trace", str(trace)], capture_output=True, text=True,
+                          timeout=120)
     assert out.returncode == 0, out.stderr
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name") for e in events}
@@ -231,10 +240,12 @@ def polled(dev):
 
 @pytest.mark.parametrize("fn, said", [
     ("mismatch", r"CollectiveMismatch: device \d .*called different collectives: device 0: all_gather"),
-    ("skipped", r"CollectiveTimeout: device [123] .*all_reduce\(float64\[2\], sum\) on group \(0, 1, 2, 3\) did "
+    ("skipped",
+     r"CollectiveTimeout: device [123] .*all_reduce\(float64\[2\], sum\) on group \(0, 1, 2, 3\) did "
                 r"not complete within 2 s"),
     ("never_sent", r"P2PTimeout: device 0 .*recv from device 1 \(tag 77\) did not complete within 2 s"),
-    ("both_send_large", r"P2PTimeout: device [0-3] .*send to device [0-3] \(tag 0\) did not complete within 2 s"),
+    ("both_send_large",
+     r"P2PTimeout: device [0-3] .*send to device [0-3] \(tag 0\) did not complete within 2 s"),
     ("unpicklable", r"cannot pickle '_thread.lock' object"),
     # MPI's raw errors (an error stack, 'Invalid root', numpy's AxisError) became the emulator's named ones
     ("bad_dst", r"UsageError: device \d .*dst must be a device rank 0..3, got 7"),
@@ -249,23 +260,28 @@ def test_mistakes_under_mpiexec_end_in_named_errors_not_hangs(tmp_path, fn, said
     script.write_text(MISTAKES)
     before = set(os.listdir("/dev/shm"))
     out = run_mpiexec([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
-                          "--mesh", "dp=2,tp=2", "--timeout", "2"], capture_output=True, text=True, timeout=120)
+                          "--mesh", "dp=2,tp=2", "--timeout", "2"], capture_output=True, text=True,
+                          timeout=120)
     assert out.returncode != 0
     assert re.search(said, out.stderr), out.stderr
     assert "UnboundLocalError" not in out.stderr  # the aborting rank went on to report a result it had not
     assert not left_behind(before)
 
 
-@pytest.mark.parametrize("fn, want", [("only_dp0", ["3.0", "3.0", "None", "None"]), ("polled", ["3.0", "None", "None", "None"]),
+@pytest.mark.parametrize("fn, want",
+                         [("only_dp0", ["3.0", "3.0", "None", "None"]),
+                          ("polled", ["3.0", "None", "None", "None"]),
                                       ("odd_inputs", ["(1.0,", "(1.0,", "(1.0,", "(1.0,"]),
-                                      ("bools", ["([True,"] * 4)])  # sum is OR, as numpy adds bools; MPI refused SUM
+                                      # sum is OR, as numpy adds bools; MPI refused SUM
+                                      ("bools", ["([True,"] * 4)])
 def test_group_collectives_and_polled_receives_work_under_mpiexec(tmp_path, fn, want):
     """A collective that only its group's members call hung: the group's communicator was split
     from the world's on first use, which needs every rank; irecv's test() never became True."""
     script = tmp_path / "ok.py"
     script.write_text(MISTAKES)
     out = run_mpiexec([_mpiexec(), "-n", "4", sys.executable, "-m", "virtualpar", "run", f"{script}:{fn}",
-                          "--mesh", "dp=2,tp=2", "--timeout", "20"], capture_output=True, text=True, timeout=120)
+                          "--mesh", "dp=2,tp=2", "--timeout", "20"], capture_output=True, text=True,
+                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert [line.split(": ", 1)[1].split()[0] for line in _results(out.stdout)] == want
 
@@ -333,7 +349,8 @@ def step(dev):
         time.sleep(0.2)
         dev.send(np.full(2, 6.0), 0, tag=6)
         for tag, obj in ((7, "seven"), (5, 5), (9, 9)):
-            if tag == 9:  # busy while device 0's wait times out (asleep in a receive: a Deadlock on the emulator)
+            # busy while device 0's wait times out (asleep in a receive: a Deadlock on the emulator)
+            if tag == 9:
                 time.sleep(0.6)
             dev.recv(0, tag=1)
             dev.send(obj, 0, tag=tag)
@@ -395,7 +412,8 @@ import numpy as np
 def step(dev):
     words = np.array(["ab", "cde"]) if dev.rank == 0 else None
     when = np.array(["2026-11-25", "2026-11-26"], dtype="datetime64[D]") + dev.rank
-    return (dev.broadcast(words, algorithm="tree").tolist(), dev.all_gather(when, algorithm="ring").astype(str).tolist(),
+    return (dev.broadcast(words, algorithm="tree").tolist(),
+            dev.all_gather(when, algorithm="ring").astype(str).tolist(),
             dev.broadcast(np.array(dev.rank + 2.5) if dev.rank == 0 else None, algorithm="tree").tolist())
 """
 
@@ -509,8 +527,10 @@ def test_self_sends_are_recorded_once_and_a_bad_out_is_its_own_receives_error(tm
     emu, real = _both(tmp_path, SELF_AND_BAD_OUT, 2, "--timeout", "20")
     assert _results(real) == _results(emu)
     joined = "\n".join(_results(emu))  # a long value is wrapped at the width, its lines indented
-    assert "(1.0, 2.0, 11.0, True)" in joined and ("(1.0, 2.0, 11.0, True, 'hello', 'UsageError', 'recv buffer has "
-                                              "shape (4,) and dtype float64, but the message holds shape (6,) and "
+    assert "(1.0, 2.0, 11.0, True)" in joined and ("(1.0, 2.0, 11.0, True, 'hello', "
+                                                   "'UsageError', 'recv buffer has "
+                                              "shape (4,) and dtype float64, but the "
+                                              "message holds shape (6,) and "
                                               "dtype float64')") in joined
 
 

@@ -23,7 +23,8 @@ def _lines(text: str) -> list[str]:
 
 
 def _emulate(prog: str, n: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "--no-tag-output", "-n", str(n),
+    return subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "--no-tag-output", "-n",
+                           str(n),
                            os.path.join(HERE, prog), *args], capture_output=True, text=True, timeout=120)
 
 
@@ -32,7 +33,9 @@ def _mpiexec() -> str | None:
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-@pytest.mark.parametrize("prog", ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py", "buffers.py",
+@pytest.mark.parametrize("prog",
+                         ["p2p_and_collectives.py", "tutorial.py", "lifecycle.py", "contexts.py",
+                          "buffers.py",
                                   "in_place.py", "semantics.py", "scans.py", "synchronous.py", "requests.py",
                                   "vectors.py", "probes.py"])
 @pytest.mark.parametrize("n", [2, 4])
@@ -49,9 +52,11 @@ def test_the_program_set_prints_the_same_as_under_mpiexec(n, prog):
     expect = {"p2p_and_collectives.py": f"total {n * (n + 1) // 2}", "tutorial.py": "gathered pi 3.14159",
               "lifecycle.py": f"rank {n - 1} self size 1 rank 0 sum {n}",
               "contexts.py": "rank 1 b got on b a got on a",
-              "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0] count 3",
+              "buffers.py": "rank 1 got [0.0, 1.0, 2.0] then [0.0, 1.0, 2.0, 0.0, "
+                            "0.0, 0.0, 0.0, 0.0] count 3",
               "in_place.py": f"rank 0 Reduce_scatter_block [{n * (n - 1) / 2}, {n * (n - 1) / 2 + n}]",
-              "semantics.py": "rank 0 open line (-1, 1) from PROC_NULL -1 constants -2 -1 -1",  # MPICH's values
+              # MPICH's values
+              "semantics.py": "rank 0 open line (-1, 1) from PROC_NULL -1 constants -2 -1 -1",
               "scans.py": f"rank {n - 1} scan {n * (n + 1) // 2} exscan {n * (n - 1) // 2}",
               "synchronous.py": "rank 0 issends done before their receives: (False, False)",
               "requests.py": "rank 0 waitsome [2] ['seven'] [(1, 7)]",
@@ -76,22 +81,27 @@ def test_strict_mode_names_the_deadlock_of_a_program_that_relies_on_buffering_ac
     on a for the message device 1 was waiting for, and the run ended in a P2PTimeout after the op
     timeout instead of a named Deadlock."""
     emu = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "4", "--eager-limit", "0",
-                          "--timeout", "60", os.path.join(HERE, "contexts.py")], capture_output=True, text=True,
+                          "--timeout", "60", os.path.join(HERE, "contexts.py")], capture_output=True,
+                          text=True,
                          timeout=120)
     assert emu.returncode == 1
-    assert "Deadlock: deadlock (a cycle of waits): device 0 waits send to 1 (tag 0) ← device 1 waits recv from 0 " \
-           "(tag any)" in emu.stderr
+    assert ("Deadlock: deadlock (a cycle of waits): device 0 waits send to 1 (tag 0) "
+            "← device 1 waits recv from 0 (tag any)" in emu.stderr)
 
 
 def test_an_ssend_ring_is_named_as_the_deadlock_it_is_under_any_mpi():
     """Every rank ssends right, then receives: MPICH hangs there; the emulator names the cycle."""
     emu = _emulate("synchronous.py", 3, "--unsafe")
     assert emu.returncode == 1 and "never gets here" not in emu.stdout
-    assert "Deadlock" in emu.stderr and "device 0 waits send to 1 (tag 0) ← device 1 waits send to 2" in emu.stderr
+    assert (
+        "Deadlock" in emu.stderr
+        and "device 0 waits send to 1 (tag 0) ← device 1 waits send to 2" in emu.stderr
+    )
 
 
 @pytest.mark.parametrize("prog, n, lines, error", [
-    ("finished_then_raises.py", 4, [f"rank {r} done" for r in range(4)], "MPIAbort: rank 1 raised ValueError"),
+    ("finished_then_raises.py", 4, [f"rank {r} done" for r in range(4)],
+     "MPIAbort: rank 1 raised ValueError"),
     ("one_waits.py", 2, ["rank 0 started", "rank 1 started"], "Deadlock"),
 ])
 def test_what_finished_ranks_printed_is_kept_when_another_fails(prog, n, lines, error):
@@ -121,8 +131,8 @@ def test_a_rank_that_raises_ends_the_job_with_its_traceback():
 def test_stats_and_trace_apply_to_mpi_scripts_and_a_mesh_is_refused(tmp_path):
     trace = tmp_path / "t.json"
     prog = os.path.join(HERE, "lifecycle.py")
-    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", "--stats", "--trace",
-                           str(trace), prog], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2", "--stats",
+                           "--trace", str(trace), prog], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "device-to-device" in done.stdout and trace.exists()  # both were silently ignored
     mesh = subprocess.run([sys.executable, "-m", "virtualpar", "run", "--mpi", "--mesh", "dp=2,tp=2", prog],
@@ -150,7 +160,8 @@ def test_exit_codes_stderr_argv_and_calls_outside_the_subset():
 
 def test_what_ranks_printed_is_kept_when_the_run_ends_with_unmatched_messages(tmp_path):
     prog = tmp_path / "unmatched.py"
-    prog.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nprint(f'rank {comm.rank} computed 42', flush=True)\n"
+    prog.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nprint(f'rank {comm.rank} "
+                    "computed 42', flush=True)\n"
                     "if comm.rank == 0:\n    comm.send({'a': 1}, dest=1, tag=7)\n")
     emu = _emulate(str(prog), 2)  # an absolute path: os.path.join keeps it
     assert emu.returncode == 1 and "UnmatchedMessages" in emu.stderr
@@ -182,23 +193,32 @@ def test_a_buffer_that_does_not_split_into_equal_blocks_says_so(tmp_path):
     """Three entries over two ranks: mpi4py raises; the facade gave uneven blocks (Reduce_scatter_block
     in place: wrong sums) or a numpy broadcast error (Alltoall)."""
     prog = tmp_path / "blocks.py"
-    for call in ("comm.Alltoall(MPI.IN_PLACE, np.zeros(3))", "comm.Reduce_scatter_block(MPI.IN_PLACE, np.zeros(3))",
+    for call in ("comm.Alltoall(MPI.IN_PLACE, np.zeros(3))",
+                 "comm.Reduce_scatter_block(MPI.IN_PLACE, np.zeros(3))",
                  "comm.Allgather(MPI.IN_PLACE, np.zeros(3))"):
         prog.write_text(f"from mpi4py import MPI\nimport numpy as np\ncomm = MPI.COMM_WORLD\n{call}\n")
         emu = _emulate(str(prog), 2)
         assert emu.returncode == 1, call
-        assert "cannot infer count, number of entries 3 is not a multiple of required number of blocks 2" in emu.stderr, call
+        assert (
+            "cannot infer count, number of entries 3 is not a multiple of required number of blocks 2"
+            in emu.stderr
+        ), call
 
 
 @pytest.mark.parametrize("call, error", [
-    ("comm.send(1, dest=-3)", "MPI rank -3 is not a rank of this communicator of size 4 (0..3 or PROC_NULL): MPI_ERR_RANK"),
-    ("comm.Recv(np.zeros(1), source=4)", "MPI rank 4 is not a rank of this communicator of size 4 (0..3, ANY_SOURCE or PROC_NULL)"),
+    ("comm.send(1, dest=-3)",
+     "MPI rank -3 is not a rank of this communicator of size 4 (0..3 or PROC_NULL): MPI_ERR_RANK"),
+    ("comm.Recv(np.zeros(1), source=4)",
+     "MPI rank 4 is not a rank of this communicator of size 4 (0..3, ANY_SOURCE or PROC_NULL)"),
     ("comm.irecv(source=-5)", "MPI rank -5 is not a rank"),
-    ("comm.bcast(1, root=-1)", "MPI root -1 is not a rank of this communicator of size 4 (0..3): MPI_ERR_ROOT"),
+    ("comm.bcast(1, root=-1)",
+     "MPI root -1 is not a rank of this communicator of size 4 (0..3): MPI_ERR_ROOT"),
     ("comm.Reduce(np.ones(1), np.zeros(1), root=4)", "MPI root 4 is not a rank"),
-    ("comm.send(1, dest=0, tag=2**29)", "MPI tag 536870912 is out of range 0..536870911 (Get_attr(MPI.TAG_UB)): "
+    ("comm.send(1, dest=0, tag=2**29)",
+     "MPI tag 536870912 is out of range 0..536870911 (Get_attr(MPI.TAG_UB)): "
                                         "MPI_ERR_TAG"),
-    ("comm.Alltoallv([np.ones(12), [3, 3, 3, 3]], [np.zeros(8), [2, 2, 2, 2]])",  # (an overwrite of the next piece)
+    # (an overwrite of the next piece)
+    ("comm.Alltoallv([np.ones(12), [3, 3, 3, 3]], [np.zeros(8), [2, 2, 2, 2]])",
      "Alltoallv: rank 0 sent 3 elements for a receive count of 2 (MPI_ERR_TRUNCATE)"),
 ])
 def test_a_rank_or_root_out_of_range_is_an_error_not_another_rank(tmp_path, call, error):

@@ -25,7 +25,8 @@ class ScriptedComm:
         self.sent_once_taken = sent_once_taken or {}  # message -> what its sender sends once it is received
 
     def Iprobe(self, status=None, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG) -> bool:
-        found = next(((s, t) for s, t in self.queue if source in (s, MPI.ANY_SOURCE) and tag in (t, MPI.ANY_TAG)), None)
+        found = next(((s, t) for s,
+                      t in self.queue if source in (s, MPI.ANY_SOURCE) and tag in (t, MPI.ANY_TAG)), None)
         self.hidden_for -= 1
         if self.hidden_for == 0:  # they arrive right after this probe
             self.queue += self.later
@@ -62,7 +63,8 @@ def _until(dev: MPIDevice, goal: RecvRequest, polls: int = 50) -> bool:
 def _post(dev: MPIDevice, src: int, tag: int) -> RecvRequest:
     req = RecvRequest.__new__(RecvRequest)
     req.src, req.tag, req.done, req.value, req.error = src, tag, False, None, None
-    req.which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
+    req.which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src,
+                     tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
     dev._posted.append(req)
     return req
 

@@ -23,8 +23,10 @@ def _no_dev(x):
 
 def test_run_checks_the_function_in_the_driver():
     with VirtualCluster(2) as c:
-        with pytest.raises(UsageError, match=r"_no_dev\(\) cannot be called as _no_dev\(dev, \*args, \*\*kwargs\) with "
-                                             r"1 argument and no keywords given .*def _no_dev\(dev, \.\.\.\)"):
+        with pytest.raises(UsageError,
+                           match=r"_no_dev\(\) cannot be called as _no_dev\(dev, \*args, \*\*kwargs\) with "
+                                             r"1 argument and no keywords given .*def "
+                                             r"_no_dev\(dev, \.\.\.\)"):
             c.run(_no_dev, 1)  # was "raised TypeError in virtualpar code" on every device
         with pytest.raises(UsageError, match=r"with 0 arguments and keywords \['a', 'b'\] given"):
             c.run(_no_dev, b=1, a=2)
@@ -43,24 +45,33 @@ def test_device_prints_reach_a_file_or_a_pipe(tmp_path):
     done = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "-n", "3"],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0
-    assert sorted(line for line in done.stdout.splitlines() if "hello" in line) == \
-        ["[0] hello from 0", "[1] hello from 1", "[2] hello from 2"]  # tagged by rank, as mpiexec --tag-output
+    assert sorted(line for line in done.stdout.splitlines() if "hello" in line) == [
+        "[0] hello from 0",
+        "[1] hello from 1",
+        "[2] hello from 2",
+    ]  # tagged by rank, as mpiexec --tag-output
 
 
 def test_run_without_a_function_reads_the_script_without_running_it(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("print('RAN')\ndef step(dev):\n    pass\n")
-    done = subprocess.run([sys.executable, "-m", "virtualpar", "run", str(script)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "virtualpar", "run", str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "RAN" not in done.stdout  # an mpi4py script ran real MPI in the driver
     assert f"defines step: e.g. virtualpar run {script}:step" in done.stderr
     (tmp_path / "notes.txt").write_text("def step(dev):\n    pass\n")
     for target in (f"{tmp_path}:step", f"{tmp_path / 'notes.txt'}:step"):
-        done = subprocess.run([sys.executable, "-m", "virtualpar", "run", target], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "virtualpar", "run", target], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 2 and "is not a Python file" in done.stderr  # an AttributeError traceback
-    both = subprocess.run([sys.executable, "-m", "virtualpar", "run", f"{script}:step", "--mesh", "dp=2,tp=2", "-n", "8"],
-                          capture_output=True, text=True, timeout=120)
+    both = subprocess.run(
+        [sys.executable, "-m", "virtualpar", "run", f"{script}:step", "--mesh", "dp=2,tp=2", "-n", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert both.returncode == 2 and "-n 8 and --mesh (dp=2, tp=2) (4 devices) disagree" in both.stderr
 
 
@@ -68,7 +79,9 @@ def test_nn_mistakes_are_named():
     model = nn.Sequential(nn.Linear(4, 2, dtype=np.float64))
     x, y = np.ones((2, 4)), np.zeros((2, 2))
     with pytest.raises(UsageError, match=r"pass \[\(x, y\)\] for one batch, not \(x, y\)"):
-        nn.reference_train(model, (x, y), nn.mse_loss, nn.SGD(0.1), 1)  # 2 rows: trained on the rows as batches
+        nn.reference_train(
+            model, (x, y), nn.mse_loss, nn.SGD(0.1), 1
+        )  # 2 rows: trained on the rows as batches
     with pytest.raises(UsageError, match="model must be an nn.Module, got function"):
         nn.value_and_grad(lambda m, a, b: 0.0, lambda a: a, x, y)
     with pytest.raises(UsageError, match=r"gradients for \['1.weight'\], which are not parameters"):
@@ -93,9 +106,13 @@ def test_stats_ranks_and_tp_shapes_are_checked():
             with pytest.raises(UsageError, match=r"rank must be a device rank 0..1"):
                 stats.sent(bad)  # -1 was silently the last device
         layer = MatMul(MatMulShardingPolicy.named("column", mesh))
-        with pytest.raises(ShardingError, match=r"MatMul of A \(8, 16\) @ B \(12, 16\) .*inner dimensions 16 and 12"):
+        with pytest.raises(
+            ShardingError, match=r"MatMul of A \(8, 16\) @ B \(12, 16\) .*inner dimensions 16 and 12"
+        ):
             run_forward(c, layer, [np.ones((8, 16)), np.ones((12, 16))], (8, 16))
-        with pytest.raises(UsageError, match=r"device \d \(x=\d\): compute: flops must be a finite number >= 0"):
+        with pytest.raises(
+            UsageError, match=r"device \d \(x=\d\): compute: flops must be a finite number >= 0"
+        ):
             c.run(lambda dev: dev.compute(flops=-5))
     with pytest.raises(ShardingError, match="needs a Mesh .* got int 4"):
         MatMulShardingPolicy.named("row", 4)

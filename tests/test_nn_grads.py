@@ -46,7 +46,8 @@ def check_module(model: nn.Module, x: np.ndarray, head=lambda y: y, tol: float =
     if dx is None:  # recurrent layers return (outputs, states): differentiate through head
         loss, grads = nn.value_and_grad(lambda m, a: (w * head(m(a))).sum(), model, x)
         dparams = grads
-        dx = nn.vjp(lambda p, a: (w * head(nn.functional_call(model, p, a))).sum(), x, params=model.parameters()).backward(1.0)[0]
+        dx = nn.vjp(lambda p, a: (w * head(nn.functional_call(model, p, a))).sum(), x,
+                    params=model.parameters()).backward(1.0)[0]
     for name, g in dparams.items():
         np.testing.assert_allclose(g, want[name], rtol=tol, atol=tol, err_msg=name)
     np.testing.assert_allclose(dx, want["__x"], rtol=tol, atol=tol, err_msg="input")
@@ -55,7 +56,8 @@ def check_module(model: nn.Module, x: np.ndarray, head=lambda y: y, tol: float =
 @pytest.mark.parametrize("make", [
     lambda: nn.Linear(4, 3, seed=3, dtype=np.float64),
     lambda: nn.Linear(4, 3, bias=False, seed=3, dtype=np.float64),
-    lambda: nn.Sequential(nn.Linear(4, 5, dtype=np.float64), nn.Tanh(), nn.Linear(5, 2, seed=1, dtype=np.float64)),
+    lambda: nn.Sequential(nn.Linear(4, 5, dtype=np.float64), nn.Tanh(),
+                          nn.Linear(5, 2, seed=1, dtype=np.float64)),
     lambda: nn.GELU(),
     lambda: nn.GELU(approximate="tanh"),
     lambda: nn.ReLU(),
@@ -79,10 +81,12 @@ def test_recurrent_gradients_through_time_and_layers(cls):
     # through an initial state as well
     h0 = RNG.standard_normal((2, 2, 4))
     w = RNG.standard_normal((2, 5, 4))
-    f = lambda p: float(np.sum(w * nn.functional_call(model, {k: v for k, v in p.items() if k != "h0"}, x, p["h0"])[0]))
+    f = lambda p: float(np.sum(w * nn.functional_call(model, {k: v for k, v in p.items() if k != "h0"}, x,
+                                                      p["h0"])[0]))
     params = dict(model.parameters(), h0=h0.copy())
     want = numeric_grads(f, {k: v.copy() for k, v in params.items()})
-    got = nn.vjp(lambda p, a, h: (w * nn.functional_call(model, p, a, h)[0]).sum(), x, h0, params=model.parameters())
+    got = nn.vjp(lambda p, a, h: (w * nn.functional_call(model, p, a, h)[0]).sum(), x, h0,
+                 params=model.parameters())
     dx, dh0 = got.backward(1.0)[0]
     np.testing.assert_allclose(dh0, want["h0"], rtol=1e-6, atol=1e-6)
 
@@ -144,7 +148,8 @@ def _hand_mlp(params, x, y):
 
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 2e-6)])
 def test_value_and_grad_of_an_mlp_equals_a_hand_written_backward(dtype, tol):
-    model = nn.Sequential(nn.Linear(6, 8, seed=1, dtype=dtype), nn.ReLU(), nn.Linear(8, 3, seed=2, dtype=dtype))
+    model = nn.Sequential(nn.Linear(6, 8, seed=1, dtype=dtype), nn.ReLU(),
+                          nn.Linear(8, 3, seed=2, dtype=dtype))
     x = RNG.standard_normal((10, 6)).astype(dtype)
     y = RNG.standard_normal((10, 3)).astype(dtype)
     loss, grads = nn.value_and_grad(lambda m, a, b: nn.mse_loss(m(a), b), model, x, y)

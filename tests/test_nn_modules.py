@@ -38,7 +38,8 @@ def test_a_module_used_twice_gets_its_whole_gradient_under_each_name():
     summed = nn.accumulate([grads, grads], "sum")
     assert summed["0.weight"] is summed["2.weight"] and np.allclose(summed["0.weight"], 2 * grads["0.weight"])
     rec = nn.vjp(model, x)  # the same through vjp
-    np.testing.assert_allclose(rec.backward(np.ones((2, 2)))[1]["0.weight"], rec.backward(np.ones((2, 2)))[1]["2.weight"])
+    np.testing.assert_allclose(rec.backward(np.ones((2, 2)))[1]["0.weight"],
+                               rec.backward(np.ones((2, 2)))[1]["2.weight"])
 
 
 def test_private_submodules_are_trained_and_private_arrays_are_constants():
@@ -108,7 +109,8 @@ def test_optimizer_state_of_another_shape_is_refused():
         again.step({"w": np.ones((1, 2))}, {"w": np.ones((1, 2))})
     with pytest.raises(UsageError, match="lr must be a number"):
         nn.SGD("0.1")
-    assert nn.SGD(0.0).step({"w": np.ones(2)}, {"w": np.ones(2)})["w"].tolist() == [1.0, 1.0]  # torch allows 0
+    # torch allows 0
+    assert nn.SGD(0.0).step({"w": np.ones(2)}, {"w": np.ones(2)})["w"].tolist() == [1.0, 1.0]
 
 
 def test_clip_with_a_nan_gradient_makes_every_gradient_nan():

@@ -66,7 +66,8 @@ def test_clip_grad_norm_and_accumulate():
 
 
 def _mlp(dtype=np.float64):
-    return nn.Sequential(nn.Linear(4, 16, seed=1, dtype=dtype), nn.ReLU(), nn.Linear(16, 2, seed=2, dtype=dtype))
+    return nn.Sequential(nn.Linear(4, 16, seed=1, dtype=dtype), nn.ReLU(),
+                         nn.Linear(16, 2, seed=2, dtype=dtype))
 
 
 def test_reference_train_learns_and_microbatch_means_equal_the_full_batch():
@@ -93,7 +94,8 @@ def test_initialisation_is_deterministic_and_follows_the_dtype():
 
 def test_errors_name_the_layer_and_the_shapes():
     lin = nn.Linear(4, 3)
-    with pytest.raises(nn.ShapeError, match=r"Linear\(in_features=4.*shape \(\.\.\., 4\), got shape \(2, 5\)"):
+    with pytest.raises(nn.ShapeError,
+                       match=r"Linear\(in_features=4.*shape \(\.\.\., 4\), got shape \(2, 5\)"):
         lin(np.ones((2, 5), np.float32))
     with pytest.raises(nn.ShapeError, match="dtype float32.*got float64"):
         lin(np.ones((2, 4)))
@@ -113,7 +115,8 @@ def test_errors_name_the_layer_and_the_shapes():
 
 
 @pytest.mark.parametrize("make, said", [
-    (lambda: nn.Linear(-1, 3), "Linear: in_features must be an int >= 1, got -1"),  # numpy's "negative dimensions"
+    # numpy's "negative dimensions"
+    (lambda: nn.Linear(-1, 3), "Linear: in_features must be an int >= 1, got -1"),
     (lambda: nn.Linear(4, 2.5), "Linear: out_features must be an int >= 1, got 2.5"),  # silently became 2
     (lambda: nn.Embedding(0, 3), "Embedding: num_embeddings must be an int >= 1"),
     (lambda: nn.LayerNorm(True), "LayerNorm: normalized_shape must be an int >= 1, got True"),
@@ -123,7 +126,8 @@ def test_errors_name_the_layer_and_the_shapes():
 def test_layer_sizes_are_checked_where_the_layer_is_made(make, said):
     with pytest.raises(UsageError, match=re.escape(said)):
         make()
-    assert nn.Linear(np.int64(4), 1).weight.shape == (4, 1)  # numpy integers are sizes (0 is refused: issue 43)
+    # numpy integers are sizes (0 is refused: issue 43)
+    assert nn.Linear(np.int64(4), 1).weight.shape == (4, 1)
 
 
 class Doubler(nn.Module):
@@ -191,10 +195,12 @@ def test_adam_counts_steps_per_parameter_as_torch_does():
 
 
 @pytest.mark.parametrize("make, said", [
-    (lambda: nn.SGD(0.1).step({"b": np.zeros(4)}, {"b": np.ones((3, 4))}), r"gradient of 'b' has shape \(3, 4\)"),
+    (lambda: nn.SGD(0.1).step({"b": np.zeros(4)}, {"b": np.ones((3, 4))}),
+     r"gradient of 'b' has shape \(3, 4\)"),
     (lambda: nn.Adam(0.1).step({"w": np.zeros((3, 4))}, {"w": np.ones(4)}), r"the parameter \(3, 4\)"),
     (lambda: nn.accumulate([{"w": np.ones((2, 3))}, {"w": np.ones(3)}]), "microbatch 1's gradients"),
-    (lambda: nn.accumulate([{"w": np.ones(3)}, {"v": np.ones(3)}]), "do not match microbatch 0's"),  # was KeyError
+    # was KeyError
+    (lambda: nn.accumulate([{"w": np.ones(3)}, {"v": np.ones(3)}]), "do not match microbatch 0's"),
     (lambda: nn.SGD(0.1, momentum=-1), "momentum must be >= 0"),
     (lambda: nn.AdamW(betas=(1.5, 0.9)), r"betas must lie in \[0, 1\)"),
     (lambda: nn.Adam(eps=-1), "eps must be >= 0"),
@@ -208,7 +214,8 @@ def test_optimizers_refuse_what_torch_refuses(make, said):
 def test_dtype_errors_say_what_fixes_them():
     with pytest.raises(nn.ShapeError, match="got int64; cast the input to float32$"):  # not ".astype(int64)"
         nn.Linear(4, 3)(np.ones((2, 4), int))
-    with pytest.raises(nn.ShapeError, match="expected h0 of dtype float32.*got float64"):  # float64 states came out
+    # float64 states came out
+    with pytest.raises(nn.ShapeError, match="expected h0 of dtype float32.*got float64"):
         nn.GRU(3, 4)(np.ones((2, 5, 3), np.float32), np.zeros((1, 2, 4)))
 
 
@@ -216,7 +223,8 @@ def test_a_masked_rows_label_may_be_a_placeholder():
     """torch-style -100 under the mask was refused as a label outside 0..C-1."""
     logits = np.random.default_rng(0).standard_normal((4, 3))
     mask = np.array([1, 1, 0, 1], bool)
-    want = float(np.mean([-(logits[i, c] - np.log(np.exp(logits[i]).sum())) for i, c in ((0, 0), (1, 2), (3, 1))]))
+    want = float(np.mean([-(logits[i, c] - np.log(np.exp(logits[i]).sum())) for i,
+                          c in ((0, 0), (1, 2), (3, 1))]))
     assert nn.cross_entropy(logits, np.array([0, 2, -100, 1]), mask=mask) == pytest.approx(want, rel=1e-12)
     with pytest.raises(UsageError, match=r"labels must lie in 0..2, got -100..2"):
         nn.cross_entropy(logits, np.array([0, 2, -100, 1]))  # unmasked, it is read

@@ -68,7 +68,8 @@ def test_graphs_wired_wrong_are_refused_before_anything_runs(cluster, mistake, s
     elif mistake == "not_a_list":
         g.graph["inputs"] = ("a", 0)
     with pytest.raises(UsageError, match=said):
-        cluster.execute(g, *([np.ones(2)] * len(g.graph["inputs"]) if mistake != "not_a_list" else [np.ones(2)]))
+        cluster.execute(g,
+                        *([np.ones(2)] * len(g.graph["inputs"]) if mistake != "not_a_list" else [np.ones(2)]))
 
 
 def test_sinks_come_back_in_the_order_they_were_added(cluster):
@@ -89,8 +90,8 @@ def test_partial_max_min_and_avg_keep_their_meaning(cluster):
     P(avg) came back as the sum (never divided) and went in as x/n."""
     x = np.array([-np.inf, 1.0, np.inf])
     for op, want in (("max", x), ("min", x)):
-        got = cluster.execute(ShardedOperation(lambda d, v, op=op: d.all_reduce(v, op=op), [TS.of(None, partial=op)],
-                                               [R]), x)
+        got = cluster.execute(ShardedOperation(lambda d, v, op=op: d.all_reduce(v, op=op),
+                                               [TS.of(None, partial=op)], [R]), x)
         np.testing.assert_array_equal(got, want)
     rank_times = ShardedOperation(lambda d, v: v * (d.rank + 1), [R], [TS.of(None, partial="avg")])
     np.testing.assert_allclose(cluster.execute(rank_times, np.ones(1)), [2.5])  # mean of 1, 2, 3, 4
@@ -105,7 +106,8 @@ def test_partial_max_min_and_avg_keep_their_meaning(cluster):
 def test_a_copy_of_an_operation_keeps_its_own_weights(cluster):
     """copy, deepcopy and dataclasses.replace shared the original's device key: placing a weight
     through the copy replaced the original's."""
-    mm = ShardedOperation(lambda d, a, w: a @ w, [TS.of(None, None), TS.of(None, "world")], [TS.of(None, "world")])
+    mm = ShardedOperation(lambda d, a, w: a @ w, [TS.of(None, None), TS.of(None, "world")],
+                          [TS.of(None, "world")])
     mm.place(cluster, 1, np.eye(4))
     for make in (copy.copy, copy.deepcopy, lambda o: dataclasses.replace(o, name="v")):
         other = make(mm)

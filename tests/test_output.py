@@ -62,7 +62,8 @@ def test_no_relay_when_the_driver_writes_to_its_own_descriptors(monkeypatch):
             monkeypatch.setattr(sys, "stderr", open(os.devnull, "w"))  # not descriptor 2's file: forwarded
             assert forwarding_needed()
             monkeypatch.setattr(sys, "stderr", os.fdopen(os.dup(2), "w"))
-            assert not forwarding_needed()  # another descriptor, same open file: devices may write it directly
+            # another descriptor, same open file: devices may write it directly
+            assert not forwarding_needed()
             assert isinstance(relay_for(2, "fork", tag_output=False), NoRelay)
             monkeypatch.setattr(sys, "stdout", io.StringIO())
             assert forwarding_needed()
@@ -91,7 +92,8 @@ def test_run_mpi_streams_each_line_as_it_is_printed():
     runs (mpiexec shows it at once; the emulator held every line until the job ended).  Measured
     against the process's own end, not against a wall-clock budget."""
     proc = subprocess.Popen([sys.executable, "-m", "virtualpar", "run", "--mpi", "-n", "2",
-                             os.path.join(HERE, "ticks.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             os.path.join(HERE, "ticks.py")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     arrivals = []
     for line in proc.stdout:
         arrivals.append((time.monotonic(), line.rstrip("\n")))
@@ -99,7 +101,8 @@ def test_run_mpi_streams_each_line_as_it_is_printed():
     ended = time.monotonic()
     err = proc.stderr.read()
     assert proc.returncode == 0, err
-    assert sorted(text for _, text in arrivals) == sorted(f"[{r}] rank {r} tick {i}" for r in range(2) for i in range(3))
+    assert sorted(text for _,
+                  text in arrivals) == sorted(f"[{r}] rank {r} tick {i}" for r in range(2) for i in range(3))
     first = arrivals[0][0]
     # the last tick is printed 2 s after the first, then the script sleeps 1 s more: the first line
     # arrives about 3 s before the end when it streams, and with the last when it does not

@@ -164,7 +164,8 @@ class _Layout:
 
 
 def _recorder() -> FlightRecorder:
-    return FlightRecorder(_Arena(2 * (64 + RECORD_SLOTS * RECORD_BYTES)), _Layout(), 1)  # type: ignore[arg-type]
+    arena = _Arena(2 * (64 + RECORD_SLOTS * RECORD_BYTES))
+    return FlightRecorder(arena, _Layout(), 1)  # type: ignore[arg-type]
 
 
 def test_recorder_round_trip_with_text_or_encoded_text():
@@ -174,7 +175,8 @@ def test_recorder_round_trip_with_text_or_encoded_text():
     rec.finish(a, 1.25)
     rec.finish(b, 2.5, failed=True)
     first, second = rec.records()
-    assert (first.rank, first.seq, first.state, first.run, first.model_start, first.model_end, first.text) == \
+    assert (first.rank, first.seq, first.state, first.run, first.model_start, first.model_end,
+            first.text) == \
         (1, 7, "done", 3, 0.5, 1.25, "send to 0 tag=2 array(shape=(4,), float32)")
     assert (second.seq, second.state, second.model_start, second.model_end, second.text) == \
         (8, "failed", 0.75, 2.5, "recv from 0 tag=2")
@@ -211,7 +213,9 @@ def test_recorder_rewrites_a_slots_text_whenever_it_changes():
                 raw = raw.decode()  # a str (collectives): always written
             rec.start(seq, raw, float(seq))
             expected[seq] = raw if isinstance(raw, str) else raw.decode()
-        assert [(r.seq, r.text) for r in rec.records()] == [(q, expected[q]) for q in range(seq - RECORD_SLOTS + 1, seq + 1)]
+        assert [(r.seq, r.text) for r in rec.records()] == [
+            (q, expected[q]) for q in range(seq - RECORD_SLOTS + 1, seq + 1)
+        ]
 
 
 def test_op_texts_name_what_was_sent_even_as_dtypes_change():
@@ -260,7 +264,8 @@ def test_event_log_builds_each_kind_of_event_it_keeps():
     assert [(e.kind, e.name, e.seq, e.wall_start) for e in events] == [
         ("send", "send", 4, 0.5), ("recv", "recv", 5, 0.5), ("send", "send", 6, 0.5),
         ("collective", "all_reduce", 7, 0.5), ("compute", "mm", 8, 0.5)]
-    assert [(e.nbytes, e.peer, e.flow) for e in events[:3]] == [(64, 1, "3>1#17"), (64, 1, "1>3#9@2"), (8, 2, None)]
+    assert [(e.nbytes, e.peer, e.flow) for e in events[:3]] == [(64, 1, "3>1#17"), (64, 1, "1>3#9@2"),
+                                                                (8, 2, None)]
     assert (events[3].nbytes, events[3].group, events[3].shape, events[3].dtype, events[3].args) == \
         (96, (1, 3), (4,), "float64", (("algorithm", "shm"), ("group_seq", 3)))
     assert events[4].args == (("flops", 8.0), ("bytes", 16.0)) and events[4].model_end == 2.5
@@ -329,7 +334,8 @@ def test_records_through_a_cluster_name_each_op():
         c.run(mixed_sends)
         sent = [r.text for r in c.flight_records(0) if r.text.startswith("send")]
         got = [r.text for r in c.flight_records(1) if r.text.startswith("recv")]
-        assert sent == ["send to 1 tag=5 array(shape=(3,), float64)", "send to 1 tag=5 array(shape=(3,), int32)",
+        assert sent == ["send to 1 tag=5 array(shape=(3,), float64)",
+                        "send to 1 tag=5 array(shape=(3,), int32)",
                         "send to 1 tag=5 dict", "send to 1 tag=5 array(shape=(3,), float64)"]
         assert got == ["recv from 0 tag=5"] * 4
         assert all(r.state == "done" for r in c.flight_records(0) + c.flight_records(1))
@@ -341,7 +347,8 @@ def test_a_send_recorded_after_posting_keeps_program_order_and_records_a_failure
             c.run(unpicklable_after_a_loop)
         recs = [r for r in c.flight_records(0) if r.text.startswith(("send", "recv"))]
         assert [r.seq for r in recs] == list(range(1, 8))
-        assert [r.text for r in recs] == ["send to 1 tag=0 array(shape=(2,), float64)", "recv from 1 tag=0"] * 3 + \
+        assert [r.text for r in recs] == ["send to 1 tag=0 array(shape=(2,), float64)",
+                                          "recv from 1 tag=0"] * 3 + \
             ["send to 1 tag=0 lock"]
         assert [r.state for r in recs] == ["done"] * 6 + ["failed"]
         assert all(a.wall_end <= b.wall_start for a, b in zip(recs, recs[1:-1]))
@@ -352,8 +359,12 @@ def test_a_recv_timeout_names_its_budget_peer_tag_and_op():
         with raises_within(P2PTimeout, bound=4.0) as info:
             c.run(unsent_recv)
         err = info.value
-        assert "device 1 (world=1): recv from device 0 (tag 4) did not complete within 0.3 s (op #2)" in str(err)
-        assert "device 0 (world=0) last ops:" in str(err) and "send to 1 tag=0 array(shape=(1,), uint8) [done" in str(err)
+        assert "device 1 (world=1): recv from device 0 (tag 4) did not complete within 0.3 s (op #2)" in str(
+            err
+        )
+        assert "device 0 (world=0) last ops:" in str(
+            err
+        ) and "send to 1 tag=0 array(shape=(1,), uint8) [done" in str(err)
         assert (err.rank, err.peer, err.tag, err.op_seq) == (1, 0, 4, 2)
         mine = err.flight_records[1][-1]
         assert mine.state == "started" and mine.text == "recv from 0 tag=4"
@@ -369,7 +380,11 @@ def test_event_log_keeps_wall_times_since_t0_and_counts_what_the_cap_drops():
     log.keep("compute", "mm", before, 4.0, 5.0, 10, {})  # likewise
     assert len(log) == 2 and log.dropped == 3
     first, second = list(log)
-    assert (first.kind, first.name, first.seq, first.model_start, first.model_end) == ("collective", "barrier", 7, 1.0, 2.0)
-    assert first.wall_start == pytest.approx(before - 100.0) and before - 100.0 <= first.wall_end <= time.monotonic() - 100.0
+    assert (first.kind, first.name, first.seq, first.model_start,
+            first.model_end) == ("collective", "barrier", 7, 1.0, 2.0)
+    assert (
+        first.wall_start == pytest.approx(before - 100.0)
+        and before - 100.0 <= first.wall_end <= time.monotonic() - 100.0
+    )
     assert (second.kind, second.nbytes, second.peer) == ("send", 8, 0)
     assert EventLog(rank=0).cap is None  # no cap unless given

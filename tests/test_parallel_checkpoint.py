@@ -328,7 +328,8 @@ PLANS = {"kill-interrupt": {1: ("kill", 3, 2), 3: ("interrupt", 2, 5)},
          "kill-hang-interrupt": {1: ("kill", 3, 2), 2: ("hang", 0, 7), 4: ("interrupt", 2, 5)}}
 
 
-@pytest.mark.parametrize("plan", ["kill-interrupt", pytest.param("kill-hang-interrupt", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("plan",
+                         ["kill-interrupt", pytest.param("kill-hang-interrupt", marks=pytest.mark.slow)])
 def test_the_composed_trainer_survives_kills_hangs_and_interrupts_in_the_chaos_harness(caplog, plan):
     """``bench_chaos.py --model gpt`` at a small size: dp=2 x pp=2 with ZeRO-1 on 4 devices (8 sends,
     receives and collectives per device and step), faults at some of them; each costs only its

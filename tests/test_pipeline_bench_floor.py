@@ -12,7 +12,8 @@ import numpy as np
 from virtualpar import nn
 from virtualpar.pipeline import Pipeline
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_pipeline.py")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                     "bench_pipeline.py")
 _spec = importlib.util.spec_from_file_location("bench_pipeline", _PATH)
 bench_pipeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_pipeline)

@@ -39,7 +39,8 @@ def _data(rows: int, features: int, seed: int = 0):
 def _close(got: dict, want: dict, rtol: float = 1e-9) -> None:
     assert list(got) == list(want)
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-12 * float(np.abs(want[k]).max()), err_msg=k)
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=1e-12 * float(np.abs(want[k]).max()),
+                                   err_msg=k)
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
@@ -70,7 +71,8 @@ def test_every_schedule_runs_in_strict_mode():
     ref_losses, _ = nn.reference_train(seed_mlp(), [(x, y)], nn.mse_loss, nn.SGD(0.05), 2, 8)
     for name in SCHEDULES:
         two = name in ("interleaved_1f1b", "looped_bfs", "zbv")
-        pipe, ranks = (Pipeline(seed_mlp(), cuts=[1, 2, 3]), 2) if two else (Pipeline(seed_mlp(), cuts=[2, 4, 6]), 4)
+        pipe, ranks = (Pipeline(seed_mlp(), cuts=[1, 2, 3]),
+                       2) if two else (Pipeline(seed_mlp(), cuts=[2, 4, 6]), 4)
         op = PipelinedOperation(pipe, name, microbatches=8, optimizer=nn.SGD(0.05))
         with VirtualCluster(ranks, eager_limit=0, timeout=20) as cluster:
             losses = [cluster.execute(op, x, y) for _ in range(2)]
@@ -96,7 +98,8 @@ def test_a_batch_the_data_parallel_replicas_cannot_share_equally_is_refused():
     op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[2]), "1f1b", microbatches=1, axis="pp", dp_axis="dp")
     with VirtualCluster(Mesh({"dp": 2, "pp": 2})) as cluster:
         for rows in (9, 1):
-            with pytest.raises(UsageError, match=f"a batch of {rows} rows does not split into 2 equal data-parallel "
+            with pytest.raises(UsageError,
+                               match=f"a batch of {rows} rows does not split into 2 equal data-parallel "
                                                  "replicas \\(mesh axis 'dp'\\)"):
                 cluster.execute(op, *_data(rows, 16))
         x, y = _data(8, 16)
@@ -104,7 +107,8 @@ def test_a_batch_the_data_parallel_replicas_cannot_share_equally_is_refused():
         assert cluster.execute(op, x, y) == pytest.approx(ref_losses[0], rel=1e-12)
 
 
-@pytest.mark.parametrize("axes, suggested", [({"dp_axis": "dp"}, "axis='pp'"), ({"axis": "pp", "dp_axis": "pp"}, "axis='dp'")])
+@pytest.mark.parametrize("axes, suggested",
+                         [({"dp_axis": "dp"}, "axis='pp'"), ({"axis": "pp", "dp_axis": "pp"}, "axis='dp'")])
 def test_pipeline_and_data_parallel_axes_must_not_overlap(axes, suggested):
     """dp_axis without axis made every device a pipeline rank ("on 4 pipeline ranks ... cut the model
     into 4 stages"); the same axis for both ran into a CollectiveMismatch or a Deadlock."""
@@ -128,11 +132,13 @@ def test_the_timeline_shows_actions_that_took_no_time():
     column and showed 46 of zb_h1's 48 actions."""
     from virtualpar.pipeline import Action
     from virtualpar.pipeline.executor import format_timeline
-    rows = {0: [(Action(0, "F", 0), (0.0, 1.0)), (Action(0, "I", 0), (1.0, 2.0)), (Action(0, "W", 0), (2.0, 2.0)),
-                (Action(0, "F", 1), (2.0, 3.0))],
-            1: [(Action(1, "F", 0), (1.0, 2.5)), (Action(1, "I", 0), (2.5, 3.0)), (Action(1, "W", 0), (3.0, 3.0))]}
+    rows = {0: [(Action(0, "F", 0), (0.0, 1.0)), (Action(0, "I", 0), (1.0, 2.0)),
+                (Action(0, "W", 0), (2.0, 2.0)), (Action(0, "F", 1), (2.0, 3.0))],
+            1: [(Action(1, "F", 0), (1.0, 2.5)), (Action(1, "I", 0), (2.5, 3.0)),
+                (Action(1, "W", 0), (3.0, 3.0))]}
     text = format_timeline(rows)
-    assert sorted(re.findall(r"\d+[FIW]\d+", text)) == sorted(str(a) for acts in rows.values() for a, _ in acts)
+    assert sorted(re.findall(r"\d+[FIW]\d+", text)) == sorted(str(a) for acts in rows.values() for a,
+                                                              _ in acts)
     op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[1, 2, 3]), "zb_h1", microbatches=4,
                             costs={"F": 1, "B": 2, "I": 1, "W": 0})
     with VirtualCluster(4, hardware=UNIT_HW) as cluster:
@@ -160,7 +166,8 @@ def test_every_stage_is_charged_its_flops_on_the_modelled_clock():
     2·rows·16·16 FLOPs forward (and twice that backward) on the device's peak.  The stages between
     the first and the last hold neither the batch nor the targets, and were charged nothing."""
     hw = Hardware.uniform(latency=0.0, bandwidth=float("inf"),
-                          device=DeviceSpec("flop", {"float32": 1.0, "float64": 1.0}, float("inf"), float("inf")))
+                          device=DeviceSpec("flop", {"float32": 1.0, "float64": 1.0}, float("inf"),
+                                            float("inf")))
     op = PipelinedOperation(Pipeline(deep_mlp(4), cuts=[1, 2, 3]), "1f1b", microbatches=4)
     with VirtualCluster(4, hardware=hw) as cluster:
         cluster.execute(op, *_data(32, 16))
@@ -168,7 +175,9 @@ def test_every_stage_is_charged_its_flops_on_the_modelled_clock():
     assert flops >= 2 * 8 * 16 * 16
     for rank, records in op.last_records.items():
         took = {str(a): m1 - m0 for a, _, _, m0, m1 in records}
-        assert took[f"{rank}F0"] == pytest.approx(flops) and took[f"{rank}B0"] == pytest.approx(2 * flops), rank
+        assert took[f"{rank}F0"] == pytest.approx(flops) and took[f"{rank}B0"] == pytest.approx(
+            2 * flops
+        ), rank
 
 
 def test_one_operation_is_one_run_whichever_cluster_takes_its_next_step(caplog):
@@ -182,7 +191,8 @@ def test_one_operation_is_one_run_whichever_cluster_takes_its_next_step(caplog):
     with VirtualCluster(2) as first, VirtualCluster(2) as second:
         with pytest.raises(UsageError, match="has not run on this cluster"):
             op.state_dict(first)
-        losses = [first.execute(op, x, y), second.execute(op, x, y), second.execute(op, x, y), first.execute(op, x, y)]
+        losses = [first.execute(op, x, y), second.execute(op, x, y), second.execute(op, x, y),
+                  first.execute(op, x, y)]
         state = op.state_dict(first)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-9)
     _close(state, ref_state)
@@ -196,7 +206,8 @@ def test_executed_modelled_clock_reproduces_the_closed_forms(S, M):
     """Unit costs (F = B = 1 FLOP on a 1 FLOP/s device) and free links: the run's own modelled
     clock shows 2(M+S-1) steps for GPipe and 1F1B, and each action where the simulator puts it."""
     for name in ("gpipe", "1f1b"):
-        op = PipelinedOperation(Pipeline(deep_mlp(S), cuts=list(range(1, S))), name, microbatches=M, costs={"F": 1, "B": 1})
+        op = PipelinedOperation(Pipeline(deep_mlp(S), cuts=list(range(1, S))), name, microbatches=M,
+                                costs={"F": 1, "B": 1})
         x, y = _data(2 * M, 16)
         with VirtualCluster(S, hardware=UNIT_HW) as cluster:
             cluster.execute(op, x, y)
@@ -205,7 +216,10 @@ def test_executed_modelled_clock_reproduces_the_closed_forms(S, M):
         busy = 2 * M * S
         assert 1 - busy / (S * makespan) == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
         text = op.timeline()
-        assert text.count("F") - 0 >= S * M and sum(text.count(f"{s}B{m}") for s in range(S) for m in range(M)) == S * M
+        assert (
+            text.count("F") - 0 >= S * M
+            and sum(text.count(f"{s}B{m}") for s in range(S) for m in range(M)) == S * M
+        )
 
 
 def test_interleaved_executed_bubble_closed_form():
@@ -232,7 +246,8 @@ def test_mismatched_activation_shapes_name_both_stages():
     op = PipelinedOperation(Pipeline(model, cuts=[1]), "1f1b", microbatches=2)
     x, y = _data(4, 16)
     with VirtualCluster(2) as cluster:
-        with pytest.raises(PipelineError, match=r"device 1 .*stage 1 \(pipeline rank 1\) cannot take stage 0's activation "
+        with pytest.raises(PipelineError,
+                           match=r"device 1 .*stage 1 \(pipeline rank 1\) cannot take stage 0's activation "
                                                 r"of shape \(2, 8\).*expected input of shape \(\.\.\., 12\)"):
             cluster.execute(op, x, y)
 
@@ -254,8 +269,11 @@ def test_the_executed_step_is_in_the_cluster_trace_for_the_two_clock_views(tmp_p
         cluster.execute(op, x, y)
         trace = cluster.trace()
     compute = [e for e in trace if e.kind == "compute" and e.name in ("F", "B")]
-    assert sorted((e.rank, e.name) for e in compute) == sorted((r, k) for r in range(S) for k in "FB" for _ in range(M))
-    assert max(e.model_end for e in compute) == 2 * (M + S - 1)  # the closed form, on the trace's modelled clock
+    assert sorted((e.rank, e.name) for e in compute) == sorted(
+        (r, k) for r in range(S) for k in "FB" for _ in range(M)
+    )
+    # the closed form, on the trace's modelled clock
+    assert max(e.model_end for e in compute) == 2 * (M + S - 1)
     path = trace.write_chrome(str(tmp_path / "pipe.json"), clock="model")
     assert any(ev.get("name") == "F" for ev in json.load(open(path))["traceEvents"])
 
@@ -288,9 +306,11 @@ def test_executor_costs_must_cover_every_kind_the_schedule_runs():
     """Missing kinds would be charged nothing: zero-bubble's I and W would look free."""
     with pytest.raises(UsageError, match="costs name 'X', not an action kind"):
         PipelinedOperation(Pipeline(deep_mlp(2), cuts=[1]), "zb_h1", microbatches=2, costs={"X": 1.0})
-    op = PipelinedOperation(Pipeline(deep_mlp(2), cuts=[1]), "zb_h1", microbatches=2, costs={"F": 1.0, "B": 2.0})
+    op = PipelinedOperation(Pipeline(deep_mlp(2), cuts=[1]), "zb_h1", microbatches=2,
+                            costs={"F": 1.0, "B": 2.0})
     with VirtualCluster(2) as cluster:
-        with pytest.raises(UsageError, match=r"PipelinedOperation\('zb_h1'\): the schedule runs I, W actions but "
+        with pytest.raises(UsageError,
+                           match=r"PipelinedOperation\('zb_h1'\): the schedule runs I, W actions but "
                                              r"costs give no I or W"):
             cluster.execute(op, *_data(4, 16))
 
@@ -303,7 +323,8 @@ def test_pipeline_command_runs_every_schedule_it_lists_with_its_defaults(name, c
 
     assert main(["pipeline", "--schedule", name, "--steps", "1", "--batch", "16", "--microbatches", "4"]) == 0
     out = capsys.readouterr().out
-    devices = "2 devices (2 chunks each)" if name in ("interleaved_1f1b", "looped_bfs", "zbv") else "4 devices"
+    devices = "2 devices (2 chunks each)" if name in ("interleaved_1f1b", "looped_bfs",
+                                                      "zbv") else "4 devices"
     assert f"{name}: 4 stages on {devices} x 4 microbatches" in out
     assert "matches single-process training (float64, 1e-9): yes" in out
 
@@ -311,9 +332,12 @@ def test_pipeline_command_runs_every_schedule_it_lists_with_its_defaults(name, c
 def test_pipeline_command_says_how_many_devices_the_mlp_allows(capsys):
     from virtualpar.cli import main
 
-    assert main(["pipeline", "--schedule", "zbv", "--stages", "4"]) == 2  # a usage error, found before any device
+    # a usage error, found before any device
+    assert main(["pipeline", "--schedule", "zbv", "--stages", "4"]) == 2
     assert ("zbv on 4 devices with 2 model chunks each needs 8 stages, but the MLP has 7 layers to cut; "
             "use at most 3 devices") in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         main(["pipeline", "--virtual", "0"])
-    assert info.value.code == 2 and "argument --virtual: must be an int >= 1, got 0" in capsys.readouterr().err
+    assert (
+        info.value.code == 2 and "argument --virtual: must be an int >= 1, got 0" in capsys.readouterr().err
+    )

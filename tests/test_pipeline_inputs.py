@@ -47,7 +47,8 @@ def test_schedules_of_the_wrong_shape_are_named():
     with pytest.raises(ScheduleError, match=r"keyed by the int ranks 0..1 .*got keys \['0', '1'\]"):
         validate({str(r): acts for r, acts in s.items()}, p, 2)  # as read back from --json
     with pytest.raises(ScheduleError, match=r"idle rank gets \[\]\); got keys \[0\]"):
-        validate({0: [Action(0, "F", 0), Action(1, "F", 0), Action(1, "B", 0), Action(0, "B", 0)]}, Placement(2, (0, 0)), 1)
+        validate({0: [Action(0, "F", 0), Action(1, "F", 0), Action(1, "B", 0), Action(0, "B", 0)]},
+                 Placement(2, (0, 0)), 1)
     with pytest.raises(ScheduleError, match=r"'0F0' is a str, not an Action: write Action.from_str\('0F0'\)"):
         validate({0: ["0F0", "0B0"]}, Placement.loop(1), 1)
     with pytest.raises(ScheduleError, match="microbatches must be an int >= 1, got 0"):
@@ -77,7 +78,8 @@ def test_an_inferred_virtual_count_is_explained_as_such():
     model = nn.Sequential(*[nn.Linear(2, 2, seed=i, dtype=np.float64) for i in range(4)])
     op = PipelinedOperation(Pipeline(model, [1, 2, 3]), "1f1b", 2)
     with VirtualCluster(2) as cluster:
-        with pytest.raises(UsageError, match=r"4 stages on 2 pipeline ranks means 2 stages per rank, which '1f1b' "
+        with pytest.raises(UsageError,
+                           match=r"4 stages on 2 pipeline ranks means 2 stages per rank, which '1f1b' "
                                              r"cannot run .* choose interleaved_1f1b or looped_bfs"):
             cluster.execute(op, np.ones((4, 2)), np.ones((4, 2)))
 
@@ -87,7 +89,8 @@ def test_a_virtual_count_a_schedule_does_not_take_says_which_it_does():
 
     with pytest.raises(UsageError, match=r"zbv does not take virtual=1; zbv takes virtual=2"):
         SCHEDULES["zbv"](2, 4, 1)
-    with pytest.raises(UsageError, match=r"1f1b does not take virtual=2; use interleaved_1f1b or looped_bfs .* or zbv"):
+    with pytest.raises(UsageError,
+                       match=r"1f1b does not take virtual=2; use interleaved_1f1b or looped_bfs .* or zbv"):
         SCHEDULES["1f1b"](2, 4, 2)
 
 
@@ -119,7 +122,9 @@ def test_a_step_that_fails_anywhere_updates_nothing(rank):
         assert cluster.execute(op, x, y) == pytest.approx(want[1], rel=1e-12)  # the retry is the second step
 
 
-@pytest.mark.parametrize("costs", [{"F": 1, "B": 1.5}, {"F": 1e-7, "B": 1}, {"F": 2, "I": 2, "W": 3}, {"F": 1, "I": 1, "W": 0}])
+@pytest.mark.parametrize("costs",
+                         [{"F": 1, "B": 1.5}, {"F": 1e-7, "B": 1}, {"F": 2, "I": 2, "W": 3},
+                          {"F": 1, "I": 1, "W": 0}])
 def test_the_grid_shows_every_action_whatever_the_costs(costs):
     """Costs that are not multiples of the shortest hid actions (rounded into a shared cell), and a
     tiny one made millions of cells (MemoryError)."""
@@ -127,9 +132,14 @@ def test_the_grid_shows_every_action_whatever_the_costs(costs):
     s, p = build(name, 4, 8)
     grid = simulate(s, p, 8, costs=costs).grid()
     for r, actions in s.items():
-        assert sorted(map(str, {a for a in grid[r] if a is not None})) == sorted(str(a) for a in actions if a is not None)
+        assert sorted(map(str, {a for a in grid[r] if a is not None})) == sorted(
+            str(a) for a in actions if a is not None
+        )
     assert len(grid[0]) <= 1000
-    assert len(simulate(s, p, 8, costs={k: 1 for k in costs}).grid()[0]) == simulate(s, p, 8, costs={k: 1 for k in costs}).makespan
+    assert (
+        len(simulate(s, p, 8, costs={k: 1 for k in costs}).grid()[0])
+        == simulate(s, p, 8, costs={k: 1 for k in costs}).makespan
+    )
 
 
 def test_costs_whose_sum_overflows_are_refused():

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from virtualpar import UsageError, nn
-from virtualpar.pipeline import (SCHEDULES, Action, Pipeline, PipelineDeadlock, Placement, ScheduleError, build, lower,
-                                 simulate, validate)
+from virtualpar.pipeline import (SCHEDULES, Action, Pipeline, PipelineDeadlock, Placement, ScheduleError,
+                                 build, lower, simulate, validate)
 
 UNIT = {"F": 1.0, "B": 1.0}
 
 
 def test_action_prints_compactly_and_parses_back():
-    for a in (Action(2, "B", 1), Action(0, "F", 0), Action(13, "W", 107), Action(3, "SF", 2), Action(1, "RB", 0)):
+    for a in (Action(2, "B", 1), Action(0, "F", 0), Action(13, "W", 107), Action(3, "SF", 2),
+              Action(1, "RB", 0)):
         assert Action.from_str(str(a)) == a
     assert str(Action(2, "B", 1)) == "2B1"
     with pytest.raises(UsageError, match="not an action: '2X1'"):
@@ -73,7 +74,8 @@ def test_zero_bubble_h1_beats_1f1b_at_the_same_peak_memory(S, M):
 
 def test_zbv_has_the_smallest_bubble():
     costs = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-    bubbles = {n: simulate(*build(n, 4, 8, 2 if n == "zbv" else None), 8, costs=costs).bubble for n in ("1f1b", "zb_h1", "zbv")}
+    bubbles = {n: simulate(*build(n, 4, 8, 2 if n == "zbv" else None), 8,
+                           costs=costs).bubble for n in ("1f1b", "zb_h1", "zbv")}
     assert bubbles["zbv"] < bubbles["zb_h1"] < bubbles["1f1b"]
 
 
@@ -107,7 +109,8 @@ def test_a_schedule_that_cannot_finish_is_a_named_deadlock():
     sched = {0: [Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1), Action(0, "B", 1)],
              1: [Action(1, "F", 1), Action(1, "B", 1), Action(1, "F", 0), Action(1, "B", 0)]}
     validate(sched, placement, 2)  # each rank's own order is fine
-    with pytest.raises(PipelineDeadlock, match=r"rank 0 waits at 0B0 for 1B0.*\n.*rank 1 waits at 1F1 for 0F1"):
+    with pytest.raises(PipelineDeadlock,
+                       match=r"rank 0 waits at 0B0 for 1B0.*\n.*rank 1 waits at 1F1 for 0F1"):
         simulate(sched, placement, 2)
 
 
@@ -118,8 +121,11 @@ def test_lowering_puts_receives_before_consumers_and_sends_after_producers():
     assert [str(a) for a in low[1]] == ["1RF0", "1F0", "1B0", "1SB0"]
     vsched, vplace = build("zbv", 2, 1)  # stages 0 and 3 share rank 0: no transfer between them
     low = lower(vsched, vplace)
-    assert not any(a.kind in ("SF", "RF") and a.stage in (2, 3) and vplace.stage_rank[a.stage + (a.kind == "SF")] == 0
-                   for a in low[0] if a.stage < 3)
+    assert not any(
+        a.kind in ("SF", "RF") and a.stage in (2, 3) and vplace.stage_rank[a.stage + (a.kind == "SF")] == 0
+        for a in low[0]
+        if a.stage < 3
+    )
 
 
 def test_memory_ledger_follows_the_activation_curve():
@@ -138,7 +144,9 @@ def test_partition_at_cut_points_and_balanced():
     pipe = Pipeline(model, cuts=["2", 4])
     assert [len(s.module) for s in pipe.stages] == [2, 2, 2]
     assert list(pipe.stages[1].parameters()) == ["2.weight", "2.bias", "3.weight", "3.bias"]
-    with pytest.raises(UsageError, match=r"no cut point '9'.*valid cut points are the layers \['1', '2', '3', '4', '5'\]"):
+    with pytest.raises(UsageError,
+                       match=r"no cut point '9'.*valid cut points are the layers "
+                             r"\['1', '2', '3', '4', '5'\]"):
         Pipeline(model, cuts=["9"])
     # numpy's integers are indices too (np.int64(2) was "no cut point", beside a list naming 2 as valid)
     assert [len(s.module) for s in Pipeline(model, cuts=np.array([2, 4])).stages] == [2, 2, 2]
@@ -148,7 +156,8 @@ def test_partition_at_cut_points_and_balanced():
     heavy = nn.Sequential(*[nn.Linear(a, b, seed=i) for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))])
     balanced = Pipeline.balanced(heavy, 3, by="params")
     weights = [s.module.num_parameters() for s in balanced.stages]
-    assert max(weights) == min(max(heavy[:c].num_parameters(), heavy[c:d].num_parameters(), heavy[d:].num_parameters())
+    assert max(weights) == min(max(heavy[:c].num_parameters(), heavy[c:d].num_parameters(),
+                                   heavy[d:].num_parameters())
                                for c in range(1, 5) for d in range(c + 1, 6))
 
 
@@ -157,11 +166,17 @@ def test_schedule_command_json_and_errors(capsys):
 
     from virtualpar.cli import main
 
-    assert main(["schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--costs", "F=1,B=1", "--json"]) == 0
+    assert main(["schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--costs", "F=1,B=1",
+                 "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["makespan"] == 22 and doc["bubble"] == pytest.approx(3 / 11) and doc["peak_activations"] == [4, 3, 2, 1]
+    assert (
+        doc["makespan"] == 22
+        and doc["bubble"] == pytest.approx(3 / 11)
+        and doc["peak_activations"] == [4, 3, 2, 1]
+    )
     assert len(doc["grid"]["0"]) == 22 and doc["grid"]["0"][0] == "0F0"
-    assert main(["schedule", "interleaved_1f1b", "--stages", "2", "--microbatches", "4", "--virtual", "2"]) == 0
+    assert main(["schedule", "interleaved_1f1b", "--stages", "2", "--microbatches", "4", "--virtual",
+                 "2"]) == 0
     assert "bubble" in capsys.readouterr().out
     assert main(["schedule", "nope"]) == 2
     assert "choose one of gpipe" in capsys.readouterr().err
@@ -182,7 +197,8 @@ def test_costs_that_would_time_the_wrong_thing_are_refused(capsys):
     # per-stage costs covering every stage time each stage by its own cost
     sim = simulate(sched, placement, 2, costs={"F": {0: 1.0, 1: 3.0}, "B": 0.0})
     assert sim.makespan == 1 + 3 + 3
-    with pytest.raises(UsageError, match=r"x: the schedule runs I, W actions but costs give no I or W \(given: F, B\)"):
+    with pytest.raises(UsageError,
+                       match=r"x: the schedule runs I, W actions but costs give no I or W \(given: F, B\)"):
         check_costs({"F": 1.0, "B": 2.0}, "x", needed=("F", "I", "W"))
     with pytest.raises(UsageError, match=r"costs\['F'\] must be a number, got a mapping"):
         check_costs({"F": {0: 1.0}}, "x")

@@ -76,7 +76,8 @@ def test_posted_puts_arrive_in_order_before_the_next_run():
 def test_a_failed_posted_put_fails_the_next_call_with_its_own_error_and_the_cluster_goes_on():
     with VirtualCluster(2, timeout=5) as c:
         c.put(1, "bad", _Unloadable(), block=False)  # the driver's half succeeds: nothing raised yet
-        with pytest.raises(PayloadError, match="the posted put 'bad' failed: device 1.*cannot be rebuilt") as info:
+        with pytest.raises(PayloadError,
+                           match="the posted put 'bad' failed: device 1.*cannot be rebuilt") as info:
             c.run(_read, "bad")
         assert info.value.rank == 1
         assert c.run(_read, "bad") == [None, None]  # reset: the next run starts clean

@@ -31,7 +31,11 @@ def numpy_path(op: str, values: tuple[float, ...]) -> float:
 @pytest.mark.parametrize("op", sorted(REDUCE_OPS))
 def test_python_floats_reduce_to_numpy_s_bits(op):
     for n in (1, 2, 3, 4):
-        for values in itertools.product(EDGES, repeat=n) if n < 4 else itertools.islice(itertools.product(EDGES, repeat=4), 0, None, 7):
+        for values in (
+            itertools.product(EDGES, repeat=n)
+            if n < 4
+            else itertools.islice(itertools.product(EDGES, repeat=4), 0, None, 7)
+        ):
             got, want = reduce_floats(op, list(values), n), numpy_path(op, values)
             assert bits(got) == bits(want) or (got != got and want != want), (op, values, got, want)
 
@@ -45,7 +49,8 @@ def test_a_one_float_all_reduce_gives_numpy_s_bits_on_every_device(shape):
     """Signed zeros and a NaN in the middle: max/min must choose as np.maximum/np.minimum would in
     rank order, which the shm algorithm (the default) promises on every path.  (The ring computes
     each element in another order: equal on every device, but not these bits.)"""
-    rows = [[0.0, -0.0, -0.0, 0.0, 1.0], [-0.0, 0.0, float("nan"), -1.0, 2.0], [5e-324, -5e-324, 0.0, -0.0, 0.5]]
+    rows = [[0.0, -0.0, -0.0, 0.0, 1.0], [-0.0, 0.0, float("nan"), -1.0, 2.0],
+            [5e-324, -5e-324, 0.0, -0.0, 0.5]]
     with VirtualCluster(5, timeout=20) as cluster:
         for values, op in itertools.product(rows, sorted(REDUCE_OPS)):
             want = numpy_path(op, tuple(values))
@@ -54,4 +59,10 @@ def test_a_one_float_all_reduce_gives_numpy_s_bits_on_every_device(shape):
                 for g in got:
                     assert g.shape == shape and g.dtype == np.float64
                     v = float(g.reshape(-1)[0])
-                    assert bits(v) == bits(want) or (v != v and want != want), (values, op, algorithm, v, want)
+                    assert bits(v) == bits(want) or (v != v and want != want), (
+                        values,
+                        op,
+                        algorithm,
+                        v,
+                        want,
+                    )

@@ -36,7 +36,8 @@ def test_a_shared_memory_all_reduce_is_counted_in_the_summary():
 def test_idle_time_has_no_float_residue():
     """Device 1 ends 35.56 ps after device 0 on a 1 ms span: rounding, printed as 0 s, not "0.03556 ns"."""
     end = 1e-3
-    events = [Event(rank=0, kind="compute", name="a", wall_start=0.0, wall_end=end, model_start=0.0, model_end=end),
+    events = [Event(rank=0, kind="compute", name="a", wall_start=0.0, wall_end=end, model_start=0.0,
+                    model_end=end),
               Event(rank=1, kind="compute", name="b", wall_start=0.0, wall_end=end + 3.556e-11,
                     model_start=0.0, model_end=end + 3.556e-11)]
     s = summarize(Trace(events))
@@ -75,10 +76,13 @@ def test_an_error_is_blamed_on_the_code_whose_frame_raised_it(monkeypatch):
     assert raised_in(info.value).startswith("virtualpar code (virtualpar/collectives/shm.py:")
 
     split = shm.split_bounds
-    monkeypatch.setattr(shm, "split_bounds", lambda m, n: split(m, 0))  # a bug inside the shm all_reduce (fork: inherited)
+    # a bug inside the shm all_reduce (fork: inherited)
+    monkeypatch.setattr(shm, "split_bounds", lambda m, n: split(m, 0))
     import numpy as np
     with VirtualCluster(2, timeout=30.0) as c:
-        with pytest.raises(DeviceError, match=r"raised ZeroDivisionError in virtualpar code \(virtualpar/collectives/shm.py:\d+\)"):
+        with pytest.raises(DeviceError,
+                           match=r"raised ZeroDivisionError in virtualpar code "
+                                 r"\(virtualpar/collectives/shm.py:\d+\)"):
             c.run(lambda dev: dev.all_reduce(np.ones(100000), algorithm="shm"))
         with pytest.raises(DeviceError, match="raised ValueError in user code: number sections"):
             c.run(_numpy_error_in_user_code)
@@ -112,7 +116,8 @@ def test_traffic_past_sixteen_devices_prints_a_line_per_device_and_the_heaviest_
     assert lines[0] == "20 devices, one line each (the src x dst matrix is TrafficStats.bytes)"
     assert lines[1].split() == ["device", "sent", "received", "messages", "peers"]
     rows = lines[3:3 + n]  # under the head and its rule
-    assert rows[3].split() == ["3", "1000", "B", "50", "B", "4", "2"] and rows[7].split() == ["7", "0", "B", "900", "B", "0", "0"]
+    assert rows[3].split() == ["3", "1000", "B", "50", "B", "4",
+                               "2"] and rows[7].split() == ["7", "0", "B", "900", "B", "0", "0"]
     assert lines[-2] == "heaviest pairs: 3->7 900 B, 3->8 100 B, 5->3 50 B"
     assert lines[-1] == "device-to-device 1.025 KiB (1,050 B); host->device 0 B; device->host 0 B"
     assert len(lines) == 3 + n + 2 and max(map(len, lines)) <= 100

@@ -29,8 +29,6 @@ OP_TIMEOUT = 30.0  # far above every run_timeout here: the run deadline must be 
 BOUND = 10.0  # a RunTimeout must reach the driver within this many seconds
 
 
-
-
 # -- functions run on the devices -------------------------------------------------------------------
 
 def sleep_on_rank_1(dev):
@@ -77,7 +75,10 @@ def test_run_timeout_names_the_stuck_device_kills_it_and_closes_the_cluster():
         msg = str(err)
         assert isinstance(err, TimeoutError) and isinstance(err, VirtualParError)
         assert err.running == [1] and err.run_timeout == 1.0 and err.function == "sleep_on_rank_1"
-        assert "sleep_on_rank_1() did not finish within run_timeout=1 s; still running: device 1 (world=1)" in msg
+        assert (
+            "sleep_on_rank_1() did not finish within run_timeout=1 s; still running: device 1 (world=1)"
+            in msg
+        )
         # the last op, from the flight recorder: the run itself, started and never finished
         assert "run sleep_on_rank_1() [user code]" in err.last_ops[1] and "not finished" in err.last_ops[1]
         assert "device 1 (world=1) last op: " + err.last_ops[1] in msg
@@ -144,7 +145,8 @@ def test_run_timeout_error_pickles_and_is_exported():
                      run_timeout=1.0, function="f")
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is RunTimeout and str(back) == "f() did not finish"
-    assert (back.running, back.last_ops, back.stacks, back.run_timeout) == ([1], {1: "op #0 run f()"}, {1: "  File x"}, 1.0)
+    assert (back.running, back.last_ops, back.stacks,
+            back.run_timeout) == ([1], {1: "op #0 run f()"}, {1: "  File x"}, 1.0)
     assert virtualpar.RunTimeout is RunTimeout and "RunTimeout" in virtualpar.__all__
     assert "RunTimeout" in virtualpar.errors.__all__
 

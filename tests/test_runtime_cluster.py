@@ -87,7 +87,8 @@ def test_args_and_kwargs_are_passed(cluster):
         assert (rank, a, scale) == (r, "x", 3)
         np.testing.assert_array_equal(b, np.arange(2))
     assert cluster.run(with_kwargs, 5)[7] == (7, 5, 0, 1)
-    assert cluster.run(named_like_run, fn="f", op="o")[0] == ("f", "o")  # run's own argument names pass through
+    # run's own argument names pass through
+    assert cluster.run(named_like_run, fn="f", op="o")[0] == ("f", "o")
 
 
 def named_like_run(dev, fn, op):
@@ -134,7 +135,8 @@ def test_put_get_of_python_objects_and_every_rank(cluster):
 
 def test_get_of_a_missing_key_names_it(cluster):
     cluster.put(0, "cfg", {"rank": 0})
-    cluster.run(lambda dev: dev.barrier())  # an earlier op must not be blamed: the get is the caller's mistake
+    # an earlier op must not be blamed: the get is the caller's mistake
+    cluster.run(lambda dev: dev.barrier())
     with pytest.raises(UsageError, match=r"^cluster.get\(0, 'no_such_key'\): device 0 \(.*\) has no "
                                          r"state\['no_such_key'\]; it holds \[.*'cfg'.*\]$") as exc:
         cluster.get(0, "no_such_key")
@@ -234,7 +236,9 @@ def test_a_cluster_dropped_without_close_is_closed_with_a_warning():
         warnings.simplefilter("always")
         del c
         gc.collect()
-    assert any(issubclass(w.category, ResourceWarning) and "was never closed; it was closed when collected" in str(w.message)
+    assert any(issubclass(w.category,
+                          ResourceWarning) and "was never closed; it was closed when "
+                                               "collected" in str(w.message)
                for w in caught)
     assert not any(process_alive(p) for p in pids)
 
@@ -282,8 +286,10 @@ def test_a_spawned_script_without_a_main_guard_gets_a_named_error_and_leaks_noth
                       "with VirtualCluster(2, start_method='spawn') as c:\n"
                       "    c.run(lambda dev: dev.rank)\n")
     before = {f for f in os.listdir("/dev/shm") if f.startswith("virtualpar-")}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
     assert proc.returncode != 0
-    assert "if __name__ == \"__main__\":" in proc.stderr and "UsageError" in proc.stderr  # each device says why
+    # each device says why
+    assert "if __name__ == \"__main__\":" in proc.stderr and "UsageError" in proc.stderr
     assert "DeviceDied" in proc.stderr  # and the driver names the device that did not start
     assert {f for f in os.listdir("/dev/shm") if f.startswith("virtualpar-")} <= before

@@ -58,7 +58,8 @@ def lite(mesh: Mesh) -> bool:
 
 # -- cases: plain dicts (they travel to the devices), inputs drawn from (seed, rank) ---------------
 def piece_shape(shape: tuple, pos: int) -> tuple[int, ...]:
-    """A shape whose entries may depend on the group position: "p" -> pos % 3 (0 included), "p1" -> pos + 1."""
+    """A shape whose entries may depend on the group position: "p" -> pos % 3 (0 included), "p1" -> pos +
+    1."""
     return tuple(pos % 3 if s == "p" else pos + 1 if s == "p1" else s for s in shape)
 
 
@@ -81,7 +82,8 @@ def make_input(case: dict, rank: int, pos: int) -> np.ndarray:
 
 def case_key(case: dict) -> str:
     parts = [case["coll"], f"group={case['group']!r}", case["dtype"]]
-    parts += [f"{k}={case[k]!r}" for k in ("algorithm", "op", "shape", "dim", "root", "split_dim", "concat_dim") if k in case]
+    parts += [f"{k}={case[k]!r}" for k in ("algorithm", "op", "shape", "dim", "root", "split_dim",
+                                           "concat_dim") if k in case]
     return " ".join(parts)
 
 
@@ -115,7 +117,8 @@ def run_cases(dev, cases: list[dict]) -> list[tuple[Any, bool]]:
         try:
             out.append(_call(dev, case))
         except Exception as exc:
-            raise RuntimeError(f"case [{case_key(case)}] failed on rank {dev.rank}: {type(exc).__name__}: {exc}") from exc
+            raise RuntimeError(f"case [{case_key(case)}] failed on rank {dev.rank}: "
+                               f"{type(exc).__name__}: {exc}") from exc
     return out
 
 
@@ -147,7 +150,8 @@ def compare(got: Any, want: Any, dtype: str) -> str | None:
 
 
 def batch_key(case: dict) -> tuple:
-    """Cases run in a few batches (algorithm x 0-d x negative dims): one failing path cannot hide the others."""
+    """Cases run in a few batches (algorithm x 0-d x negative dims): one failing path cannot hide the
+    others."""
     negative = any(case.get(k, 0) < 0 for k in ("dim", "split_dim", "concat_dim"))
     return case.get("algorithm"), case["shape"] == (), negative
 
@@ -169,7 +173,8 @@ def verify(cluster: VirtualCluster, cases: list[dict]) -> None:
         problems += check_batch(cluster.mesh, batch, first, second)
     if problems:
         head = f"{len(problems)} problem(s) on mesh {cluster.mesh} over {len(cases)} cases:\n  "
-        pytest.fail(head + "\n  ".join(problems[:25]) + ("\n  ..." if len(problems) > 25 else ""), pytrace=False)
+        pytest.fail(head + "\n  ".join(problems[:25]) + ("\n  ..." if len(problems) > 25 else ""),
+                    pytrace=False)
 
 
 def check_batch(mesh: Mesh, cases: list[dict], first: list, second: list) -> list[str]:
@@ -177,7 +182,8 @@ def check_batch(mesh: Mesh, cases: list[dict], first: list, second: list) -> lis
     for i, case in enumerate(cases):
         key = case_key(case)
         for group in mesh.groups(case["group"]):
-            xs = [None if case["coll"] in ("broadcast", "scatter") and p != case["root"] else make_input(case, r, p)
+            xs = [None if case["coll"] in ("broadcast",
+                                           "scatter") and p != case["root"] else make_input(case, r, p)
                   for p, r in enumerate(group)]
             params = {k: case[k] for k in ORACLE_PARAMS if k in case}
             expected = getattr(reference, case["coll"])(xs, **params)
@@ -217,7 +223,8 @@ def test_all_reduce(cluster):
              for g in groups_of(cluster.mesh) for dt in DTYPES for algo in ALGORITHMS["all_reduce"]
              for op in ops_for(dt) for shape in shapes]
     verify(cluster, finish(cases, 1))
-    assert_avg_int_rejected(cluster, dict(coll="all_reduce", group=None, dtype="int64", op="avg", shape=(4,), seed=1))
+    assert_avg_int_rejected(cluster,
+                            dict(coll="all_reduce", group=None, dtype="int64", op="avg", shape=(4,), seed=1))
 
 
 def test_all_gather(cluster):
@@ -231,7 +238,8 @@ def test_all_gather(cluster):
 
 
 def test_reduce_scatter(cluster):
-    # (10,) over 3/4/8 and (2, 7) over dim 1 are uneven; (1,) is smaller than n; (12, 2) splits evenly for n <= 4
+    # (10,) over 3/4/8 and (2, 7) over dim 1 are uneven; (1,) is smaller than n; (12, 2) splits evenly for n
+    # <= 4
     specs = [((10,), 0), ((12, 2), 0), ((2, 7), 1), ((1,), 0), ((3, 5), -1)]
     if lite(cluster.mesh):
         specs = [((10,), 0), ((2, 7), 1)]
@@ -239,7 +247,9 @@ def test_reduce_scatter(cluster):
              for g in groups_of(cluster.mesh) for dt in DTYPES for algo in ALGORITHMS["reduce_scatter"]
              for op in ops_for(dt) for shape, dim in specs]
     verify(cluster, finish(cases, 3))
-    assert_avg_int_rejected(cluster, dict(coll="reduce_scatter", group=None, dtype="int64", op="avg", shape=(8,), dim=0, seed=3))
+    assert_avg_int_rejected(cluster,
+                            dict(coll="reduce_scatter", group=None, dtype="int64", op="avg", shape=(8,),
+                                 dim=0, seed=3))
 
 
 def test_broadcast(cluster):
@@ -256,7 +266,9 @@ def test_reduce(cluster):
              for g in groups_of(cluster.mesh) for dt in DTYPES for algo in ALGORITHMS["reduce"]
              for op in ops_for(dt) for shape in shapes for root in roots_for(group_size(cluster.mesh, g))]
     verify(cluster, finish(cases, 5))
-    assert_avg_int_rejected(cluster, dict(coll="reduce", group=None, dtype="int64", op="avg", shape=(3,), root=0, seed=5))
+    assert_avg_int_rejected(cluster,
+                            dict(coll="reduce", group=None, dtype="int64", op="avg", shape=(3,), root=0,
+                                 seed=5))
 
 
 def test_gather(cluster):
@@ -282,13 +294,15 @@ def test_all_to_all(cluster):
         # even splits in every (split, concat) combination, then uneven ones (10 rows, 7 columns)
         specs = [((2 * n, 3), 0, 0), ((2 * n, 3), 0, 1), ((3, n), 1, 0), ((2, 2, n), 2, 1),
                  ((10, 2), 0, 0), ((3, 7), 1, 1), ((10, 3), 0, 1)]
-        cases += [dict(coll="all_to_all", group=g, dtype=dt, algorithm=algo, shape=shape, split_dim=s, concat_dim=c)
+        cases += [dict(coll="all_to_all", group=g, dtype=dt, algorithm=algo, shape=shape, split_dim=s,
+                       concat_dim=c)
                   for dt in DTYPES for algo in ALGORITHMS["all_to_all"] for shape, s, c in specs]
     verify(cluster, finish(cases, 8))
 
 
 def barrier_rounds(dev, path: str, groups: list, rounds: int) -> list[Any]:
-    """Append "round enter rank" before and "round exit rank" after each barrier (O_APPEND lines are atomic)."""
+    """Append "round enter rank" before and "round exit rank" after each barrier (O_APPEND lines are
+    atomic)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     results = []
     try:
@@ -317,7 +331,9 @@ def test_barrier(cluster, tmp_path):
                       if int(kk) == k and int(jj) == j and int(r) in members}
                 last_enter = max(at[("enter", r)] for r in members)
                 first_exit = min(at[("exit", r)] for r in members)
-                assert last_enter < first_exit, f"round {k} group {group} {members}: a device left the barrier before all entered"
+                assert (
+                    last_enter < first_exit
+                ), f"round {k} group {group} {members}: a device left the barrier before all entered"
 
 
 def assert_avg_int_rejected(cluster: VirtualCluster, case: dict) -> None:
@@ -368,7 +384,8 @@ def test_bytes_moved_closed_forms(cluster):
 
         s = measure(cluster, dict(base, coll="all_reduce", algorithm="ring", op="sum"))
         # ring all_reduce: 2(n-1) steps of M/n to the right neighbour = 2(n-1)/n * M per device
-        np.testing.assert_array_equal(s.bytes, ring_matrix(mesh, group, M // n, 2 * (n - 1)), err_msg=f"ring all_reduce group={group}")
+        np.testing.assert_array_equal(s.bytes, ring_matrix(mesh, group, M // n, 2 * (n - 1)),
+                                      err_msg=f"ring all_reduce group={group}")
         for members in mesh.groups(group):
             for r in members:
                 assert s.sent(r) == 2 * (n - 1) * M // n
@@ -377,17 +394,20 @@ def test_bytes_moved_closed_forms(cluster):
 
         s = measure(cluster, dict(base, coll="all_reduce", algorithm="direct", op="sum"))
         # direct all_reduce: the whole array to every peer = (n-1) * M per device
-        np.testing.assert_array_equal(s.bytes, direct_matrix(mesh, group, M), err_msg=f"direct all_reduce group={group}")
+        np.testing.assert_array_equal(s.bytes, direct_matrix(mesh, group, M),
+                                      err_msg=f"direct all_reduce group={group}")
         assert all(s.sent(r) == (n - 1) * M for r in range(mesh.size))
 
         piece = dict(group=group, dtype="float32", shape=(elems // n,), seed=8)
         s = measure(cluster, dict(piece, coll="all_gather", algorithm="ring", dim=0))
         # ring all_gather of pieces of M/n: n-1 steps of M/n = (n-1)/n * M per device
-        np.testing.assert_array_equal(s.bytes, ring_matrix(mesh, group, M // n, n - 1), err_msg=f"ring all_gather group={group}")
+        np.testing.assert_array_equal(s.bytes, ring_matrix(mesh, group, M // n, n - 1),
+                                      err_msg=f"ring all_gather group={group}")
         assert all(s.sent(r) == (n - 1) * M // n for r in range(mesh.size))
 
         s = measure(cluster, dict(base, coll="reduce_scatter", algorithm="ring", op="sum", dim=0))
-        np.testing.assert_array_equal(s.bytes, ring_matrix(mesh, group, M // n, n - 1), err_msg=f"ring reduce_scatter group={group}")
+        np.testing.assert_array_equal(s.bytes, ring_matrix(mesh, group, M // n, n - 1),
+                                      err_msg=f"ring reduce_scatter group={group}")
 
         s = measure(cluster, dict(base, coll="broadcast", algorithm="tree", root=n - 1))
         # binomial broadcast: every non-root receives M exactly once, the root nothing
@@ -418,7 +438,8 @@ def test_contract_check_costs_control_bytes_only(cluster):
     """check_collectives=True vs False: identical data bytes and messages, and no control bytes
     either: calls that agree are checked by digests in shared memory at a fence, not by messages."""
     mesh = cluster.mesh
-    cases = [dict(coll="all_reduce", group=g, dtype="float64", algorithm="ring", op="sum", shape=(48,), seed=9)
+    cases = [dict(coll="all_reduce", group=g, dtype="float64", algorithm="ring", op="sum", shape=(48,),
+                  seed=9)
              for g in groups_of(mesh)]
     cases += [dict(coll="all_gather", group=g, dtype="int64", algorithm="ring", shape=(6,), dim=0, seed=10)
               for g in groups_of(mesh)]
@@ -478,8 +499,8 @@ def test_scatter_then_all_gather_is_identity(cluster4, shape, data, dtype, seed,
 
 
 @settings(max_examples=15, deadline=None)
-@given(shape=shapes, data=st.data(), op=st.sampled_from(["sum", "prod", "max", "min"]), seed=st.integers(0, 2**31),
-       algorithm=st.sampled_from(sorted(ALGORITHMS["all_gather"])))
+@given(shape=shapes, data=st.data(), op=st.sampled_from(["sum", "prod", "max", "min"]),
+       seed=st.integers(0, 2**31), algorithm=st.sampled_from(sorted(ALGORITHMS["all_gather"])))
 def test_reduce_scatter_then_all_gather_is_all_reduce(cluster4, shape, data, op, seed, algorithm):
     case = dict(shape=shape, dtype="int64", op=op, seed=seed, algorithm=algorithm,
                 dim=data.draw(st.integers(0, len(shape) - 1), label="dim"))
@@ -505,7 +526,8 @@ def test_results_identical_on_every_device(cluster4, shape, dtype, seed, op, roo
 # -- group spellings --------------------------------------------------------------------------------
 def _group_spellings(dev):
     x = np.full(3, float(dev.rank))
-    sums = [float(dev.all_reduce(x, group=g)[0]) for g in ("tp", ("tp",), ["tp"], None, ("dp", "tp"), ["tp", "dp"], "tp")]
+    sums = [float(dev.all_reduce(x, group=g)[0]) for g in ("tp", ("tp",), ["tp"], None, ("dp", "tp"),
+                                                           ["tp", "dp"], "tp")]
     errors = []
     for _ in range(2):  # a bad spelling is never kept: it fails every time
         try:

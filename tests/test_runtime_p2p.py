@@ -171,7 +171,8 @@ def interleaved(dev, nbytes: int) -> Any:
     sequence = [(1, "a0"), (2, "b0"), (1, "a1"), (2, "b1"), (1, "a2"), (2, "b2")]
     if dev.rank == 0:
         for tag, label in sequence:
-            dev.send({"label": label, "data": np.full(nbytes // 8, float(ord(label[0]) * 10 + int(label[1])))}, 1, tag=tag)
+            dev.send({"label": label,
+                      "data": np.full(nbytes // 8, float(ord(label[0]) * 10 + int(label[1])))}, 1, tag=tag)
         return None
     got = [dev.recv(0, tag=2) for _ in range(3)] + [dev.recv(0, tag=1) for _ in range(3)]
     return [(m["label"], float(m["data"][0]), float(m["data"][-1]), m["data"].size) for m in got]
@@ -236,7 +237,8 @@ def waiting_for_any(dev) -> Any:
     one at a time, each after device 0's go (so which one can complete is certain)."""
     if dev.rank == 1:
         for tag in (7, 5, 77):
-            if tag == 77:  # busy while device 0's wait times out (asleep in a receive, it would be a Deadlock)
+            # busy while device 0's wait times out (asleep in a receive, it would be a Deadlock)
+            if tag == 77:
                 time.sleep(0.6)
             dev.recv(0, tag=1)
             dev.send(tag, 0, tag=tag)
@@ -257,7 +259,8 @@ def waiting_for_any(dev) -> Any:
         got.append((k, reqs.pop(k).wait()))  # (a completed request stays ready: the caller drops it)
     late = dev.irecv(1, tag=77)
     with pytest.raises(P2PTimeout, match=r"wait for any of 2 requests: <Request recv from 1 tag=6 pending>, "
-                                         r"<Request recv from 1 tag=77 pending> did not complete within 0.2 s"):
+                                         r"<Request recv from 1 tag=77 pending> did "
+                                         r"not complete within 0.2 s"):
         dev.wait_any([six, late], timeout=0.2)
     dev.send("go", 1, tag=1)
     got.append(dev.wait_any([six, late]))
@@ -279,14 +282,16 @@ def probe_then_receive(dev) -> Any:
     from virtualpar import ANY_SOURCE, ANY_TAG
 
     if dev.rank:
-        time.sleep(0.4 if dev.rank == 1 else 0.0)  # busy while device 0's probe times out (asleep, it would be a Deadlock)
+        # busy while device 0's probe times out (asleep, it would be a Deadlock)
+        time.sleep(0.4 if dev.rank == 1 else 0.0)
         dev.send(dev.rank, 0, tag=dev.rank)
         return None
     with pytest.raises(UsageError, match="src=9 is out of range"):
         dev.iprobe(9)
     with pytest.raises(UsageError, match="tag must be an int"):
         dev.iprobe(1, tag=-5)
-    with pytest.raises(P2PTimeout, match=r"probe for a message from 1 \(tag 4\) to probe found none within 0.1 s"):
+    with pytest.raises(P2PTimeout,
+                       match=r"probe for a message from 1 \(tag 4\) to probe found none within 0.1 s"):
         dev.probe(1, 4, timeout=0.1)
     dev.probe(1, 1), dev.probe(2, 2)  # both in
     st = dev.iprobe(ANY_SOURCE, ANY_TAG)
@@ -450,13 +455,17 @@ def test_nothing_left_unmatched_by_a_run_reaches_the_next():
         with pytest.raises(DeviceError, match="after queueing"):
             cluster.run(_self_fails_after_queueing)
         assert cluster.run(_self_round_trip) == [222.0, 222.0]  # not the failed run's 111
-        with pytest.raises(UnmatchedMessages, match=r"^2 messages were sent and never received by the end of the "
-                                                    r"run:\n  device 0 -> device 0, tag 4: array\(1,\) float64 sent to itself"):
+        with pytest.raises(UnmatchedMessages,
+                           match=r"^2 messages were sent and never received by the end of the "
+                                                    r"run:\n  device 0 -> device 0, tag 4: array\(1,\) "
+                                                    r"float64 sent to itself"):
             cluster.run(_leave_to_self)
         assert cluster.run(_self_round_trip) == [222.0, 222.0]
         for any_source, who in ((False, "device 0, tag 5"), (True, "any device, any tag")):
-            with pytest.raises(UnmatchedMessages, match=rf"^1 receive was posted and never completed by the end of "
-                                                        rf"the run:\n  device 1 <- {who}: a receive posted and never matched"):
+            with pytest.raises(UnmatchedMessages,
+                               match=rf"^1 receive was posted and never completed by the end of "
+                                                        rf"the run:\n  device 1 <- {who}: a receive "
+                                                        r"posted and never matched"):
                 cluster.run(_post_and_leave, any_source)
             assert cluster.run(_send_to_one, 1.0) == [None, 1.0]  # the message reaches this run's receive
             assert cluster.run(_send_to_one, 2.0) == [None, 2.0]
@@ -471,8 +480,10 @@ def test_a_receive_from_oneself_into_a_buffer_follows_the_peer_rule():
     """No broadcasting of a (1,) message over a (3,) buffer, no casting float64 to float32."""
     with VirtualCluster(2) as cluster:
         for shape, dtype in (((3,), np.float64), ((1,), np.float32)):
-            with pytest.raises(UsageError, match=rf"recv buffer has shape \({shape[0]},\) and dtype {np.dtype(dtype)}, "
-                                                 r"but the message holds shape \(1,\) and dtype float64 \(last op #\d: recv from \d tag=0\)"):
+            with pytest.raises(UsageError,
+                               match=rf"recv buffer has shape \({shape[0]},\) and dtype {np.dtype(dtype)}, "
+                                                 r"but the message holds shape \(1,\) and dtype float64 "
+                                                 r"\(last op #\d: recv from \d tag=0\)"):
                 cluster.run(_self_into_wrong_buffer, shape, dtype)
         assert [float(v[0]) for v in cluster.run(_self_into_wrong_buffer, (1,), np.float64)] == [1.5, 1.5]
 
@@ -544,7 +555,8 @@ def test_an_ndarray_subclass_keeps_its_own_state_or_is_refused():
     """A masked array sent as raw bytes arrived as a plain array without its mask."""
     with VirtualCluster(2) as cluster:
         assert cluster.run(_subclasses) == [[("MaskedArray", [False, True], [1.0, 2.0])] * 2] * 2
-        with pytest.raises(PayloadError, match=r"all_reduce on group world=\(0,1\): needs a plain numpy array, got "
+        with pytest.raises(PayloadError,
+                           match=r"all_reduce on group world=\(0,1\): needs a plain numpy array, got "
                                                r"MaskedArray, an ndarray subclass whose own state"):
             cluster.run(_reduce_masked)
 
@@ -625,7 +637,8 @@ def test_an_isend_never_waited_on_says_so():
     """A large one cannot finish once its sender returned; the report said only 'bytes still being sent'."""
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         assert c.run(_isend_and_return, 10) == [None, 1.0]  # a small one is in the ring once posted
-        with pytest.raises(UnmatchedMessages, match=r"device 0 -> device 1, tag 0: 8388608 bytes still being sent: "
+        with pytest.raises(UnmatchedMessages,
+                           match=r"device 0 -> device 1, tag 0: 8388608 bytes still being sent: "
                                                     "an isend not waited on"):
             c.run(_isend_and_return, 1 << 20)
         assert c.run(_isend_and_return, 10) == [None, 1.0]
@@ -722,7 +735,9 @@ def test_an_isend_whose_header_arrived_is_one_unmatched_message():
         with pytest.raises(UnmatchedMessages) as info:
             c.run(offer)
     assert len(info.value.messages) == 1
-    assert "1 message was sent" in str(info.value) and "float64 from an isend not waited on" in str(info.value)
+    assert "1 message was sent" in str(info.value) and "float64 from an isend not waited on" in str(
+        info.value
+    )
 
 
 def _blocking_send_then_barrier(dev):
@@ -741,7 +756,8 @@ def test_a_completed_blocking_send_is_not_called_an_isend():
 
 def _give_up_mid_message(dev):
     if dev.rank == 1:
-        reqs = [dev.isend(np.full(12 << 10, i, np.float32), 0, tag=5) for i in range(5)]  # 5 x 48 KiB fill the ring
+        # 5 x 48 KiB fill the ring
+        reqs = [dev.isend(np.full(12 << 10, i, np.float32), 0, tag=5) for i in range(5)]
         reqs.append(dev.isend(np.full(12 << 10, 42, np.float32), 0, tag=3))  # then this one, half in
         time.sleep(1.0)
         for r in reqs:

@@ -1,6 +1,6 @@
 """Many devices on two cores: every collective on the sub-groups of a 3-D mesh against the numpy
-oracle, a mismatch, a death and a skipped collective at that size, and the mechanisms that keep it cheap (precise
-fence wake-ups, the contract check by digests, the barrier as one fence, O(1) direct routes).
+oracle, a mismatch, a death and a skipped collective at that size, and the mechanisms that keep it cheap
+(precise fence wake-ups, the contract check by digests, the barrier as one fence, O(1) direct routes).
 
 Timings are the benchmarks' business (benchmarks/bench_scale.py); these tests check results, and
 that a fault ends in its error within the issue's bound (a hang's, not a speed target).
@@ -25,12 +25,18 @@ CASES = {
     "all_reduce": (lambda d, x, g: d.all_reduce(x, group=g), lambda xs: reference.all_reduce(xs)),
     "all_reduce_large": (lambda d, x, g: d.all_reduce(np.tile(x, 2048), group=g),
                          lambda xs: reference.all_reduce([np.tile(x, 2048) for x in xs])),
-    "all_gather": (lambda d, x, g: d.all_gather(x, dim=0, group=g), lambda xs: reference.all_gather(xs, dim=0)),
-    "reduce_scatter": (lambda d, x, g: d.reduce_scatter(x, dim=1, group=g), lambda xs: reference.reduce_scatter(xs, dim=1)),
-    "broadcast": (lambda d, x, g: d.broadcast(x, root=1, group=g), lambda xs: reference.broadcast(xs, root=1)),
-    "reduce": (lambda d, x, g: d.reduce(x, root=0, op="max", group=g), lambda xs: reference.reduce(xs, root=0, op="max")),
-    "gather": (lambda d, x, g: d.gather(x, root=1, dim=0, group=g), lambda xs: reference.gather(xs, root=1, dim=0)),
-    "scatter": (lambda d, x, g: d.scatter(x, root=0, dim=1, group=g), lambda xs: reference.scatter(xs, root=0, dim=1)),
+    "all_gather": (lambda d, x, g: d.all_gather(x, dim=0, group=g),
+                   lambda xs: reference.all_gather(xs, dim=0)),
+    "reduce_scatter": (lambda d, x, g: d.reduce_scatter(x, dim=1, group=g),
+                       lambda xs: reference.reduce_scatter(xs, dim=1)),
+    "broadcast": (lambda d, x, g: d.broadcast(x, root=1, group=g),
+                  lambda xs: reference.broadcast(xs, root=1)),
+    "reduce": (lambda d, x, g: d.reduce(x, root=0, op="max", group=g),
+               lambda xs: reference.reduce(xs, root=0, op="max")),
+    "gather": (lambda d, x, g: d.gather(x, root=1, dim=0, group=g),
+               lambda xs: reference.gather(xs, root=1, dim=0)),
+    "scatter": (lambda d, x, g: d.scatter(x, root=0, dim=1, group=g),
+                lambda xs: reference.scatter(xs, root=0, dim=1)),
     "all_to_all": (lambda d, x, g: d.all_to_all(x, split_dim=1, concat_dim=0, group=g),
                    lambda xs: reference.all_to_all(xs, split_dim=1, concat_dim=0)),
 }
@@ -59,7 +65,10 @@ def _check_all(mesh: Mesh, results: list[dict]) -> list[str]:
                 want = oracle([_input(r) for r in ranks])
                 for r, w in zip(ranks, want):
                     got = results[r][name, group]
-                    if (w is None) != (got is None) or (w is not None and not (got.shape == w.shape and np.allclose(got, w, rtol=1e-12, atol=1e-12))):
+                    if (w is None) != (got is None) or (
+                        w is not None
+                        and not (got.shape == w.shape and np.allclose(got, w, rtol=1e-12, atol=1e-12))
+                    ):
                         problems.append(f"{name} on group {group}: device {r} differs from numpy")
     return problems
 
@@ -104,7 +113,8 @@ def _skip(dev):
 FAULT_TIMEOUT = 10.0  # the op timeout of the fault scenarios
 
 
-@pytest.mark.parametrize("fault, error, named", [(_mismatch, CollectiveMismatch, "device 37"), (_die, DeviceDied, "41"),
+@pytest.mark.parametrize("fault, error, named",
+                         [(_mismatch, CollectiveMismatch, "device 37"), (_die, DeviceDied, "41"),
                                                  (_skip, Deadlock, "device 23 has returned from the run")],
                          ids=["mismatch", "death", "skipped"])
 def test_faults_at_64_devices_end_in_their_named_error(fault, error, named, no_leaks):
@@ -145,10 +155,14 @@ def test_shm_barrier_is_charged_exactly_as_the_dissemination_barrier(n):
 
 
 @pytest.mark.parametrize("name, x, algo, params, other", [
-    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"}, ("all_reduce", np.ones((4, 8)), "ring", {"op": "max"})),
-    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"}, ("all_reduce", np.ones((4, 9)), "ring", {"op": "sum"})),
-    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"}, ("all_reduce", np.ones((4, 8), np.float32), "ring", {"op": "sum"})),
-    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"}, ("all_gather", np.ones((4, 8)), "ring", {"dim": 0})),
+    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"},
+     ("all_reduce", np.ones((4, 8)), "ring", {"op": "max"})),
+    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"},
+     ("all_reduce", np.ones((4, 9)), "ring", {"op": "sum"})),
+    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"},
+     ("all_reduce", np.ones((4, 8), np.float32), "ring", {"op": "sum"})),
+    ("all_reduce", np.ones((4, 8)), "ring", {"op": "sum"},
+     ("all_gather", np.ones((4, 8)), "ring", {"dim": 0})),
     ("all_gather", np.ones((4, 8)), "ring", {"dim": 0}, ("all_gather", np.ones((5, 8)), "ring", {"dim": 0})),
     ("all_gather", np.ones((4, 8)), "ring", {"dim": 0}, ("all_gather", np.ones((4, 9)), "ring", {"dim": 0})),
     ("all_gather", np.ones((4, 8)), "ring", {"dim": 0}, ("all_gather", np.ones((4, 8)), "ring", {"dim": 1})),
@@ -159,7 +173,9 @@ def test_shm_barrier_is_charged_exactly_as_the_dissemination_barrier(n):
 def test_call_digests_agree_exactly_when_the_fingerprints_do(name, x, algo, params, other):
     a = _fingerprint(name, x, algo, dict(params))
     b = _fingerprint(other[0], other[1], other[2], dict(other[3]))
-    assert _digest(a) == _digest(a) and _digest(b) == _digest(_fingerprint(other[0], other[1], other[2], dict(other[3])))
+    assert _digest(a) == _digest(a) and _digest(b) == _digest(
+        _fingerprint(other[0], other[1], other[2], dict(other[3]))
+    )
     assert (_digest(a) == _digest(b)) == (_differences([a, b], name) == [])
 
 
@@ -188,8 +204,10 @@ def test_bench_scale_runs_and_judges_what_it_measured():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_scale.py"), "--sizes", "2,3",
-                           "--mpi-max", "0", "--json"], capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_scale.py"), "--sizes",
+                           "2,3",
+                           "--mpi-max", "0", "--json"], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     rows = result["virtualpar"]
@@ -206,7 +224,8 @@ def test_bench_scale_shows_first_against_tenth_at_128_and_256_without_judging_it
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("bench_scale", os.path.join(root, "benchmarks", "bench_scale.py"))
+    spec = importlib.util.spec_from_file_location("bench_scale",
+                                                  os.path.join(root, "benchmarks", "bench_scale.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     times = {op: 0.01 for op in bench.OPS}
@@ -214,10 +233,14 @@ def test_bench_scale_shows_first_against_tenth_at_128_and_256_without_judging_it
            "tenth_s": times}
     checks = bench.targets([row], {}, {}, None)
     assert ("every collective correct at 128", True, "checked on every device") in checks
-    info = [(ok, value) for name, ok, value in checks if name.startswith("first call against the tenth at 128")]
-    assert info == [("INFO", "barrier 1.0x all_reduce_8KiB 1.0x all_reduce_512KiB 1.0x all_gather_512KiB 5.0x "
+    info = [(ok, value) for name, ok,
+            value in checks if name.startswith("first call against the tenth at 128")]
+    assert info == [("INFO",
+                     "barrier 1.0x all_reduce_8KiB 1.0x all_reduce_512KiB 1.0x all_gather_512KiB 5.0x "
                              "broadcast_512KiB 1.0x")]
-    assert bench._status("INFO") == "INFO" and bench._status(None) == "SKIP" and bench._status(False) == "FAIL"
+    assert (
+        bench._status("INFO") == "INFO" and bench._status(None) == "SKIP" and bench._status(False) == "FAIL"
+    )
 
 
 def test_bench_scale_judges_mpich_targets_on_the_median_of_paired_rounds():
@@ -225,27 +248,34 @@ def test_bench_scale_judges_mpich_targets_on_the_median_of_paired_rounds():
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("bench_scale", os.path.join(root, "benchmarks", "bench_scale.py"))
+    spec = importlib.util.spec_from_file_location("bench_scale",
+                                                  os.path.join(root, "benchmarks", "bench_scale.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
     def row(first, steady, pss=1):
         times = {op: 1.0 for op in bench.OPS}
         return {"devices": 16, "start_s": first, "correct": True, "pss_bytes": pss,
-                "first_s": dict(times, all_reduce_512KiB=first), "steady_s": dict(times, all_reduce_512KiB=steady),
+                "first_s": dict(times, all_reduce_512KiB=first),
+                "steady_s": dict(times, all_reduce_512KiB=steady),
                 "tenth_s": dict(times, all_reduce_512KiB=steady)}
 
     ours = [row(1.0, 2.0, pss=10), row(4.0, 1.0, pss=30), row(0.9, 1.0, pss=20)]
     refs = [row(2.0, 1.0), row(2.0, 1.0), row(1.0, 1.0)]
     merged = bench._median(ours)
-    assert merged["rounds"] == 3 and merged["first_s"]["all_reduce_512KiB"] == 1.0 and merged["pss_bytes"] == 20
+    assert (
+        merged["rounds"] == 3 and merged["first_s"]["all_reduce_512KiB"] == 1.0 and merged["pss_bytes"] == 20
+    )
     checks = {name: (ok, value) for name, ok, value in
               bench.targets([merged], {16: bench._median(refs)}, {16: list(zip(ours, refs))}, None)}
     # first: ratios 0.5, 2.0, 0.9 -> 0.9 (a ratio of the medians would say 1.0 / 2.0 = 0.5)
-    assert checks["all_reduce 512 KiB first at 16 <= MPICH"] == (True, "0.90x MPICH's time (median of rounds: 0.50 2.00 0.90)")
+    assert checks["all_reduce 512 KiB first at 16 <= MPICH"] == (True,
+                                                                 "0.90x MPICH's time (median of "
+                                                                 "rounds: 0.50 2.00 0.90)")
     # steady: ratios 2.0, 1.0, 1.0 -> 1.0, a pass at exactly MPICH's time
     assert checks["all_reduce 512 KiB steady at 16 <= MPICH"][0] is True
     # first against tenth: the worst op decides (all_reduce 512 KiB: median first 1.0 / median tenth 1.0)
     assert checks["first call <= 3x the tenth at 16"][0] is True
     slow = dict(merged, first_s=dict(merged["first_s"], barrier=3.5))
-    assert not {name: ok for name, ok, _ in bench.targets([slow], {}, {}, None)}["first call <= 3x the tenth at 16"]
+    assert not {name: ok for name, ok,
+                _ in bench.targets([slow], {}, {}, None)}["first call <= 3x the tenth at 16"]

@@ -49,7 +49,8 @@ def test_unit_costs_means_every_kind_costs_one(capsys):
     (["pipeline", "zbv", "--stages", "4"], "the MLP has 7 layers to cut; use at most 3 devices"),
     (["strategy", "gpipe", "--costs", "W=1"], "--costs gives W, which the strategy gpipe never runs"),
     (["strategy", "gpipe", "--workers", "2"], "needs at least as many workers as stages"),
-    (["tour", "--hardware", "dgx"], "invalid choice: 'dgx' (choose from 'laptop', 'h100-node', 'h100-cluster')"),
+    (["tour", "--hardware", "dgx"],
+     "invalid choice: 'dgx' (choose from 'laptop', 'h100-node', 'h100-cluster')"),
     (["pipeline", "--hardware", "dgx"], "invalid choice: 'dgx'"),
     (["schedule", "zb_h1", "--png", "x.svg"], "is not a .png file name"),
 ])
@@ -154,7 +155,8 @@ def test_an_unpicklable_capture_is_named():
         return db2.locked()
 
     db2 = threading.Lock()
-    with pytest.raises(PayloadError, match=r"captures the variable 'db2' \(a _thread\.lock\), inside the variable "
+    with pytest.raises(PayloadError,
+                       match=r"captures the variable 'db2' \(a _thread\.lock\), inside the variable "
                                            r"'helper'"):
         dumps_call("<lambda>", lambda dev: helper(dev), (), {})
 
@@ -163,8 +165,10 @@ def test_simulate_names_a_policy_of_the_wrong_type_at_the_call():
     from virtualpar.errors import UsageError
     from virtualpar.strategies import GPipe, OldestStageFirst, simulate
 
-    with pytest.raises(UsageError, match=r"simulate: policy must be a function \(batch, position\) -> sort key.*got "
-                                         r"tuple \(-12, 6\).*not a call of it such as OldestStageFirst\(6, 12\)"):
+    with pytest.raises(UsageError,
+                       match=r"simulate: policy must be a function \(batch, position\) -> sort key.*got "
+                                         r"tuple \(-12, 6\).*not a call of it such as "
+                                         r"OldestStageFirst\(6, 12\)"):
         simulate(4, 4, 8, GPipe, OldestStageFirst(6, 12))
 
 
@@ -173,7 +177,8 @@ def test_cuckoo_lowering_names_forward_and_backward_workers_the_right_way_round(
     from virtualpar.strategies import STRATEGIES, lower_strategy, simulate
 
     run = simulate(4, 4, 8, STRATEGIES["cuckoo"](4, 4, 8))
-    with pytest.raises(UsageError, match="stage 3 of batch 0 runs its forward on worker 3 and its backward on worker 0"):
+    with pytest.raises(UsageError,
+                       match="stage 3 of batch 0 runs its forward on worker 3 and its backward on worker 0"):
         lower_strategy(run)
 
 
@@ -213,7 +218,8 @@ def test_the_executor_says_what_the_batch_must_be_a_multiple_of():
     op = PipelinedOperation(Pipeline(model, cuts=[2]), "1f1b", microbatches=6)
     x = np.ones((8, 4), dtype=np.float32)
     with VirtualCluster(2) as cluster:
-        with pytest.raises(UsageError, match="a batch of 8 rows does not split into 6 equal microbatches: give a "
+        with pytest.raises(UsageError,
+                           match="a batch of 8 rows does not split into 6 equal microbatches: give a "
                                              "batch whose rows are a multiple of 6"):
             cluster.execute(op, x, x)
 

@@ -32,7 +32,8 @@ def replay_ring(topology, ranks, entry, chunks):
                 into = topology.route(ranks[left], ranks[p])
                 out = topology.route(ranks[p], ranks[(p + 1) % n])
                 arrival = t[left] + into.latency + (sizes[left] / into.bandwidth if sizes[left] else 0.0)
-                new.append(max(t[p], arrival, t[p] + out.latency + (sizes[p] / out.bandwidth if sizes[p] else 0.0)))
+                new.append(max(t[p], arrival,
+                               t[p] + out.latency + (sizes[p] / out.bandwidth if sizes[p] else 0.0)))
             t = new
     return t
 
@@ -66,7 +67,8 @@ def test_one_column_equals_the_matrix_column(name, data):
     chunks = data.draw(st.lists(st.integers(0, 1 << 24), min_size=n, max_size=n), label="chunks")
     matrix = ring_all_reduce_delays(topo, ranks, chunks)
     for me in range(n):
-        assert ring_all_reduce_column(topo, ranks, chunks, me) == pytest.approx([row[me] for row in matrix], rel=1e-12, abs=1e-18)
+        assert ring_all_reduce_column(topo, ranks, chunks,
+                                      me) == pytest.approx([row[me] for row in matrix], rel=1e-12, abs=1e-18)
 
 
 def test_column_by_hand_for_two_members():
@@ -112,14 +114,21 @@ def test_clock_charge_is_cached_per_group_and_chunks_and_bounded(monkeypatch):
         assert len(clock._schedules) <= 3
 
 
-@pytest.mark.parametrize("topo", [Topology.fully_connected(8, latency=2e-6, bandwidth=45e9), Topology.hierarchical(2, 4),
+@pytest.mark.parametrize("topo",
+                         [Topology.fully_connected(8, latency=2e-6, bandwidth=45e9),
+                          Topology.hierarchical(2, 4),
                                   Topology.fully_connected(6, latency=2e-6, bandwidth=45e9)])
 def test_a_uniform_column_is_kept_as_one_float_and_charges_the_same_bits(topo):
     """ScheduleCharges keeps a column whose entries are all equal as that float and charges
     max(entry) + c; that must be the bits max_q(entry[q] + column[q]) gives, on a flat topology
     (uniform: barrier, power-of-two tree, ring), a hierarchy (the ring not uniform), and 6 members
     (the tree's fold: not uniform)."""
-    from virtualpar.sim.schedules import apply_delays, dissemination_column, ring_all_reduce_column, tree_all_reduce_column
+    from virtualpar.sim.schedules import (
+        apply_delays,
+        dissemination_column,
+        ring_all_reduce_column,
+        tree_all_reduce_column,
+    )
 
     n = topo.num_devices
     ranks = tuple(range(n))
@@ -156,7 +165,8 @@ def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
     from virtualpar.sim.max_plus import RingLinks, RingSteps, max_plus_column, ring_column
 
     uniform = Topology.fully_connected(n, latency=2e-6, bandwidth=45e9)
-    cases = [(uniform, [3000] * n, True), (uniform, [0] * n, True), (uniform, [3000] * (n - 1) + [3008], False)]
+    cases = [(uniform, [3000] * n, True), (uniform, [0] * n, True),
+             (uniform, [3000] * (n - 1) + [3008], False)]
     if n % 2 == 0 and n > 2:  # two nodes: the ring crosses the slower inter-node link twice
         cases.append((Topology.hierarchical(2, n // 2), [3000] * n, False))
     for topo, chunks, closed in cases:
@@ -165,7 +175,8 @@ def test_a_uniform_ring_s_closed_form_column_is_the_walk_s_to_the_bit(n, half):
             assert (steps.uniform() is not None) == (closed and n > 1)
             walk = max_plus_column(steps, [1] * steps.count, me, n)
             assert ring_column(steps, me) == walk
-            kept = RingSteps(topo, range(n), chunks, "test", half, RingLinks(topo, list(range(n))))  # as a clock keeps them
+            # as a clock keeps them
+            kept = RingSteps(topo, range(n), chunks, "test", half, RingLinks(topo, list(range(n))))
             assert ring_column(kept, me) == walk and kept.uniform() == steps.uniform()
             if n > 1:
                 assert all(np.isfinite(walk))

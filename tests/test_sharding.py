@@ -26,7 +26,9 @@ def test_printable_forms_parse_back_exactly():
         T("S(tp), R")
 
 
-@pytest.mark.parametrize("text", ["[S(tp), R]", "[R, S(dp,tp)]", "[S(dp), S(tp)]", "[R, R] P(sum)", "[S(tp), R] P(sum)",
+@pytest.mark.parametrize("text",
+                         ["[S(tp), R]", "[R, S(dp,tp)]", "[S(dp), S(tp)]", "[R, R] P(sum)",
+                          "[S(tp), R] P(sum)",
                                   "[R, R] P(max)"])
 def test_shard_and_unshard_round_trip(text):
     x = np.random.default_rng(0).standard_normal((4, 8))
@@ -38,7 +40,8 @@ def test_shard_and_unshard_round_trip(text):
 
 def test_uneven_dims_raise_or_split_like_array_split():
     x = np.arange(10 * 3).reshape(10, 3)
-    with pytest.raises(ShardingError, match=r"cannot shard dim 0 of shape \(10, 3\) over mesh axis 'dp,tp' \(size 4\): "
+    with pytest.raises(ShardingError,
+                       match=r"cannot shard dim 0 of shape \(10, 3\) over mesh axis 'dp,tp' \(size 4\): "
                                             r"10 is not divisible by 4"):
         shard(x, T("[S(dp,tp), R]"), MESH)
     pieces = shard(x, T("[S(dp,tp), R]"), MESH, uneven="array_split")
@@ -55,8 +58,8 @@ def test_bad_specs_say_what_was_received_and_expected():
         shard(np.ones((4, 4)), T("[R]"), MESH)
 
 
-SPECS = ["[R, R]", "[S(dp), R]", "[S(tp), R]", "[R, S(tp)]", "[S(dp), S(tp)]", "[S(dp,tp), R]", "[R, R] P(sum)",
-         "[S(dp), R] P(sum)"]
+SPECS = ["[R, R]", "[S(dp), R]", "[S(tp), R]", "[R, S(tp)]", "[S(dp), S(tp)]", "[S(dp,tp), R]",
+         "[R, R] P(sum)", "[S(dp), R] P(sum)"]
 PAIRS = [(a, b) for a, b in itertools.product(SPECS, SPECS) if "P(" not in b]
 
 
@@ -102,7 +105,8 @@ def _matmul_program(dev, a, b):
 def test_sharded_operation_with_resident_weights_sends_them_once():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
-    op = ShardedOperation(_matmul_program, [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")], [T("[R, R]")], name="matmul")
+    op = ShardedOperation(_matmul_program, [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")], [T("[R, R]")],
+                          name="matmul")
     with VirtualCluster(MESH) as cluster:
         op.place(cluster, 1, b)
         cluster.reset_stats()
@@ -116,7 +120,8 @@ def test_sharded_operation_with_resident_weights_sends_them_once():
 def test_weights_placed_on_a_closed_cluster_are_not_taken_for_placed_on_the_next():
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
-    op = ShardedOperation(_matmul_program, [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")], [T("[R, R]")], name="matmul")
+    op = ShardedOperation(_matmul_program, [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")], [T("[R, R]")],
+                          name="matmul")
     for _ in range(3):  # CPython often gives the next cluster the closed one's id
         with VirtualCluster(MESH) as cluster:
             with pytest.raises(UsageError, match="expected 2 host inputs, got 1"):
@@ -132,9 +137,12 @@ def test_a_graph_runs_in_order_and_redistributes_between_nodes():
     a, b, c = rng.standard_normal((8, 8)), rng.standard_normal((8, 8)), rng.standard_normal((8, 4))
     g = nx.DiGraph(inputs=[("ab", 0), ("ab", 1), ("abc", 1)])
     # A·B with k sharded: a partial result; the next matmul wants it row-sharded: reduce_scatter
-    g.add_node("ab", op=ShardedOperation(lambda dev, x, y: MATMUL(dev, x, y), [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")],
+    g.add_node("ab",
+               op=ShardedOperation(lambda dev, x, y: MATMUL(dev, x, y),
+                                   [T("[R, S(dp,tp)]"), T("[S(dp,tp), R]")],
                                          [T("[R, R] P(sum)")]))
-    g.add_node("abc", op=ShardedOperation(lambda dev, x, y: MATMUL(dev, x, y), [T("[S(dp,tp), R]"), T("[R, R]")],
+    g.add_node("abc",
+               op=ShardedOperation(lambda dev, x, y: MATMUL(dev, x, y), [T("[S(dp,tp), R]"), T("[R, R]")],
                                           [T("[S(dp,tp), R]")]))
     g.add_edge("ab", "abc", port=0)
     with VirtualCluster(MESH) as cluster:
@@ -174,9 +182,12 @@ def test_the_tensor_parallel_explorer_derives_the_plans_collectives():
             got = sorted(s.axis for s in d.steps if s.tensor == name and s.op.startswith("all_gather"))
             assert got == want, (name, src, dst, plan.format())
             assert all(s.collective in ("all_gather", "slice") for s in plan.steps)
-        c_src = TensorSharding((DimSharding(tuple(am)), DimSharding(tuple(bn_keep))), "sum", tuple(partial)) if partial \
+        c_src = TensorSharding((DimSharding(tuple(am)), DimSharding(tuple(bn_keep))), "sum",
+                               tuple(partial)) if partial \
             else _to_sharding((am, bn_keep))
         plan = plan_redistribution(c_src, _to_sharding((am, bn_keep)), (8, 8), MESH)
-        assert sorted(ax for s in plan.steps for ax in s.axes) == sorted(s.axis for s in d.steps if s.op == "g")
+        assert sorted(ax for s in plan.steps for ax in s.axes) == sorted(
+            s.axis for s in d.steps if s.op == "g"
+        )
         checked += 1
     assert checked == 81

@@ -1,4 +1,5 @@
-"""The shared-memory all_reduce: chunking through a small scratch, fences, bytes, default choice, modelled time.
+"""The shared-memory all_reduce: chunking through a small scratch, fences, bytes, default choice, modelled
+time.
 
 Values are checked against a single-process numpy reduction in the algorithm's fixed rank order
 (x_0 ⊕ x_1 ⊕ … ⊕ x_{n−1}), bit for bit; the modelled clocks against the ring algorithm run for
@@ -112,13 +113,15 @@ def test_a_missing_member_times_out_in_the_fence():
 def test_default_algorithm_by_size_group_and_memory():
     edge = SHM_MIN_BYTES
     assert default_algorithm("all_reduce", edge, 4, shared_memory=True) == "shm"
-    assert default_algorithm("all_reduce", 8, 3, shared_memory=True) == "shm"  # charged as the tree when small
+    # charged as the tree when small
+    assert default_algorithm("all_reduce", 8, 3, shared_memory=True) == "shm"
     assert default_algorithm("all_reduce", 8, 2, shared_memory=True) == "shm"  # pairs too, at every size
     assert default_algorithm("all_reduce", 8, 2, shared_memory=False) == "tree"
     assert default_algorithm("all_reduce", edge, 4, shared_memory=False) == "ring"
     assert default_algorithm("all_reduce", edge - 1, 4, shared_memory=False) == "tree"
     assert default_algorithm("all_reduce", edge, 1, shared_memory=True) == "ring"
-    assert default_algorithm("all_gather", edge, 4, shared_memory=True) == "shm"  # any size: pieces may differ
+    # any size: pieces may differ
+    assert default_algorithm("all_gather", edge, 4, shared_memory=True) == "shm"
     assert default_algorithm("all_gather", 8, 2, shared_memory=True) == "shm"
     assert default_algorithm("all_gather", edge, 4, shared_memory=False) == "ring"
     assert default_algorithm("all_gather", edge, 1, shared_memory=True) == "ring"
@@ -202,7 +205,8 @@ def test_scratch_regions_are_page_aligned_disjoint_and_after_the_rings():
     assert offsets[0] >= rings_end and all(o % 4096 == 0 for o in offsets)
     assert all(b - a >= 5000 for a, b in zip(offsets, offsets[1:]))
     assert layout.total_bytes >= offsets[-1] + 5000
-    assert Layout(3, 1 << 16).payloads_offset == Layout(3, 1 << 16, 0).scratch_data_offset  # no scratch: no bytes
+    # no scratch: no bytes
+    assert Layout(3, 1 << 16).payloads_offset == Layout(3, 1 << 16, 0).scratch_data_offset
     with pytest.raises(ValueError, match="no scratch region"):
         layout.scratch_offset(3)  # the host has none
 
@@ -231,7 +235,8 @@ def test_a_device_failing_before_the_fence_aborts_the_others_and_the_cluster_rec
 
 
 def test_a_device_skipping_the_shm_all_reduce_is_named_by_the_timeout():
-    with VirtualCluster(3, check_collectives=False, timeout=0.5, trace=False, detect_deadlocks=False) as cluster:
+    with VirtualCluster(3, check_collectives=False, timeout=0.5, trace=False,
+                        detect_deadlocks=False) as cluster:
         with pytest.raises(CollectiveTimeout) as info:
             cluster.run(_shm_twice, 1)
         assert info.value.missing == [1] and "all_reduce #2" in str(info.value)
@@ -254,8 +259,10 @@ def test_without_scratch_the_default_falls_back_to_messages():
     with pytest.raises(UsageError, match="scratch_bytes must be an int >= 0"):
         VirtualCluster(2, scratch_bytes=-1)
     # sizes the first send would have refused (ring_bytes), or nothing would have (abort_grace)
-    for kwargs, message in (({"ring_bytes": 100}, "ring_bytes must be an int multiple of 8 and at least 4096"),
-                            ({"ring_bytes": 0}, "ring_bytes must be"), ({"abort_grace": -1}, "abort_grace must be")):
+    for kwargs, message in (({"ring_bytes": 100},
+                             "ring_bytes must be an int multiple of 8 and at least 4096"),
+                            ({"ring_bytes": 0}, "ring_bytes must be"),
+                            ({"abort_grace": -1}, "abort_grace must be")):
         with pytest.raises(UsageError, match=message):
             VirtualCluster(2, **kwargs)
 
@@ -299,7 +306,8 @@ def test_a_reset_forgets_the_release_the_first_member_awaited(monkeypatch):
     with slow_reader_cluster(monkeypatch, fence_number=2, rank=1) as cluster:
         with pytest.raises(Exception, match="device 3 fails after its all_reduce"):
             cluster.run(_row_then_fail, 2000)
-        cluster.run_timeout = 10.0  # (without the reset forgetting it: RunTimeout, not a wait of the op timeout)
+        # (without the reset forgetting it: RunTimeout, not a wait of the op timeout)
+        cluster.run_timeout = 10.0
         got = cluster.run(_row_then, 2000, "b")
     for rank, (row, nxt) in enumerate(got):
         np.testing.assert_array_equal(row, np.full(2000, 2.0 + rank + (rank ^ 1)))

@@ -23,7 +23,8 @@ CASES = [((0,), 0, 0), ((1,), 0, 0), ((7,), 0, 0), ((17, 3), 0, 1), ((3, 17), 1,
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-@pytest.mark.parametrize("per_member", [1, 3, 5, 128])  # items of scratch per member: rounds of 1 .. 128 items
+# items of scratch per member: rounds of 1 .. 128 items
+@pytest.mark.parametrize("per_member", [1, 3, 5, 128])
 def test_chunked_through_a_small_scratch_matches_numpy(n, per_member, strided):
     rng = np.random.default_rng([n, per_member])
     world = ThreadWorld(n, scratch_bytes=8 * n * per_member + 7)  # (7 bytes short of one more item each)
@@ -60,9 +61,11 @@ def test_on_real_devices_in_every_kind_of_group(strided):
     for rank, results in enumerate(runs):
         for i, (ranks, x, got) in enumerate(results):
             shape, split_dim, concat_dim = cases[i % len(cases)]
-            want = reference.all_to_all([runs[m][i][1] for m in ranks], split_dim, concat_dim)[ranks.index(rank)]
+            want = reference.all_to_all([runs[m][i][1] for m in ranks], split_dim,
+                                        concat_dim)[ranks.index(rank)]
             assert got.shape == want.shape and got.tobytes() == want.tobytes(), (rank, ranks, shape)
-            expected[rank] += x.nbytes - np.array_split(x, len(ranks), axis=split_dim)[ranks.index(rank)].nbytes
+            expected[rank] += x.nbytes - np.array_split(x, len(ranks),
+                                                        axis=split_dim)[ranks.index(rank)].nbytes
     assert list(sent) == expected
 
 
@@ -77,7 +80,8 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     out of device 1's scratch; device 1 moves on to the whole-mesh call, which refills that scratch
     before any fence: the row call's last fence must hold it back."""
     n = 2000
-    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:  # every member's array is in its scratch
+    # every member's array is in its scratch
+    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:
         got = cluster.run(_row_then_world, n)
     for rank, (row, world) in enumerate(got):
         pair = (rank & ~1, rank | 1)  # row groups {0, 1}, {2, 3}
@@ -114,7 +118,8 @@ def test_shm_costs_exactly_what_the_pairwise_exchange_costs_on_the_modelled_hard
             with VirtualCluster(Mesh(mesh), hardware=hardware, trace=False) as cluster:
                 runs[algorithm] = cluster.run(_skewed, algorithm, count)
         assert [p for _, p in runs["shm"]] == [p for _, p in runs["direct"]]
-        assert [t for t, _ in runs["shm"]] == pytest.approx([t for t, _ in runs["direct"]], rel=1e-12, abs=0), count
+        assert [t for t, _ in runs["shm"]] == pytest.approx([t for t, _ in runs["direct"]], rel=1e-12,
+                                                            abs=0), count
         assert runs["shm"][0][0] > 0
 
 
@@ -146,8 +151,10 @@ def test_the_default_is_shm_in_every_group_of_two_or_more_and_without_scratch_th
 
 def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
     world = ThreadWorld(2, scratch_bytes=4)
-    with pytest.raises(UsageError, match=r"all_to_all algorithm 'shm' needs scratch memory of at least one float64 "
-                                         r"element per member \(2 here\) per device, but the cluster has scratch_bytes=4; .* algorithm='direct'"):
+    with pytest.raises(UsageError,
+                       match=r"all_to_all algorithm 'shm' needs scratch memory of at least one float64 "
+                                         r"element per member \(2 here\) per device, but the cluster has "
+                                         r"scratch_bytes=4; .* algorithm='direct'"):
         world.run(lambda c: all_to_all(c, np.ones(4)))
 
 
@@ -155,7 +162,8 @@ def test_the_default_exchanges_items_too_wide_for_one_per_member_in_the_scratch(
     """Eight items of 9000 bytes, one per member, are 72 KB: more than a 64 KiB scratch, which the
     default took for shm (which then refused); the default is the exchange there."""
     with VirtualCluster(8, scratch_bytes=64 << 10, trace=True) as cluster:
-        got = cluster.run(lambda dev: dev.all_to_all(np.array([f"{dev.rank}>{j}" for j in range(8)], dtype="S9000")))
+        got = cluster.run(lambda dev: dev.all_to_all(np.array([f"{dev.rank}>{j}" for j in range(8)],
+                                                              dtype="S9000")))
         used = {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "all_to_all"}
     assert used == {"direct"}
     assert [g.tolist() for g in got] == [[f"{j}>{r}".encode() for j in range(8)] for r in range(8)]

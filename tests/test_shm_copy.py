@@ -55,7 +55,8 @@ def test_pieces_alike_are_gathered_in_one_strided_copy_as_numpy_concatenates_the
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "complex128", "uint64"])
 def test_every_dtype_is_gathered_as_its_bytes(dtype):
-    world = ThreadWorld(3, scratch_bytes=GATHER_HEADER + 3)  # a round every 3 bytes: items split across rounds
+    # a round every 3 bytes: items split across rounds
+    world = ThreadWorld(3, scratch_bytes=GATHER_HEADER + 3)
     pieces = [_piece(r, 0, r + 1, dtype) for r in range(3)]
     for g in world.run(lambda c: shm.all_gather(c, pieces[c.rank], 0)):
         np.testing.assert_array_equal(g, np.concatenate(pieces))
@@ -164,7 +165,9 @@ def test_the_default_all_gather_is_shm_and_without_scratch_the_ring():
         with VirtualCluster(4, scratch_bytes=scratch) as cluster:
             got = cluster.run(lambda dev: dev.all_gather(np.full(2, float(dev.rank)), dim=0))
             assert all(np.array_equal(g, np.repeat(np.arange(4.0), 2)) for g in got)
-            assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "all_gather"} == {want}
+            assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "all_gather"} == {
+                want
+            }
 
 
 def test_a_mismatched_all_gather_on_devices_is_a_collective_mismatch_by_default():
@@ -186,22 +189,27 @@ def test_broadcast_through_any_scratch_gives_every_member_the_roots_array(n, scr
     world = ThreadWorld(n, scratch_bytes=scratch_bytes)
     for root, shape in ((0, (3, 5)), (n - 1, (0, 4)), (n // 2, (7,))):
         xs = [(np.arange(int(np.prod(shape))).reshape(shape) * (r + 2)).astype(dtype) for r in range(n)]
-        got = world.run(lambda c: shm.broadcast(c, xs[c.rank] if c.rank == root or c.rank % 2 else None, root))
+        got = world.run(lambda c: shm.broadcast(c, xs[c.rank] if c.rank == root or c.rank % 2 else None,
+                                                root))
         for g in got:  # what a non-root passes is ignored: the root's array, its shape and dtype
-            assert g.dtype == xs[root].dtype and g.shape == xs[root].shape and g.tobytes() == xs[root].tobytes()
+            assert (
+                g.dtype == xs[root].dtype and g.shape == xs[root].shape and g.tobytes() == xs[root].tobytes()
+            )
 
 
 def test_a_broadcast_scratch_without_room_for_the_header_is_a_usage_error_and_the_default_avoids_it():
     world = ThreadWorld(2, scratch_bytes=GATHER_HEADER)
     with pytest.raises(UsageError, match="broadcast algorithm 'shm' needs scratch memory of more than"):
         world.run(lambda c: shm.broadcast(c, np.ones(2) if c.rank == 0 else None, 0))
-    assert not shm.usable("broadcast", GATHER_HEADER + 1, 8, 4) and shm.usable("broadcast", GATHER_HEADER + COPY_MIN_ROOM, 8, 4)
+    assert not shm.usable("broadcast", GATHER_HEADER + 1, 8,
+                          4) and shm.usable("broadcast", GATHER_HEADER + COPY_MIN_ROOM, 8, 4)
 
 
 def _broadcast(dev, algorithm, group, root):
     x = np.arange(300.0) * (dev.rank + 1)
     dev.compute(flops=3e9 * dev.rank)  # members enter at different modelled clocks
-    return dev.broadcast(x if dev.group_rank(group) == root else None, root=root, group=group, algorithm=algorithm), dev.clock
+    return dev.broadcast(x if dev.group_rank(group) == root else None, root=root, group=group,
+                         algorithm=algorithm), dev.clock
 
 
 @pytest.mark.parametrize("group,root", [(None, 0), (None, 5), ("b", 2), (("a", "b"), 3)])
@@ -215,7 +223,9 @@ def test_the_default_broadcast_is_shm_and_without_scratch_the_tree():
         with VirtualCluster(4, scratch_bytes=scratch) as cluster:
             got = cluster.run(lambda dev: dev.broadcast(np.full(3, 7.0) if dev.rank == 1 else None, root=1))
             assert all(np.array_equal(g, [7.0, 7.0, 7.0]) for g in got)
-            assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "broadcast"} == {want}
+            assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "broadcast"} == {
+                want
+            }
 
 
 def _roots_disagree(dev):
@@ -233,10 +243,12 @@ def _other_kind_of_group(dev):  # devices 0, 2 all_gather over "a" and then barr
         dev.barrier(group="b")
         dev.barrier(group="b")
         return got
-    return dev.broadcast(None, root=0, group="b", algorithm="shm")  # devices 1, 3: the root left an all_gather piece
+    # devices 1, 3: the root left an all_gather piece
+    return dev.broadcast(None, root=0, group="b", algorithm="shm")
 
 
-@pytest.mark.parametrize("program,mesh", [(_roots_disagree, 3), (_roots_disagree, 2), (_broadcast_meets_all_gather, 3),
+@pytest.mark.parametrize("program,mesh",
+                         [(_roots_disagree, 3), (_roots_disagree, 2), (_broadcast_meets_all_gather, 3),
                                           (_other_kind_of_group, {"a": 2, "b": 2})])
 def test_members_that_disagree_on_root_op_or_group_are_refused_with_the_check_off(program, mesh):
     """Each returned other members' or other calls' data silently (the tree raised or deadlocked)."""
@@ -251,7 +263,9 @@ def _row_then_column(dev, n):
     return row, col
 
 
-def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in_another(monkeypatch, strided):
+def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in_another(
+    monkeypatch, strided
+):
     """Device 0 dawdles after the row all_gather's first fence, before copying device 1's piece
     out of its scratch.  Device 1 has copied device 0's by then and moves on to its column group
     {1, 3}, whose first round refills that scratch: the row call's last fence must hold it back,

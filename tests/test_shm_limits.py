@@ -58,7 +58,8 @@ def test_a_failed_allocation_unlinks_and_names_the_size_and_the_space(where, mon
 def test_a_cluster_whose_segment_cannot_be_made_starts_no_process(monkeypatch, shm_has_123_mib):
     monkeypatch.setattr(shm.os, "ftruncate", _enomem)
     before = cluster_module.clusters_created()
-    with pytest.raises(ResourceLimitError, match=r"cannot allocate a shared-memory segment of .* 123 MiB free"):
+    with pytest.raises(ResourceLimitError,
+                       match=r"cannot allocate a shared-memory segment of .* 123 MiB free"):
         VirtualCluster(2)
     assert cluster_module.clusters_created() == before + 1 and _ours() == []
     assert multiprocessing.active_children() == []  # failed before any device was started
@@ -122,8 +123,10 @@ def test_ten_thousand_devices_are_refused_at_once_by_the_address_space_alone(mon
     monkeypatch.setattr(sysmem, "shm_free", lambda path=sysmem.SHM_DIR: 1 << 50)
     monkeypatch.setattr(sysmem, "physical_available", lambda: 1 << 50)
     monkeypatch.setattr(capacity, "_open_files_limit", lambda: 1 << 30)
-    with pytest.raises(ResourceLimitError, match=r"its shared segment \(95\.4 TiB, mostly a ring of 1 MiB per pair "
-                                                 r"of devices\) is more than the 64 TiB .* At most 8\d\d\d devices"):
+    with pytest.raises(ResourceLimitError,
+                       match=r"its shared segment \(95\.4 TiB, mostly a ring of 1 MiB per pair "
+                                                 r"of devices\) is more than the 64 TiB .* "
+                                                 r"At most 8\d\d\d devices"):
         VirtualCluster(10000)
 
 
@@ -132,7 +135,8 @@ def test_the_commands_refuse_ten_thousand_devices_with_the_message(argv, tmp_pat
     script = tmp_path / "s.py"
     script.write_text("def f(dev):\n    return dev.rank\n")
     argv = [a.format(script=script) for a in argv]
-    done = subprocess.run([sys.executable, "-m", "virtualpar", *argv], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "virtualpar", *argv], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 1
     assert re.search(r"ResourceLimitError: a cluster of 10000 devices does not fit on this machine: .* "
                      r"At most \d+ devices fit", done.stderr), done.stderr

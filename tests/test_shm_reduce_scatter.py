@@ -28,12 +28,14 @@ def pieces_of_the_sum(xs, op, dim):
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
-@pytest.mark.parametrize("per_member", [1, 3, 5, 128])  # items of scratch per member: rounds of 1 .. 128 items
+# items of scratch per member: rounds of 1 .. 128 items
+@pytest.mark.parametrize("per_member", [1, 3, 5, 128])
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "avg"])
 def test_chunked_through_a_small_scratch_matches_numpy_bit_for_bit(n, per_member, op, strided):
     rng = np.random.default_rng([n, per_member])
     world = ThreadWorld(n, scratch_bytes=8 * n * per_member + 7)  # (7 bytes short of one more item each)
-    for shape, dim in [((0,), 0), ((1,), 0), ((n - 1,), 0), ((7,), 0), ((17,), 0), ((3, 7), 1), ((5, 2, 3), 2)]:
+    for shape, dim in [((0,), 0), ((1,), 0), ((n - 1,), 0), ((7,), 0), ((17,), 0), ((3, 7), 1),
+                       ((5, 2, 3), 2)]:
         xs = [rng.uniform(0.5, 1.5, size=shape) for _ in range(n)]
         before = world.bytes.copy()
         got = world.run(lambda c: reduce_scatter(c, xs[c.rank], dim, op))
@@ -83,7 +85,11 @@ def test_on_real_devices_in_every_kind_of_group(strided):
         for i, (ranks, x, got) in enumerate(results):
             shape, dim = shapes[i % len(shapes)]
             want = pieces_of_the_sum([runs[m][i][1] for m in ranks], "sum", dim)[ranks.index(rank)]
-            assert got.shape == want.shape and got.tobytes() == np.ascontiguousarray(want).tobytes(), (rank, ranks, shape)
+            assert got.shape == want.shape and got.tobytes() == np.ascontiguousarray(want).tobytes(), (
+                rank,
+                ranks,
+                shape,
+            )
             expected[rank] += x.nbytes - want.nbytes  # every peer reads its own piece of ours
     assert list(sent) == expected
 
@@ -101,7 +107,8 @@ def test_a_slow_reader_in_one_group_keeps_its_peer_from_refilling_the_scratch_in
     quarter, so the first half too): the row call's last fence must hold it back, or device 0
     adds device 1's mesh-wide input instead of its row input."""
     n = 2000  # 16 KB: past the fence slots
-    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:  # every member's input is in its scratch
+    # every member's input is in its scratch
+    with slow_reader_cluster(monkeypatch, fence_number=1) as cluster:
         got = cluster.run(_row_then_world, n)
     for rank, (row, world) in enumerate(got):
         partner = rank ^ 1  # row groups {0, 1}, {2, 3}
@@ -117,7 +124,8 @@ def test_a_member_with_another_shape_is_named_at_the_first_fence():
     with VirtualCluster(4, trace=False) as cluster:
         with pytest.raises(CollectiveMismatch, match=r"reduce_scatter.*shape=\(3001,\)"):
             cluster.run(_mismatched)
-        ok = cluster.run(lambda dev: dev.reduce_scatter(np.ones(8), algorithm="shm"))  # and the cluster goes on
+        # and the cluster goes on
+        ok = cluster.run(lambda dev: dev.reduce_scatter(np.ones(8), algorithm="shm"))
     assert [o.tolist() for o in ok] == [[4.0, 4.0]] * 4
 
 
@@ -137,8 +145,10 @@ def test_shm_costs_exactly_what_the_ring_costs_on_the_modelled_hardware(hardware
         for algorithm in ("ring", "shm"):
             with VirtualCluster(Mesh(mesh), hardware=hardware, trace=False) as cluster:
                 runs[algorithm] = cluster.run(_skewed, algorithm, count)
-        assert [p for _, p in runs["shm"]] == [p for _, p in runs["ring"]]  # small integers: exact in any order
-        assert [t for t, _ in runs["shm"]] == pytest.approx([t for t, _ in runs["ring"]], rel=1e-12, abs=0), count
+        # small integers: exact in any order
+        assert [p for _, p in runs["shm"]] == [p for _, p in runs["ring"]]
+        assert [t for t, _ in runs["shm"]] == pytest.approx([t for t, _ in runs["ring"]], rel=1e-12,
+                                                            abs=0), count
         assert runs["shm"][0][0] > 0
 
 
@@ -152,17 +162,23 @@ def test_the_default_is_shm_but_for_small_pairs_and_without_scratch_the_ring():
     assert default_algorithm("reduce_scatter", 1 << 20, 1, shared_memory=True) == "ring"
     with VirtualCluster(4, trace=True) as cluster:
         cluster.run(lambda dev: dev.reduce_scatter(np.ones(8)))
-        assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "reduce_scatter"} == {"shm"}
+        assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "reduce_scatter"} == {
+            "shm"
+        }
     with VirtualCluster(4, scratch_bytes=0, trace=True) as cluster:
         got = cluster.run(lambda dev: dev.reduce_scatter(np.ones(8)))
-        assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "reduce_scatter"} == {"ring"}
+        assert {dict(e.args)["algorithm"] for e in cluster.trace().events if e.name == "reduce_scatter"} == {
+            "ring"
+        }
     assert [g.tolist() for g in got] == [[4.0, 4.0]] * 4
 
 
 def test_a_scratch_smaller_than_one_item_is_a_usage_error_naming_the_way_out():
     world = ThreadWorld(2, scratch_bytes=4)
-    with pytest.raises(UsageError, match=r"reduce_scatter algorithm 'shm' needs scratch memory of at least one float64 "
-                                         r"element per member \(2 here\) per device, but the cluster has scratch_bytes=4; .* algorithm='ring'"):
+    with pytest.raises(UsageError,
+                       match=r"reduce_scatter algorithm 'shm' needs scratch memory of at least one float64 "
+                                         r"element per member \(2 here\) per device, but the cluster has "
+                                         r"scratch_bytes=4; .* algorithm='ring'"):
         world.run(lambda c: reduce_scatter(c, np.ones(4)))
 
 

@@ -99,7 +99,8 @@ def test_an_ssend_to_itself_needs_its_receive_posted_first():
     """MPI completes it then, and hangs otherwise: here the hang is an error at once."""
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         assert c.run(_to_itself, True) == [[0.0, 1.0]] * 2
-        with pytest.raises(UsageError, match=r"ssend to itself \(tag 2\) of 16 bytes at op #\d+ is synchronous: it "
+        with pytest.raises(UsageError,
+                           match=r"ssend to itself \(tag 2\) of 16 bytes at op #\d+ is synchronous: it "
                                              "waits for its receive, none is posted"):
             c.run(_to_itself, False)
         assert c.run(_to_itself, True) == [[0.0, 1.0]] * 2  # nothing was left queued
@@ -120,7 +121,8 @@ def test_an_issend_to_itself_is_done_once_its_own_receive_took_it():
     and is an error here (it was complete at once, and an ssend with numpy ints skipped the check)."""
     with VirtualCluster(2, timeout=TIMEOUT) as c:
         assert c.run(_issend_to_itself, False) == [(False, True, [1.0, 1.0])] * 2
-        with pytest.raises(UsageError, match=r"issend to itself \(tag 3\): no receive of this device has taken it"):
+        with pytest.raises(UsageError,
+                           match=r"issend to itself \(tag 3\): no receive of this device has taken it"):
             c.run(_issend_to_itself, True)
         with pytest.raises(UsageError, match=r"ssend to itself \(tag 3\) of 16 bytes .* is synchronous"):
             c.run(lambda dev: dev.ssend(np.ones(2), np.int64(dev.rank), tag=np.int64(3)))
@@ -211,9 +213,11 @@ def _receive_gives_up(dev, hold_slots: bool):
     from virtualpar.errors import P2PTimeout
 
     if dev.rank == 0:
-        held = [dev.issend(np.zeros(1), 1, tag=t) for t in range(1, 8)] if hold_slots else []  # then it goes eager
+        # then it goes eager
+        held = [dev.issend(np.zeros(1), 1, tag=t) for t in range(1, 8)] if hold_slots else []
         req = dev.issend(np.zeros(20000, np.uint8), 1, tag=0)
-        time.sleep(1.0)  # (device 1's receive, which gives up after 0.2 s of no progress, times out meanwhile)
+        # (device 1's receive, which gives up after 0.2 s of no progress, times out meanwhile)
+        time.sleep(1.0)
         dev.barrier()
         deadline = time.monotonic() + 0.5
         while not req.test() and time.monotonic() < deadline:
@@ -235,7 +239,9 @@ def _receive_gives_up(dev, hold_slots: bool):
 
 
 @pytest.mark.parametrize("path, hold_slots, read", [("eager", True, None), ("refused offer", False, 14)])
-def test_an_issend_whose_receive_gave_up_is_done_only_when_a_later_one_took_it(monkeypatch, path, hold_slots, read):
+def test_an_issend_whose_receive_gave_up_is_done_only_when_a_later_one_took_it(
+    monkeypatch, path, hold_slots, read
+):
     """Its receiver used to tell the sender "taken" on matching the header, so the send completed
     although the receive that matched it then timed out and no receive had taken it."""
     import virtualpar.transport.rendezvous as rendezvous

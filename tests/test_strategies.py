@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from virtualpar import UsageError
-from virtualpar.strategies import (STRATEGIES, ComputeAndWeightWorkers, Cuckoo, Direction, DistributedDataParallel,
-                                   FullyShardedDataParallel, FullyShardedLoopedPipeline, GPipe, LoopedPipeline,
+from virtualpar.strategies import (STRATEGIES, ComputeAndWeightWorkers, Cuckoo, Direction,
+                                   DistributedDataParallel,
+                                   FullyShardedDataParallel, FullyShardedLoopedPipeline, GPipe,
+                                   LoopedPipeline,
                                    OldestBatchFirst, OldestStageFirst, Work, simulate, to_html, to_text)
 
 
@@ -95,20 +97,26 @@ def test_a_looped_strategy_runs_at_the_cap_one_batch_needs(B, policy):
     for spans in per_worker.values():  # a worker runs one item at a time
         spans.sort()
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
-    with pytest.raises(UsageError, match="batch 0 runs 3 forwards on worker 0.*max_activations=2 is too small"):
+    with pytest.raises(UsageError,
+                       match="batch 0 runs 3 forwards on worker 0.*max_activations=2 is too small"):
         simulate(4, 6, B, LoopedPipeline(2, 4), policy=policy, max_activations=2)
 
 
 def test_a_user_strategy_and_bad_mappings():
     run = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(w.batch, 0))
     assert run.weight_transmissions == 4  # batch 1's four items fetch from worker 0
-    with pytest.raises(UsageError, match=r"mapped f0 \(stage 0, batch 0\) to workers \(5, 0\); there are 2 workers"):
+    with pytest.raises(UsageError,
+                       match=r"mapped f0 \(stage 0, batch 0\) to workers \(5, 0\); there are 2 workers"):
         simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(5, 0))
     # a plain pair and numpy ints are a mapping (the pair failed as 'tuple' has no attribute 'compute',
     # numpy ints as out of 0..1); anything else is refused by what it is
     plain = simulate(2, 2, 2, lambda w: (w.batch, 0))
     numpy_ints = simulate(2, 2, 2, lambda w: ComputeAndWeightWorkers(np.int64(w.batch), np.int64(0)))
-    assert [i.workers for i in plain.items] == [i.workers for i in numpy_ints.items] == [i.workers for i in run.items]
+    assert (
+        [i.workers for i in plain.items]
+        == [i.workers for i in numpy_ints.items]
+        == [i.workers for i in run.items]
+    )
     with pytest.raises(UsageError, match=r"to 'w0'; expected ComputeAndWeightWorkers"):
         simulate(2, 2, 2, lambda w: "w0")
 
@@ -116,8 +124,10 @@ def test_a_user_strategy_and_bad_mappings():
 @pytest.mark.parametrize("kwargs, what", [
     ({"forward_cost": -1}, "forward_cost must be a finite number >= 0, got -1"),
     ({"weight_cost": -1}, "weight_cost must be"), ({"activation_cost": -5}, "activation_cost must be"),
-    ({"backward_cost": float("nan")}, "backward_cost must be"), ({"forward_cost": float("inf")}, "forward_cost must"),
-    ({"forward_cost": "1"}, "forward_cost must be"), ({"max_activations": 2.5}, "max_activations must be a positive int"),
+    ({"backward_cost": float("nan")}, "backward_cost must be"),
+    ({"forward_cost": float("inf")}, "forward_cost must"),
+    ({"forward_cost": "1"}, "forward_cost must be"),
+    ({"max_activations": 2.5}, "max_activations must be a positive int"),
     ({"max_activations": True}, "max_activations must be a positive int, got True"),
 ])
 def test_bad_costs_and_caps_are_refused(kwargs, what):
@@ -189,9 +199,10 @@ def test_strategy_command(capsys):
     assert main(["strategy", "ddp", "--workers", "4", "--group-size", "3"]) == 2  # was ignored
     assert "--group-size applies to looped and fs_looped; ddp has no batch groups" in capsys.readouterr().err
     for name in ("gpipe", "cuckoo"):  # said "mapped f3 ... to ComputeAndWeightWorkers(compute=3, ...)"
-        assert main(["strategy", name, "--workers", "3", "--stages", "4"]) == 2  # a usage error: argparse's code
-        assert f"{name} puts stage s on worker s, so it needs at least as many workers as stages; got 3 workers for 4 " \
-               "stages" in capsys.readouterr().err
+        # a usage error: argparse's code
+        assert main(["strategy", name, "--workers", "3", "--stages", "4"]) == 2
+        assert (f"{name} puts stage s on worker s, so it needs at least as many workers as stages; "
+                "got 3 workers for 4 stages" in capsys.readouterr().err)
 
 
 def test_looped_groups_must_tile_the_workers():
@@ -200,7 +211,9 @@ def test_looped_groups_must_tile_the_workers():
     from virtualpar.strategies.work import default_group_size
 
     for make in (LoopedPipeline, FullyShardedLoopedPipeline):
-        with pytest.raises(UsageError, match=r"group_size=3 must divide the 4 workers into equal groups; choose one of \[1, 2, 4\]"):
+        with pytest.raises(UsageError,
+                           match=r"group_size=3 must divide the 4 workers into equal groups; "
+                                 r"choose one of \[1, 2, 4\]"):
             make(3, 4)
         with pytest.raises(UsageError, match="group_size=0"):
             make(0, 4)

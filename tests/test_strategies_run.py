@@ -8,8 +8,14 @@ import pytest
 
 from virtualpar import UsageError, VirtualCluster, nn
 from virtualpar.pipeline import Pipeline
-from virtualpar.strategies import STRATEGIES, Cuckoo, StrategyOperation, count_transfers, lower_strategy, simulate
-
+from virtualpar.strategies import (
+    STRATEGIES,
+    Cuckoo,
+    StrategyOperation,
+    count_transfers,
+    lower_strategy,
+    simulate,
+)
 
 def mlp():
     return nn.Sequential(*[nn.Linear(8, 8, seed=i, dtype=np.float64) for i in range(4)])
@@ -36,8 +42,8 @@ def test_every_lowerable_strategy_trains_like_one_process_with_the_simulated_tra
     W = S = B = 4
     op = _trains_like_one_process(STRATEGIES[name](W, S, B, 2), W, B, x, y)
     run = op.run
-    assert count_transfers(op) == {"activation": run.activation_transmissions, "weight": run.weight_transmissions,
-                                   "gradient": run.gradient_transmissions}
+    assert count_transfers(op) == {"activation": run.activation_transmissions,
+                                   "weight": run.weight_transmissions, "gradient": run.gradient_transmissions}
 
 
 @pytest.mark.parametrize("name, W, B", [("ddp", 2, 3), ("fsdp", 4, 5), ("looped", 2, 3), ("fs_looped", 4, 3)])
@@ -55,8 +61,9 @@ def test_the_lowered_schedule_is_the_simulated_one():
     schedule, placement = lower_strategy(run)
     for w, actions in schedule.items():
         items = sorted((i for i in run.items if i.workers.compute == w), key=lambda i: i.start)
-        assert [str(a) for a in actions] == [f"{i.work.stage}{'F' if i.work.direction.value == 'f' else 'B'}{i.work.batch}"
-                                             for i in items]
+        assert [str(a) for a in actions] == [
+            f"{i.work.stage}{'F' if i.work.direction.value == 'f' else 'B'}{i.work.batch}" for i in items
+        ]
     assert [placement.weight_rank(s) for s in range(4)] == [0, 1, 2, 3]
 
 
@@ -71,5 +78,7 @@ def test_a_cluster_of_another_size_is_named_as_the_cluster():
     op = StrategyOperation(Pipeline(mlp(), cuts=[1, 2, 3]), STRATEGIES["gpipe"](4, 4, 4), 4, 4)
     rng = np.random.default_rng(1)
     with VirtualCluster(2) as cluster, pytest.raises(
-            UsageError, match=r"for 4 pipeline ranks; the cluster has 2 devices \(pass axis= to run along one mesh axis\)"):
+            UsageError,
+            match=r"for 4 pipeline ranks; the cluster has 2 devices \(pass axis= to "
+                  r"run along one mesh axis\)"):
         cluster.execute(op, rng.standard_normal((8, 8)), rng.standard_normal((8, 8)))

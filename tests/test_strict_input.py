@@ -20,7 +20,8 @@ def _linear64() -> nn.Linear:
 
 @pytest.mark.parametrize("value, said", [
     (np.array([[1 + 2j, 0], [0, 1]]),
-     "'weight' is complex128, which cannot be made a float64 array without loss (the imaginary part would be dropped)"),
+     "'weight' is complex128, which cannot be made a float64 array without loss (the imaginary "
+     "part would be dropped)"),
     (np.full((2, 2), 2**53 + 1), "'weight' holds int64 values that float64 cannot hold exactly"),
     (np.array([["a", "b"], ["c", "d"]]), "'weight' cannot be made a float64 array: it holds <U1 values"),
 ])
@@ -95,7 +96,8 @@ def test_a_table_shape_too_large_for_memory_is_refused_before_any_allocation(mon
 
     monkeypatch.setattr(sysmem, "physical_available", lambda: 1 << 30)
     check_shape_fits((1024, 512, 1024))  # 2*(0.5M + 0.5M + 2*1M)*4 = 24 MiB
-    said = r"MatMul m,k,n = \(8192, 8192, 8192\) in float32 needs about 2 GiB .* this machine has 1 GiB available"
+    said = (r"MatMul m,k,n = \(8192, 8192, 8192\) in float32 needs about 2 GiB .* "
+            r"this machine has 1 GiB available")
     with pytest.raises(UsageError, match=said):
         check_shape_fits((8192, 8192, 8192))  # 2*(64M + 64M + 2*64M) items of 4 B
     with pytest.raises(UsageError, match=r"FeedForward b,s,m,h = .* float64 needs about"):
@@ -103,7 +105,8 @@ def test_a_table_shape_too_large_for_memory_is_refused_before_any_allocation(mon
 
 
 def test_policies_command_refuses_a_huge_shape_with_a_message_not_a_numpy_error():
-    argv = [sys.executable, "-m", "virtualpar", "policies", "--mesh", "x=2", "--shape", "100000000,100000000,100000000"]
+    argv = [sys.executable, "-m", "virtualpar", "policies", "--mesh", "x=2", "--shape",
+            "100000000,100000000,100000000"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     said = "UsageError: shape MatMul m,k,n = (100000000, 100000000, 100000000) in float32 needs about"

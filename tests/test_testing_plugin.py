@@ -22,7 +22,8 @@ from virtualpar import VirtualCluster
 
 @pytest.fixture
 def tester(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))  # this worktree's virtualpar
+    # this worktree's virtualpar
+    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return pytester
 
 
@@ -150,9 +151,12 @@ def test_a_leaking_test_fails_at_teardown(tester):
     assert "ERROR at teardown of test_leaks_a_cluster" in out
     assert "test_example.py::test_leaks_a_cluster leaked" in out and "/dev/shm/virtualpar-" in out
     assert "still running" in out
-    forkserver = out[out.index("test_leaks_a_forkserver_cluster leaked"):out.index("ERROR at teardown of test_leaks_a_thread")]
+    forkserver = out[out.index("test_leaks_a_forkserver_cluster "
+                               "leaked"):out.index("ERROR at teardown of test_leaks_a_thread")]
     assert forkserver.count("forkserver") >= 2 and forkserver.count("still running") == 2, out  # both devices
-    assert "test_leaks_a_thread_beside_a_cluster leaked" in out and "thread 'left-behind' still running" in out
+    assert (
+        "test_leaks_a_thread_beside_a_cluster leaked" in out and "thread 'left-behind' still running" in out
+    )
     assert "ERROR at teardown of test_clean" not in out and "ERROR at teardown of test_no_cluster" not in out
 
 
@@ -174,8 +178,10 @@ def test_deadlocks_fail_fast_with_the_cycle(tester):
     result = _run(tester, "--vp-timeout", "30", "-p", "no:timeout", "--durations=0")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
-    assert "Deadlock: deadlock (a cycle of waits): device 0 waits recv from 1 (tag 0) ← device 1 waits recv from 0 (tag 0)" in out
-    assert "device 0 waits send to 1 (tag 0) ← device 1 waits send to 2 (tag 0) ← device 2 waits send to 0 (tag 0)" in out
+    assert ("Deadlock: deadlock (a cycle of waits): device 0 waits recv from 1 (tag 0) "
+            "← device 1 waits recv from 0 (tag 0)" in out)
+    assert ("device 0 waits send to 1 (tag 0) ← device 1 waits send to 2 (tag 0) "
+            "← device 2 waits send to 0 (tag 0)" in out)
 
 
 def test_keep_traces_writes_the_report_and_trace(tester):
@@ -183,7 +189,8 @@ def test_keep_traces_writes_the_report_and_trace(tester):
     result = _run(tester, "--vp-keep-traces", "kept")
     result.assert_outcomes(failed=1)
     kept = sorted(os.listdir(tester.path / "kept"))
-    assert kept == ["test_example.py_test_one_device_wrong.0.json", "test_example.py_test_one_device_wrong.txt"]
+    assert kept == ["test_example.py_test_one_device_wrong.0.json",
+                    "test_example.py_test_one_device_wrong.txt"]
     assert "failed on device 3" in (tester.path / "kept" / kept[1]).read_text()
     doc = json.loads((tester.path / "kept" / kept[0]).read_text())  # Chrome's trace format, for Perfetto
     assert "traceEvents" in doc and any(e.get("ph") == "X" for e in doc["traceEvents"])
@@ -213,4 +220,5 @@ def test_forgot_the_argument():
 """)
     result = _run(tester)
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*@pytest.mark.cluster configures the `cluster` fixture, which this test does not take*"])
+    result.stdout.fnmatch_lines(["*@pytest.mark.cluster configures the `cluster` fixture, which "
+                                 "this test does not take*"])

@@ -87,4 +87,8 @@ def test_a_clock_in_cost_units_says_so_on_its_axis():
     rows = {0: [(Action(0, "F", 0), (0.0, 1.0)), (Action(0, "W", 0), (1.0, 1.0))]}
     text = format_timeline(rows, unit="unit")
     axis = text.splitlines()[2]
-    assert "1 column = " in text and " unit;" in text and axis.split() == ["0", *(f"0.{k}" for k in range(1, 10)), "1"]
+    assert (
+        "1 column = " in text
+        and " unit;" in text
+        and axis.split() == ["0", *(f"0.{k}" for k in range(1, 10)), "1"]
+    )

@@ -50,13 +50,16 @@ def _expected(name, xs, dys, dim, n):
     if name == "reduce_scatter":
         return split(sum(xs)), [np.concatenate(dys, axis=dim)] * n
     if name == "all_to_all":  # piece j of x_r (split on dim) goes to j, concatenated along 1-dim
-        outs = [np.concatenate([np.split(xs[s], n, axis=dim)[r] for s in range(n)], axis=1 - dim) for r in range(n)]
-        grads = [np.concatenate([np.split(dys[s], n, axis=1 - dim)[r] for s in range(n)], axis=dim) for r in range(n)]
+        outs = [np.concatenate([np.split(xs[s], n, axis=dim)[r] for s in range(n)],
+                               axis=1 - dim) for r in range(n)]
+        grads = [np.concatenate([np.split(dys[s], n, axis=1 - dim)[r] for s in range(n)],
+                                axis=dim) for r in range(n)]
         return outs, grads
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("name", ["f", "g", "all_gather", "all_gather_invariant", "reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize("name",
+                         ["f", "g", "all_gather", "all_gather_invariant", "reduce_scatter", "all_to_all"])
 @pytest.mark.parametrize("dim", [0, 1])
 def test_vjp_matches_numpy(cluster, name, dim):
     n = cluster.size
@@ -77,8 +80,10 @@ def test_vjp_matches_numpy(cluster, name, dim):
     want_y, want_dx = _expected(name, xs, dys, dim, n)
     got = cluster.run(_vjp_on_device, name, xs, dys, dim)
     for r, (y, dx) in enumerate(got):
-        np.testing.assert_allclose(y, want_y[r], rtol=1e-13, atol=1e-13, err_msg=f"{name} forward on device {r}")
-        np.testing.assert_allclose(dx, want_dx[r], rtol=1e-13, atol=1e-13, err_msg=f"{name} vjp on device {r}")
+        np.testing.assert_allclose(y, want_y[r], rtol=1e-13, atol=1e-13,
+                                   err_msg=f"{name} forward on device {r}")
+        np.testing.assert_allclose(dx, want_dx[r], rtol=1e-13, atol=1e-13,
+                                   err_msg=f"{name} vjp on device {r}")
 
 
 def _composed(dev, x, dy):

@@ -13,12 +13,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quick_json_has_every_policy_and_consistent_columns():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_sharding_policies.py"), "--quick", "--json"],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_sharding_policies.py"),
+                           "--quick", "--json"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     names = [(r["kind"], r["policy"]) for r in result["rows"]]
-    assert names == [("matmul", p) for p in ("unsharded", "matched_inner", "row", "unmatched_inner", "outer", "full", "column")] \
+    assert names == [("matmul", p) for p in ("unsharded", "matched_inner", "row", "unmatched_inner", "outer",
+                                             "full", "column")] \
         + [("ffn", p) for p in ("unsharded", "megatron", "sequence_parallel", "gspmd")]
     bw = result["memcpy_GBps"] * 1e9
     for r in result["rows"]:

@@ -57,7 +57,8 @@ def test_derived_programs_reproduce_the_named_policies_collectives():
     column = derive(((), ()), ((), ("x",)))
     assert [(s.op, s.tensor, s.axis) for s in column.steps] == [("f", "A", "x"), ("matmul", "C", "")]
     full = derive((("x",), ("y",)), (("y",), ("x",)))  # B's n gathered over x (varying), partial over y
-    assert [(s.op, s.tensor, s.axis) for s in full.steps] == [("all_gather", "B", "x"), ("matmul", "C", ""), ("g", "C", "y")]
+    assert [(s.op, s.tensor, s.axis) for s in full.steps] == [("all_gather", "B", "x"), ("matmul", "C", ""),
+                                                              ("g", "C", "y")]
 
 
 def test_ranking_and_auto_respects_memory():
@@ -72,7 +73,8 @@ def test_ranking_and_auto_respects_memory():
     small = dataclasses.replace(HW, device=dataclasses.replace(HW.device, memory_capacity=float(cap)))
     pick = choose(4096, 2048, 4096, mesh, small, replicate_output=True)
     assert pick.peak_bytes <= cap
-    assert pick == next(c for c in explore(4096, 2048, 4096, mesh, small, "float32", True) if c.peak_bytes <= cap)
+    assert pick == next(c for c in explore(4096, 2048, 4096, mesh, small, "float32",
+                                           True) if c.peak_bytes <= cap)
     tiny = dataclasses.replace(HW, device=dataclasses.replace(HW.device, memory_capacity=1.0))
     with pytest.raises(ShardingError, match="fits"):
         choose(4096, 2048, 4096, mesh, tiny)
@@ -95,4 +97,6 @@ def test_measured_peak_never_exceeds_the_modelled_peak(cluster):
         want = a @ b
         assert np.abs(cluster.execute(op, a, b) - want).max() <= 1e-12 * np.abs(want).max(), cand.layer.name
         measured = max(op.peak_bytes(cluster))
-        assert measured <= cand.peak_bytes + ALLOWANCE, f"{cand.layer.name}: measured {measured} B > modelled {cand.peak_bytes} B"
+        assert (
+            measured <= cand.peak_bytes + ALLOWANCE
+        ), f"{cand.layer.name}: measured {measured} B > modelled {cand.peak_bytes} B"

@@ -41,9 +41,11 @@ def test_every_candidate(cluster):
     rng = np.random.default_rng(2)
     inputs = [rng.standard_normal(s) for s in SHAPES]
     dy = rng.standard_normal((B, S, M))
-    vjp, want = make_vjp(lambda x, w1, b1, w2, b2: anp.maximum(x @ w1 + b1, 0) @ w2 + b2, argnum=(0, 1, 2, 3, 4))(*inputs)
+    vjp, want = make_vjp(lambda x, w1, b1, w2, b2: anp.maximum(x @ w1 + b1, 0) @ w2 + b2,
+                         argnum=(0, 1, 2, 3, 4))(*inputs)
     want_grads = vjp(dy)
-    cluster.execute(TensorParallelOp(FeedForward(cands[0].policy), SHAPES, (B, S, M)), *inputs)  # first-call imports
+    # first-call imports
+    cluster.execute(TensorParallelOp(FeedForward(cands[0].policy), SHAPES, (B, S, M)), *inputs)
     for cand in cands:
         layer = FeedForward(cand.policy)
         y, _, fwd = run_forward(cluster, layer, inputs, (B, S, M))
@@ -55,7 +57,9 @@ def test_every_candidate(cluster):
         op = TensorParallelOp(layer, SHAPES, (B, S, M))
         assert np.abs(cluster.execute(op, *inputs) - want).max() <= 1e-12 * np.abs(want).max(), cand.policy
         measured = max(op.peak_bytes(cluster))
-        assert measured <= cand.peak_bytes + ALLOWANCE, f"{cand.policy}: measured peak {measured} B > modelled {cand.peak_bytes} B"
+        assert (
+            measured <= cand.peak_bytes + ALLOWANCE
+        ), f"{cand.policy}: measured peak {measured} B > modelled {cand.peak_bytes} B"
 
 
 def test_auto_takes_the_fastest_that_fits():

@@ -68,7 +68,9 @@ def test_megatron_is_one_all_reduce_each_way_and_sequence_parallel_swaps_it():
 
 def test_bad_ffn_specs():
     mesh = Mesh({"x": 2, "y": 2})
-    with pytest.raises(ShardingError, match=r"dim 1 of x \(sequence_parallel\), shape \(4, 6, 12\), over mesh axes \(.x., .y.\) \(size 4\): 6 is not divisible by 4"):
+    with pytest.raises(ShardingError,
+                       match=r"dim 1 of x \(sequence_parallel\), shape \(4, 6, 12\), over mesh axes \(.x., "
+                             r".y.\) \(size 4\): 6 is not divisible by 4"):
         FeedForwardShardingPolicy.named("sequence_parallel", mesh).check(4, 6, 12, 24, mesh)
     with pytest.raises(ShardingError, match="mesh axis 'x' used twice"):
         FeedForwardShardingPolicy.named("gspmd", mesh, x="x", y="x").check(B, S, M, H, mesh)

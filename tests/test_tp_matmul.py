@@ -77,14 +77,17 @@ def test_bad_specs_say_what_was_received_and_expected():
         infer_matmul_policy(parse_layout("[R, S(x)]"), parse_layout("[S(x), S(y)]"))
     with pytest.raises(ShardingError, match="mesh axis 'x' used twice"):
         MatMulShardingPolicy.named("outer", mesh, m="x", k="x").check(M, K, N, mesh)
-    with pytest.raises(ShardingError, match=r"dim 1 of A \(matched_inner\), shape \(6, 5\), over mesh axes \(.x., .y.\) \(size 4\): 5 is not divisible by 4"):
+    with pytest.raises(ShardingError,
+                       match=r"dim 1 of A \(matched_inner\), shape \(6, 5\), over mesh axes \(.x., .y.\) "
+                             r"\(size 4\): 5 is not divisible by 4"):
         MatMulShardingPolicy.named("matched_inner", mesh).check(6, 5, 4, mesh)
     with pytest.raises(ShardingError, match="both sharded over"):
         MatMulShardingPolicy.named("unmatched_inner", mesh, ka="x", kb="x")
     with pytest.raises(ShardingError, match=r"policy 'matched_inner' expects A\[R, S\(K\)\] B\[S\(K\), R\]; "
                        r"received A\[R, S\(x\)\] B\[S\(y\), R\], which is unmatched_inner"):
         MatMulShardingPolicy.for_layouts("[R, S(x)]", "[S(y), R]", "matched_inner")
-    assert MatMulShardingPolicy.for_layouts("[R, S(x)]", "[S(y), R]", "unmatched_inner").role_axes == {"ka": ("x",), "kb": ("y",)}
+    assert MatMulShardingPolicy.for_layouts("[R, S(x)]", "[S(y), R]",
+                                            "unmatched_inner").role_axes == {"ka": ("x",), "kb": ("y",)}
     with pytest.raises(ShardingError, match="unknown MatMul policy 'diagonal'"):
         MatMulShardingPolicy.named("diagonal", mesh)
 
@@ -98,8 +101,10 @@ def test_shapes_the_layouts_do_not_divide_are_refused_before_anything_runs():
     mesh = Mesh({"x": 2, "y": 2})
     m, k, n = 4, 6, 4
     layer = MatMul(MatMulShardingPolicy.named("matched_inner", mesh))
-    message = r"cannot shard dim 1 of input 0 of matched_inner \({}\), shape \(4, 6\), over mesh axes \('x', 'y'\) " \
-              r"\(size 4\): 6 is not divisible by 4"
+    message = (
+        r"cannot shard dim 1 of input 0 of matched_inner \({}\), shape \(4, 6\), over mesh axes \('x', 'y'\) "
+        r"\(size 4\): 6 is not divisible by 4"
+    )
     with VirtualCluster(mesh) as cluster:
         op = TensorParallelOp(layer, ((m, k), (k, n)), (m, n), weights=(1,))
         with pytest.raises(ShardingError, match=message.format("place_weights")):

@@ -24,7 +24,8 @@ def test_a_declared_output_shape_the_devices_did_not_compute_is_refused():
     mesh = Mesh({"x": 2})
     op = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", mesh)), ((1, 8), (8, 4)), (3, 4))
     with VirtualCluster(mesh) as cluster:
-        with pytest.raises(ShardingError, match=r"device 0 \(x=0\) holds a piece of shape \(1, 2\) where the declared "
+        with pytest.raises(ShardingError,
+                           match=r"device 0 \(x=0\) holds a piece of shape \(1, 2\) where the declared "
                                                 r"shape \(3, 4\) with layout \[R, S\(x\)\] needs \(3, 2\)"):
             cluster.execute(op, np.ones((1, 8)), np.ones((8, 4)))
 
@@ -50,19 +51,24 @@ def test_all_gathers_backward_refuses_uneven_pieces_it_cannot_place():
 def test_sharded_operation_outputs_are_checked_against_their_spec():
     with VirtualCluster(MESH) as cluster:
         differ = ShardedOperation(lambda dev, a: a * (dev.rank + 1), [T("[R]")], [T("[R]")], name="differ")
-        with pytest.raises(ShardingError, match=r"differ, output 0: devices 0 \(x=0, y=0\) and 1 \(x=0, y=1\) hold "
+        with pytest.raises(ShardingError,
+                           match=r"differ, output 0: devices 0 \(x=0, y=0\) and 1 \(x=0, y=1\) hold "
                                                 r"different copies of block"):
             cluster.execute(differ, np.ones(4))  # the last device's copy was kept silently
-        ragged = ShardedOperation(lambda dev, a: a[: dev.rank + 1], [T("[S(x), R]")], [T("[S(x), R]")], name="rag")
-        with pytest.raises(ShardingError, match=r"rag, output 0: device 0 .* piece of shape \(1, 2\) where spec"):
+        ragged = ShardedOperation(lambda dev, a: a[: dev.rank + 1], [T("[S(x), R]")], [T("[S(x), R]")],
+                                  name="rag")
+        with pytest.raises(ShardingError,
+                           match=r"rag, output 0: device 0 .* piece of shape \(1, 2\) where spec"):
             cluster.execute(ragged, np.ones((8, 2)))
         none = ShardedOperation(lambda dev, a: None, [T("[S(x)]")], [T("[S(x)]")], name="none")
         with pytest.raises(UsageError, match="none: the program's output 0 is a NoneType, not an array"):
             cluster.execute(none, np.ones(4))
         two = ShardedOperation(lambda dev, a: (a, a), [T("[S(x)]")], [T("[S(x)]")], name="my_layer")
-        with pytest.raises(UsageError, match="my_layer: the program returned 2 outputs"):  # not its key 'op/3'
+        # not its key 'op/3'
+        with pytest.raises(UsageError, match="my_layer: the program returned 2 outputs"):
             cluster.execute(two, np.ones(4))
-        mm = ShardedOperation(lambda dev, a, b: MATMUL(dev, a, b), [T("[R, R]"), T("[R, R]")], [T("[R, R]")], name="mm")
+        mm = ShardedOperation(lambda dev, a, b: MATMUL(dev, a, b), [T("[R, R]"), T("[R, R]")], [T("[R, R]")],
+                              name="mm")
         for bad in (5, -1, 1.0):
             with pytest.raises(UsageError, match=r"mm.place: index must be an input position 0..1"):
                 mm.place(cluster, bad, np.ones((2, 2)))
@@ -100,15 +106,20 @@ def test_graph_errors_name_the_node_or_the_edge():
     flat = ShardedOperation(lambda dev, a: a, [T("[R]")], [T("[R]")], name="flat")
     unknown = ShardedOperation(lambda dev, a: a, [T("[S(z), R]")], [T("[R, R]")], name="unknown")
     uneven = ShardedOperation(lambda dev, a: a, [T("[R, S(x,y)]")], [T("[R, S(x,y)]")], name="uneven")
-    col = ShardedOperation(lambda dev, x, w: MATMUL(dev, x, w), [T("[R, R]"), T("[R, S(x,y)]")], [T("[R, S(x,y)]")])
-    row = ShardedOperation(lambda dev, h, w: MATMUL(dev, h, w), [T("[R, S(x,y)]"), T("[S(x,y), R]")], [T("[R, R] P(sum)")])
+    col = ShardedOperation(lambda dev, x, w: MATMUL(dev, x, w), [T("[R, R]"), T("[R, S(x,y)]")],
+                           [T("[R, S(x,y)]")])
+    row = ShardedOperation(lambda dev, h, w: MATMUL(dev, h, w), [T("[R, S(x,y)]"), T("[S(x,y), R]")],
+                           [T("[R, R] P(sum)")])
     with VirtualCluster(MESH) as cluster:
         with pytest.raises(UsageError, match=r"the edge 'p' -> 'c' \(port 0\) carries 2-d values"):
-            cluster.execute(_graph(("p", p), ("c", flat), edges=[("p", "c")], inputs=[("p", 0)]), np.ones((4, 6)))
+            cluster.execute(_graph(("p", p), ("c", flat), edges=[("p", "c")], inputs=[("p", 0)]),
+                            np.ones((4, 6)))
         with pytest.raises(UsageError, match=r"node 'c', input 0 spec \[S\(z\), R\]: unknown mesh axis 'z'"):
-            cluster.execute(_graph(("p", p), ("c", unknown), edges=[("p", "c")], inputs=[("p", 0)]), np.ones((4, 6)))
+            cluster.execute(_graph(("p", p), ("c", unknown), edges=[("p", "c")], inputs=[("p", 0)]),
+                            np.ones((4, 6)))
         with pytest.raises(ShardingError, match=r"on the edge 'p' -> 'c' \(port 0\): cannot shard dim 1"):
-            cluster.execute(_graph(("p", p), ("c", uneven), edges=[("p", "c")], inputs=[("p", 0)]), np.ones((4, 6)))
+            cluster.execute(_graph(("p", p), ("c", uneven), edges=[("p", "c")], inputs=[("p", 0)]),
+                            np.ones((4, 6)))
         with pytest.raises(DeviceError, match=r"raised ValueError .*\(in graph node 'row'\)"):
             cluster.execute(_graph(("col", col), ("row", row), edges=[("col", "row")],
                                    inputs=[("col", 0), ("col", 1), ("row", 1)]),
@@ -135,7 +146,8 @@ def _unknown_op(dev, a):
 def test_an_error_in_a_graph_node_keeps_the_users_frames():
     node = ShardedOperation(_unknown_op, [T("[R]")], [T("[R]")], name="scale")
     with VirtualCluster(2) as cluster:
-        with pytest.raises(UsageError, match=r"^device \d \(world=\d\): in graph node 'n': all_reduce") as info:
+        with pytest.raises(UsageError,
+                           match=r"^device \d \(world=\d\): in graph node 'n': all_reduce") as info:
             cluster.execute(_graph(("n", node), edges=[], inputs=[("n", 0)]), np.ones(2))
     assert "_unknown_op" in str(info.value.__cause__)  # the remote traceback reaches the user's function
 
@@ -168,7 +180,8 @@ def test_copies_of_operations_have_their_own_device_state():
     mesh = Mesh({"x": 2})
     a, b1, b2 = np.arange(8.0).reshape(2, 4), np.ones((4, 4)), 2 * np.ones((4, 4))
     with VirtualCluster(mesh) as cluster:
-        op1 = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", mesh)), ((2, 4), (4, 4)), (2, 4), weights=(1,))
+        op1 = TensorParallelOp(MatMul(MatMulShardingPolicy.named("column", mesh)), ((2, 4), (4, 4)), (2, 4),
+                               weights=(1,))
         op1.place_weights(cluster, b1)
         copy.copy(op1).place_weights(cluster, b2)
         np.testing.assert_allclose(cluster.execute(op1, a), a @ b1)

@@ -56,7 +56,8 @@ def test_all_gather_invariant_gives_each_uneven_piece_its_own_gradient_or_refuse
         for r, g in enumerate(c.run(_gather_back, (3, 2), w)):
             np.testing.assert_array_equal(g, np.array_split(w, 2)[r])
         with pytest.raises(ShardingError, match="all_gather_invariant of pieces of uneven size along dim 0 "
-                                                r"\(this member's: [23] of 5\)"):  # either member may be the one reported
+                                                # either member may be the one reported
+                                                r"\(this member's: [23] of 5\)"):
             c.run(_gather_back, (2, 3), w)  # not numpy.array_split's layout: where would its rows be?
 
 
@@ -108,13 +109,15 @@ def test_the_ffn_explorer_lists_each_program_once():
 def test_layouts_and_calls_that_are_wrong_say_so(cluster):
     assert parse_layout("[R,S(x)]") == parse_layout("[R, S(x)]") == ((), ("x",))
     assert parse_layout("[S(x, y), R]") == (("x", "y"), ())
-    with pytest.raises(ShardingError, match=r"2-d layouts for A \(m, k\) and B \(k, n\); got A\[R, R, R\] B\[R, R\]"):
+    with pytest.raises(ShardingError,
+                       match=r"2-d layouts for A \(m, k\) and B \(k, n\); got A\[R, R, R\] B\[R, R\]"):
         MatMulShardingPolicy.for_layouts("[R, R, R]", "[R, R]")  # was "too many values to unpack"
     column, inner = (MatMul(MatMulShardingPolicy.named(n, MESH)) for n in ("column", "matched_inner"))
     rng = np.random.default_rng(2)
     a, b, dc = (rng.standard_normal((4, 4)) for _ in range(3))
     with VirtualCluster(MESH) as fresh:
-        with pytest.raises(UsageError, match="run_backward has no forward to go back through on this cluster: "
+        with pytest.raises(UsageError,
+                           match="run_backward has no forward to go back through on this cluster: "
                                              "call run_forward first"):
             run_backward(fresh, column, dc, [(4, 4), (4, 4)])  # was a device's KeyError 'tp.vjp'
         run_forward(fresh, inner, [a, b], (4, 4))
@@ -125,7 +128,8 @@ def test_layouts_and_calls_that_are_wrong_say_so(cluster):
         (da, db), _, _ = run_backward(fresh, inner, dc, [(4, 4), (4, 4)])
         np.testing.assert_allclose(da, dc @ b.T, rtol=1e-12)
         np.testing.assert_allclose(db, a.T @ dc, rtol=1e-12)
-        with pytest.raises(UsageError, match="call run_forward first"):  # each forward is gone back through once
+        # each forward is gone back through once
+        with pytest.raises(UsageError, match="call run_forward first"):
             run_backward(fresh, inner, dc, [(4, 4), (4, 4)])
 
 
@@ -134,7 +138,8 @@ def test_layouts_and_calls_that_are_wrong_say_so(cluster):
      r"policy 'outer' with k=y\+z, m=y shards A \[S\(y\), S\(y,z\)\]: mesh axis 'y' used twice"),
     (lambda m3, m2: FeedForwardShardingPolicy.named("sequence_parallel", m2, t="q"),
      r"role t=\('q',\) names unknown mesh axes \['q'\]; the mesh has axes \('x', 'y'\)"),
-    (lambda m3, m2: FeedForwardShardingPolicy.named("gspmd", m2, x="y"), "shards x .*: mesh axis 'y' used twice"),
+    (lambda m3, m2: FeedForwardShardingPolicy.named("gspmd", m2, x="y"),
+     "shards x .*: mesh axis 'y' used twice"),
     (lambda m3, m2: MatMulShardingPolicy.named("unmatched_inner", m2, ka=("x", "y"), kb=("y", "x")),
      "both sharded over"),  # one sharding in mesh order: matched_inner's, not a different one
 ])

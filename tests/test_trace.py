@@ -34,7 +34,8 @@ def example_late_send() -> Trace:
     """Device 1 posts its recv at 1 ms but device 0 sends only at 2..3 ms: the path crosses."""
     return Trace([
         ev(0, "compute", "matmul", 0, 2),
-        ev(0, "send", "send", 2, 3, nbytes=1024, peer=1, seq=1, flow="0>1#0", shape=(16, 16), dtype="float32"),
+        ev(0, "send", "send", 2, 3, nbytes=1024, peer=1, seq=1, flow="0>1#0", shape=(16, 16),
+           dtype="float32"),
         ev(1, "recv", "recv", 1, 3, nbytes=1024, peer=0, seq=0, flow="0>1#0"),
         ev(1, "compute", "add", 3, 4),
     ])
@@ -84,10 +85,12 @@ def test_event_clocks_and_errors():
 
 def test_a_trace_pickles_with_its_device_names():
     """Its names were a MappingProxyType: 'cannot pickle mappingproxy' (multiprocessing, caching)."""
-    t = Trace([Event(rank=1, kind="compute", name="c", wall_start=0.0, wall_end=1.0, model_start=0.0, model_end=1.0)],
+    t = Trace([Event(rank=1, kind="compute", name="c", wall_start=0.0, wall_end=1.0, model_start=0.0,
+                     model_end=1.0)],
               device_names={1: "device 1 (dp=0, tp=1)"})
     back = pickle.loads(pickle.dumps(t))
-    assert back.events == t.events and back.device_names == {1: "device 1 (dp=0, tp=1)"} and back.ranks == (1,)
+    assert back.events == t.events and back.device_names == {1: "device 1 (dp=0, "
+                                                                "tp=1)"} and back.ranks == (1,)
 
 
 def test_event_pickles_hashes_and_round_trips_dict():
@@ -152,7 +155,10 @@ def test_chrome_structure_names_and_tracks():
     meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
     procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
     assert procs == {0: "device 0 (dp=0, tp=0)", 1: "device 1 (dp=0, tp=1)"}
-    assert {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"} == {0: 0, 1: 1}
+    assert {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"} == {
+        0: 0,
+        1: 1,
+    }
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     # device 1's recv overlaps its send without nesting in it: it moves to a second comm lane
     assert threads == {(0, 0): "compute", (0, 1): "comm", (1, 0): "compute", (1, 1): "comm", (1, 3): "comm 2"}
@@ -160,7 +166,9 @@ def test_chrome_structure_names_and_tracks():
     assert len(xs) == len(t)
     for x in xs:
         assert {"pid", "tid", "ts", "dur", "name", "cat", "args"} <= set(x) and x["dur"] >= 0
-        assert x["tid"] == (0 if x["args"]["kind"] == "compute" else (3 if (x["pid"], x["name"]) == (1, "recv") else 1))
+        assert x["tid"] == (
+            0 if x["args"]["kind"] == "compute" else (3 if (x["pid"], x["name"]) == (1, "recv") else 1)
+        )
     # the nested send/recv of device 0 lie inside its collective on the same track
     coll = next(x for x in xs if x["pid"] == 0 and x["cat"] == "collective")
     assert coll["ts"] == pytest.approx(1000) and coll["dur"] == pytest.approx(3000)
@@ -196,7 +204,8 @@ def test_chrome_flows_pair_each_send_with_its_recv():
 
 
 def test_chrome_unmatched_message_gets_no_arrow():
-    t = Trace([ev(0, "send", "send", 0, 1, peer=1, flow="0>1#0"), ev(1, "recv", "recv", 0, 1, peer=0, flow="0>1#9"),
+    t = Trace([ev(0, "send", "send", 0, 1, peer=1, flow="0>1#0"),
+               ev(1, "recv", "recv", 0, 1, peer=0, flow="0>1#9"),
                ev(1, "recv", "recv", 2, 3, peer=0)])
     doc = t.to_chrome()
     assert not [e for e in doc["traceEvents"] if e["ph"] in ("s", "f")]
@@ -281,7 +290,8 @@ def test_text_lists_the_actions_too_short_to_show():
     wide = t.to_text(width=100).splitlines()
     assert lines[at + 2:] == [line[:50] + "…" for line in wide[-2:]]
     assert wide[-2:] == ["  device 1  " + "wait barrier".ljust(28) + " at " + "1 ms".ljust(10) + " for 0 s",
-                         "  device 1  " + "send ping to 0".ljust(28) + " at " + "2 ms".ljust(10) + " for 1 µs"]
+                         "  device 1  " + "send ping to "
+                                          "0".ljust(28) + " at " + "2 ms".ljust(10) + " for 1 µs"]
     assert wide[1] == "device 0 |" + "#" * 89 + "|"  # 100 - 8 - 3 columns
     many = Trace([ev(0, "compute", "c", 0, 100)] + [ev(1, "send", f"s{k}", k, k, peer=0) for k in range(20)])
     text = many.to_text(width=80).splitlines()
@@ -331,7 +341,9 @@ def test_format_units():
     assert format_seconds(3e-6) == "3 µs"
     assert format_seconds(2.5) == "2.5 s"
     assert format_seconds(4e-9) == "4 ns"
-    assert format_bytes(512) == "512 B" and format_bytes(1536) == "1.5 KiB" and format_bytes(3 << 20) == "3 MiB"
+    assert (
+        format_bytes(512) == "512 B" and format_bytes(1536) == "1.5 KiB" and format_bytes(3 << 20) == "3 MiB"
+    )
 
 
 # -- summary and critical path -----------------------------------------------------------------------
@@ -344,7 +356,8 @@ def test_summary_late_send():
     assert s.comm == pytest.approx({0: 1 * MS, 1: 2 * MS})
     assert s.idle == pytest.approx({0: 1 * MS, 1: 1 * MS})
     assert s.link_bytes == {(0, 1): 1024} and s.link_messages == {(0, 1): 1} and s.total_bytes == 1024
-    assert [(e.rank, e.name) for e in s.critical_path] == [(0, "matmul"), (0, "send"), (1, "recv"), (1, "add")]
+    assert [(e.rank, e.name) for e in s.critical_path] == [(0, "matmul"), (0, "send"), (1, "recv"),
+                                                           (1, "add")]
     # 2 (matmul) + 1 (send) + 0 (recv ends with the send) + 1 (add)
     assert s.critical_path_length == pytest.approx(4 * MS)
     with pytest.raises(AttributeError):
@@ -374,7 +387,11 @@ def test_summary_collective_with_overlap():
     assert wall.critical_path_length == pytest.approx(2 * s.critical_path_length)
     assert wall.comm == pytest.approx({r: 2 * v for r, v in s.comm.items()})
     text = s.format()
-    assert "device 1 (dp=0, tp=1)" in text and "0 -> 1" in text and "critical path: 5 ms of 5 ms in 4 events" in text
+    assert (
+        "device 1 (dp=0, tp=1)" in text
+        and "0 -> 1" in text
+        and "critical path: 5 ms of 5 ms in 4 events" in text
+    )
     assert str(s) == text
     with pytest.raises(ValueError, match="unknown clock"):
         summarize(t, clock="cycles")

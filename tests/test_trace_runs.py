@@ -49,7 +49,8 @@ def test_a_full_event_log_is_reported(monkeypatch):
     monkeypatch.setattr(cluster_module, "ClusterConfig", functools.partial(ClusterConfig, max_events=5))
     with VirtualCluster(2) as cluster:
         cluster.run(lambda dev: [dev.compute(flops=1e6) for _ in range(8)])
-        with pytest.warns(RuntimeWarning, match=r"device 0 dropped 3 events, device 1 dropped 3 events past the 5"):
+        with pytest.warns(RuntimeWarning,
+                          match=r"device 0 dropped 3 events, device 1 dropped 3 events past the 5"):
             trace = cluster.trace(clear=True)
         assert len(trace.events) == 10
         cluster.run(lambda dev: dev.compute(flops=1e6))
@@ -109,7 +110,8 @@ def test_trace_filter_takes_numpy_ranks():
     (lambda: DeviceSpec("d", [("float32",)], 1e12, 1e9), "peak_flops must be a mapping"),
     (lambda: Hardware("x", DeviceSpec("d", {"float32": 1e12}, 1e9, 1e9), float("inf"), 1e9),
      "intra_latency must be a finite number >= 0; got inf"),
-    (lambda: Hardware("x", DeviceSpec("d", {"float32": 1e12}, 1e9, 1e9), True, 1e9), "intra_latency must be a number"),
+    (lambda: Hardware("x", DeviceSpec("d", {"float32": 1e12}, 1e9, 1e9), True, 1e9),
+     "intra_latency must be a number"),
     (lambda: DeviceSpec("d", {"float32": True}, 1e9, 1e9), r"peak_flops\['float32'\] must be a number"),
 ])
 def test_hardware_that_cannot_be_is_refused_where_it_is_made(make, said):
@@ -119,7 +121,8 @@ def test_hardware_that_cannot_be_is_refused_where_it_is_made(make, said):
 
 def test_a_mesh_topology_and_a_hardware_preset_are_not_both_taken():
     mesh = Mesh({"x": 4}, topology=Topology.ring(4, 1e-3, 1e6))
-    with pytest.raises(UsageError, match=r"own topology \(ring\(4\)\) and hardware='h100-node' brings another"):
+    with pytest.raises(UsageError,
+                       match=r"own topology \(ring\(4\)\) and hardware='h100-node' brings another"):
         VirtualCluster(mesh, hardware="h100-node")
     with VirtualCluster(mesh) as cluster:  # its own links, modelled
         assert cluster.run(lambda dev: dev.barrier() or dev.clock)[0] > 1e-3

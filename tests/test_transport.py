@@ -1,6 +1,7 @@
 """Transport paths that the runtime tests do not force: ring wrap-around with tiny rings, the
 rendezvous fallback when the kernel refuses cross-memory reads, the receive-buffer pool, the
-small-message fast paths against the general path, and no lost wake-ups (with the safety-net wake slice raised to 60 s, a lost post would hang a wait)."""
+small-message fast paths against the general path, and no lost wake-ups (with the safety-net wake slice raised
+to 60 s, a lost post would hang a wait)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def _payload(size: int, kind: int, i: int):
 
 def _plan(seed: int, n: int):
     rng = np.random.default_rng(seed)
-    return [(*map(int, rng.choice(n, 2, replace=False)), int(rng.integers(3)), int(rng.choice(SIZES)), int(rng.integers(3)), i)
+    return [(*map(int, rng.choice(n, 2, replace=False)), int(rng.integers(3)), int(rng.choice(SIZES)),
+             int(rng.integers(3)), i)
             for i in range(150)]
 
 
@@ -43,18 +45,21 @@ def exchange(dev, seed: int):
     for s, d, tag, sz, k, i in plan:
         if d == dev.rank:
             y, x = dev.recv(s, tag), _payload(sz, k, i)
-            ok = y == x if k == 2 else isinstance(y, np.ndarray) and y.shape == x.shape and np.array_equal(y, x)
+            ok = y == x if k == 2 else isinstance(y,
+                                                  np.ndarray) and y.shape == x.shape and np.array_equal(y, x)
             bad += not ok
     for req in sends:
         req.wait()
     return bad
 
 
-@pytest.mark.parametrize("ring_bytes,cross_memory,n", [(4096, True, 3), (4096, False, 2), (65536, False, 4), (8192, True, 8)])
+@pytest.mark.parametrize("ring_bytes,cross_memory,n",
+                         [(4096, True, 3), (4096, False, 2), (65536, False, 4), (8192, True, 8)])
 def test_random_traffic_arrives_intact_in_order(monkeypatch, ring_bytes, cross_memory, n):
     monkeypatch.setattr(waiting, "_WAKE_SLICE", 60.0)  # a lost wake-up would now hang until the op timeout
     if not cross_memory:
-        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)  # EPERM: every offer falls back to the ring
+        # EPERM: every offer falls back to the ring
+        monkeypatch.setattr(rendezvous, "read_remote", lambda *args: 1)
     with VirtualCluster(n, ring_bytes=ring_bytes, timeout=20) as c:
         for seed in range(2):
             assert c.run(exchange, seed) == [0] * n
@@ -69,7 +74,11 @@ def exchange_by_tag(dev, seed: int):
     for s, d, tag, sz, k, i in sorted(plan, key=lambda m: (-m[2], m[5])):
         if d == dev.rank:
             y, x = dev.recv(s, tag), _payload(sz, k, i)
-            bad += not (y == x if k == 2 else isinstance(y, np.ndarray) and y.shape == x.shape and np.array_equal(y, x))
+            bad += not (
+                y == x
+                if k == 2
+                else isinstance(y, np.ndarray) and y.shape == x.shape and np.array_equal(y, x)
+            )
     for req in sends:
         req.wait()
     return bad
@@ -87,7 +96,8 @@ def test_random_traffic_in_strict_mode_received_tag_by_tag(monkeypatch, ring_byt
 
 def _collectives(dev):
     x = np.arange(6.0) + dev.rank
-    return (dev.all_reduce(x).tolist(), dev.all_gather(x[:2]).tolist(), dev.broadcast(x if dev.rank == 1 else None, root=1).tolist())
+    return (dev.all_reduce(x).tolist(), dev.all_gather(x[:2]).tolist(),
+            dev.broadcast(x if dev.rank == 1 else None, root=1).tolist())
 
 
 @pytest.mark.parametrize("ring_bytes,cross_memory,n", [(4096, False, 3), (8192, True, 5)])
@@ -178,7 +188,8 @@ def test_the_pool_reserve_serves_one_lease_of_any_size_up_to_its_own():
     del view, c
     gc.collect()
     d = pool.array((9_000,), np.dtype(np.float64))  # c's buffer, idle now, fits exactly
-    e = pool.array((50_000,), np.dtype(np.float64))  # no idle buffer of 400,000 bytes: the reserve, free again
+    # no idle buffer of 400,000 bytes: the reserve, free again
+    e = pool.array((50_000,), np.dtype(np.float64))
     assert d.ctypes.data == c_addr and e.ctypes.data == home
     raw = pool.raw(4096 * 20)  # the raw interface, as receives of pickles use it
     assert raw.ctypes.data != home  # (lent to e)
@@ -190,7 +201,8 @@ def test_the_pool_reserve_serves_one_lease_of_any_size_up_to_its_own():
     raw3 = pool.raw(70_000)
     assert raw3.ctypes.data == home
     pool.give_back(raw3)
-    lease = pool.array((50_000,), np.dtype(np.float64))  # 400,000 bytes: no idle buffer that size, the reserve
+    # 400,000 bytes: no idle buffer that size, the reserve
+    lease = pool.array((50_000,), np.dtype(np.float64))
     assert lease.ctypes.data == home
     del lease
     gc.collect()  # the reserve comes back as the reserve, not also as an idle 400,000-byte buffer:
@@ -212,7 +224,8 @@ def test_a_reset_gives_back_a_partly_received_pickles_buffer(pair):
     a, b = pair
     b.pool.reserve(1 << 20)
     home = b.pool._reserve.ctypes.data
-    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE), target=b.pool.raw(100_000), buf=b"")
+    pickled = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_PICKLE),
+                                    target=b.pool.raw(100_000), buf=b"")
     array = types.SimpleNamespace(header=types.SimpleNamespace(kind=KIND_ARRAY), target=np.empty(9), buf=b"")
     b._partial.update({0: pickled, 1: array})
     assert pickled.target.ctypes.data == home
@@ -226,7 +239,8 @@ def test_a_reset_gives_back_a_partly_received_pickles_buffer(pair):
 def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndarray, np.ndarray, int]:
     """Drive two endpoints of a 4 KiB-ring pair through a random interleaving of sends, receives
     (some into ``out=``) and progress; returns (sent messages, received values, byte and message
-    counters of endpoint 0, sends the fast path completed).  ``fast=False`` turns the small-message fast paths off."""
+    counters of endpoint 0, sends the fast path completed).  ``fast=False`` turns the small-message fast paths
+    off."""
     monkeypatch.setattr(ep, "SMALL", ep.SMALL if fast else -1)
     layout = Layout(2, 4096)
     arena = SharedArena.create(layout.total_bytes)
@@ -239,7 +253,8 @@ def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndar
     posted = {t: 0 for t in range(3)}
 
     def message(i: int):
-        size = int(rng.choice([0, 1, 8, 100, 1000, 1024, 1025, 3000, 5000, 70000], p=[.1, .1, .1, .2, .2, .1, .05, .05, .05, .05]))
+        size = int(rng.choice([0, 1, 8, 100, 1000, 1024, 1025, 3000, 5000, 70000],
+                              p=[.1, .1, .1, .2, .2, .1, .05, .05, .05, .05]))
         k = int(rng.integers(3))
         if k == 0:
             return {"i": i, "pad": b"x" * size}
@@ -247,7 +262,8 @@ def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndar
         return x.reshape(2, -1) if size % 2 == 0 and size else x
 
     def post(tag: int) -> None:
-        mine = [m for t, m in sent if t == tag][posted[tag]] if posted[tag] < sum(t == tag for t, _ in sent) else None
+        mine = [m for t,
+                m in sent if t == tag][posted[tag]] if posted[tag] < sum(t == tag for t, _ in sent) else None
         out = np.empty_like(mine) if isinstance(mine, np.ndarray) and rng.integers(2) else None
         recvs.append((tag, posted[tag], out, b.irecv(0, tag, out)))
         posted[tag] += 1
@@ -280,12 +296,19 @@ def _run_script(seed: int, fast: bool, monkeypatch) -> tuple[list, list, np.ndar
         v = r.wait(0)
         assert out is None or v is out
         values.append((tag, nth, v))
-    return sent, values, a._bytes_row.copy(), a._msgs_row.copy(), sum(isinstance(s, SentRequest) for s in sends)
+    return (
+        sent,
+        values,
+        a._bytes_row.copy(),
+        a._msgs_row.copy(),
+        sum(isinstance(s, SentRequest) for s in sends),
+    )
 
 
 def _same(x, y) -> bool:
     if isinstance(x, np.ndarray):
-        return isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+        return isinstance(y,
+                          np.ndarray) and x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
     return x == y
 
 

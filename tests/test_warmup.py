@@ -14,7 +14,8 @@ import pytest
 
 from virtualpar import ClusterClosedError, DeviceDied, DeviceError, VirtualCluster
 from virtualpar.runtime import warmup, worker
-from virtualpar.runtime.warmup import (QUICKEN_ROUNDS, RESULT_RESERVE_BYTES, WARM_MAX_PEERS, WARM_RESULT_BYTES,
+from virtualpar.runtime.warmup import (QUICKEN_ROUNDS, RESULT_RESERVE_BYTES, WARM_MAX_PEERS,
+                                       WARM_RESULT_BYTES,
                                        WARM_SCRATCH_BYTES, result_reserve_bytes, scratch_warm_bytes)
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -34,7 +35,8 @@ def _program(dev):
 def _seen(cluster, results):
     records = [[(r.seq, r.state, r.text, r.model_start, r.model_end) for r in cluster.flight_records(k)]
                for k in range(cluster.size)]
-    events = sorted((e.rank, e.seq, e.kind, e.name, e.model_start, e.model_end, e.nbytes, e.peer, e.group, e.flow, e.args)
+    events = sorted((e.rank, e.seq, e.kind, e.name, e.model_start, e.model_end, e.nbytes, e.peer, e.group,
+                     e.flow, e.args)
                     for e in cluster.trace().events)
     return results, cluster.clocks(), cluster.stats().total_bytes, records, events
 
@@ -43,7 +45,8 @@ def _seen(cluster, results):
 def test_the_warm_up_leaves_nothing_a_user_can_see(scratch):
     seen = {}
     for warm in (True, False):
-        with VirtualCluster({"x": 2, "y": 2}, hardware="h100-node", scratch_bytes=scratch, warm_up=warm) as cluster:
+        with VirtualCluster({"x": 2, "y": 2}, hardware="h100-node", scratch_bytes=scratch,
+                            warm_up=warm) as cluster:
             fresh = (cluster.clocks(), cluster.stats().total_bytes, list(cluster.trace().events),
                      [cluster.flight_records(r) for r in range(4)])
             assert fresh == ([0.0] * 4, 0, [], [[]] * 4)
@@ -81,7 +84,9 @@ def _counting_warm_up(dev):
 
 
 @pytest.mark.parametrize("devices, rounds", [(4, QUICKEN_ROUNDS), (WARM_MAX_PEERS + 1, 2)])
-def test_the_cheap_calls_run_until_cpython_has_specialised_them_up_to_64_devices(monkeypatch, devices, rounds):
+def test_the_cheap_calls_run_until_cpython_has_specialised_them_up_to_64_devices(
+    monkeypatch, devices, rounds
+):
     monkeypatch.setattr(worker, "warm_up", _counting_warm_up)  # forked devices inherit it
     with VirtualCluster(devices, timeout=60) as cluster:
         assert cluster.run(lambda dev: dev.state["warm-up barriers"]) == [rounds] * devices
@@ -134,7 +139,8 @@ def test_a_device_that_dies_in_the_warm_up_fails_the_first_call_by_name(monkeypa
 def test_an_error_in_the_warm_up_is_raised_by_the_first_call_and_the_cluster_recovers(monkeypatch, how):
     monkeypatch.setattr(worker, "warm_up", _failing_warm_up(how))
     with VirtualCluster(4) as cluster:
-        with pytest.raises(DeviceError, match="start-up warm-up failed, before any call of yours.*broken warm-up") as err:
+        with pytest.raises(DeviceError,
+                           match="start-up warm-up failed, before any call of yours.*broken warm-up") as err:
             cluster.stats()
         assert err.value.rank == 1
         assert cluster.stats().total_bytes == 0 and cluster.clocks() == [0.0] * 4  # nothing of it stays
@@ -146,7 +152,8 @@ def test_the_flight_records_of_a_device_that_died_in_the_warm_up_stay_readable(m
     monkeypatch.setattr(worker, "warm_up", _failing_warm_up("die"))
     cluster = VirtualCluster(3)
     try:
-        assert isinstance(cluster.flight_records(1), list)  # the first call: the death is found, not raised here
+        # the first call: the death is found, not raised here
+        assert isinstance(cluster.flight_records(1), list)
         with pytest.raises(ClusterClosedError, match="warm-up"):
             cluster.run(lambda dev: dev.rank)
     finally:
@@ -216,7 +223,8 @@ def test_the_first_large_result_lands_in_the_warm_reserve():
 
 
 def _arena_rss(dev, name: str) -> int:
-    """Bytes of the cluster's shared arena ``name`` this process has mapped (its ``Rss`` in /proc/self/smaps)."""
+    """Bytes of the cluster's shared arena ``name`` this process has mapped (its ``Rss`` in
+    /proc/self/smaps)."""
     lines = open("/proc/self/smaps").read().splitlines()
     for i, line in enumerate(lines):
         if name in line:

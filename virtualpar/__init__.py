@@ -31,8 +31,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Mesh", "MeshIndex", "Topology", "VirtualCluster", "VirtualDevice", "VirtualChannel", "Device",
     "ANY_SOURCE", "ANY_TAG", "Status",
-    "VirtualParError", "MeshError", "UnknownAxisError", "ShardingError", "UsageError", "PayloadError", "DeviceError",
-    "DeviceDied", "DeviceAborted", "CollectiveTimeout", "CollectiveMismatch", "P2PTimeout",
+    "VirtualParError", "MeshError", "UnknownAxisError", "ShardingError", "UsageError", "PayloadError",
+    "DeviceError", "DeviceDied", "DeviceAborted", "CollectiveTimeout", "CollectiveMismatch", "P2PTimeout",
     "RunTimeout", "Deadlock", "UnmatchedMessages", "NonFiniteError", "InjectedFault", "ClusterClosedError",
     "ResourceLimitError",
     "__version__",

@@ -1,9 +1,9 @@
 """``virtualpar tour``: every collective on a small mesh, checked against numpy, with a trace.
 
 The tour starts a 2x2 ``(dp, tp)`` mesh (or the mesh it is given), runs each collective over each
-kind of group (each mesh axis of more than one device, then all devices) on real arrays, checks every device's result against the
-single-process numpy oracle, and tabulates what moved and what it would cost on the modelled
-hardware.  It then writes the run's trace (Chrome JSON for Perfetto) and prints a text timeline.
+kind of group (each mesh axis of more than one device, then all devices) on real arrays, checks every device's
+result against the single-process numpy oracle, and tabulates what moved and what it would cost on the
+modelled hardware.  It then writes the run's trace (Chrome JSON for Perfetto) and prints a text timeline.
 """
 
 from __future__ import annotations
@@ -52,14 +52,22 @@ def _input(rank: int, shape: tuple[int, ...] = (4, 6)) -> np.ndarray:
 # (op, device-call, oracle) — the device call gets (dev, x, group, algorithm); the oracle gets the
 # inputs of one group and returns every member's expected output.
 TOUR_CASES: dict[str, tuple[Callable[..., Any], Callable[[list[np.ndarray]], list[Any]]]] = {
-    "all_reduce": (lambda d, x, g, a: d.all_reduce(x, group=g, algorithm=a), lambda xs: reference.all_reduce(xs)),
-    "all_gather": (lambda d, x, g, a: d.all_gather(x, dim=1, group=g, algorithm=a), lambda xs: reference.all_gather(xs, dim=1)),
-    "reduce_scatter": (lambda d, x, g, a: d.reduce_scatter(x, dim=0, group=g, algorithm=a), lambda xs: reference.reduce_scatter(xs, dim=0)),
-    "broadcast": (lambda d, x, g, a: d.broadcast(x, root=1, group=g, algorithm=a), lambda xs: reference.broadcast(xs, root=1)),
-    "reduce": (lambda d, x, g, a: d.reduce(x, root=0, op="max", group=g, algorithm=a), lambda xs: reference.reduce(xs, root=0, op="max")),
-    "gather": (lambda d, x, g, a: d.gather(x, root=0, dim=0, group=g, algorithm=a), lambda xs: reference.gather(xs, root=0, dim=0)),
-    "scatter": (lambda d, x, g, a: d.scatter(x, root=0, dim=1, group=g, algorithm=a), lambda xs: reference.scatter(xs, root=0, dim=1)),
-    "all_to_all": (lambda d, x, g, a: d.all_to_all(x, split_dim=1, concat_dim=0, group=g, algorithm=a), lambda xs: reference.all_to_all(xs, split_dim=1, concat_dim=0)),
+    "all_reduce": (lambda d, x, g, a: d.all_reduce(x, group=g, algorithm=a),
+                   lambda xs: reference.all_reduce(xs)),
+    "all_gather": (lambda d, x, g, a: d.all_gather(x, dim=1, group=g, algorithm=a),
+                   lambda xs: reference.all_gather(xs, dim=1)),
+    "reduce_scatter": (lambda d, x, g, a: d.reduce_scatter(x, dim=0, group=g, algorithm=a),
+                       lambda xs: reference.reduce_scatter(xs, dim=0)),
+    "broadcast": (lambda d, x, g, a: d.broadcast(x, root=1, group=g, algorithm=a),
+                  lambda xs: reference.broadcast(xs, root=1)),
+    "reduce": (lambda d, x, g, a: d.reduce(x, root=0, op="max", group=g, algorithm=a),
+               lambda xs: reference.reduce(xs, root=0, op="max")),
+    "gather": (lambda d, x, g, a: d.gather(x, root=0, dim=0, group=g, algorithm=a),
+               lambda xs: reference.gather(xs, root=0, dim=0)),
+    "scatter": (lambda d, x, g, a: d.scatter(x, root=0, dim=1, group=g, algorithm=a),
+                lambda xs: reference.scatter(xs, root=0, dim=1)),
+    "all_to_all": (lambda d, x, g, a: d.all_to_all(x, split_dim=1, concat_dim=0, group=g, algorithm=a),
+                   lambda xs: reference.all_to_all(xs, split_dim=1, concat_dim=0)),
 }
 
 
@@ -106,7 +114,9 @@ def _check(mesh: Mesh, op: str, group: Any, results: list[Any]) -> bool:
             got = results[r]
             if (want is None) != (got is None):
                 return False
-            if want is not None and not (got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=1e-5)):
+            if want is not None and not (
+                got.shape == want.shape and np.allclose(got, want, rtol=1e-5, atol=1e-5)
+            ):
                 return False
     return True
 
@@ -116,14 +126,17 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
     """Run the tour, print its table to ``out``, write the trace; returns the rows."""
     mesh = mesh or Mesh({"dp": 2, "tp": 2})
     if mesh.size < 2:
-        raise UsageError(f"the tour needs a mesh of at least 2 devices (its collectives have a root at position 1); "
+        raise UsageError("the tour needs a mesh of at least 2 devices (its collectives "
+                         "have a root at position 1); "
                          f"got {mesh}")
     # one group per mesh axis with more than one device, innermost first, then every device
     # (an axis spanning every device is the group "all" itself: shown once)
-    groups = [(a, a) for a in reversed(mesh.axis_names) if 1 < mesh.axis_size(a) < mesh.size] + [(None, "all")]
+    groups = [(a,
+               a) for a in reversed(mesh.axis_names) if 1 < mesh.axis_size(a) < mesh.size] + [(None, "all")]
     rows: list[TourRow] = []
     with VirtualCluster(mesh, hardware=hardware) as cluster:
-        out.write(f"virtualpar tour: {mesh.size} device processes on mesh {mesh}, modelled hardware: {hardware}\n\n")
+        out.write(f"virtualpar tour: {mesh.size} device processes on mesh {mesh}, modelled "
+                  f"hardware: {hardware}\n\n")
         for op in TOUR_CASES:
             for algorithm in ALGORITHMS[op]:
                 for group, label in groups:
@@ -133,7 +146,8 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
                     nbytes = cluster.stats().total_bytes  # the barrier moves 0-byte messages only
                     # the op's modelled time: from the last device entering to the last leaving
                     modelled = max(r[2] for r in replies) - max(r[1] for r in replies)
-                    rows.append(TourRow(op, label, algorithm, nbytes, modelled, _check(mesh, op, group, results)))
+                    rows.append(TourRow(op, label, algorithm, nbytes, modelled,
+                                        _check(mesh, op, group, results)))
         trace = cluster.trace(clear=True)
         cluster.run(_imbalanced_step)
         demo = cluster.trace()
@@ -141,7 +155,8 @@ def run_tour(out: TextIO, trace_path: str = "virtualpar-trace.json", hardware: s
     path = trace.write_chrome(trace_path, clock="model")
     out.write(f"\ntrace ({len(trace)} events, modelled clock) written to\n  {os.path.abspath(path)}\n")
     out.write("  open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing\n\n")
-    out.write("One training-like step: device r computes (r+1) x 20 GFLOP, then all devices all_reduce 64 MiB\n")
+    out.write("One training-like step: device r computes (r+1) x 20 GFLOP, then all "
+              "devices all_reduce 64 MiB\n")
     out.write("of gradients. The fast devices enter the all_reduce early and wait inside it ('=') for the\n")
     out.write("slowest, whose compute is the critical path:\n\n")
     out.write(demo.filter(kind=("collective", "compute")).to_text(clock="model", width=78) + "\n\n")

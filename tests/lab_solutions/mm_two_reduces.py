@@ -4,7 +4,8 @@ import numpy as np
 
 def mlp_forward(dev, x, w1, w2):
     t = len(dev.group("tp"))
-    full = dev.all_reduce(np.maximum(x @ w1, 0.0).sum() * 0.0 + np.zeros((x.shape[0], x.shape[1])), group="tp")
+    full = dev.all_reduce(np.maximum(x @ w1, 0.0).sum() * 0.0 + np.zeros((x.shape[0], x.shape[1])),
+                          group="tp")
     return full + dev.all_reduce(np.maximum(x @ w1, 0.0) @ w2, group="tp")
 
 

@@ -10,4 +10,6 @@ def zero1_step(dev, params, grad, state, lr=1e-2, betas=(0.9, 0.999), eps=1e-8):
     b1, b2 = betas
     state["m"] = b1 * state["m"] + (1 - b1) * g
     state["v"] = b2 * state["v"] + (1 - b2) * g * g
-    return params - lr * (state["m"] / (1 - b1 ** state["t"])) / (np.sqrt(state["v"] / (1 - b2 ** state["t"])) + eps)
+    return params - lr * (state["m"] / (1 - b1 ** state["t"])) / (
+        np.sqrt(state["v"] / (1 - b2 ** state["t"])) + eps
+    )

@@ -76,5 +76,6 @@ comm.Reduce_scatter_block(MPI.IN_PLACE, [blocks, 2, MPI.DOUBLE], op=MPI.SUM)
 print(f"rank {rank} Reduce_scatter_block counted {blocks.tolist()}", flush=True)
 sent = np.append(np.arange(2.0 * size) * (rank + 1), -1.0)
 mine = np.zeros(2)
-comm.Reduce_scatter_block([sent, 2, MPI.DOUBLE], mine, op=MPI.SUM)  # not in place: 2 per rank from the send buffer
+# not in place: 2 per rank from the send buffer
+comm.Reduce_scatter_block([sent, 2, MPI.DOUBLE], mine, op=MPI.SUM)
 print(f"rank {rank} Reduce_scatter_block sent counted {mine.tolist()}", flush=True)

@@ -43,7 +43,8 @@ everyone = np.empty(size * 2)
 comm.Allgather(np.array([rank, -rank], dtype="d"), everyone)
 part = np.empty(1)
 comm.Reduce_scatter_block(np.arange(size, dtype="d") + rank, part, op=MPI.SUM)
-print(f"rank {rank}: Allreduce {y.tolist()} inplace {z.tolist()} Allgather {everyone.tolist()} rsb {part.tolist()}")
+print(f"rank {rank}: Allreduce {y.tolist()} inplace {z.tolist()} Allgather "
+      f"{everyone.tolist()} rsb {part.tolist()}")
 
 # sendrecv around a ring, any-source with a status
 right, left = (rank + 1) % size, (rank - 1) % size

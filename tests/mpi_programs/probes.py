@@ -28,7 +28,8 @@ if rank == 0:
     first = np.empty(st2.Get_count(MPI.DOUBLE))
     comm.Recv(first, source=st2.Get_source(), tag=st2.Get_tag())
     show("received", buf.tolist(), "then", st2.Get_tag(), first.tolist())
-    show("PROC_NULL", comm.Iprobe(source=MPI.PROC_NULL, status=st), st.Get_source(), st.Get_tag(), st.Get_count())
+    show("PROC_NULL", comm.Iprobe(source=MPI.PROC_NULL, status=st), st.Get_source(), st.Get_tag(),
+         st.Get_count())
     comm.send("go", dest=1, tag=1)  # rank 1 sends with tags 8 then 7
     while not comm.Iprobe(source=1, tag=7, status=st):
         time.sleep(0.001)
@@ -39,7 +40,8 @@ if rank == 0:
     show("then", a.tolist(), st.Get_tag(), b.tolist(), st2.Get_tag())
     comm.send({"k": [1, 2, 3]}, dest=0, tag=11)  # a pickled object to itself: its size is its pickle's
     comm.Probe(source=0, tag=11, status=st)
-    show("object", st.Get_source(), st.Get_count(), comm.recv(source=0, tag=11))  # (the same pickle: 29 bytes)
+    # (the same pickle: 29 bytes)
+    show("object", st.Get_source(), st.Get_count(), comm.recv(source=0, tag=11))
 elif rank == 1:
     comm.recv(source=0, tag=1)
     comm.Send(np.arange(3.0), dest=0, tag=5)

@@ -19,8 +19,8 @@ if rank == 0:
     i, v = MPI.Request.waitany(reqs, st)  # blocks: rank 1 sends tag 6 after a pause
     show("waitany", i, v, st.Get_source(), st.Get_tag(), reqs[i] == MPI.REQUEST_NULL, bool(reqs[0]))
     show("wait again", reqs[i].wait(st), st.Get_source(), st.Get_tag())
-    show("testany", MPI.Request.testany(reqs), MPI.Request.Testany(reqs), "testall", MPI.Request.testall(reqs),
-         "testsome", MPI.Request.testsome(reqs), MPI.Request.Testsome(reqs))
+    show("testany", MPI.Request.testany(reqs), MPI.Request.Testany(reqs), "testall",
+         MPI.Request.testall(reqs), "testsome", MPI.Request.testsome(reqs), MPI.Request.Testsome(reqs))
     statuses = []
     show("Testall", MPI.Request.Testall(reqs, statuses), len(statuses))
     comm.send("go", dest=1, tag=1)  # rank 1 sends tag 7

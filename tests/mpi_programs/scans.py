@@ -7,7 +7,8 @@ comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
 
 print(f"rank {rank} scan {comm.scan(rank + 1)} exscan {comm.exscan(rank + 1)}", flush=True)
-print(f"rank {rank} scan max {comm.scan(rank % 3, op=MPI.MAX)} exscan prod {comm.exscan(rank + 2, op=MPI.PROD)}",
+print(f"rank {rank} scan max {comm.scan(rank % 3, op=MPI.MAX)} exscan prod "
+      f"{comm.exscan(rank + 2, op=MPI.PROD)}",
       flush=True)
 print(f"rank {rank} scan list {comm.scan([rank])}", flush=True)  # + on lists concatenates, in rank order
 

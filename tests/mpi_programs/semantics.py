@@ -21,18 +21,22 @@ sreq = comm.Isend(np.arange(3.0) + rank, dest=right, tag=5)
 rreq = comm.Irecv(out, source=left, tag=5)
 while not rreq.Test(st):
     pass
-print(f"rank {rank} Test status {st.Get_source()} {st.Get_tag()} {st.Get_count(MPI.DOUBLE)} Wait {sreq.Wait()}", flush=True)
+print(f"rank {rank} Test status {st.Get_source()} {st.Get_tag()} {st.Get_count(MPI.DOUBLE)} Wait "
+      f"{sreq.Wait()}", flush=True)
 
 bufs = [np.zeros(2), np.zeros(2)]
 reqs = [comm.Irecv(bufs[0], source=left, tag=6), comm.Irecv(bufs[1], source=left, tag=7),
-        comm.Isend(np.full(2, rank + 0.5), dest=right, tag=6), comm.Isend(np.full(2, rank + 0.25), dest=right, tag=7)]
+        comm.Isend(np.full(2, rank + 0.5), dest=right, tag=6),
+        comm.Isend(np.full(2, rank + 0.25), dest=right, tag=7)]
 statuses = [MPI.Status() for _ in reqs]
 done = MPI.Request.Waitall(reqs, statuses)
-print(f"rank {rank} Waitall {done} tags {[s.Get_tag() for s in statuses[:2]]} {[b.tolist() for b in bufs]}", flush=True)
+print(f"rank {rank} Waitall {done} tags {[s.Get_tag() for s in statuses[:2]]} {[b.tolist() for b in bufs]}",
+      flush=True)
 
 nothing = MPI.Status()
 comm.Recv(np.zeros(1), source=MPI.PROC_NULL, status=nothing)
-print(f"rank {rank} from PROC_NULL {nothing.Get_source() == MPI.PROC_NULL} {nothing.Get_tag() == MPI.ANY_TAG} "
+print(f"rank {rank} from PROC_NULL {nothing.Get_source() == MPI.PROC_NULL} "
+      f"{nothing.Get_tag() == MPI.ANY_TAG} "
       f"{nothing.Get_count(MPI.DOUBLE)}", flush=True)
 edge = comm.Create_cart([size], periods=[False])  # an open line: its ends' neighbours are PROC_NULL
 print(f"rank {rank} open line {edge.Shift(0, 1)} from PROC_NULL {nothing.Get_source()} constants "

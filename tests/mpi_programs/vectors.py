@@ -21,7 +21,8 @@ recv = np.full(size * (rank + 2), -1.0)
 comm.Alltoallv([send, (scounts, sdispls), MPI.DOUBLE], [recv, (rcounts, rdispls), MPI.DOUBLE])
 show("Alltoallv", recv.tolist())
 
-inplace = np.concatenate([np.full(2, 10.0 * rank + j) for j in range(size)])  # in place: the counts must match
+# in place: the counts must match
+inplace = np.concatenate([np.full(2, 10.0 * rank + j) for j in range(size)])
 comm.Alltoallv(MPI.IN_PLACE, [inplace, ([2] * size, [2 * j for j in range(size)]), MPI.DOUBLE])
 show("Alltoallv in place", inplace.tolist())
 

@@ -17,6 +17,7 @@ from .state import Name, StageState, TrainingState, from_checkpoint, to_shards
 from .store import INDEX, Checkpoint, CheckpointError, write_checkpoint
 from .tiles import Piece, TileError, assemble, cut, piece_along
 
-__all__ = ["Checkpoint", "CheckpointError", "INDEX", "Name", "Piece", "Recoverable", "ResumeError", "StageState",
+__all__ = ["Checkpoint", "CheckpointError", "INDEX", "Name", "Piece", "Recoverable", "ResumeError",
+           "StageState",
            "TileError", "TrainingState", "assemble", "cut", "from_checkpoint", "piece_along", "to_shards",
            "write_checkpoint"]

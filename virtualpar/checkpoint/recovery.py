@@ -37,7 +37,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from ..errors import UsageError, VirtualParError
 from ..ops.placement import PlacedOperation
 from .spill import Spill
 from .state import StageState, TrainingState, from_checkpoint, to_shards
+from .record import CommittedHead, RecoveryRecord
 from .store import INDEX, Checkpoint, CheckpointError, write_checkpoint
 
 __all__ = ["Recoverable", "ResumeError"]
@@ -56,56 +57,6 @@ class ResumeError(VirtualParError):
     """An operation's committed state cannot be recovered (it never starts again from its initial weights)."""
 
 
-class _Head(NamedTuple):
-    version: int  # moves with every commit and load: a cluster holding another version is stale
-    step: int
-
-
-class _Read:
-    """What a slot file held at one version, read: a source :meth:`Recoverable.committed` reads like a
-    live :class:`~.spill.Spill`."""
-
-    def __init__(self, version: int, stages: dict[int, tuple[dict, dict]]) -> None:
-        self.version, self.stages = version, stages
-
-    def read(self, version: int) -> dict[int, tuple[dict, dict]]:
-        return self.stages if version == self.version else {}
-
-
-class _Recovery:
-    """What the driver keeps of one operation (see the module doc)."""
-
-    def __init__(self) -> None:
-        self.head = _Head(0, 0)
-        self.committed: TrainingState | None = None  # in memory, valid while committed_version is head's
-        self.committed_version = -1
-        self.sources: dict[int, Spill] = {}  # version -> the slot files holding it (the head's, at least)
-        self.last: Any = None  # weakref to the cluster of the last commit
-        self.driver_copy = True
-        self.every: int | None = None
-        self.directory: Path | None = None
-        self.note = ""  # how the committed state was recovered, for the resume's line
-        self.origin: str | None = None  # where a state loaded for no cluster came from
-
-    def fork(self) -> "_Recovery":
-        """For a copy of the operation: the same committed state, no clusters, no checkpoint directory."""
-        new = _Recovery()
-        new.head = self.head
-        new.committed, new.committed_version = self.committed, self.committed_version
-        spill = self.sources.get(self.head.version)
-        if spill is not None and self.head.version != self.committed_version:
-            # read now: the original's next steps rewrite these slots (assembled by the copy when asked)
-            new.sources[self.head.version] = _Read(self.head.version, spill.read(self.head.version))
-        new.driver_copy = self.driver_copy  # not the checkpoint directory: the two would overwrite each other
-        return new
-
-    def __deepcopy__(self, memo: dict) -> "_Recovery":
-        return self.fork()
-
-    def __copy__(self) -> "_Recovery":
-        return self.fork()
-
-
 class Recoverable(PlacedOperation):
     """Base of the training operations: ``save``, ``load``, ``step``, ``committed()`` and the resume.
 
@@ -114,10 +65,10 @@ class Recoverable(PlacedOperation):
     copy; what the driver keeps of the operation itself (the head, the copy) is ``_recovery``."""
 
     @property
-    def _recovery(self) -> _Recovery:
+    def _recovery(self) -> RecoveryRecord:
         rec = self.__dict__.get("_rec")
         if rec is None:
-            rec = self.__dict__["_rec"] = _Recovery()
+            rec = self.__dict__["_rec"] = RecoveryRecord()
         return rec
 
     @property
@@ -207,7 +158,7 @@ class Recoverable(PlacedOperation):
         ckpt = Checkpoint(path)
         state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
         rec = self._recovery
-        rec.head = _Head(rec.head.version + 1, state.step)
+        rec.head = CommittedHead(rec.head.version + 1, state.step)
         self._keep(state)
         rec.origin = f"loaded from {path}"
         if cluster is not None:
@@ -255,7 +206,7 @@ class Recoverable(PlacedOperation):
         if cluster.closed and self.committed() is None:
             self._from_directory(self._recovery)
 
-    def _from_directory(self, rec: _Recovery) -> TrainingState | None:
+    def _from_directory(self, rec: RecoveryRecord) -> TrainingState | None:
         """The newest checkpoint in ``checkpoint_dir`` as the committed state (None if there is none)."""
         if rec.directory is None or not (rec.directory / INDEX).exists():
             return None
@@ -263,7 +214,7 @@ class Recoverable(PlacedOperation):
         state = from_checkpoint(ckpt, self._stage_names(), self._model_weights(), self.optimizer)
         redo = rec.head.step - state.step
         rec.note = f"; checkpoint {rec.directory}" + (f", {redo} committed steps are redone" if redo else "")
-        rec.head = _Head(rec.head.version + 1, state.step)
+        rec.head = CommittedHead(rec.head.version + 1, state.step)
         self._keep(state)
         return state
 
@@ -289,7 +240,7 @@ class Recoverable(PlacedOperation):
         """After a step that succeeded on every device: one more committed step; ``snapshots``: each
         device's reported stages {stage: (params, optimizer state)} (empty without the driver copy)."""
         rec = self._recovery
-        head = _Head(rec.head.version + 1, rec.head.step + 1)
+        head = CommittedHead(rec.head.version + 1, rec.head.step + 1)
         self.hold(cluster, version=head.version)  # first: interrupted below, the cluster is stale, not ahead
         merged: dict[int, StageState] = {}
         for snap in snapshots:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float", "positive_number",
+__all__ = ["default_hardware", "parse_mesh", "parse_costs", "positive_int", "positive_ints", "positive_float",
+           "positive_number",
            "output_file", "natural_int", "hardware_choices", "usage_error", "check_cost_kinds", "png_file",
            "add_picture_args"]
 

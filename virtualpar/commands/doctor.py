@@ -69,7 +69,8 @@ def environment() -> list[Finding]:
     """What this machine offers, checked without starting a process."""
     found: list[Finding] = []
     ok_python = sys.version_info >= (3, 9)
-    found.append(("OK" if ok_python else "FAIL", "python", f"{platform.python_version()} on {platform.system()}"))
+    found.append(("OK" if ok_python else "FAIL", "python",
+                  f"{platform.python_version()} on {platform.system()}"))
     cores = os.cpu_count() or 1
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     found.append(("OK" if usable > 1 else "WARN", "cores", f"{cores} ({usable} usable by this process); "
@@ -93,7 +94,8 @@ def environment() -> list[Finding]:
     try:
         from threadpoolctl import threadpool_info
 
-        blas = [f"{i.get('internal_api')} {i.get('version') or ''} ({i.get('num_threads')} threads)".replace("  ", " ")
+        blas = [f"{i.get('internal_api')} {i.get('version') or ''} ({i.get('num_threads')} "
+                "threads)".replace("  ", " ")
                 for i in threadpool_info() if i.get("user_api") == "blas"]
         found.append(("OK" if blas else "WARN", "blas", ", ".join(blas) or "numpy reports no BLAS library"))
     except Exception as exc:  # threadpoolctl inspects native libraries: never let it end the report
@@ -109,7 +111,8 @@ def environment() -> list[Finding]:
     found.extend(import_findings())
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec")
-    found.append(("OK" if mpiexec else "WARN", "mpiexec", mpiexec or "not found (the mpich wheel provides it)"))
+    found.append(("OK" if mpiexec else "WARN", "mpiexec",
+                  mpiexec or "not found (the mpich wheel provides it)"))
     found.append(_shm())
     found.append(("OK" if "fork" in mp.get_all_start_methods() else "WARN", "start methods",
                   ", ".join(mp.get_all_start_methods())))
@@ -122,7 +125,8 @@ def _shm() -> Finding:
         return ("FAIL", "/dev/shm", "missing or not writable: clusters keep their channels there")
     st = os.statvfs(path)
     free = st.f_bavail * st.f_frsize
-    return ("OK" if free >= 2 ** 30 else "WARN", "/dev/shm", f"{_gib(free)} free (each cluster's channels and scratch "
+    return ("OK" if free >= 2 ** 30 else "WARN", "/dev/shm",
+            f"{_gib(free)} free (each cluster's channels and scratch "
             "live there, backed as they are used)")
 
 
@@ -174,15 +178,18 @@ def live(n: int) -> list[Finding]:
         name, pids = cluster._arena.name, list(cluster.pids)
         got = cluster.run(lambda dev: dev.all_reduce(np.full(1024, dev.rank + 1.0)))
         right = all(np.array_equal(g, np.full(1024, n * (n + 1) / 2)) for g in got)
-        found.append(("OK" if right else "FAIL", "all_reduce", "equals numpy's sum on every device" if right else
+        found.append(("OK" if right else "FAIL", "all_reduce",
+                      "equals numpy's sum on every device" if right else
                       "differs from numpy's sum: please report it"))
         if n > 1:
             cluster.run(_ping, 20)  # warm
             one_way = cluster.run(_ping, 200)[0]
             found.append(("OK", "latency", f"{seconds(one_way)} one way for 4 KiB (median of 200)"))
             direct = cluster.run(_direct_copy)[1]
-            found.append(("OK", "large messages", "copied straight from the sender's memory (process_vm_readv)")
-                         if direct else ("WARN", "large messages", "streamed through the rings: this kernel's "
+            found.append(("OK", "large messages",
+                          "copied straight from the sender's memory (process_vm_readv)")
+                         if direct else ("WARN", "large messages",
+                                         "streamed through the rings: this kernel's "
                                          "ptrace policy forbids process_vm_readv (correct, somewhat slower)"))
         mem = cluster.resident_memory()
         pss = [m["pss"] for m in mem]
@@ -196,7 +203,8 @@ def live(n: int) -> list[Finding]:
     leaked = sorted(_segments() - before) or os.path.exists(os.path.join("/dev/shm", name))
     clean = not left and not leaked
     found.append(("OK" if clean else "FAIL", "close", f"in {seconds(time.perf_counter() - t1)}; " + (
-        "no process and no shared memory left" if clean else f"left processes {left}, shared memory {leaked}")))
+        "no process and no shared memory "
+        "left" if clean else f"left processes {left}, shared memory {leaked}")))
     return found
 
 
@@ -242,7 +250,8 @@ def _doctor(args: argparse.Namespace) -> int:
     except Exception as exc:  # the report must come out whatever broke
         live_findings = [("FAIL", "live cluster", f"{type(exc).__name__}: {exc}")]
     if args.json:
-        print(json.dumps({"virtualpar": __version__, "environment": [dict(zip(("status", "what", "detail"), f))
+        print(json.dumps({"virtualpar": __version__,
+                          "environment": [dict(zip(("status", "what", "detail"), f))
                                                                     for f in findings],
                           "live": [dict(zip(("status", "what", "detail"), f)) for f in live_findings]}))
     else:

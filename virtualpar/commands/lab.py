@@ -25,7 +25,8 @@ def _list(args: argparse.Namespace) -> int:
 
     labs = available()
     if args.json:
-        print(json.dumps([{"name": lab.name, "goal": lab.goal, "concept": lab.concept, "difficulty": lab.difficulty}
+        print(json.dumps([{"name": lab.name, "goal": lab.goal, "concept": lab.concept,
+                           "difficulty": lab.difficulty}
                           for lab in labs.values()], indent=2))
         return 0
     print(table(["lab", "level", "goal, and the concept it teaches"],
@@ -63,7 +64,8 @@ def _check(args: argparse.Namespace) -> int:
     lab = _lab(args)
     path = args.file or os.path.join(lab.name, lab.student_file)
     if not os.path.isfile(path):
-        return usage_error("lab check", f"no such file {path!r}: write your solution there (virtualpar lab start "
+        return usage_error("lab check",
+                           f"no such file {path!r}: write your solution there (virtualpar lab start "
                                         f"{lab.name} writes the skeleton)")
     if args.png:
         os.makedirs(args.png, exist_ok=True)
@@ -91,7 +93,8 @@ def register(sub) -> None:
     q.add_argument("name", help="the lab (see: virtualpar lab list)")
     q.add_argument("file", nargs="?", help="the solution (default: NAME/NAME.py, as lab start writes it)")
     q.add_argument("--json", action="store_true", help="one Gradescope-style object: score, max_score, tests")
-    q.add_argument("--png", metavar="DIR", help="also draw your run and the reference's timelines as PNGs in DIR")
+    q.add_argument("--png", metavar="DIR",
+                   help="also draw your run and the reference's timelines as PNGs in DIR")
     q.add_argument("--width", type=int, default=min(100, max(60, _columns())),
                    help="columns of the text output (default: the terminal's, at most 100)")
     q.set_defaults(func=_check)

@@ -53,8 +53,8 @@ def _pipeline(args: argparse.Namespace) -> int:
         text = io.StringIO()
         report(text, run, args.steps, args.clock)
         print(json.dumps({"schedule": name, "devices": run.devices, "virtual": run.virtual,
-                          "stages": run.stages, "microbatches": run.microbatches, "batch": run.batch, "losses": run.losses,
-                          "costs": costs, "cost_unit": "cost units" if costs else None,
+                          "stages": run.stages, "microbatches": run.microbatches, "batch": run.batch,
+                          "losses": run.losses, "costs": costs, "cost_unit": "cost units" if costs else None,
                           "hardware": None if costs else run.hardware,
                           "clock": run.clock, "clock_unit": "cost units" if costs else "seconds",
                           "step_makespan": timeline.diagram.makespan, "step_bubble": timeline.diagram.bubble,
@@ -84,7 +84,8 @@ def register(sub) -> None:
     p.add_argument("--stages", type=positive_int, default=None,
                    help="pipeline devices (default 4, or 2 for schedules with 2 chunks per device)")
     p.add_argument("--virtual", type=positive_int, default=None,
-                   help="model chunks per device (default: the schedule's, 1 or 2); the MLP is cut into stages x virtual")
+                   help="model chunks per device (default: the schedule's, 1 or 2); the MLP is "
+                        "cut into stages x virtual")
     p.add_argument("--microbatches", type=positive_int, default=8, help="microbatches per step (default 8)")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
     p.add_argument("--batch", type=positive_int, default=64,
@@ -103,7 +104,8 @@ def register(sub) -> None:
                    help="the clock the timeline and the diagram show: modelled (default) or this machine's "
                         "wall clock")
     p.add_argument("--json", action="store_true",
-                   help="one JSON object: losses, costs used, modelled clock, the step's makespan and bubble, "
+                   help="one JSON object: losses, costs used, modelled clock, the "
+                        "step's makespan and bubble, "
                         "the check")
     add_picture_args(p, "the last executed step")
     p.set_defaults(func=_pipeline)

@@ -27,7 +27,8 @@ def _shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"shape must be comma-separated ints, e.g. 4096,2048,4096; got {text!r}") from None
+        raise argparse.ArgumentTypeError("shape must be comma-separated ints, e.g. "
+                                         f"4096,2048,4096; got {text!r}") from None
     if not dims or any(d <= 0 for d in dims):
         raise argparse.ArgumentTypeError(f"shape dims must be positive; got {text!r}")
     return dims
@@ -41,7 +42,8 @@ def format_rows(rows, width: int = WIDTH) -> str:
          seconds(r.modelled_s), seconds(r.modelled_closed_form_s), nbytes(r.bytes_device_to_device),
          count(r.flops_per_device), nbytes(r.peak_bytes_per_device), nbytes(r.bytes_host_to_device),
          nbytes(r.bytes_device_to_host), seconds(r.wall_s))
-        if not r.error else (r.policy, "n/a", *["-"] * (len(_HEAD) - 2))  # cannot apply here: the reason follows
+        # cannot apply here: the reason follows
+        if not r.error else (r.policy, "n/a", *["-"] * (len(_HEAD) - 2))
         for r in rows]
     right = [False, False] + [True] * (len(_HEAD) - 2)
     lines = [table(_HEAD, cells, width=width, right=right), ""]
@@ -96,7 +98,9 @@ def _policies(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1, allow_nan=False))
     else:
-        which = "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
+        which = (
+            "explorer's candidates, fastest modelled first" if args.explore is not None else "named policies"
+        )
         head = (f"# {what} = {','.join(map(str, args.shape))}, {args.dtype}, mesh {args.mesh}, hardware "
                 f"{hardware or 'the mesh links'}; {which}; each measured on its second execute, weights "
                 "resident; "
@@ -107,17 +111,25 @@ def _policies(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("policies", help="run every MatMul / FeedForward sharding policy once: correct?, bytes, FLOPs, memory, time")
-    p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"), help="mesh axes, e.g. x=2,y=4 (default)")
-    p.add_argument("--shape", type=_shape, default=None, help="the sizes in elements: m,k,n (MatMul, default 1024,512,1024) or b,s,m,h "
+    p = sub.add_parser("policies",
+                       help="run every MatMul / FeedForward sharding policy once: correct?, "
+                            "bytes, FLOPs, memory, time")
+    p.add_argument("--mesh", type=parse_mesh, default=parse_mesh("x=2,y=4"),
+                   help="mesh axes, e.g. x=2,y=4 (default)")
+    p.add_argument("--shape", type=_shape, default=None,
+                   help="the sizes in elements: m,k,n (MatMul, default 1024,512,1024) or b,s,m,h "
                         "with --ffn (default 8,128,1024,4096)")
     p.add_argument("--ffn", action="store_true", help="the FeedForward block instead of one MatMul")
-    p.add_argument("--hardware", default=None, choices=hardware_choices(), help="modelled hardware preset (%(choices)s); "
-                   "default: h100-node up to 8 devices, h100-cluster for multiples of 8, else the mesh's own links")
+    p.add_argument("--hardware", default=None, choices=hardware_choices(),
+                   help="modelled hardware preset (%(choices)s); "
+                   "default: h100-node up to 8 devices, h100-cluster for multiples of 8, "
+                   "else the mesh's own links")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    p.add_argument("--json", action="store_true", help="the same rows as JSON, with the field names of PolicyRow")
+    p.add_argument("--json", action="store_true",
+                   help="the same rows as JSON, with the field names of PolicyRow")
     p.add_argument("--explore", type=positive_int, nargs="?", const=0, default=None, metavar="N",
-                   help="instead of the named policies: every assignment of mesh axes (the explorer), fastest "
+                   help="instead of the named policies: every assignment of mesh axes "
+                        "(the explorer), fastest "
                         "modelled first, each run and checked; N: only the first N")
     p.add_argument("--png", metavar="FILE.png", type=png_file, default=None,
                    help="also draw the comparison: per policy, modelled time (compute and communication), "
@@ -131,5 +143,6 @@ def register(sub) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.shape is None:
-        args.shape = (8, 128, 1024, 4096) if args.ffn else (1024, 512, 1024)  # seconds, not minutes, on a laptop
+        # seconds, not minutes, on a laptop
+        args.shape = (8, 128, 1024, 4096) if args.ffn else (1024, 512, 1024)
     return _policies(args)

@@ -17,7 +17,8 @@ __all__ = ["register", "default_costs", "COST_HELP"]
 MAX_GRID_CELLS = 50_000
 
 COST_HELP = ("costs per action kind in cost units (any one time unit; makespan and the axis are in the "
-             "same unit), e.g. F=1,I=1,W=1; default F=1,B=2 for gpipe, 1f1b, interleaved_1f1b and looped_bfs, "
+             "same unit), e.g. F=1,I=1,W=1; default F=1,B=2 for gpipe, 1f1b, "
+             "interleaved_1f1b and looped_bfs, "
              "F=1,I=1,W=1 for zb_h1 and zbv (which split B into I and W); kinds not given take the default; "
              "a kind the schedule never runs is refused")
 
@@ -123,7 +124,8 @@ def register(sub) -> None:
     p.add_argument("name", metavar="NAME", help=f"the schedule: {', '.join(SCHEDULES)}")
     p.add_argument("--stages", type=positive_int, default=4, help="pipeline ranks (default 4; at most 512)")
     p.add_argument("--microbatches", type=positive_int, default=8, help="microbatches per step (default 8)")
-    p.add_argument("--virtual", type=positive_int, default=None, help="model chunks per rank (stages = ranks x virtual)")
+    p.add_argument("--virtual", type=positive_int, default=None,
+                   help="model chunks per rank (stages = ranks x virtual)")
     p.add_argument("--costs", type=parse_costs, default=None, metavar="KIND=UNITS,...", help=COST_HELP)
     p.add_argument("--unit-costs", action="store_true", help="every kind the schedule runs costs 1 cost unit")
     p.add_argument("--json", action="store_true",

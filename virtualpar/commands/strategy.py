@@ -58,12 +58,15 @@ def _strategy(args: argparse.Namespace) -> int:
              "costs": costs, "cost_unit": "cost units",
              "latency": run.latency, "throughput": run.throughput, "utilisation": run.utilisation,
              "activation_transmissions": run.activation_transmissions,
-             "weight_transmissions": run.weight_transmissions, "gradient_transmissions": run.gradient_transmissions,
+             "weight_transmissions": run.weight_transmissions,
+             "gradient_transmissions": run.gradient_transmissions,
              "weight_storage": run.weight_storage, "peak_activations": run.peak_activations,
              "mean_activations": run.mean_activations}
     if args.json:
-        stats["schedule"] = [{"stage": i.work.stage, "batch": i.work.batch, "direction": i.work.direction.value,
-                              "compute": i.workers.compute, "weight": i.workers.weight, "start": i.start, "end": i.end}
+        stats["schedule"] = [{"stage": i.work.stage, "batch": i.work.batch,
+                              "direction": i.work.direction.value,
+                              "compute": i.workers.compute, "weight": i.workers.weight, "start": i.start,
+                              "end": i.end}
                              for i in run.items]
         print(json.dumps(stats))
     else:
@@ -94,10 +97,12 @@ def register(sub) -> None:
     p.add_argument("--workers", type=positive_int, default=4, help="devices that run the work (default 4)")
     p.add_argument("--stages", type=positive_int, default=4, help="model stages (default 4)")
     p.add_argument("--batches", type=positive_int, default=8, help="(micro)batches in the step (default 8)")
-    p.add_argument("--group-size", type=positive_int, default=None, help="looped strategies: workers per batch group")
+    p.add_argument("--group-size", type=positive_int, default=None,
+                   help="looped strategies: workers per batch group")
     p.add_argument("--policy", choices=("oldest-batch", "oldest-stage"), default="oldest-batch",
                    help="which ready work a free worker takes first (default oldest-batch)")
-    p.add_argument("--max-activations", type=positive_int, default=None, help="per-worker cap (1F1B emerges from gpipe)")
+    p.add_argument("--max-activations", type=positive_int, default=None,
+                   help="per-worker cap (1F1B emerges from gpipe)")
     p.add_argument("--costs", type=parse_costs, default=None, metavar="KIND=UNITS,...",
                    help="forward and backward costs in cost units (any one time unit; latency is in the same "
                         "unit), default F=1,B=2; the scheme runs F and B only, so I or W is refused")

@@ -32,12 +32,16 @@ def _tour(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    tour = sub.add_parser("tour", help="run every collective on a 2x2 mesh, check it against numpy, write a trace")
-    tour.add_argument("--mesh", type=parse_mesh, default=None, help="mesh axes, e.g. dp=2,tp=2 (default); each axis of more than one device is a group of the tour")
+    tour = sub.add_parser("tour",
+                          help="run every collective on a 2x2 mesh, check it against numpy, write a trace")
+    tour.add_argument("--mesh", type=parse_mesh, default=None,
+                      help="mesh axes, e.g. dp=2,tp=2 (default); each axis of more than one "
+                           "device is a group of the tour")
     tour.add_argument("--hardware", default=None, choices=hardware_choices(),
                       help="modelled hardware preset, one of %(choices)s; default: h100-node up to 8 "
                            "devices, h100-cluster for multiples of 8")
-    tour.add_argument("--trace", type=output_file, default="virtualpar-trace.json", help="where to write the Chrome trace")
+    tour.add_argument("--trace", type=output_file, default="virtualpar-trace.json",
+                      help="where to write the Chrome trace")
     tour.add_argument("--json", action="store_true",
                       help="instead of the text: one JSON object with every collective run (op, group, "
                            "algorithm, bytes, modelled seconds, correct) and each section's check")

@@ -18,5 +18,5 @@ from .registry import ENTRY_POINT_GROUP, available, get
 from .report import Report, TestResult
 from .student import LabRuleError, RuledDevice, StudentCodeError, load_student
 
-__all__ = ["Lab", "CheckOptions", "Report", "TestResult", "available", "get", "ENTRY_POINT_GROUP", "LabRuleError",
-           "RuledDevice", "StudentCodeError", "load_student"]
+__all__ = ["Lab", "CheckOptions", "Report", "TestResult", "available", "get", "ENTRY_POINT_GROUP",
+           "LabRuleError", "RuledDevice", "StudentCodeError", "load_student"]

@@ -113,7 +113,8 @@ def compare(results: Sequence[Any], expected: Sequence[np.ndarray], mesh: Mesh, 
     for rank, (got, want) in enumerate(zip(results, expected)):
         who = f"device {rank} {mesh.index(rank)}"
         if not isinstance(got, np.ndarray):
-            problems.append(f"{who} returned {type(got).__name__}, expected a numpy array of shape {want.shape}")
+            problems.append(f"{who} returned {type(got).__name__}, expected a numpy "
+                            f"array of shape {want.shape}")
             continue
         if got.shape != want.shape:
             problems.append(f"{who} returned shape {got.shape}, expected {want.shape}")
@@ -124,7 +125,8 @@ def compare(results: Sequence[Any], expected: Sequence[np.ndarray], mesh: Mesh, 
         bad = ~np.isclose(got, want, rtol=rtol, atol=atol) if want.dtype.kind in "fc" else got != want
         if np.any(bad):
             first = tuple(int(i) for i in np.argwhere(bad)[0])
-            problems.append(f"{who}: {what} differs at index {first}: expected {want[first]!r}, got {got[first]!r} "
+            problems.append(f"{who}: {what} differs at index {first}: expected "
+                            f"{want[first]!r}, got {got[first]!r} "
                             f"({int(bad.sum())} of {bad.size} elements differ)")
     return problems
 

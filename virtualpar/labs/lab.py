@@ -47,7 +47,8 @@ class Lab:
 
     def __post_init__(self) -> None:
         if self.difficulty not in DIFFICULTIES:
-            raise UsageError(f"lab {self.name!r}: difficulty must be one of {DIFFICULTIES}, got {self.difficulty!r}")
+            raise UsageError(f"lab {self.name!r}: difficulty must be one of {DIFFICULTIES}, "
+                             f"got {self.difficulty!r}")
         for part in ("skeleton.py", "LAB.md", "reference.py"):
             if not (Path(self.folder) / part).is_file():
                 raise UsageError(f"lab {self.name!r}: its folder {self.folder} has no {part}")

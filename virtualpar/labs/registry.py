@@ -47,10 +47,12 @@ def _plugins() -> dict[str, Lab]:
             lab = ep.load()
             lab = lab() if callable(lab) and not isinstance(lab, Lab) else lab
         except Exception as exc:  # a broken plugin must not hide the others
-            raise UsageError(f"lab plugin {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}") \
+            raise UsageError(f"lab plugin {ep.name!r} ({ep.value}) failed to load: "
+                             f"{type(exc).__name__}: {exc}") \
                 from exc
         if not isinstance(lab, Lab):
-            raise UsageError(f"lab plugin {ep.name!r} ({ep.value}) is a {type(lab).__name__}, not a virtualpar Lab")
+            raise UsageError(f"lab plugin {ep.name!r} ({ep.value}) is a "
+                             f"{type(lab).__name__}, not a virtualpar Lab")
         labs[lab.name] = lab
     return labs
 

@@ -18,8 +18,8 @@ from typing import Any, Iterable
 
 from ..errors import UsageError, VirtualParError
 
-__all__ = ["broke_rule", "LabRuleError", "RuledDevice", "StudentCodeError", "StudentFunction", "load_student", "COLLECTIVES",
-           "student_traceback"]
+__all__ = ["broke_rule", "LabRuleError", "RuledDevice", "StudentCodeError", "StudentFunction", "load_student",
+           "COLLECTIVES", "student_traceback"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
                "all_to_all", "barrier")

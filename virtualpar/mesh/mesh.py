@@ -201,12 +201,14 @@ class Mesh:
             values = tuple(coords[n] for n in self._names)
         elif isinstance(index, MeshIndex):
             if index.axis_names != self._names:
-                raise MeshError(f"index {index} has axes {index.axis_names}; this mesh has axes {self._names}")
+                raise MeshError(f"index {index} has axes {index.axis_names}; this "
+                                f"mesh has axes {self._names}")
             values = tuple(index)
         else:
             values = tuple(index) if isinstance(index, Iterable) else (index,)
             if len(values) != self.ndim:
-                raise MeshError(f"index {values} has {len(values)} coordinates; mesh {self} has {self.ndim} axes")
+                raise MeshError(f"index {values} has {len(values)} coordinates; mesh "
+                                f"{self} has {self.ndim} axes")
         rank = 0
         for name, size, stride, value in zip(self._names, self._sizes, self._strides, values):
             c = as_int(value, f"coordinate {name}")

@@ -17,7 +17,8 @@ import numpy as np
 
 from virtualpar.errors import MeshError
 
-__all__ = ["Link", "Route", "check_figures", "direct_figures", "gather_figures", "best_path", "is_device", "node_key"]
+__all__ = ["Link", "Route", "check_figures", "direct_figures", "gather_figures", "best_path", "is_device",
+           "node_key"]
 
 
 def is_device(node: Hashable) -> bool:
@@ -59,7 +60,8 @@ def gather_figures(direct: tuple[np.ndarray, np.ndarray], figures: Any, n: int, 
     it 768 times in Python on its first call)."""
     s, d = np.asarray(src, dtype=np.intp), np.asarray(dst, dtype=np.intp)
     if s.shape != d.shape or s.size and (min(s.min(), d.min()) < 0 or max(s.max(), d.max()) >= n):
-        raise MeshError(f"figures_many: expected equal-length sequences of devices 0..{n - 1}; got {src!r} and {dst!r}")
+        raise MeshError(f"figures_many: expected equal-length sequences of devices 0..{n - 1}; "
+                        f"got {src!r} and {dst!r}")
     lat, bw = direct[0][s, d], direct[1][s, d]
     for i in np.flatnonzero(np.isnan(lat)).tolist():
         lat[i], bw[i] = figures(int(s[i]), int(d[i]))

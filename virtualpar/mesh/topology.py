@@ -1,4 +1,5 @@
-"""Network topologies: a networkx graph of devices and switches whose links carry α (latency) and β⁻¹ (bandwidth).
+"""Network topologies: a networkx graph of devices and switches whose links carry α (latency) and β⁻¹
+(bandwidth).
 
 A message of ``n`` bytes from device ``s`` to device ``d`` follows one route and costs
 
@@ -30,7 +31,16 @@ import numpy as np
 from virtualpar.errors import MeshError
 from virtualpar.mesh import presets
 from virtualpar.mesh.presets import INFINIBAND_BANDWIDTH, INFINIBAND_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY
-from virtualpar.mesh.route import Link, Route, best_path, check_figures, direct_figures, gather_figures, is_device, node_key
+from virtualpar.mesh.route import (
+    Link,
+    Route,
+    best_path,
+    check_figures,
+    direct_figures,
+    gather_figures,
+    is_device,
+    node_key,
+)
 
 __all__ = [
     "Link",
@@ -115,7 +125,8 @@ class Topology:
 
     # -- pickling: drop the caches, keep the graph (or the preset's recipe) and the name -------------
     def __reduce__(self):
-        return (_preset_topology, self._recipe) if self._recipe else (_rebuild_topology, (nx.Graph(self._graph), self._name))
+        return (_preset_topology, self._recipe) if self._recipe else (_rebuild_topology,
+                                                                      (nx.Graph(self._graph), self._name))
 
     # -- properties -------------------------------------------------------------------------------
     @property
@@ -137,7 +148,8 @@ class Topology:
 
     def _check_device(self, node: Any, role: str) -> int:
         if not is_device(node) or not 0 <= node < self._n:
-            raise MeshError(f"route {role} must be a device 0..{self._n - 1} of topology {self._name}; got {node!r}")
+            raise MeshError(f"route {role} must be a device 0..{self._n - 1} of topology "
+                            f"{self._name}; got {node!r}")
         return node
 
     def link(self, u: Hashable, v: Hashable) -> Link:
@@ -184,7 +196,8 @@ class Topology:
         return None
 
     def figures(self, src: int, dst: int) -> tuple[float, float]:
-        """``(latency, bandwidth)`` of the route ``src -> dst`` without a :class:`Route` (a replay asks n·⌈log2 n⌉)."""
+        """``(latency, bandwidth)`` of the route ``src -> dst`` without a :class:`Route` (a replay asks
+        n·⌈log2 n⌉)."""
         direct = self._direct_pair(src, dst)
         if direct is not None:
             return direct

@@ -71,8 +71,10 @@ class MPICollectives:
         table = ALGORITHMS[name]
         if algorithm not in table or algorithm == "shm":
             usable = sorted(a for a in table if a != "shm")
-            raise UsageError(f"device {self.rank}: {name}(algorithm={algorithm!r}) is not available under MPI; "
-                             f"choose from {usable} or leave it to MPI (algorithm=None)", rank=self.rank, op=name)
+            raise UsageError(f"device {self.rank}: {name}(algorithm={algorithm!r}) is "
+                             "not available under MPI; "
+                             f"choose from {usable} or leave it to MPI (algorithm=None)", rank=self.rank,
+                             op=name)
         sub, ranks = self._comm(group, private=True), self.group(group)
         comm = MPIComm(self, sub, ranks)
         try:
@@ -89,7 +91,8 @@ class MPICollectives:
         if len(ranks) == 1:
             return [self._clock.now]
         x = ours[0] if ours else None
-        key = (name, algorithm, *(ours[1:]), *((x.dtype, x.shape) if isinstance(x, np.ndarray) else (type(x),)))
+        key = (name, algorithm, *(ours[1:]),
+               *((x.dtype, x.shape) if isinstance(x, np.ndarray) else (type(x),)))
         try:
             call, digest = _CALLS[key]
         except (KeyError, TypeError):  # a repeated call costs a dict lookup, not a description and a crc
@@ -106,14 +109,17 @@ class MPICollectives:
         req = self._comm(group).Iallgather(mine, got)
         budget, deadline = self._deadline(timeout)
         self._wait(req.Test, deadline, lambda: CollectiveTimeout(
-            f"{self.name}: {call} on group {ranks} did not complete within {budget:g} s: a member of the group has "
+            f"{self.name}: {call} on group {ranks} did not complete within {budget:g} s: a "
+            "member of the group has "
             "not entered it (under MPI the others cannot be read; on the emulator the error names them)",
             rank=self.rank, op=name))
         digests = got[:, 1].copy().view(np.int64)
         if (digests != digests[0]).any():
             calls = self._comm(group).allgather(call)  # every member got here: this cannot hang
-            raise CollectiveMismatch(f"{self.name}: the devices of group {ranks} called different collectives: "
-                                     + "; ".join(f"device {r}: {c}" for r, c in zip(ranks, calls)), rank=self.rank)
+            raise CollectiveMismatch(f"{self.name}: the devices of group {ranks} "
+                                     "called different collectives: "
+                                     + "; ".join(f"device {r}: {c}" for r, c in zip(ranks, calls)),
+                                     rank=self.rank)
         return got[:, 0].tolist()
 
     def _collective(self, name: str, group: Any, algorithm: str | None, native: Any, ours: tuple,
@@ -132,7 +138,8 @@ class MPICollectives:
         self._record("collective", name, wall0, model0, nbytes(result), group=ranks)
         return result
 
-    def _charge(self, name: str, ranks: tuple[int, ...], entry: list[float], nbytes: int, itemsize: int) -> None:
+    def _charge(self, name: str, ranks: tuple[int, ...], entry: list[float], nbytes: int,
+                itemsize: int) -> None:
         n, clock = len(ranks), self._clock
         if n == 1:
             return
@@ -143,7 +150,8 @@ class MPICollectives:
                 clock.tree_all_reduce(ranks, entry, nbytes)
             else:
                 bounds = split_bounds(nbytes // itemsize, n)
-                clock.ring_all_reduce(ranks, entry, [(bounds[i + 1] - bounds[i]) * itemsize for i in range(n)])
+                clock.ring_all_reduce(ranks, entry,
+                                      [(bounds[i + 1] - bounds[i]) * itemsize for i in range(n)])
         else:
             steps = {"ring": n - 1, "tree": math.ceil(math.log2(n)), "direct": n - 1}[_STEPS[name]]
             piece = nbytes // n if name in ("reduce_scatter", "scatter", "all_to_all") else nbytes
@@ -173,8 +181,8 @@ class MPICollectives:
     def all_gather(self, x: np.ndarray, dim: int = 0, group: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> np.ndarray:
         native = lambda: np.concatenate(self._comm(group).allgather(np.asarray(x)), axis=dim)  # noqa: E731
-        return self._collective("all_gather", group, algorithm, native, (x, dim), lambda _: np.asarray(x).nbytes,
-                                timeout=timeout)
+        return self._collective("all_gather", group, algorithm, native, (x, dim),
+                                lambda _: np.asarray(x).nbytes, timeout=timeout)
 
     def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum", group: Any = None,
                        algorithm: str | None = None, timeout: float | None = None) -> np.ndarray:
@@ -192,11 +200,11 @@ class MPICollectives:
     def broadcast(self, x: Any, root: int = 0, group: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> np.ndarray:
         native = lambda: self._comm(group).bcast(x, root=root)  # noqa: E731
-        return self._collective("broadcast", group, algorithm, native, (x, root), lambda out: np.asarray(out).nbytes,
-                                timeout=timeout)
+        return self._collective("broadcast", group, algorithm, native, (x, root),
+                                lambda out: np.asarray(out).nbytes, timeout=timeout)
 
-    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Any = None, algorithm: str | None = None,
-               timeout: float | None = None) -> np.ndarray | None:
+    def reduce(self, x: np.ndarray, root: int = 0, op: str = "sum", group: Any = None,
+               algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
         check_op(op, np.asarray(x).dtype)
         def native() -> np.ndarray | None:
             src, divide = _averaged(np.asarray(x), op, len(self.group(group)))
@@ -204,21 +212,22 @@ class MPICollectives:
             if parts is None:
                 return None
             acc = np.array(parts[0], copy=True)
-            for p in parts[1:]:  # left to right in group order (the emulator's tree may differ in the last bit)
+            # left to right in group order (the emulator's tree may differ in the last bit)
+            for p in parts[1:]:
                 REDUCE_OPS["sum" if op == "avg" else op].ufunc(acc, p, out=acc)
             return acc / len(parts) if divide else acc
 
-        return self._collective("reduce", group, algorithm, native, (x, root, op), lambda _: np.asarray(x).nbytes,
-                                timeout=timeout)
+        return self._collective("reduce", group, algorithm, native, (x, root, op),
+                                lambda _: np.asarray(x).nbytes, timeout=timeout)
 
-    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Any = None, algorithm: str | None = None,
-               timeout: float | None = None) -> np.ndarray | None:
+    def gather(self, x: np.ndarray, root: int = 0, dim: int = 0, group: Any = None,
+               algorithm: str | None = None, timeout: float | None = None) -> np.ndarray | None:
         def native() -> np.ndarray | None:
             parts = self._comm(group).gather(np.asarray(x), root=root)
             return None if parts is None else np.concatenate(parts, axis=dim)
 
-        return self._collective("gather", group, algorithm, native, (x, root, dim), lambda _: np.asarray(x).nbytes,
-                                timeout=timeout)
+        return self._collective("gather", group, algorithm, native, (x, root, dim),
+                                lambda _: np.asarray(x).nbytes, timeout=timeout)
 
     def scatter(self, x: Any, root: int = 0, dim: int = 0, group: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> np.ndarray:
@@ -226,7 +235,8 @@ class MPICollectives:
         mine = self.group_rank(group) == root
 
         def native() -> np.ndarray:
-            return self._comm(group).scatter(np.array_split(np.asarray(x), n, axis=dim) if mine else None, root=root)
+            pieces = np.array_split(np.asarray(x), n, axis=dim) if mine else None
+            return self._comm(group).scatter(pieces, root=root)
 
         return self._collective("scatter", group, algorithm, native, (x if mine else None, root, dim),
                                 lambda out: out.nbytes * n, timeout=timeout)
@@ -266,11 +276,17 @@ def _check_args(dev: Any, name: str, ranks: tuple[int, ...], ours: tuple) -> Non
     where = f"{dev.name}: {name} on group {ranks}"
     if name in _ROOT_AT:
         root = ours[_ROOT_AT[name]]
-        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) or not 0 <= root < len(ranks):
+        is_int = isinstance(root, (int, np.integer)) and not isinstance(root, (bool, np.bool_))
+        if not is_int or not 0 <= root < len(ranks):
             raise UsageError(f"{where}: root={root!r} is out of range; root is a position in the group, "
                              f"0..{len(ranks) - 1}", rank=dev.rank)
     x = ours[0] if ours else None
     if name in _DIM_AT and isinstance(x, np.ndarray):
         dim = ours[_DIM_AT[name]]
-        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)) or not -x.ndim <= dim < max(x.ndim, 1):
-            raise UsageError(f"{where}: dim={dim!r} is out of range for an input of {x.ndim} dims", rank=dev.rank)
+        if (
+            isinstance(dim, (bool, np.bool_))
+            or not isinstance(dim, (int, np.integer))
+            or not -x.ndim <= dim < max(x.ndim, 1)
+        ):
+            raise UsageError(f"{where}: dim={dim!r} is out of range for an input of {x.ndim} dims",
+                             rank=dev.rank)

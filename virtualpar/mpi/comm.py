@@ -59,7 +59,8 @@ class MPIComm:
         dst = self._ranks[peer]
         stamp = self._dev._clock.on_send(dst, x.nbytes)
         self._in_flight.append(self._sub.isend((x.shape, x.dtype.str, stamp), dest=peer, tag=_TAG))
-        self._in_flight.append((self._sub.Isend(byte_view(x), dest=peer, tag=_TAG), x))  # bytes: MPI has no type for 'U', 'M'
+        # bytes: MPI has no type for 'U', 'M'
+        self._in_flight.append((self._sub.Isend(byte_view(x), dest=peer, tag=_TAG), x))
         self._dev._count(dst, x.nbytes)
         return _SendDone(self._dev._clock, dst, x.nbytes, stamp)
 
@@ -68,7 +69,12 @@ class MPIComm:
 
     def recv(self, peer: int, out: np.ndarray | None = None) -> np.ndarray:
         shape, dtype, stamp = self._sub.recv(source=peer, tag=_TAG)
-        fits = out is not None and out.shape == tuple(shape) and out.dtype == np.dtype(dtype) and out.flags.c_contiguous
+        fits = (
+            out is not None
+            and out.shape == tuple(shape)
+            and out.dtype == np.dtype(dtype)
+            and out.flags.c_contiguous
+        )
         buf = out if fits else np.empty(shape, np.dtype(dtype))
         self._sub.Recv(byte_view(buf), source=peer, tag=_TAG)
         self._dev._clock.on_recv(self._ranks[peer], buf.nbytes, stamp)

@@ -55,7 +55,8 @@ _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg":
 class MPIDevice(MPICollectives, ReceiveMatching):
     """One MPI process as a device of ``mesh`` (whose size must be the world's)."""
 
-    def __init__(self, mesh: Any, comm: Any = None, hardware: Any = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, mesh: Any, comm: Any = None, hardware: Any = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
         from ..runtime.hardware_choice import resolve_hardware
         from ..sim.clock import DeviceClock
 
@@ -73,12 +74,14 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         # every group's communicators, made now by every rank in one order: made on first use, a
         # Split needed every rank of the world (a collective of one group's members hung), and
         # ranks using different groups first matched each other's Splits (wrong members, silently)
-        self._comms: dict[tuple[tuple[str, ...], bool], Any] = {((), False): MPI.COMM_SELF, ((), True): MPI.COMM_SELF.Dup()}
+        self._comms: dict[tuple[tuple[str, ...], bool], Any] = {((), False): MPI.COMM_SELF,
+                                                                ((), True): MPI.COMM_SELF.Dup()}
         names = tuple(mesh.axis_names)
         for k in range(1, len(names) + 1):
             for axes in itertools.combinations(names, k):
                 ranks = mesh.group_of(self.rank, axes)
-                sub = self._comms[(axes, False)] = self.comm.Split(color=min(ranks), key=ranks.index(self.rank))
+                sub = self._comms[(axes, False)] = self.comm.Split(color=min(ranks),
+                                                                   key=ranks.index(self.rank))
                 self._comms[(axes, True)] = sub.Dup()  # virtualpar's own algorithms' messages
         self._to_self: list[SendRequest] = []
         self._posted: list[RecvRequest] = []  # receives without a message yet, in posting order
@@ -111,7 +114,8 @@ class MPIDevice(MPICollectives, ReceiveMatching):
     def _deadline(self, timeout: float | None) -> tuple[float, float]:
         budget = self.timeout if timeout is None else float(timeout)
         if not budget > 0:
-            raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}", rank=self.rank)
+            raise UsageError(f"{self.name}: timeout must be positive seconds, got {timeout!r}",
+                             rank=self.rank)
         return budget, time.monotonic() + budget
 
     def wait_any(self, requests: Any, timeout: float | None = None) -> int:
@@ -119,7 +123,8 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         polled as every wait here is (:mod:`virtualpar.mpi.waiting`)."""
         reqs = list(requests) if isinstance(requests, (list, tuple)) else None
         if not reqs or any(not isinstance(r, (SendRequest, RecvRequest)) or r._dev is not self for r in reqs):
-            raise UsageError(f"{self.name}: wait_any needs a non-empty list of this device's requests (from isend, "
+            raise UsageError(f"{self.name}: wait_any needs a non-empty list of this "
+                             "device's requests (from isend, "
                              f"irecv or issend), got {requests!r}", rank=self.rank)
         budget, deadline = self._deadline(timeout)
         found = [0]
@@ -132,16 +137,19 @@ class MPIDevice(MPICollectives, ReceiveMatching):
             return False
 
         wait_for(ready, deadline, lambda: P2PTimeout(f"{self.name}: wait for any of {len(reqs)} request"
-                                                     f"{'s' * (len(reqs) > 1)} did not complete within {budget:g} s", rank=self.rank))
+                                                     f"{'s' * (len(reqs) > 1)} did not complete within "
+                                                     f"{budget:g} s", rank=self.rank))
         return found[0]
 
     def _p2p_timeout(self, what: str, peer: int, tag: int, budget: float) -> P2PTimeout:
         who = "any source" if peer == ANY_SOURCE else f"device {peer}"
-        return P2PTimeout(f"{self.name}: {what} {who} (tag {'any' if tag == ANY_TAG else tag}) did not complete "
+        return P2PTimeout(f"{self.name}: {what} {who} (tag "
+                          f"{'any' if tag == ANY_TAG else tag}) did not complete "
                           f"within {budget:g} s", rank=self.rank, peer=peer, tag=tag)
 
     def _mpi_op(self, op: str, dtype: Any = None) -> Any:
-        if dtype is not None and np.dtype(dtype) == np.bool_:  # numpy's bool add is OR, multiply AND: MPI's logical ops
+        # numpy's bool add is OR, multiply AND: MPI's logical ops
+        if dtype is not None and np.dtype(dtype) == np.bool_:
             return {"sum": MPI.LOR, "max": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND}[op]
         return _OPS[op]
 
@@ -150,21 +158,23 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         ``UsageError`` here too, not MPI's error stack or a routing error naming no device."""
         if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)) or not (
                 0 <= peer < self.size or peer == ANY_SOURCE and what == "src"):
-            raise UsageError(f"{self.name}: {what} must be a device rank 0..{self.size - 1}, got {peer!r}", rank=self.rank)
+            raise UsageError(f"{self.name}: {what} must be a device rank 0..{self.size - 1}, got {peer!r}",
+                             rank=self.rank)
         ub = self.comm.Get_attr(MPI.TAG_UB)
         if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)) or not (
                 0 <= tag <= ub or tag == ANY_TAG and what == "src"):
-            raise UsageError(f"{self.name}: tag must be an int in 0..{ub} (MPI's TAG_UB), got {tag!r}", rank=self.rank)
+            raise UsageError(f"{self.name}: tag must be an int in 0..{ub} (MPI's TAG_UB), got {tag!r}",
+                             rank=self.rank)
         return int(peer), int(tag)
 
     def _count(self, dst: int, nbytes: int) -> None:
         self.sent_bytes[dst] += nbytes
         self.sent_messages[dst] += 1
 
-    def _record(self, kind: str, name: str, wall0: float, model0: float, nbytes: int = 0, peer: int | None = None,
-                group: tuple[int, ...] | None = None) -> None:
-        self.events.append(Event(self.rank, kind, name, wall0, self.wall, model0, self._clock.now, int(nbytes),
-                                 peer=peer, seq=len(self.events), group=group))
+    def _record(self, kind: str, name: str, wall0: float, model0: float, nbytes: int = 0,
+                peer: int | None = None, group: tuple[int, ...] | None = None) -> None:
+        self.events.append(Event(self.rank, kind, name, wall0, self.wall, model0, self._clock.now,
+                                 int(nbytes), peer=peer, seq=len(self.events), group=group))
 
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> SendRequest:
@@ -184,7 +194,8 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         # the bytes that travel, as on the emulator: an array's, or an object's pickle
         nbytes = x.nbytes if isinstance(x, np.ndarray) else len(pickle.dumps(x, protocol=5))
         stamp = self._clock.on_send(dst, nbytes)
-        post, post_array = (self.comm.issend, self.comm.Issend) if sync else (self.comm.isend, self.comm.Isend)
+        post, post_array = (self.comm.issend,
+                            self.comm.Issend) if sync else (self.comm.isend, self.comm.Isend)
         if isinstance(x, np.ndarray):
             x = np.ascontiguousarray(x)
             reqs = [post(("array", x.shape, x.dtype.str, stamp), dest=dst, tag=tag),
@@ -209,7 +220,9 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         req = self.irecv(src, tag, out, timeout)
         try:
             value = req.wait()
-        except BaseException:  # a blocking receive that failed is no longer posted: it must not take a later message
+        except (
+            BaseException
+        ):  # a blocking receive that failed is no longer posted: it must not take a later message
             if req in self._posted:
                 self._posted.remove(req)
             raise
@@ -217,7 +230,8 @@ class MPIDevice(MPICollectives, ReceiveMatching):
             status.source, status.tag, status.nbytes = req.status.source, req.status.tag, req.status.nbytes
         return value
 
-    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None) -> RecvRequest:
+    def irecv(self, src: int, tag: int = 0, out: np.ndarray | None = None,
+              timeout: float | None = None) -> RecvRequest:
         src, tag = self._peer(src, tag, "src")
         req = RecvRequest(self, src, tag, out, timeout)
         self._posted.append(req)

@@ -8,8 +8,8 @@ from point-to-point messages in a fixed order (the root gathers in rank order, r
 left to right, and sends the result back), so every rank gets the same bits.  A communicator's
 messages carry its own tag range (a context hashed from its parent's and its Split), so collectives
 and other communicators never mix with user messages, even with ``ANY_TAG``: it is received as any
-tag *within* the communicator's range.  Anything outside the subset raises ``NotImplementedError`` naming the call (an
-``OutsideSubset``, which is also an ``AttributeError``: ``hasattr(comm, "Iallreduce")`` is False,
+tag *within* the communicator's range.  Anything outside the subset raises ``NotImplementedError`` naming the
+call (an ``OutsideSubset``, which is also an ``AttributeError``: ``hasattr(comm, "Iallreduce")`` is False,
 as for any name an object lacks).  ``Comm.Abort(errorcode)`` ends the whole job with that exit code,
 as ``mpiexec`` does.
 """
@@ -27,9 +27,10 @@ from ..runtime.status import ANY_SOURCE as _DEV_ANY_SOURCE, ANY_TAG, Status as _
 from .facade_buffers import BufferCollectives
 from .facade_objects import ObjectCollectives
 from .facade_requests import REQUEST_NULL, UNDEFINED, Request
-from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM, TAG_UB,
-                           TAG_UB_VALUE, WTIME_IS_GLOBAL, AbortJob, Datatype, Op, Status, _buf, _COLL, _fill, _SPAN,
-                           _wire, context_of)
+from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM,
+                           TAG_UB,
+                           TAG_UB_VALUE, WTIME_IS_GLOBAL, AbortJob, Datatype, Op, Status, _buf, _COLL, _fill,
+                           _SPAN, _wire, context_of)
 
 __all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
@@ -68,7 +69,8 @@ class Comm(ObjectCollectives, BufferCollectives):
         if tag == ANY_TAG:  # any of this communicator's own tags: never another's, nor its collectives'
             return range(self._ctx * _SPAN, self._ctx * _SPAN + _COLL)
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag <= TAG_UB_VALUE:
-            raise ValueError(f"MPI tag {tag!r} is out of range 0..{TAG_UB_VALUE} (Get_attr(MPI.TAG_UB)): MPI_ERR_TAG")
+            raise ValueError(f"MPI tag {tag!r} is out of range 0..{TAG_UB_VALUE} "
+                             "(Get_attr(MPI.TAG_UB)): MPI_ERR_TAG")
         return self._ctx * _SPAN + tag
 
     def _peer(self, r: int, source: bool = False) -> int:
@@ -79,7 +81,8 @@ class Comm(ObjectCollectives, BufferCollectives):
             return _DEV_ANY_SOURCE
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
             raise ValueError(f"MPI rank {r!r} is not a rank of this communicator of size {self.size} "
-                             f"(0..{self.size - 1}{', ANY_SOURCE' if source else ''} or PROC_NULL): MPI_ERR_RANK")
+                             f"(0..{self.size - 1}{', ANY_SOURCE' if source else ''} or "
+                             "PROC_NULL): MPI_ERR_RANK")
         return self._ranks[r]
 
     def _local(self, device_rank: int) -> int:
@@ -90,7 +93,8 @@ class Comm(ObjectCollectives, BufferCollectives):
         if dest != PROC_NULL:
             self._dev.send(obj, self._peer(dest), tag=self._tag(tag))
 
-    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> Any:
         if source == PROC_NULL:
             if status is not None:
                 status._from_nowhere()
@@ -104,7 +108,8 @@ class Comm(ObjectCollectives, BufferCollectives):
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         if isinstance(obj, np.ndarray):  # mpi4py pickles at once: the array may change before the wait
             obj = obj.copy()
-        return Request(None if dest == PROC_NULL else self._dev.isend(obj, self._peer(dest), tag=self._tag(tag)), self)
+        return Request(None if dest == PROC_NULL else self._dev.isend(obj, self._peer(dest),
+                                                                      tag=self._tag(tag)), self)
 
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Returns once the matching receive has taken ``obj`` (MPI's synchronous send)."""
@@ -114,10 +119,12 @@ class Comm(ObjectCollectives, BufferCollectives):
     def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         if isinstance(obj, np.ndarray):
             obj = obj.copy()
-        return Request(None if dest == PROC_NULL else self._dev.issend(obj, self._peer(dest), tag=self._tag(tag)), self)
+        return Request(None if dest == PROC_NULL else self._dev.issend(obj, self._peer(dest),
+                                                                       tag=self._tag(tag)), self)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True), tag=self._tag(tag)), self)
+        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True),
+                                                                        tag=self._tag(tag)), self)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
         """Has a message that ``Recv(source, tag)`` would take arrived?  ``status`` says its source,
@@ -143,8 +150,8 @@ class Comm(ObjectCollectives, BufferCollectives):
 
     iprobe, probe = Iprobe, Probe  # (mpi4py's lower-case ones are the same calls)
 
-    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
-                 recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
         req = self.irecv(source=source, tag=recvtag)
         self.send(sendobj, dest, sendtag)
         return req.wait(status)
@@ -155,7 +162,8 @@ class Comm(ObjectCollectives, BufferCollectives):
             return
         self._dev.send(_wire(buf), self._peer(dest), tag=self._tag(tag))
 
-    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
         if source == PROC_NULL:
             if status is not None:
                 status._from_nowhere()
@@ -176,17 +184,18 @@ class Comm(ObjectCollectives, BufferCollectives):
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         out = _buf(buf)  # (checked before the receive is posted: a refused buffer must not leave one behind)
-        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True), tag=self._tag(tag)), self,
+        return Request(None if source == PROC_NULL else self._dev.irecv(self._peer(source, True),
+                                                                        tag=self._tag(tag)), self,
                        out=out)
 
-    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
-                 recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
         req = self.Irecv(recvbuf, source, recvtag)  # (from PROC_NULL: complete at once, its status says so)
         self.Send(sendbuf, dest, sendtag)
         req.wait(status)
 
-    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
-                         status: Status | None = None) -> None:
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status: Status | None = None) -> None:
         """``Sendrecv`` with one buffer: its contents go to ``dest``, and the message from ``source``
         replaces them (sent from a copy, so the receive may land first)."""
         outgoing = np.array(_wire(buf))
@@ -210,7 +219,8 @@ class Comm(ObjectCollectives, BufferCollectives):
         here (it owns no resource but its tags).  Freeing ``COMM_WORLD`` or ``COMM_SELF`` is an
         error in MPI, and here."""
         if self._ctx in (0, 1):
-            raise ValueError(f"rank {self.rank}: MPI_Comm_free of {'COMM_SELF' if self._ctx == 0 else 'COMM_WORLD'} "
+            raise ValueError(f"rank {self.rank}: MPI_Comm_free of "
+                             f"{'COMM_SELF' if self._ctx == 0 else 'COMM_WORLD'} "
                              "is erroneous (MPI_ERR_COMM): only communicators the program created are freed")
 
     def Create_cart(self, dims: list[int], periods: Any = None, reorder: bool = False) -> "Cartcomm":
@@ -219,8 +229,8 @@ class Comm(ObjectCollectives, BufferCollectives):
 
     def Abort(self, errorcode: int = 0) -> None:
         """End the whole job with exit code ``errorcode`` (the other ranks are stopped wherever they are)."""
-        raise AbortJob(MPIAbort(f"rank {self.rank} called MPI_Abort(comm, {int(errorcode)})", rank=self._dev.rank,
-                                errorcode=int(errorcode)))
+        raise AbortJob(MPIAbort(f"rank {self.rank} called MPI_Abort(comm, {int(errorcode)})",
+                                rank=self._dev.rank, errorcode=int(errorcode)))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -233,7 +243,8 @@ class Cartcomm(Comm):
     def __init__(self, dev: Any, ranks: tuple[int, ...], ctx: int, dims: list[int], periods: Any) -> None:
         super().__init__(dev, ranks, ctx)
         self.dims = dims
-        if periods is None or isinstance(periods, (bool, int, np.bool_, np.integer)):  # one for every dimension
+        # one for every dimension
+        if periods is None or isinstance(periods, (bool, int, np.bool_, np.integer)):
             periods = [bool(periods)] * len(dims)
         self.periods = [int(bool(p)) for p in periods]  # as mpi4py's Get_topo gives them: 1 or 0
 
@@ -263,7 +274,8 @@ class Cartcomm(Comm):
         color = sum(c * 1000 ** i for i, (c, keep) in enumerate(zip(here, remain_dims)) if not keep)
         sub = self.Split(color, self.rank)
         kept = [i for i, keep in enumerate(remain_dims) if keep]
-        return Cartcomm(self._dev, sub._ranks, sub._ctx, [self.dims[i] for i in kept], [self.periods[i] for i in kept])
+        return Cartcomm(self._dev, sub._ranks, sub._ctx, [self.dims[i] for i in kept],
+                        [self.periods[i] for i in kept])
 
 
 
@@ -271,12 +283,16 @@ def module_for(dev: Any) -> types.ModuleType:
     """An ``mpi4py.MPI`` module for ``dev``: ``COMM_WORLD`` spans every device."""
     mod = types.ModuleType("mpi4py.MPI")
     t0 = time.perf_counter()
-    names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm, Request=Request,
-                 Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN, IN_PLACE=IN_PLACE,
+    names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm,
+                 Request=Request,
+                 Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN,
+                 IN_PLACE=IN_PLACE,
                  ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, UNDEFINED=UNDEFINED,
                  REQUEST_NULL=REQUEST_NULL, TAG_UB=TAG_UB, WTIME_IS_GLOBAL=WTIME_IS_GLOBAL,
-                 Wtick=lambda: time.get_clock_info("perf_counter").resolution, DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT,
-                 LONG=LONG, Wtime=lambda: time.perf_counter() - t0, Get_processor_name=lambda: f"virtualpar-{dev.rank}",
+                 Wtick=lambda: time.get_clock_info("perf_counter").resolution, DOUBLE=DOUBLE, FLOAT=FLOAT,
+                 INT=INT,
+                 LONG=LONG, Wtime=lambda: time.perf_counter() - t0,
+                 Get_processor_name=lambda: f"virtualpar-{dev.rank}",
                  COMM_SELF=Comm(dev, (dev.rank,), 0))  # context 0: no other communicator's (they are >= 1)
     finalized = [False]  # mpi4py initialises at import and finalises at exit; a script may also call Finalize
 

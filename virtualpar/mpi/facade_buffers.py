@@ -122,7 +122,8 @@ class BufferCollectives:
         """This rank's own piece of ``recvbuf`` for an ``IN_PLACE`` send (its displacement and
         count in a v-spec, else an equal share); only the root may pass ``IN_PLACE`` to a rooted call."""
         if root is not None and self.rank != root:
-            raise ValueError(f"{call}: MPI.IN_PLACE is the root's (rank {root}) alone; rank {self.rank} passes "
+            raise ValueError(f"{call}: MPI.IN_PLACE is the root's (rank {root}) alone; "
+                             f"rank {self.rank} passes "
                              "its own buffer")
         flat = _region(recvbuf, self.size)
         counts, displs = _layout(recvbuf, self.size, flat.size)

@@ -24,7 +24,8 @@ class ObjectCollectives:
     size: int
 
     def _check_root(self, root: Any) -> None:
-        """A root out of range is an error, as MPI's MPI_ERR_ROOT (a negative one must not count from the end)."""
+        """A root out of range is an error, as MPI's MPI_ERR_ROOT (a negative one must not count from the
+        end)."""
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise ValueError(f"MPI root {root!r} is not a rank of this communicator of size {self.size} "
                              f"(0..{self.size - 1}): MPI_ERR_ROOT")

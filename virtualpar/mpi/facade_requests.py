@@ -70,7 +70,11 @@ class Request:
             if self._inner is None:
                 status._from_nowhere()
             elif st is not None:
-                status.source, status.tag, status.count = self._comm._local(st.source), st.tag % _SPAN, st.nbytes
+                status.source, status.tag, status.count = (
+                    self._comm._local(st.source),
+                    st.tag % _SPAN,
+                    st.nbytes,
+                )
         value, self._value = self._value, None
         return value
 
@@ -99,8 +103,10 @@ class Request:
         return True
 
     @staticmethod
-    def testall(requests: Sequence["Request"], statuses: list[Status] | None = None) -> tuple[bool, list[Any] | None]:
-        """Complete every request if every one could complete now (True, their objects); else none (False, None)."""
+    def testall(requests: Sequence["Request"],
+                statuses: list[Status] | None = None) -> tuple[bool, list[Any] | None]:
+        """Complete every request if every one could complete now (True, their objects); else none (False,
+        None)."""
         if all(not r._active or r._ready() for r in requests):
             return True, Request.waitall(requests, statuses)
         _extend(statuses, len(requests))
@@ -112,7 +118,8 @@ class Request:
 
     @staticmethod
     def waitany(requests: Sequence["Request"], status: Status | None = None) -> tuple[int, Any]:
-        """Block until one active request completes: (its index, its object); (UNDEFINED, None) if none is active."""
+        """Block until one active request completes: (its index, its object); (UNDEFINED, None) if none is
+        active."""
         i = _first(requests, block=True)
         if i is None:
             return UNDEFINED, Request._nothing(status)
@@ -165,7 +172,8 @@ class Request:
     def _some(requests: Sequence["Request"], statuses: list[Status] | None) -> tuple[list[int], list[Any]]:
         ready = [i for i, r in enumerate(requests) if r._active and r._ready()]
         _extend(statuses, len(ready))
-        return ready, [requests[i].wait(None if statuses is None else statuses[k]) for k, i in enumerate(ready)]
+        return ready, [requests[i].wait(None if statuses is None else statuses[k]) for k,
+                       i in enumerate(ready)]
 
     @staticmethod
     def _nothing(status: Status | None) -> None:

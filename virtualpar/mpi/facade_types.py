@@ -22,7 +22,8 @@ ANY_SOURCE, PROC_NULL = -2, -1
 TAG_UB_VALUE = (1 << 29) - 1  # MPICH's largest tag (Get_attr(TAG_UB)); a larger one is MPI_ERR_TAG
 TAG_UB, WTIME_IS_GLOBAL = 1681915905, 1681915911  # MPICH's attribute keys, as mpi4py shows them
 
-_SPAN = 1 << 30  # device tags per communicator: user tags below _COLL (MPICH's TAG_UB: 2**29 - 1), collectives at _COLL
+# device tags per communicator: user tags below _COLL (MPICH's TAG_UB: 2**29 - 1), collectives at _COLL
+_SPAN = 1 << 30
 _COLL = _SPAN - 1
 IN_PLACE = type("InPlace", (), {"__repr__": lambda self: "MPI.IN_PLACE"})()
 
@@ -49,7 +50,8 @@ class Datatype:
         return f"MPI.{self.name}"
 
 
-DOUBLE, FLOAT, INT, LONG = Datatype("DOUBLE", np.float64), Datatype("FLOAT", np.float32), Datatype("INT", np.int32), \
+DOUBLE, FLOAT, INT, LONG = Datatype("DOUBLE", np.float64), Datatype("FLOAT",
+                                                                    np.float32), Datatype("INT", np.int32), \
     Datatype("LONG", np.int64)
 
 
@@ -57,7 +59,9 @@ def _buf(spec: Any) -> np.ndarray:
     """The array of a buffer spec: ``arr``, ``[arr, MPI.DOUBLE]``, or ``[arr, count, MPI.DOUBLE]``
     (the first ``count`` elements, as mpi4py takes them)."""
     count = _per_rank(spec)
-    return _contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec) if count is None else _flat(spec)[:count]
+    if count is not None:
+        return _flat(spec)[:count]
+    return _contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec)
 
 
 def _region(spec: Any, size: int) -> np.ndarray:
@@ -70,7 +74,8 @@ def _region(spec: Any, size: int) -> np.ndarray:
 
 def _flat(spec: Any) -> np.ndarray:
     """The whole array of ``spec`` as a flat view in memory order (as MPI moves its bytes)."""
-    return np.asarray(_contiguous(spec[0] if isinstance(spec, (list, tuple)) else spec)).reshape(-1, order="A")
+    return np.asarray(_contiguous(spec[0] if isinstance(spec,
+                                                        (list, tuple)) else spec)).reshape(-1, order="A")
 
 
 def _wire(buf: Any) -> np.ndarray:
@@ -113,7 +118,8 @@ def _fill(target: np.ndarray, value: Any) -> None:
     says how much came) and calls a longer message an error (truncation), never a reshape."""
     flat, got = target.reshape(-1, order="A"), np.asarray(value).reshape(-1, order="A")  # (memory order)
     if got.size > flat.size:
-        raise ValueError(f"message truncated: {got.size} elements arrived for a buffer of {flat.size} (MPI_ERR_TRUNCATE)")
+        raise ValueError(f"message truncated: {got.size} elements arrived for a buffer of "
+                         f"{flat.size} (MPI_ERR_TRUNCATE)")
     flat[: got.size] = got
 
 
@@ -150,7 +156,8 @@ def _layout(spec: Any, size: int, total: int) -> tuple[list[int], list[int]]:
             _blocks(total, size)
         counts = [total // size if count is None else count] * size
         return counts, [sum(counts[:i]) for i in range(size)]
-    if len(extra) == 1 and isinstance(extra[0], tuple) and len(extra[0]) == 2 and not np.isscalar(extra[0][0]):
+    if len(extra) == 1 and isinstance(extra[0],
+                                      tuple) and len(extra[0]) == 2 and not np.isscalar(extra[0][0]):
         extra = list(extra[0])
     counts = [int(c) for c in extra[0]]
     displs = [int(d) for d in extra[1]] if len(extra) > 1 and extra[1] is not None else \
@@ -162,7 +169,8 @@ def _place(parts: list[np.ndarray], recvbuf: Any, size: int) -> None:
     """Write the ranks' flat ``parts`` into ``recvbuf`` at the displacements its spec gives."""
     flat = _region(recvbuf, size)
     _, displs = _layout(recvbuf, size, flat.size)
-    if not isinstance(recvbuf, (list, tuple)) or len([a for a in recvbuf[1:] if not isinstance(a, Datatype)]) == 0:
+    if not isinstance(recvbuf,
+                      (list, tuple)) or len([a for a in recvbuf[1:] if not isinstance(a, Datatype)]) == 0:
         displs = [sum(p.size for p in parts[:i]) for i in range(size)]  # plain Gather: back to back
     for part, d in zip(parts, displs):
         flat[d:d + part.size] = part

@@ -40,7 +40,8 @@ class ReceiveMatching:
     def _complete(self, goal: RecvRequest, timeout: float | None) -> None:
         """Match messages to the posted receives until ``goal`` has one (``P2PTimeout`` past ``timeout``)."""
         budget, deadline = self._deadline(timeout)
-        self._wait(lambda: goal.done, deadline, lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
+        self._wait(lambda: goal.done, deadline,
+                   lambda: self._p2p_timeout("recv from", goal.src, goal.tag, budget))
 
     def _wait(self, done: Any, deadline: float, on_timeout: Any) -> None:
         """``wait_for(done)``, taking messages for every posted receive meanwhile, as MPI matches a
@@ -76,7 +77,8 @@ class ReceiveMatching:
                     req = owner
                     self.comm.Iprobe(status=st, **req.which)  # (finds one at least: the one it fits)
                     source, tag = st.Get_source(), st.Get_tag()
-                    owner = self._first_fitting(source, tag)  # never later than req: it moves back, then stops
+                    # never later than req: it moves back, then stops
+                    owner = self._first_fitting(source, tag)
                 self._take(owner, source, tag)
                 return True
         return False
@@ -97,13 +99,15 @@ class ReceiveMatching:
         if head[0] == "object":
             value, stamp, nbytes = head[1:]  # the pickle's bytes, as the emulator's receive charges them
             if out is not None:
-                error = UsageError("recv(out=...) needs an array message, but the sender sent a pickled object")
+                error = UsageError("recv(out=...) needs an array message, but the "
+                                   "sender sent a pickled object")
         else:
             shape, dtype = tuple(head[1]), np.dtype(head[2])
             fits = out is not None and out.shape == shape and out.dtype == dtype
             if data is None:
                 value = out if fits else np.empty(shape, dtype)
-                self.comm.Recv(value, source=source, tag=tag)  # (taken in any case: the next message must not find it)
+                # (taken in any case: the next message must not find it)
+                self.comm.Recv(value, source=source, tag=tag)
             elif fits:
                 value = out
                 np.copyto(out, data)
@@ -111,14 +115,16 @@ class ReceiveMatching:
                 value = data
             nbytes, stamp = value.nbytes, head[3]
             if out is not None and not fits:  # the emulator's check, raised by this receive's wait()
-                error = UsageError(f"recv buffer has shape {tuple(out.shape)} and dtype {out.dtype}, but the message "
+                error = UsageError(f"recv buffer has shape {tuple(out.shape)} and dtype "
+                                   f"{out.dtype}, but the message "
                                    f"holds shape {shape} and dtype {dtype}")
         req.value, req.error, req.done = value, error, True
         req._status.source, req._status.tag, req._status.nbytes = source, tag, nbytes
         self._clock.on_recv(source, nbytes, stamp)
         self._record("recv", "recv", *req.t0, nbytes, peer=source)
         if source == self.rank:  # complete the deferred sends to ourselves that this receive let finish
-            deferred, self._to_self = self._to_self, []  # (a nested wait may take another message to ourselves)
+            # (a nested wait may take another message to ourselves)
+            deferred, self._to_self = self._to_self, []
             for sent in deferred:
                 if sent.test():
                     sent.wait()
@@ -167,5 +173,6 @@ class ReceiveMatching:
 
 def _status(source: int, tag: int, head: tuple) -> Status:
     """A message's status from its header: an object's pickled bytes, or the array's bytes."""
-    nbytes = head[3] if head[0] == "object" else int(np.prod(head[1], dtype=np.int64)) * np.dtype(head[2]).itemsize
+    nbytes = head[3] if head[0] == "object" else int(np.prod(head[1],
+                                                             dtype=np.int64)) * np.dtype(head[2]).itemsize
     return Status(source, tag, nbytes)

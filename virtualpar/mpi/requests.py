@@ -21,13 +21,21 @@ class SendRequest:
 
     def __init__(self, dev: "MPIDevice", reqs: list[Any], dst: int, nbytes: int, stamp: float, t0: tuple,
                  tag: int = 0) -> None:
-        self._dev, self._reqs, self._dst, self._nbytes, self._stamp, self._t0 = dev, reqs, dst, nbytes, stamp, t0
+        self._dev, self._reqs, self._dst, self._nbytes, self._stamp, self._t0 = (
+            dev,
+            reqs,
+            dst,
+            nbytes,
+            stamp,
+            t0,
+        )
         self._tag, self._done = tag, False
 
     def wait(self, timeout: float | None = None) -> None:
         if not self._done:
             budget, deadline = self._dev._deadline(timeout)
-            wait_for(self.test, deadline, lambda: self._dev._p2p_timeout("send to", self._dst, self._tag, budget))
+            wait_for(self.test, deadline,
+                     lambda: self._dev._p2p_timeout("send to", self._dst, self._tag, budget))
             if self._done:  # completed inside test(): a message to ourselves it took waited on this send
                 return
             self._dev._clock.on_send_done(self._dst, self._nbytes, self._stamp)
@@ -51,11 +59,14 @@ class RecvRequest:
     waited on or tested — so two receives of one source and tag get its messages in posting order
     even when the second is waited on first, as on the emulator."""
 
-    def __init__(self, dev: "MPIDevice", src: int, tag: int, out: np.ndarray | None, timeout: float | None) -> None:
+    def __init__(self, dev: "MPIDevice", src: int, tag: int, out: np.ndarray | None,
+                 timeout: float | None) -> None:
         self._dev, self.src, self.tag, self.out, self._timeout = dev, src, tag, out, timeout
-        self.which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src, tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
+        self.which = dict(source=MPI.ANY_SOURCE if src == ANY_SOURCE else src,
+                          tag=MPI.ANY_TAG if tag == ANY_TAG else tag)
         self.done, self.value, self.error = False, None, None
-        self.t0 = (dev.wall, dev._clock.now)  # as on the emulator, the event starts when the receive is posted
+        # as on the emulator, the event starts when the receive is posted
+        self.t0 = (dev.wall, dev._clock.now)
         self._status = Status()
 
     def fits(self, source: int, tag: int) -> bool:

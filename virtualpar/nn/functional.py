@@ -71,7 +71,8 @@ def _packed(out: Any) -> Any:
     if parts is None:
         return out
     if any(isinstance(v, (tuple, list, dict)) for v in parts):
-        raise UsageError(f"vjp: the output is a {type(out).__name__} holding a container; return arrays, or a "
+        raise UsageError(f"vjp: the output is a {type(out).__name__} holding a "
+                         "container; return arrays, or a "
                          f"tuple, list or dict of arrays")
     return ag_tuple(parts)
 
@@ -98,7 +99,8 @@ def value_and_grad(fn: Callable[..., Any], model: Module, *args: Any) -> tuple[f
     d loss / d parameter ``name`` (keys as in ``model.state_dict()``; a tied parameter's whole
     gradient under each of its names)."""
     if not isinstance(model, Module):
-        raise UsageError(f"value_and_grad(fn, model, *args): model must be an nn.Module, got {type(model).__name__}; "
+        raise UsageError("value_and_grad(fn, model, *args): model must be an nn.Module, got "
+                         f"{type(model).__name__}; "
                          "for a plain function use vjp(fn, *inputs, params=...)")
     params = model.parameters()
     names = list(params)
@@ -110,7 +112,8 @@ def value_and_grad(fn: Callable[..., Any], model: Module, *args: Any) -> tuple[f
 
     loss, back = _trace(loss_of, [params[k] for k in distinct])
     if np.ndim(loss) != 0:
-        raise UsageError(f"value_and_grad: fn must return a scalar loss, got an array of shape {np.shape(loss)}")
+        raise UsageError("value_and_grad: fn must return a scalar loss, got an array "
+                         f"of shape {np.shape(loss)}")
     grads = back(np.ones_like(loss))
     dense = [_dense(g, params[k]) for k, g in zip(distinct, grads)]
     return float(loss), {k: dense[r] for k, r in zip(names, rep)}  # a tied parameter: one array, every name
@@ -128,7 +131,8 @@ class VJP:
     """
 
     def __init__(self, back: Callable[[Any], Any], output: Any, params: dict[str, np.ndarray], n_inputs: int,
-                 inputs: tuple, input_grads: bool = True, tied: tuple[list[str], list[int]] | None = None) -> None:
+                 inputs: tuple, input_grads: bool = True,
+                 tied: tuple[list[str], list[int]] | None = None) -> None:
         self.output = output
         self._back = back
         self._params = params
@@ -187,7 +191,8 @@ def vjp(module: Module | Callable[..., Any], *inputs: Any, params: dict[str, Any
                 return module(*values[k:])
         return module(bound, *values[k:])
 
-    output, back = _trace(run, [own[n] for n in distinct] + list(inputs), constant=0 if input_grads else len(inputs))
+    output, back = _trace(run, [own[n] for n in distinct] + list(inputs),
+                          constant=0 if input_grads else len(inputs))
     return VJP(back, output, own, len(inputs), inputs, input_grads, (distinct, rep))
 
 
@@ -196,11 +201,13 @@ def _cotangent(dy: Any, output: Any) -> Any:
     its values in the output's key order."""
     if isinstance(output, dict):
         if not isinstance(dy, dict) or set(dy) != set(output):
-            raise UsageError(f"backward: the output is a dict with keys {list(output)}; dy must be a dict with the same keys")
+            raise UsageError(f"backward: the output is a dict with keys {list(output)}; dy must be a "
+                             "dict with the same keys")
         return tuple(_cotangent(dy[k], o) for k, o in output.items())
     if isinstance(output, (tuple, list)):
         if not isinstance(dy, (tuple, list)) or len(dy) != len(output):
-            raise UsageError(f"backward: the output is a {type(output).__name__} of {len(output)}; dy must be a tuple "
+            raise UsageError(f"backward: the output is a {type(output).__name__} of "
+                             f"{len(output)}; dy must be a tuple "
                              f"or list of as many")
         return tuple(_cotangent(d, o) for d, o in zip(dy, output))
     if dy is None:

@@ -6,8 +6,9 @@ attributes that hold modules, whatever their name.  Both are found by name in th
 set, so ``state_dict()`` keys are dotted paths such as ``"0.weight"`` (``Sequential``) or
 ``"gru.layers.1.w_ih"``.  A module reachable under several names (tied weights) holds one
 parameter under each: ``state_dict()`` lists every name, gradients give each name the whole
-gradient, and ``num_parameters()`` counts it once.  A subclass writes only ``forward``; :func:`virtualpar.nn.functional_call` runs it with other parameter values bound in
-place (autograd boxes, when differentiating), which is how every layer gets its backward for free.
+gradient, and ``num_parameters()`` counts it once.  A subclass writes only ``forward``;
+:func:`virtualpar.nn.functional_call` runs it with other parameter values bound in place (autograd boxes, when
+differentiating), which is how every layer gets its backward for free.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Module:
 
     def __setattr__(self, name: str, value: Any) -> None:
         order = self.__dict__.setdefault("_order", [])
-        if name not in order and (isinstance(value, Module) or isinstance(value, np.ndarray) and name[:1] != "_"):
+        if name not in order and (isinstance(value,
+                                             Module) or isinstance(value, np.ndarray) and name[:1] != "_"):
             order.append(name)
         object.__setattr__(self, name, value)
 
@@ -139,7 +141,8 @@ class Module:
         slots = {dotted: (owner, leaf, value) for dotted, owner, leaf, value in self._slots()}
         unknown = [k for k in params if k not in slots]
         if unknown:
-            raise UsageError(f"{type(self).__name__}: unknown parameter names {unknown}; the module has {list(slots)}")
+            raise UsageError(f"{type(self).__name__}: unknown parameter names {unknown}; the "
+                             f"module has {list(slots)}")
         try:
             for name, value in params.items():
                 owner, leaf, _ = slots[name]
@@ -188,7 +191,8 @@ def check_input(layer: Module, x: Any, last_dim: int | None, what: str = "input"
         got = np.dtype(dtype)
         fix = f"cast the {what} or call .astype({got}) on the model" if got in (np.float32, np.float64) else \
             f"cast the {what} to {own}"  # a model's parameters are float32 or float64, never int
-        raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's parameters), got {got}; {fix}")
+        raise ShapeError(f"{layer!r}: expected {what} of dtype {own} (the layer's "
+                         f"parameters), got {got}; {fix}")
 
 
 def _convert(owner: str, name: str, value: Any, dtype: np.dtype) -> np.ndarray:
@@ -217,6 +221,7 @@ def _convert(owner: str, name: str, value: Any, dtype: np.dtype) -> np.ndarray:
             back = out.real.astype(src.dtype) if np.all(np.isfinite(out)) else None
         if back is None or not np.array_equal(back, src):
             raise UsageError(f"{where} holds {src.dtype} values that {dtype} cannot hold exactly (it has "
-                             f"{np.finfo(dtype).nmant + 1} bits of mantissa); convert it yourself if rounding "
+                             f"{np.finfo(dtype).nmant + 1} bits of mantissa); convert "
+                             "it yourself if rounding "
                              "is meant")
     return out

@@ -28,8 +28,9 @@ __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm", "accumulate"]
 
 
 class Optimizer:
-    """Base of the optimizers: ``lr``, the step count ``t`` and per-parameter ``state``; ``step(params, grads)``
-    returns new arrays via the subclass's ``_update``, and ``state_dict`` / ``load_state_dict`` save and restore."""
+    """Base of the optimizers: ``lr``, the step count ``t`` and per-parameter ``state``; ``step(params,
+    grads)`` returns new arrays via the subclass's ``_update``, and ``state_dict`` / ``load_state_dict`` save
+    and restore."""
 
     def __init__(self, lr: float) -> None:
         if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr >= 0:
@@ -52,11 +53,13 @@ class Optimizer:
             p = np.asarray(p)
             g = np.asarray(grads[k], dtype=p.dtype)
             if g.shape != p.shape:  # numpy would broadcast, and the parameter would change shape
-                raise UsageError(f"{type(self).__name__}.step: the gradient of {k!r} has shape {g.shape}, the "
+                raise UsageError(f"{type(self).__name__}.step: the gradient of {k!r} "
+                                 f"has shape {g.shape}, the "
                                  f"parameter {p.shape}")
             kept = {s: v.shape for s, v in self.state.get(k, {}).items() if np.ndim(v)}  # momentum, m, v
             if any(shape != p.shape for shape in kept.values()):  # broadcast just the same: a resized model
-                raise UsageError(f"{type(self).__name__}.step: the state kept for {k!r} has shapes {kept}, the "
+                raise UsageError(f"{type(self).__name__}.step: the state kept for "
+                                 f"{k!r} has shapes {kept}, the "
                                  f"parameter {p.shape}; a resized parameter needs a fresh optimizer")
             out[k] = (k, p, g)
         self.t += 1
@@ -66,7 +69,8 @@ class Optimizer:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "lr": self.lr, "state": {k: {s: v.copy() for s, v in d.items()} for k, d in self.state.items()}}
+        return {"t": self.t, "lr": self.lr,
+                "state": {k: {s: v.copy() for s, v in d.items()} for k, d in self.state.items()}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.t, self.lr = int(d["t"]), float(d["lr"])
@@ -169,9 +173,11 @@ def accumulate(grads: list[dict[str, np.ndarray]], mode: str = "mean") -> dict[s
     owner = {k: first[id(v)] for k, v in grads[0].items()}
     sums = {k: np.array(grads[0][k], copy=True) for k in set(owner.values())}
     for i, g in enumerate(grads[1:], 1):
-        if set(g) != set(owner) or any(np.shape(g[k]) != sums[owner[k]].shape for k in owner):  # numpy would broadcast
+        # numpy would broadcast
+        if set(g) != set(owner) or any(np.shape(g[k]) != sums[owner[k]].shape for k in owner):
             shapes = lambda d: {k: np.shape(v) for k, v in d.items()}  # noqa: E731
-            raise UsageError(f"accumulate: microbatch {i}'s gradients {shapes(g)} do not match microbatch 0's "
+            raise UsageError(f"accumulate: microbatch {i}'s gradients {shapes(g)} do "
+                             "not match microbatch 0's "
                              f"{shapes(grads[0])}")
         for k in sums:
             sums[k] += g[k]

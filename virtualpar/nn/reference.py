@@ -23,7 +23,8 @@ def split_microbatches(x: np.ndarray, microbatches: int) -> list[np.ndarray]:
 
 
 def reference_train(model: Module, batches: Sequence[tuple[Any, Any]], loss: Callable[[Any, Any], Any],
-                    optimizer: Optimizer, steps: int, microbatches: int = 1) -> tuple[list[float], dict[str, np.ndarray]]:
+                    optimizer: Optimizer, steps: int,
+                    microbatches: int = 1) -> tuple[list[float], dict[str, np.ndarray]]:
     """Train ``model`` in this process for ``steps`` steps, cycling through ``batches`` of (x, y).
 
     Each batch is split into ``microbatches`` equal parts along dim 0; the gradient of each is
@@ -32,9 +33,12 @@ def reference_train(model: Module, batches: Sequence[tuple[Any, Any]], loss: Cal
     losses.  Returns ``(losses per step, final state_dict)``; ``model`` ends trained.
     """
     if not isinstance(batches, (list, tuple)) or not batches:
-        raise UsageError(f"reference_train: batches must be a non-empty list of (x, y) pairs, got {type(batches).__name__}")
-    if isinstance(batches, tuple) and len(batches) == 2 and hasattr(batches[0], "shape"):  # (x, y), not [(x, y)]
-        raise UsageError("reference_train: batches is a list of (x, y) pairs: pass [(x, y)] for one batch, not (x, y)")
+        raise UsageError("reference_train: batches must be a non-empty list of (x, y) pairs, got "
+                         f"{type(batches).__name__}")
+    # (x, y), not [(x, y)]
+    if isinstance(batches, tuple) and len(batches) == 2 and hasattr(batches[0], "shape"):
+        raise UsageError("reference_train: batches is a list of (x, y) pairs: pass [(x, y)] "
+                         "for one batch, not (x, y)")
     if not all(isinstance(b, (list, tuple)) and len(b) == 2 for b in batches):
         raise UsageError("reference_train: every batch must be an (x, y) pair")
     losses = []

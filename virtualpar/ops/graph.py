@@ -42,14 +42,17 @@ class GraphOperation(PlacedOperation):
     def execute_on(self, cluster: Any, *arrays: np.ndarray) -> Any:
         g = self.graph
         if isinstance(g, nx.MultiGraph):
-            raise UsageError("a graph of operations is a networkx.DiGraph (one edge per pair of nodes, its port an "
+            raise UsageError("a graph of operations is a networkx.DiGraph (one edge per "
+                             "pair of nodes, its port an "
                              "attribute), not a MultiDiGraph")
         if not nx.is_directed_acyclic_graph(g):
             raise UsageError("a graph of operations must be acyclic")
         order = list(nx.topological_sort(g))
-        inputs = [tuple(i) for i in g.graph.get("inputs", [])] if isinstance(g.graph.get("inputs", []), list) else None
+        inputs = [tuple(i) for i in g.graph.get("inputs",
+                                                [])] if isinstance(g.graph.get("inputs", []), list) else None
         if inputs is None or any(len(i) != 2 for i in inputs):
-            raise UsageError(f"graph.graph['inputs'] must be a list of (node, port) pairs, got {g.graph['inputs']!r}")
+            raise UsageError("graph.graph['inputs'] must be a list of (node, port) pairs, "
+                             f"got {g.graph['inputs']!r}")
         _check_wiring(g, inputs)
         if len(inputs) != len(arrays):
             raise UsageError(f"the graph takes {len(inputs)} host inputs ({inputs}), got {len(arrays)}")
@@ -70,7 +73,8 @@ class GraphOperation(PlacedOperation):
             src = g.nodes[u]["op"].out_specs[0]
             dst = g.nodes[v]["op"].in_specs[port]
             if len(src.dims) != len(dst.dims):
-                raise UsageError(f"the edge {u!r} -> {v!r} (port {port}) carries {len(src.dims)}-d values ({src}) into "
+                raise UsageError(f"the edge {u!r} -> {v!r} (port {port}) carries "
+                                 f"{len(src.dims)}-d values ({src}) into "
                                  f"a {len(dst.dims)}-d input spec ({dst})")
             plans[(u, v)] = (port, src, dst)
         sinks = [n for n in g.nodes if g.out_degree(n) == 0]  # in the order the nodes were added
@@ -79,7 +83,8 @@ class GraphOperation(PlacedOperation):
         outs = []
         for n in sinks:
             spec = g.nodes[n]["op"].out_specs[0]
-            outs.append(unshard([cluster.get(r, f"graph/{n}/out") for r in range(cluster.mesh.size)], spec, cluster.mesh))
+            outs.append(unshard([cluster.get(r, f"graph/{n}/out") for r in range(cluster.mesh.size)], spec,
+                                cluster.mesh))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -123,8 +128,10 @@ def _check_wiring(g: nx.DiGraph, inputs: list[tuple[Any, int]]) -> None:
     for n, data in g.nodes(data=True):
         for port in range(len(data["op"].in_specs)):
             if (n, port) not in fed:
-                raise UsageError(f"port {port} of node {n!r} is fed by nothing: give it an edge (port={port}) or "
-                                 f"list {(n, port)} in graph.graph['inputs'] (op.place() does not apply in graphs)")
+                raise UsageError(f"port {port} of node {n!r} is fed by nothing: give it "
+                                 f"an edge (port={port}) or "
+                                 f"list {(n, port)} in graph.graph['inputs'] (op.place() "
+                                 "does not apply in graphs)")
 
 
 def _run_graph(dev: Any, order: list, programs: dict, n_inputs: dict, plans: dict, sinks: list) -> None:
@@ -137,7 +144,8 @@ def _run_graph(dev: Any, order: list, programs: dict, n_inputs: dict, plans: dic
                 x = outputs[u]
                 if src != dst:
                     try:
-                        x = plan_redistribution(src, dst, _global_shape(dev, x, src), dev.mesh, x.dtype).run(dev, x)
+                        x = plan_redistribution(src, dst, _global_shape(dev, x, src), dev.mesh,
+                                                x.dtype).run(dev, x)
                     except VirtualParError as exc:  # say which edge
                         raise _located(dev, exc, f"on the edge {u!r} -> {node!r} (port {port})") from None
                 args[port] = x

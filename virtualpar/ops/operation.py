@@ -34,9 +34,10 @@ _IDS = itertools.count()
 
 @dataclass(frozen=True)
 class Operation:
-    """A numpy ``kernel`` named ``name`` with its costs as functions of the input shapes: ``flops`` and ``bytes``
-    (in elements, times the output's itemsize).  ``op(dev, *xs)`` runs the kernel and charges
-    ``dev.compute(flops, bytes)``, i.e. ``max(flops / peak, bytes / memory bandwidth)`` on the modelled clock."""
+    """A numpy ``kernel`` named ``name`` with its costs as functions of the input shapes: ``flops`` and
+    ``bytes`` (in elements, times the output's itemsize).  ``op(dev, *xs)`` runs the kernel and charges
+    ``dev.compute(flops, bytes)``, i.e. ``max(flops / peak, bytes / memory bandwidth)`` on the modelled
+    clock."""
 
     name: str
     kernel: Callable[..., np.ndarray]
@@ -47,8 +48,8 @@ class Operation:
         began = dev.wall
         out = self.kernel(*xs)
         shapes = [np.shape(x) for x in xs]
-        dev.compute(flops=self.flops(*shapes), bytes=self.bytes(*shapes) * out.itemsize, dtype=out.dtype, name=self.name,
-                    since=began)  # the trace's wall slice covers the kernel
+        dev.compute(flops=self.flops(*shapes), bytes=self.bytes(*shapes) * out.itemsize, dtype=out.dtype,
+                    name=self.name, since=began)  # the trace's wall slice covers the kernel
         return out
 
 
@@ -110,7 +111,8 @@ class ShardedOperation(PlacedOperation):
             try:
                 a = np.asarray(next(given))
             except StopIteration:
-                raise UsageError(f"{self.name}: expected {n_in - len(placed)} host inputs, got {len(arrays)}") from None
+                raise UsageError(f"{self.name}: expected {n_in - len(placed)} host inputs, got "
+                                 f"{len(arrays)}") from None
             self._put(cluster, i, a)
             shapes.append(a.shape)
         if len(arrays) != n_in - len(placed):  # more arrays than inputs: a mistake, never silently dropped

@@ -21,108 +21,16 @@ import numpy as np
 from .. import nn
 from ..errors import UsageError
 from .actions import Action, ActionRecord
+from .step_state import StepState, declared_flops
 
-__all__ = ["run_step", "HANDLERS", "PipelineError"]
+__all__ = ["run_step", "HANDLERS", "PipelineError", "declared_flops"]
 
 
 class PipelineError(UsageError):
     """A pipeline step cannot go on (e.g. an activation of the wrong shape between two stages)."""
 
 
-class _Step:
-    def __init__(self, dev: Any, st: dict, x: Any, y: Any, rows: int | None = None) -> None:
-        spec = st["spec"]
-        self.dev, self.st, self.spec = dev, st, spec
-        self.group = dev.group(spec.axis)
-        self.where = spec.placement.rank_of  # (stage, microbatch) -> pipeline rank
-        self.me = dev.group_rank(spec.axis)
-        M = spec.microbatches
-        self.xs = _split(x, M)
-        self.ys = _split(y, M)
-        first = x if x is not None else y
-        first = first[0] if isinstance(first, tuple) else first
-        # rows per microbatch, for the modelled FLOPs: a middle stage holds neither x nor y
-        self.rows = (np.shape(first)[0] if first is not None else (rows or 0)) // M
-        self.inbox: dict[tuple[str, int, int], Any] = {}
-        self.outbox: dict[tuple[str, int, int], Any] = {}
-        self.stash: dict[tuple[int, int], Any] = {}
-        self.grads: dict[int, dict[str, np.ndarray]] = {}
-        self.losses: dict[int, float] = {}
-        self.sends: list[Any] = []
-        self.records: list[ActionRecord] = []
-
-    def peer(self, stage: int, m: int) -> int:
-        return self.group[self.where(stage, m)]
-
-    def holds(self, stage: int) -> bool:
-        """Does this rank keep ``stage``'s weights (and step its optimizer)?"""
-        copies = self.spec.placement.copies.get(stage)
-        return self.me in copies if copies is not None else self.spec.placement.weight_rank(stage) == self.me
-
-    def params(self, stage: int, m: int) -> dict[str, np.ndarray]:
-        return self.st["params"][stage] if self.holds(stage) else self.inbox.pop(("W", stage, m))
-
-    def tag(self, kind: str, stage: int, m: int) -> int:
-        return 1 + 4 * (stage * self.spec.microbatches + m) + "FBWG".index(kind)
-
-    def charge(self, kind: str, stage: int) -> None:
-        """Charge a compute action: its ``costs`` entry when the step has costs, else the FLOPs the
-        stage declared per row for this kind (``PipelineStage.action_flops``) times the rows."""
-        costs = self.spec.costs
-        if costs is not None:
-            self.dev.compute(flops=float(costs.get(kind, 0.0)), name=kind)
-        else:
-            self.dev.compute(flops=declared_flops(self.st["flops"][stage], kind) * self.rows, name=kind)
-
-    def deliver(self, kind: str, stage: int, m: int, value: Any) -> None:
-        """Hand a value to the stage that consumes it: in memory on this rank, else via the outbox."""
-        target = stage + 1 if kind == "F" else stage - 1
-        if self.where(target, m) == self.where(stage, m):
-            self.inbox[(kind, target, m)] = value
-        else:
-            self.outbox[(kind, stage, m)] = value
-
-    def accumulate(self, stage: int, g: dict[str, np.ndarray], m: int | None = None) -> None:
-        if m is not None and not self.holds(stage):  # computed here, kept elsewhere: send it back
-            self.outbox[("G", stage, m)] = g
-            return
-        acc = self.grads.get(stage)
-        if acc is None:  # the first microbatch's gradients become the sum, unless they are someone's view
-            self.grads[stage] = {k: v if _own(v) else np.array(v, copy=True) for k, v in g.items()}
-            return
-        for k, v in acc.items():  # in place: a fresh 2 MiB sum per microbatch cost ~0.5 ms of page faults
-            if np.result_type(v, g[k]) == v.dtype:
-                np.add(v, g[k], out=v)
-            else:
-                acc[k] = v + g[k]
-
-
-def declared_flops(declared: Any, kind: str) -> float:
-    """A stage's declared FLOPs per row for action ``kind``: ``declared`` is ``{"F", "I", "W"}``
-    (``B`` defaults to ``I + W``), or a bare number, the forward of a stage that declares only it,
-    whose backward parts are then each its size (a matmul's, ``kernels.matmul_backward_flops``)."""
-    if not isinstance(declared, dict):
-        declared = {"F": declared, "I": declared, "W": declared}
-    if kind == "B":
-        return float(declared.get("B", declared["I"] + declared["W"]))
-    return float(declared[kind])
-
-
-def _own(a: Any) -> bool:
-    """May the sum of gradients grow in ``a`` itself: a writable ndarray no one else holds a view of?"""
-    return isinstance(a, np.ndarray) and a.flags.owndata and a.flags.writeable
-
-
-def _split(v: Any, M: int) -> list | None:
-    """Microbatches of an array, or of each array of a tuple (a timeline step's inputs)."""
-    if v is None:
-        return None
-    if isinstance(v, tuple):
-        return list(zip(*(nn.split_microbatches(a, M) for a in v)))
-    return nn.split_microbatches(v, M)
-
-
-def _forward(c: _Step, a: Action) -> None:
+def _forward(c: StepState, a: Action) -> None:
     s, _, m = a
     if c.spec.stage_forward is not None:  # another stage program (timeline parallelism)
         received = None if s == 0 else c.inbox.pop(("F", s, m))
@@ -156,13 +64,13 @@ def _forward(c: _Step, a: Action) -> None:
     c.charge("F", s)
 
 
-def _seed(c: _Step, s: int, m: int) -> Any:
+def _seed(c: StepState, s: int, m: int) -> Any:
     if s == c.spec.placement.stages - 1:
         return 1.0 / c.spec.microbatches
     return c.inbox.pop(("B", s, m))
 
 
-def _backward(c: _Step, a: Action) -> None:
+def _backward(c: StepState, a: Action) -> None:
     s, _, m = a
     if not c.holds(s):
         c.inbox.pop(("W", s, m))  # fetched as FSDP does; the recorded forward already holds them
@@ -173,14 +81,14 @@ def _backward(c: _Step, a: Action) -> None:
     _charge_grads(c, "B", s, m)
 
 
-def _charge_grads(c: _Step, kind: str, s: int, m: int) -> None:
+def _charge_grads(c: StepState, kind: str, s: int, m: int) -> None:
     """Charge a backward that produced gradients, unless the spec's ``on_grads`` hook charged it."""
     hook = c.spec.on_grads
     if hook is None or not hook(c, kind, s, m):
         c.charge(kind, s)
 
 
-def _backward_input(c: _Step, a: Action) -> None:
+def _backward_input(c: StepState, a: Action) -> None:
     s, _, m = a
     dx = c.stash[(s, m)].backward_input(_seed(c, s, m))
     if s > 0:
@@ -188,14 +96,14 @@ def _backward_input(c: _Step, a: Action) -> None:
     c.charge("I", s)
 
 
-def _backward_weight(c: _Step, a: Action) -> None:
+def _backward_weight(c: StepState, a: Action) -> None:
     s, _, m = a
     c.accumulate(s, c.stash.pop((s, m)).backward_weight(), m)
     _charge_grads(c, "W", s, m)
 
 
-def _send(kind: str) -> Callable[[_Step, Action], None]:
-    def send(c: _Step, a: Action) -> None:
+def _send(kind: str) -> Callable[[StepState, Action], None]:
+    def send(c: StepState, a: Action) -> None:
         s, _, m = a
         if kind == "W":  # this rank keeps the stage's weights: send them to the computing rank
             value, to = c.st["params"][s], c.peer(s, m)
@@ -209,8 +117,8 @@ def _send(kind: str) -> Callable[[_Step, Action], None]:
     return send
 
 
-def _recv(kind: str) -> Callable[[_Step, Action], None]:
-    def recv(c: _Step, a: Action) -> None:
+def _recv(kind: str) -> Callable[[StepState, Action], None]:
+    def recv(c: StepState, a: Action) -> None:
         s, _, m = a
         if kind == "W":
             c.inbox[("W", s, m)] = c.dev.recv(c.group[c.spec.placement.weight_rank(s)], tag=c.tag("W", s, m))
@@ -222,14 +130,14 @@ def _recv(kind: str) -> Callable[[_Step, Action], None]:
     return recv
 
 
-HANDLERS: dict[str, Callable[[_Step, Action], None]] = {
+HANDLERS: dict[str, Callable[[StepState, Action], None]] = {
     "F": _forward, "B": _backward, "I": _backward_input, "W": _backward_weight,
     "SF": _send("F"), "RF": _recv("F"), "SB": _send("B"), "RB": _recv("B"),
     "SW": _send("W"), "RW": _recv("W"), "SG": _send("G"), "RG": _recv("G"),
 }
 
 
-def _sum_copies(c: _Step, stage: int, ranks: tuple[int, ...], grads: dict) -> dict:
+def _sum_copies(c: StepState, stage: int, ranks: tuple[int, ...], grads: dict) -> dict:
     """Sum a replicated stage's gradients over the ranks keeping a copy: each sends its part to the
     first of them, which adds them in rank order (the same bits for everyone) and sends the sum
     back.  Point to point, because the copies need not form a mesh axis (looped pipelines)."""
@@ -270,7 +178,7 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
     st = dev.state[key]
     settle(st, commit)
     spec = st["spec"]
-    c = _Step(dev, st, dev.state.pop(key + "/x", None), dev.state.pop(key + "/y", None), rows)
+    c = StepState(dev, st, dev.state.pop(key + "/x", None), dev.state.pop(key + "/y", None), rows)
     prank = c.me
     for a in spec.lowered[prank]:
         handler = HANDLERS.get(a.kind)

@@ -47,8 +47,8 @@ def to_png(d: Diagram, path: str, dpi: int = 120) -> str:
         bars.setdefault((b.rank, fill, comm), []).append((b.start - t0, max(b.end - b.start, thin)))
         w = b.end - b.start
         if not comm and w * px_per_unit >= 7.0 * len(b.label) + 4 and rows_in / d.ranks >= 0.3:
-            ax.text(b.start - t0 + w / 2, b.rank * pitch + 0.45, b.label, ha="center", va="center", fontsize=8,
-                    color=text_colour(fill))
+            ax.text(b.start - t0 + w / 2, b.rank * pitch + 0.45, b.label, ha="center", va="center",
+                    fontsize=8, color=text_colour(fill))
     for (rank, fill, comm), spans in bars.items():
         y = rank * pitch
         if comm:

@@ -106,7 +106,8 @@ def to_svg(d: Diagram) -> str:
         if b.kind == "comm":
             if not lane:
                 continue
-            out.append(f'<rect x="{x0:.2f}" y="{y + box_h + 1}" width="{max(w, 0.5):.2f}" height="{lane - 1}" '
+            out.append(f'<rect x="{x0:.2f}" y="{y + box_h + 1}" '
+                       f'width="{max(w, 0.5):.2f}" height="{lane - 1}" '
                        f'fill="{COLOURS["comm"]}"><title>{tip}</title></rect>')
             continue
         fill = shade(COLOURS.get(b.kind, "#333333"), b.chunk, d.chunks)

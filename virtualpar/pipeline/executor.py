@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -43,32 +42,14 @@ from .partition import Pipeline
 from .placement import Placement
 from .schedules import SCHEDULES, build
 from .simulate import check_costs, simulate
-from .diagram import Diagram
+from .step_spec import StepSpec, check_axes
+from .step_timeline import check_clock, check_ran, step_timeline
 from .timeline_grid import WIDTH, Timeline, format_timeline
 from .validate import validate
 
-__all__ = ["PipelinedOperation", "StepSpec"]
+__all__ = ["PipelinedOperation", "StepSpec", "check_clock", "check_ran", "format_timeline"]
 
 _IDS = itertools.count()
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    """What every device needs to run a step (pickled to the devices once)."""
-
-    lowered: Schedule
-    placement: Placement
-    microbatches: int
-    loss: Callable[[Any, Any], Any]
-    axis: Any
-    dp_axis: Any
-    costs: Mapping[str, float] | None
-    # another stage program (timeline parallelism): fn(step, stage, microbatch, received) -> (vjp, out, loss)
-    stage_forward: Callable[..., Any] | None = None
-    shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
-    # after a B or W accumulated stage s's gradients of microbatch m: fn(step, kind, stage, microbatch) -> True
-    # if it charged that action's compute itself (a stage program overlapping its gradient reduction with it)
-    on_grads: Callable[..., bool] | None = None
 
 
 class PipelinedOperation(Recoverable):
@@ -283,49 +264,7 @@ class PipelinedOperation(Recoverable):
         the last step on ``cluster`` when one is given, else the last step on any.  The text is a
         :class:`Timeline`: also
         ``.to_png(path)`` and ``.to_html(path)``, boxes on the same clock, transfers in a lane."""
-        check_clock(clock, ("model", "wall"))
-        if cluster is not None:
-            check_ran(self, cluster)
-        records = (
-            self.last_records if cluster is None else (self.state_for(cluster) or {}).get("last_records", {})
-        )
-        rows = {p: [(a, (m0, m1) if clock == "model" else (w0, w1)) for a, w0, w1, m0, m1 in recs]
-                for p, recs in sorted(records.items())}
-        # seconds, unless the modelled clock counts cost units (the demo's unit costs on a 1 FLOP/s device)
-        unit = getattr(self, "clock_unit", "s") if clock == "model" else "s"
-        name = self.schedule_name if self.schedule_name != "custom" else type(self).__name__
-        title = f"{name}: {len(rows)} ranks, {self.microbatches} microbatches, {clock} clock"
-        placement = self.placement
-        return Timeline(format_timeline(rows, compute_only, width, unit),
-                        lambda: Diagram.from_records(rows, placement, title, unit))
-
-
-def check_axes(mesh: Any, axis: Any, dp_axis: Any) -> None:
-    """The pipeline's mesh axes and the data-parallel ones must be disjoint (``axis=None`` means
-    every axis, so a ``dp_axis`` needs the pipeline's axes named)."""
-    if dp_axis is None:
-        return
-    pipe, dp = mesh.axes(axis), mesh.axes(dp_axis)
-    shared = [a for a in pipe if a in dp]
-    if shared:
-        rest = [a for a in mesh.axes(None) if a not in dp]
-        raise UsageError(
-            f"the pipeline's mesh axes {pipe} and the data-parallel axes {dp} share {shared}: a device "
-            f"cannot be both a pipeline rank and a replica along one axis; give the pipeline the other "
-            f"axes, e.g. axis={rest[0] if len(rest) == 1 else tuple(rest)!r}"
-        )
-
-
-def check_clock(clock: str, known: tuple[str, ...]) -> None:
-    if clock not in known:
-        raise UsageError(f"unknown clock {clock!r}; choose one of {', '.join(map(repr, known))}")
-
-
-def check_ran(op: Any, cluster: Any) -> None:
-    """Refuse to fetch the weights of an operation from a cluster it never ran on."""
-    if not op.is_placed_on(cluster):
-        raise UsageError(f"{type(op).__name__} {op.key!r} has not run on this cluster, so it holds none of "
-                         f"its weights; run a step first: cluster.execute(op, ...)")
+        return step_timeline(self, cluster, clock, compute_only, width)
 
 
 def _place(dev: Any, key: str, payload: dict) -> None:

@@ -57,7 +57,8 @@ __all__ = ["SCHEDULES", "build", "default_virtual", "gpipe", "one_f_one_b", "int
            "used_kinds", "check_size", "MAX_RANKS", "MAX_MICROBATCHES", "MAX_ACTIONS"]
 
 
-def _check(name: str, ranks: int, microbatches: int, virtual: int, allowed_virtual: Callable[[int], bool]) -> None:
+def _check(name: str, ranks: int, microbatches: int, virtual: int,
+           allowed_virtual: Callable[[int], bool]) -> None:
     for what, v in (("ranks", ranks), ("microbatches", microbatches), ("virtual", virtual)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"{name}: {what} must be a positive int, got {v!r}")
@@ -69,7 +70,8 @@ def _check(name: str, ranks: int, microbatches: int, virtual: int, allowed_virtu
 
 def gpipe(ranks: int, microbatches: int, virtual: int = 1) -> tuple[Schedule, Placement]:
     _check("gpipe", ranks, microbatches, virtual, lambda v: v == 1)
-    sched = {r: [Action(r, "F", m) for m in range(microbatches)] + [Action(r, "B", m) for m in range(microbatches)]
+    sched = {r: [Action(r, "F",
+                        m) for m in range(microbatches)] + [Action(r, "B", m) for m in range(microbatches)]
              for r in range(ranks)}
     return sched, Placement.loop(ranks)
 
@@ -90,7 +92,8 @@ def one_f_one_b(ranks: int, microbatches: int, virtual: int = 1) -> tuple[Schedu
 def interleaved_1f1b(ranks: int, microbatches: int, virtual: int = 2) -> tuple[Schedule, Placement]:
     _check("interleaved_1f1b", ranks, microbatches, virtual, lambda v: True)
     if microbatches % ranks:
-        raise UsageError(f"interleaved_1f1b takes microbatches in groups of the {ranks} pipeline ranks through each "
+        raise UsageError(f"interleaved_1f1b takes microbatches in groups of the {ranks} "
+                         "pipeline ranks through each "
                          f"chunk, so microbatches must be a multiple of {ranks}; got {microbatches} "
                          f"(use {microbatches + ranks - microbatches % ranks}, or 1f1b / looped_bfs)")
     total = microbatches * virtual
@@ -268,7 +271,8 @@ def check_size(name: str, ranks: int, microbatches: int, virtual: int | None = N
     kinds = len(KINDS_RUN.get(name, ("F", "B")))
     if ranks > MAX_RANKS:
         raise UsageError(f"{flags[0]} {ranks}: at most {MAX_RANKS} pipeline ranks (a grid or picture of more "
-                         f"is unreadable, and {name} would time {ranks * v * microbatches * kinds:,} actions)")
+                         f"is unreadable, and {name} would time "
+                         f"{ranks * v * microbatches * kinds:,} actions)")
     if microbatches > MAX_MICROBATCHES:
         raise UsageError(f"{flags[1]} {microbatches}: at most {MAX_MICROBATCHES} microbatches (the bubble is "
                          f"(R-1)/(M+R-1) < {1 / MAX_MICROBATCHES:.1e} per rank long before)")

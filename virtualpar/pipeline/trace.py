@@ -36,65 +36,9 @@ import numpy as np
 
 from .. import nn
 from ..errors import UsageError
+from .provenance import deps_of, tag
 
 __all__ = ["Call", "Trace", "trace_calls", "replay", "check_cuts", "placeholders"]
-
-
-class _Tagged(np.ndarray):
-    """An array that carries ``deps``: the recorded calls ("call", i) and parameters ("param", name)
-    it was computed from."""
-
-    deps: frozenset = frozenset()
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.deps = getattr(obj, "deps", frozenset())
-
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        deps = _deps_of(inputs) | _deps_of(tuple(kwargs.get("out", ()) or ()))
-        plain = tuple(np.asarray(x) if isinstance(x, _Tagged) else x for x in inputs)
-        if "out" in kwargs:
-            kwargs["out"] = tuple(np.asarray(x) if isinstance(x, _Tagged) else x for x in kwargs["out"])
-        return _tag(getattr(ufunc, method)(*plain, **kwargs), deps)
-
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        deps = _deps_of(args) | _deps_of(tuple(kwargs.values()))
-        return _tag(func(*_plain(args), **_plain(kwargs)), deps)
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, _Tagged):
-        return x.view(np.ndarray)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_plain(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    return x
-
-
-def _deps_of(values: Any) -> frozenset:
-    out: set = set()
-    stack = list(values) if isinstance(values, (list, tuple)) else [values]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, _Tagged):
-            out |= v.deps
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-    return frozenset(out)
-
-
-def _tag(x: Any, deps: frozenset) -> Any:
-    if isinstance(x, np.ndarray) and not isinstance(x, _Tagged):
-        x = x.view(_Tagged)
-    elif isinstance(x, (np.floating, np.integer)):
-        x = np.asarray(x).view(_Tagged)
-    elif isinstance(x, (tuple, list)):  # np.split gives a list: its pieces carry the deps too
-        return type(x)(_tag(v, deps) for v in x)
-    if isinstance(x, _Tagged):
-        x.deps = deps
-    return x
 
 
 @dataclass(frozen=True)
@@ -183,10 +127,10 @@ def trace_calls(model: nn.Module, *inputs: Any) -> Trace:
         finally:
             depth[0] -= 1
         first = _first_array(args)
-        entry = _deps_of(args[first]) if first is not None else frozenset()
+        entry = deps_of(args[first]) if first is not None else frozenset()
         rest = tuple(a for i, a in enumerate(args) if i != first) + tuple(kwargs.values())
-        others = _deps_of(rest)
-        inside = _deps_of(out) - entry - others
+        others = deps_of(rest)
+        inside = deps_of(out) - entry - others
         # the module's own parameters always count as read by its call, even where numpy lost the
         # provenance of a value (np.asarray drops the tag)
         own = {k for k in tagged if k.startswith(names[id(mod)] + ".")}
@@ -197,14 +141,14 @@ def trace_calls(model: nn.Module, *inputs: Any) -> Trace:
         index = len(calls)
         calls.append(Call(index, names[id(mod)], first is not None, entry, others, params, tuple(out.shape),
                           str(out.dtype)))
-        return _tag(np.asarray(out).copy(), frozenset({("call", index)}))
+        return tag(np.asarray(out).copy(), frozenset({("call", index)}))
 
-    tagged = {k: _tag(np.array(v, copy=True), frozenset({("param", k)}))
+    tagged = {k: tag(np.array(v, copy=True), frozenset({("param", k)}))
               for k, v in model.parameters().items()}
     with model._bound(tagged), _intercept(handler):
-        out = model(*(_tag(np.array(x, copy=True), frozenset({("input", i)})) if isinstance(x, np.ndarray)
+        out = model(*(tag(np.array(x, copy=True), frozenset({("input", i)})) if isinstance(x, np.ndarray)
                       else x for i, x in enumerate(inputs)))
-    return Trace(tuple(calls), _deps_of(out))
+    return Trace(tuple(calls), deps_of(out))
 
 
 def replay(model: nn.Module, trace: Trace, start: int, stop: int, inputs: tuple, received: Any) -> Any:

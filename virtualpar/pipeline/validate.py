@@ -57,9 +57,12 @@ def validate(schedule: Schedule, placement: Placement, microbatches: int) -> Non
         raise ScheduleError(f"microbatches must be an int >= 1, got {M!r}")
     if not isinstance(schedule, dict):
         raise ScheduleError(f"a schedule is a dict {{rank: [Action, ...]}}, got {type(schedule).__name__}")
-    bad_keys = [k for k in schedule if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < placement.ranks]
+    bad_keys = [
+        k for k in schedule if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < placement.ranks
+    ]
     if bad_keys or set(schedule) != set(range(placement.ranks)):  # "0" from JSON said "runs on rank 0, not 0"
-        raise ScheduleError(f"a schedule has one list per rank, keyed by the int ranks 0..{placement.ranks - 1} (an "
+        raise ScheduleError("a schedule has one list per rank, keyed by the int ranks "
+                            f"0..{placement.ranks - 1} (an "
                             f"idle rank gets []); got keys {sorted(schedule, key=repr)}")
 
     def fail(msg: str, rank: int, step: int) -> None:
@@ -70,18 +73,21 @@ def validate(schedule: Schedule, placement: Placement, microbatches: int) -> Non
             if a is None:
                 continue
             if not isinstance(a, Action):
-                fail(f"rank {r} step {i}: {a!r} is a {type(a).__name__}, not an Action: write Action.from_str("
+                fail(f"rank {r} step {i}: {a!r} is a {type(a).__name__}, not an "
+                     "Action: write Action.from_str("
                      f"{str(a)!r}) or Action(stage, kind, microbatch)", r, i)
             if a.kind not in COMPUTE:
                 fail(f"rank {r} step {i}: {a!r} is not a compute action (F, B, I, W)", r, i)
             if not (0 <= a.stage < S and 0 <= a.microbatch < M):
-                fail(f"rank {r} step {i}: {a} is out of range: stages 0..{S - 1}, microbatches 0..{M - 1}", r, i)
+                fail(f"rank {r} step {i}: {a} is out of range: stages 0..{S - 1}, microbatches 0..{M - 1}", r,
+                     i)
             if placement.rank_of(a.stage, a.microbatch) != r:
                 fail(f"rank {r} step {i}: stage {a.stage} of microbatch {a.microbatch} runs on rank "
                      f"{placement.rank_of(a.stage, a.microbatch)}, not {r}", r, i)
             key = (a.stage, a.kind, a.microbatch)
             if key in seen:
-                fail(f"rank {r} step {i}: {a} appears twice (first at rank {seen[key][0]} step {seen[key][1]})", r, i)
+                fail(f"rank {r} step {i}: {a} appears twice (first at rank {seen[key][0]} "
+                     f"step {seen[key][1]})", r, i)
             seen[key] = (r, i)
             s, m = a.stage, a.microbatch
             if a.kind in ("B", "I") and (s, "F", m) not in seen:

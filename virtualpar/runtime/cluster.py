@@ -110,33 +110,18 @@ class VirtualCluster:
     is called as each device is ready (a command's progress bar; the library itself never draws).
     """
 
-    def __init__(
-        self,
-        mesh: Mesh | int | Mapping[str, int] | tuple = 1,
-        *,
-        start_method: str = "fork",
-        timeout: float = 60.0,
-        check_collectives: bool = True,
-        check_nan: bool = False,
-        hardware: Any = None,
-        trace: bool = True,
-        ring_bytes: int | None = None,
-        scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
-        abort_grace: float = 2.0,
-        run_timeout: float | None = None,
-        detect_deadlocks: bool = True,
-        eager_limit: int | None = None,
-        shuffle: int | None = None,
-        bind: bool = True,
-        warm_up: bool = True,
-        start_line: bool = True,
-        tag_output: bool = False,
-        progress: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, mesh: Mesh | int | Mapping[str, int] | tuple = 1, *, start_method: str = "fork",
+                 timeout: float = 60.0, check_collectives: bool = True, check_nan: bool = False,
+                 hardware: Any = None, trace: bool = True, ring_bytes: int | None = None,
+                 scratch_bytes: int = DEFAULT_SCRATCH_BYTES, abort_grace: float = 2.0,
+                 run_timeout: float | None = None, detect_deadlocks: bool = True,
+                 eager_limit: int | None = None, shuffle: int | None = None, bind: bool = True,
+                 warm_up: bool = True, start_line: bool = True, tag_output: bool = False,
+                 progress: Callable[[], None] | None = None) -> None:
         self._ctl: ClusterControl | None = None  # until start-up succeeds
         if not sys.platform.startswith("linux"):  # before anything is allocated: /dev/shm, process_vm_readv
-            raise UsageError(f"virtualpar's runtime runs on Linux only: it needs /dev/shm and process_vm_readv; "
-                             f"this is {sys.platform!r}")
+            raise UsageError("virtualpar's runtime runs on Linux only: it needs /dev/shm and "
+                             f"process_vm_readv; this is {sys.platform!r}")
         if start_method not in START_METHODS:
             raise UsageError(f"unknown start_method {start_method!r}; choose one of {START_METHODS}")
         check_not_bootstrapping(start_method)
@@ -151,8 +136,9 @@ class VirtualCluster:
         self.run_timeout = None if run_timeout is None else float(run_timeout)
         self.hardware, topology, device_spec = resolve_hardware(hardware, self.mesh)
         self.config = ClusterConfig(timeout=float(timeout), check_collectives=check_collectives,
-                                    check_nan=check_nan, trace=trace, t0=time.monotonic(), eager_limit=eager_limit,
-                                    shuffle=shuffle, bind=bool(bind), start_line=bool(start_line))
+                                    check_nan=check_nan, trace=trace, t0=time.monotonic(),
+                                    eager_limit=eager_limit, shuffle=shuffle, bind=bool(bind),
+                                    start_line=bool(start_line))
         self.mesh.prepare_groups()  # inherited by every device
         global _created
         _created += 1
@@ -172,7 +158,8 @@ class VirtualCluster:
             raise
         relay.started()
         self._ctl = ClusterControl(self.mesh, self.config, self.layout, self._arena, sup, doorbells)
-        weakref.finalize(self, self._ctl.collected, f"VirtualCluster({self.mesh})")  # dropped unclosed: close it
+        # dropped unclosed: close it
+        weakref.finalize(self, self._ctl.collected, f"VirtualCluster({self.mesh})")
         if detect_deadlocks:
             from .deadlock import DeadlockWatch
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["ClusterConfig", "check_sizes", "check_fault", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
+__all__ = ["ClusterConfig", "check_sizes", "check_fault", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE",
+           "TAG_HOST", "FAULT_ACTIONS"]
 
 # User tags are >= 0; the runtime's own traffic uses negative tags so it can never be confused
 # with (or steal) a user's message.
@@ -71,7 +72,8 @@ def check_sizes(ring_bytes: Any, scratch_bytes: Any, abort_grace: Any) -> None:
         raise UsageError(f"ring_bytes must be an int multiple of 8 and at least 4096, or None (sized for the "
                          f"cluster), got {ring_bytes!r}")
     if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int) or scratch_bytes < 0:
-        raise UsageError(f"scratch_bytes must be an int >= 0 (0: no shared-memory collectives), got {scratch_bytes!r}")
+        raise UsageError("scratch_bytes must be an int >= 0 (0: no shared-memory "
+                         f"collectives), got {scratch_bytes!r}")
     if isinstance(abort_grace, bool) or not isinstance(abort_grace, (int, float)) or not abort_grace >= 0:
         raise UsageError(f"abort_grace must be seconds >= 0, got {abort_grace!r}")
 

@@ -69,7 +69,8 @@ class ClusterControl:
         self._heads, self._tails = ctrl[:, 0], ctrl[:, 8]  # each counter on its own 64-byte line
         self._arrivals = arena.view(layout.arrivals_offset, layout.arrivals_bytes // 8, np.uint64)
         self.posted: dict[int, list[str]] = {}  # rank -> what each posted command was, oldest first
-        self.held: dict[int, BaseException] = {}  # a posted command's error a reset read first, not yet raised
+        # a posted command's error a reset read first, not yet raised
+        self.held: dict[int, BaseException] = {}
         self.warming = False  # the warm-up was started and its replies are not read yet
 
     def check_open(self) -> None:
@@ -143,17 +144,20 @@ class ClusterControl:
             self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
             raise
 
-    def broadcast(self, msg: tuple, what: str, run_timeout: float | None = None, check_unmatched: bool = True) -> list[Any]:
+    def broadcast(self, msg: tuple, what: str, run_timeout: float | None = None,
+                  check_unmatched: bool = True) -> list[Any]:
         """Send ``msg`` to every device; their replies in rank order, or the root cause of a failure.
 
         ``run_timeout``: seconds the whole round may take from now (None: no limit).
         """
         return self._round(msg, what, run_timeout, check_unmatched)
 
-    def _round(self, msg: tuple | None, what: str, run_timeout: float | None = None, check_unmatched: bool = True) -> list[Any]:
+    def _round(self, msg: tuple | None, what: str, run_timeout: float | None = None,
+               check_unmatched: bool = True) -> list[Any]:
         """``broadcast``; with ``msg`` None, the replies to the warm-up instead."""
         earlier: BaseException | None = None
-        try:  # one guard from the first send to the last reply: a gap would leave later replies a round behind
+        # one guard from the first send to the last reply: a gap would leave later replies a round behind
+        try:
             deadline = None if run_timeout is None else time.monotonic() + run_timeout
             if msg is None:
                 self.warming = False
@@ -209,7 +213,8 @@ class ClusterControl:
         try:
             self._round(None, "the warm-up")
         except VirtualParError as exc:
-            raise exc.replace(f"the cluster's start-up warm-up failed, before any call of yours (VirtualCluster("
+            raise exc.replace("the cluster's start-up warm-up failed, before any call "
+                              "of yours (VirtualCluster("
                               f"warm_up=False) skips it): {exc.message}") from exc
         finally:
             if not self.closed:
@@ -256,7 +261,7 @@ class ClusterControl:
         if not self.closed:
             try:
                 self.close()
-            finally:  # (warned after: under -W error the warning raises, and the devices must be gone by then)
+            finally:  # (warned after: under -W error the warning raises, and the devices must be gone)
                 warnings.warn(f"{name} was never closed; it was closed when collected (use `with "
                               "VirtualCluster(...)` or call close())", ResourceWarning, stacklevel=1)
 
@@ -265,10 +270,12 @@ class ClusterControl:
         if self.closed:
             self._arena.close()  # after a fatal failure views may have outlived the shutdown: unmap now
             return
-        if self.warming:  # nobody needs its replies: stop it rather than wait (the devices read "close" after it)
+        # nobody needs its replies: stop it rather than wait (the devices read "close" after it)
+        if self.warming:
             self.warming = False
             self.sup.abort(0)
-        for r in sorted(set(self.posted) | set(self.held)):  # nothing will read these any more: say if one failed
+        # nothing will read these any more: say if one failed
+        for r in sorted(set(self.posted) | set(self.held)):
             try:
                 failed = self.settle(r)
             except DeviceDied:
@@ -296,5 +303,6 @@ class ClusterControl:
         self.sup.kill_all()
         self.sup.release()
         self.host = None
-        self._heads = self._tails = self._arrivals = self._abort = self.clocks = self.counters = None  # type: ignore[assignment]
+        self._heads = self._tails = self._arrivals = None  # type: ignore[assignment]
+        self._abort = self.clocks = self.counters = None  # type: ignore[assignment]
         self._arena.close()

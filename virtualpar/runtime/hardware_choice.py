@@ -28,12 +28,15 @@ def resolve_hardware(hardware: Any, mesh: Mesh) -> tuple[Hardware | None, Topolo
     if hardware is None:
         return None, mesh.topology, DEFAULT_DEVICE
     if mesh._topology is not None:  # two answers to one question: which links to model
-        raise UsageError(f"the mesh was given its own topology ({mesh._topology.name}) and hardware={hardware!r} "
-                         "brings another; give one: hardware=None to model the mesh's links, or a mesh without "
+        raise UsageError(f"the mesh was given its own topology ({mesh._topology.name}) "
+                         f"and hardware={hardware!r} "
+                         "brings another; give one: hardware=None to model the mesh's "
+                         "links, or a mesh without "
                          "topology=")
     if isinstance(hardware, Topology):
         if hardware.num_devices != mesh.size:
-            raise UsageError(f"hardware topology has {hardware.num_devices} devices but the mesh {mesh} has {mesh.size}")
+            raise UsageError(f"hardware topology has {hardware.num_devices} devices but the "
+                             f"mesh {mesh} has {mesh.size}")
         from ..sim.hardware import IDEAL_DEVICE
 
         return None, hardware, IDEAL_DEVICE

@@ -29,12 +29,17 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
     is *secondary* if it is, or was caused by, a ``DeviceAborted``: it never hides the root cause.
     """
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    last = f"last op #{dev.op_seq}: {dev._last_op}" if dev.op_seq > getattr(dev, "_run_ops_from", 0) else "before any op of this run"
+    last = (
+        f"last op #{dev.op_seq}: {dev._last_op}"
+        if dev.op_seq > getattr(dev, "_run_ops_from", 0)
+        else "before any op of this run"
+    )
     if isinstance(exc, VirtualParError):
         err: BaseException = exc
         if getattr(exc, "rank", None) is None:
             prefix = "" if exc.message.startswith(dev.name) else f"{dev.name}: "
-            err = exc.replace(f"{prefix}{exc.message} ({last})", rank=dev.rank, index=str(dev.index), op_seq=dev.op_seq)
+            err = exc.replace(f"{prefix}{exc.message} ({last})", rank=dev.rank, index=str(dev.index),
+                              op_seq=dev.op_seq)
     else:
         notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))  # where, added on the way up
         err = DeviceError(
@@ -46,7 +51,8 @@ def package_error(dev: Any, exc: BaseException) -> tuple:
         pickle.dumps(err)
     except Exception:
         err = DeviceError(f"{dev.name} raised {type(exc).__name__}: {exc} ({last})", rank=dev.rank,
-                          index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__, remote_traceback=tb)
+                          index=str(dev.index), op_seq=dev.op_seq, exc_type=type(exc).__name__,
+                          remote_traceback=tb)
     return (err, tb, time.monotonic(), _caused_by_abort(exc))
 
 
@@ -65,7 +71,8 @@ def raised_in(exc: BaseException) -> str:
     collective is then not blamed on the user's function)."""
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
-        if frame.filename.startswith("<"):  # code typed in a shell or exec'd is the user's; "<frozen ...>" is not
+        # code typed in a shell or exec'd is the user's; "<frozen ...>" is not
+        if frame.filename.startswith("<"):
             if frame.filename.startswith("<frozen"):
                 continue
             return "user code"

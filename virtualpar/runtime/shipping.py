@@ -13,8 +13,8 @@ __all__ = ["dumps_call", "resident", "ByValue"]
 
 
 class ByValue:
-    """Bytes from :func:`~virtualpar.transport.payload.dumps_by_value` that unpickle as the object itself: a device's reply
-    holding one is read by the driver's plain unpickler with no unwrapping."""
+    """Bytes from :func:`~virtualpar.transport.payload.dumps_by_value` that unpickle as the object itself: a
+    device's reply holding one is read by the driver's plain unpickler with no unwrapping."""
 
     __slots__ = ("data",)
 
@@ -46,14 +46,16 @@ def dumps_call(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
                 culprit = label
                 break
         held = _captured_clusters(fn) if culprit == f"{name}()" else []
-        hint = (f"; {name}() uses the cluster {', '.join(held)} itself, which stays in the driver: on a device use "
+        hint = (f"; {name}() uses the cluster {', '.join(held)} itself, which stays in the "
+                "driver: on a device use "
                 "dev (its collectives, dev.state)") if held else ""
         found = _unpicklable_capture(fn, cloudpickle) if culprit == f"{name}()" and not held else None
         if found:
             raise PayloadError(f"cannot send {name}() to the devices: it captures {found}, which cannot be "
                                f"pickled ({exc}); create it inside the function, on the device, or pass what "
                                "it holds instead") from None
-        raise PayloadError(f"cannot send {culprit} of {name}() to the devices: {exc}{hint}. Everything passed to "
+        raise PayloadError(f"cannot send {culprit} of {name}() to the devices: "
+                           f"{exc}{hint}. Everything passed to "
                            "cluster.run must be picklable (functions may be lambdas or closures)") from None
 
 
@@ -61,7 +63,8 @@ def _check_callable(name: str, fn: Any, args: tuple, kwargs: dict) -> None:
     import inspect
 
     if not callable(fn):
-        raise UsageError(f"cluster.run needs a function fn(dev, ...) to run on every device, got {type(fn).__name__} "
+        raise UsageError("cluster.run needs a function fn(dev, ...) to run on every device, "
+                         f"got {type(fn).__name__} "
                          f"{fn!r}")
     try:
         sig = inspect.signature(fn)
@@ -71,7 +74,8 @@ def _check_callable(name: str, fn: Any, args: tuple, kwargs: dict) -> None:
         sig.bind(None, *args, **kwargs)
     except TypeError as exc:
         keywords = f"{plural(len(kwargs), 'keyword')} {sorted(kwargs)}" if kwargs else "no keywords"
-        raise UsageError(f"{name}() cannot be called as {name}(dev, *args, **kwargs) with {counted(len(args), 'argument')} "
+        raise UsageError(f"{name}() cannot be called as {name}(dev, *args, **kwargs) with "
+                         f"{counted(len(args), 'argument')} "
                          f"and {keywords} given ({exc}); every device calls it with itself "
                          f"first: def {getattr(fn, '__name__', 'fn')}(dev, ...)") from None
 
@@ -81,7 +85,8 @@ def _captured_clusters(fn: Any) -> list[str]:
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
-    found = [n for n in code.co_names if type(getattr(fn, "__globals__", {}).get(n)).__name__ == "VirtualCluster"]
+    found = [n for n in code.co_names if type(getattr(fn, "__globals__",
+                                                      {}).get(n)).__name__ == "VirtualCluster"]
     cells = zip(code.co_freevars, getattr(fn, "__closure__", None) or ())
     found += [n for n, c in cells if type(getattr(c, "cell_contents", None)).__name__ == "VirtualCluster"]
     return found

@@ -103,14 +103,19 @@ def check_not_bootstrapping(start_method: str) -> None:
     module (a script without ``if __name__ == "__main__":`` under spawn or forkserver).  Each device
     would start a cluster of its own there: the driver kills them when the first one fails, and a
     killed process cannot free the shared memory it had just made."""
-    if mp.current_process().daemon:  # a device: multiprocessing refuses daemons children (an assert, gone under -O)
+    # a device: multiprocessing refuses daemons children (an assert, gone under -O)
+    if mp.current_process().daemon:
         raise UsageError(f"a VirtualCluster cannot be started inside a device ({mp.current_process().name}): "
-                         "devices do not start processes; create clusters in the driver, one after the other or "
+                         "devices do not start processes; create clusters in the "
+                         "driver, one after the other or "
                          "side by side")
     if start_method != "fork" and getattr(mp.current_process(), "_inheriting", False):
-        raise UsageError(f"VirtualCluster(start_method={start_method!r}) was created while a process started by "
-                         f"{start_method} imports the main module: put the code that creates the cluster under "
-                         f"`if __name__ == \"__main__\":` (each device started by {start_method} imports the main "
+        raise UsageError(f"VirtualCluster(start_method={start_method!r}) was created "
+                         "while a process started by "
+                         f"{start_method} imports the main module: put the code that "
+                         "creates the cluster under "
+                         "`if __name__ == \"__main__\":` (each device started by "
+                         f"{start_method} imports the main "
                          f"module again)")
 
 
@@ -158,7 +163,8 @@ def _spawn(ctx: Any, sup: Supervisor, mesh: Mesh, config: ClusterConfig, layout:
                 side_here, side_there = ctx.Pipe(duplex=True)
                 here.append(side_here)
                 child_ends.append(side_there)
-                args = WorkerArgs(r, mesh, config, layout, arena.name, doorbells, cmd_there, side_there, clocks[r])
+                args = WorkerArgs(r, mesh, config, layout, arena.name, doorbells, cmd_there, side_there,
+                                  clocks[r])
                 proc = ctx.Process(target=target, args=(args, arena), daemon=True,
                                    name=f"virtualpar-device-{r}")
             except BaseException:

@@ -55,7 +55,8 @@ class TrafficStats:
     def _rank(self, rank: int) -> int:
         n = self.bytes.shape[0]
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < n:
-            raise UsageError(f"TrafficStats: rank must be a device rank 0..{n - 1}, got {rank!r}")  # -1 was the last
+            # -1 was the last
+            raise UsageError(f"TrafficStats: rank must be a device rank 0..{n - 1}, got {rank!r}")
         return int(rank)
 
     def format(self, matrix_up_to: int = MATRIX_UP_TO, width: int = WIDTH) -> str:

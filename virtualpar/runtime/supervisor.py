@@ -51,8 +51,8 @@ _STACK_WAIT = 1.0  # seconds a sidecar gets to answer a stack request
 class Supervisor:
     """Watches the device processes of one cluster (handles are added as the cluster starts them)."""
 
-    def __init__(self, mesh: Mesh, recorders: list[FlightRecorder], abort_word: np.ndarray, doorbells: list[Any],
-                 abort_grace: float) -> None:
+    def __init__(self, mesh: Mesh, recorders: list[FlightRecorder], abort_word: np.ndarray,
+                 doorbells: list[Any], abort_grace: float) -> None:
         self.mesh = mesh
         self.abort_grace = abort_grace
         self.procs: list[Any] = []
@@ -96,10 +96,14 @@ class Supervisor:
         try:
             return pickle.loads(data)
         except Exception as exc:
-            err = PayloadError(f"device {r} {self.mesh.index(r)}: its reply to {what} cannot be unpickled in the "
-                               f"driver ({type(exc).__name__}: {exc}); return objects the driver can import, e.g. "
+            err = PayloadError(f"device {r} {self.mesh.index(r)}: its reply to {what} "
+                               "cannot be unpickled in the "
+                               f"driver ({type(exc).__name__}: {exc}); return objects the "
+                               "driver can import, e.g. "
                                "arrays and builtins", rank=r, index=str(self.mesh.index(r)))
-            return ("err", (err, "(the device's reply was read, but not loadable, in the driver)\n", time.monotonic(),
+            return ("err",
+                    (err, "(the device's reply was read, but not loadable, in the driver)\n",
+                     time.monotonic(),
                             False))
 
     def died(self, rank: int, during: str) -> DeviceDied:
@@ -108,10 +112,15 @@ class Supervisor:
         proc.join(0.5)  # the sentinel fires before the exit code is collected
         code = proc.exitcode
         sig = signal.Signals(-code).name if code is not None and code < 0 else None
-        how = f"was killed by {sig}" if sig else f"exited with code {code}" if code is not None else "stopped answering"
+        how = (
+            f"was killed by {sig}"
+            if sig
+            else f"exited with code {code}" if code is not None else "stopped answering"
+        )
         last_text = self._last_op(rank)
         return DeviceDied(
-            f"device {rank} {self.mesh.index(rank)} (pid {proc.pid}) {how} during {during}; last op: {last_text}"
+            f"device {rank} {self.mesh.index(rank)} (pid {proc.pid}) {how} during "
+            f"{during}; last op: {last_text}"
             f"\n  last ops:\n{format_records(self.records(rank), 4)}",
             rank=rank, index=str(self.mesh.index(rank)), exitcode=code, signal=sig, last_op=last_text,
         )
@@ -180,8 +189,17 @@ class Supervisor:
                 if failed and grace is None:
                     self.abort(r)
                     grace = time.monotonic() + self.abort_grace
-            if waiting and limit is not None and time.monotonic() >= limit and (
-                    grace is not None and time.monotonic() >= grace or deadline is not None and time.monotonic() >= deadline):
+            if (
+                waiting
+                and limit is not None
+                and time.monotonic() >= limit
+                and (
+                    grace is not None
+                    and time.monotonic() >= grace
+                    or deadline is not None
+                    and time.monotonic() >= deadline
+                )
+            ):
                 out.stuck = sorted(waiting)
                 out.timed_out = grace is None
                 out.stacks = {r: self.stack(r) for r in out.stuck}
@@ -212,7 +230,11 @@ class Supervisor:
     def judge(self, got: Collected, what: str, run_timeout: float | None = None) -> Verdict | None:
         """The error ``got`` calls for, and whether it is fatal; None if every device succeeded."""
         if got.deadlock is not None:
-            fatal = f"devices {got.stuck} were stuck after the deadlock and had to be killed" if got.stuck else None
+            fatal = (
+                f"devices {got.stuck} were stuck after the deadlock and had to be killed"
+                if got.stuck
+                else None
+            )
             return Verdict(got.deadlock, fatal=fatal or (str(got.deaths[0]) if got.deaths else None))
         if got.timed_out:
             err = self._run_timeout(got, what, run_timeout)
@@ -254,8 +276,8 @@ class Supervisor:
         returned = f"devices {done} had returned; " if done else ""
         lines.append(f"  {returned}the devices still running were killed and the cluster was shut down. "
                      "If this function legitimately runs longer, raise run_timeout (None: no limit).")
-        return RunTimeout("\n".join(lines), running=list(got.stuck), last_ops=last_ops, stacks=dict(got.stacks),
-                          run_timeout=run_timeout, function=what)
+        return RunTimeout("\n".join(lines), running=list(got.stuck), last_ops=last_ops,
+                          stacks=dict(got.stacks), run_timeout=run_timeout, function=what)
 
     # -- the end ------------------------------------------------------------------------------------
     def kill_all(self) -> None:
@@ -283,7 +305,8 @@ class Supervisor:
         self.watch = None
         self._abort = None  # type: ignore[assignment]
         self._doorbells = []
-        if self.blas_release is not None:  # the devices are gone: their share of the cores is the driver's again
+        # the devices are gone: their share of the cores is the driver's again
+        if self.blas_release is not None:
             self.blas_release()
             self.blas_release = None
 

@@ -106,7 +106,8 @@ def _sidecar(side: Any, ppid: int, main_ident: int, sentinel: Any) -> None:
 
 
 def _device_stack(frame: Any) -> str:
-    """The main thread's stack from ``device_main`` down (a forked child also has the driver's frames above)."""
+    """The main thread's stack from ``device_main`` down (a forked child also has the driver's frames
+    above)."""
     frames = traceback.extract_stack(frame)
     starts = [i for i, f in enumerate(frames) if f.name == "device_main"]
     return "".join(traceback.format_list(frames[starts[-1] if starts else 0 :]))
@@ -169,7 +170,10 @@ def _serve(args: WorkerArgs, arena: SharedArena, ppid: int, sentinel: Any) -> No
         try:
             cmd.send(reply)
         except Exception as exc:
-            reply = ("err", package_error(dev, PayloadError(f"{dev.name}: the result cannot be sent to the driver: it cannot be pickled ({exc})")))
+            reply = ("err",
+                     package_error(dev,
+                                   PayloadError(f"{dev.name}: the result cannot be sent to the driver: it "
+                                                f"cannot be pickled ({exc})")))
             cmd.send(reply)
         if kind in _HOST_COMMANDS and reply[0] == "err":
             # The driver waits for a host transfer asleep on its doorbell and reads this pipe only
@@ -223,18 +227,22 @@ class _Handlers:
         if core.faults and dev.op_seq > dev._run_ops_from:  # a fault this run's ops never reached
             due = min(core.faults) - dev._run_ops_from
             core.faults.clear()
-            raise UsageError(f"{dev.name}: a fault injected at op {due} of this run did not fire: the run ended after "
-                             f"{counted(dev.op_seq - dev._run_ops_from, 'op')}", rank=dev.rank, index=str(dev.index))
+            raise UsageError(f"{dev.name}: a fault injected at op {due} of this run did not "
+                             "fire: the run ended after "
+                             f"{counted(dev.op_seq - dev._run_ops_from, 'op')}", rank=dev.rank,
+                             index=str(dev.index))
         try:  # fail here, with a clear message, rather than in cmd.send
             pickle.dumps(result)
         except Exception as exc:
             try:  # a class brought by value (a script's __main__, a notebook) goes by value again
                 result = ByValue(dumps_by_value(result))
             except Exception:
-                raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to the driver: it cannot be "
+                raise PayloadError(f"{dev.name}: the result of {name}() cannot be sent to "
+                                   "the driver: it cannot be "
                                    f"pickled ({exc})", rank=dev.rank, index=str(dev.index)) from None
         self.endpoint.flush_control(dev.config.timeout, lambda: P2PTimeout(
-            f"{dev.name}: at the end of {name}(), could not write the acknowledgements its peers wait for within "
+            f"{dev.name}: at the end of {name}(), could not write the acknowledgements "
+            "its peers wait for within "
             f"{dev.config.timeout:g} s (their rings stayed full)", rank=dev.rank, index=str(dev.index)))
         self.endpoint.drain()
         return ("ok", result, self._pending())

@@ -6,4 +6,5 @@ from .plan import RedistributionPlan, Step, plan_redistribution
 from .shard import shard, unshard
 from .spec import DimSharding, TensorSharding
 
-__all__ = ["DimSharding", "TensorSharding", "shard", "unshard", "plan_redistribution", "RedistributionPlan", "Step"]
+__all__ = ["DimSharding", "TensorSharding", "shard", "unshard", "plan_redistribution", "RedistributionPlan",
+           "Step"]

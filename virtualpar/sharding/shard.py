@@ -29,7 +29,8 @@ def shard(x: np.ndarray, spec: TensorSharding, mesh: Any, uneven: str = "error")
     return pieces
 
 
-def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape: Sequence[int] | None = None) -> np.ndarray:
+def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any,
+            shape: Sequence[int] | None = None) -> np.ndarray:
     """The global array from every device's piece (a partial spec is reduced over its group).
 
     Pieces must fit their blocks, and devices holding copies of one block (replicated over an
@@ -37,10 +38,12 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
     collective, and is a ``ShardingError`` naming both devices, never one copy silently kept."""
     if len(pieces) != mesh.size:
         raise ShardingError(f"unshard needs one piece per device ({mesh.size}), got {len(pieces)}")
-    pieces = [np.asarray(p) if isinstance(p, np.generic) else p for p in pieces]  # numpy scalars are 0-d arrays
+    # numpy scalars are 0-d arrays
+    pieces = [np.asarray(p) if isinstance(p, np.generic) else p for p in pieces]
     for r, p in enumerate(pieces):
         if not isinstance(p, np.ndarray):
-            raise ShardingError(f"device {r} {mesh.index(r)} holds a {type(p).__name__} where spec {spec} needs an "
+            raise ShardingError(f"device {r} {mesh.index(r)} holds a {type(p).__name__} "
+                                f"where spec {spec} needs an "
                                 "array", ranks=(r,))
     if shape is None:
         shape = tuple(sum(pieces[r].shape[d] for r in _along(spec, mesh, d)) if spec.dims[d].axes
@@ -58,7 +61,8 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
             rep = mesh.group_of(r, copies)[0] if copies else r
             if rep != r:  # a copy of another device's partial value: count each value once, if they agree
                 if not np.array_equal(pieces[rep], pieces[r], equal_nan=pieces[r].dtype.kind in "fc"):
-                    raise ShardingError(f"devices {rep} {mesh.index(rep)} and {r} {mesh.index(r)} hold different "
+                    raise ShardingError(f"devices {rep} {mesh.index(rep)} and {r} "
+                                        f"{mesh.index(r)} hold different "
                                         f"copies of one partial value of spec {spec}: copies must be equal",
                                         ranks=(rep, r))
                 continue
@@ -78,8 +82,10 @@ def unshard(pieces: Sequence[np.ndarray], spec: TensorSharding, mesh: Any, shape
         _fits(pieces, r, block, shape, spec, mesh)
         if key in first:
             if not np.array_equal(out[block], pieces[r], equal_nan=pieces[r].dtype.kind in "fc"):
-                raise ShardingError(f"devices {first[key]} {mesh.index(first[key])} and {r} {mesh.index(r)} hold "
-                                    f"different copies of block {key} of spec {spec}: a replicated output must be "
+                raise ShardingError(f"devices {first[key]} {mesh.index(first[key])} and "
+                                    f"{r} {mesh.index(r)} hold "
+                                    f"different copies of block {key} of spec {spec}: a "
+                                    "replicated output must be "
                                     "equal everywhere (a missing all_reduce?)", ranks=(first[key], r))
             continue
         first[key] = r

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
+
 from ..errors import ShardingError
+from .spec_text import PARTIAL_OPS as _PARTIAL_OPS, read_dim, read_tensor
 
 __all__ = ["DimSharding", "TensorSharding", "bounds"]
 
-_PARTIAL_OPS = frozenset({"sum", "prod", "max", "min", "avg"})  # the reduce ops a collective runs
 
 @dataclass(frozen=True)
 class DimSharding:
@@ -52,12 +53,14 @@ class TensorSharding:
 
     def __post_init__(self) -> None:
         if self.partial is not None and self.partial not in _PARTIAL_OPS:
-            raise ShardingError(f"unknown pending reduction P({self.partial}); expected one of {sorted(_PARTIAL_OPS)}",
+            raise ShardingError(f"unknown pending reduction P({self.partial}); expected one "
+                                f"of {sorted(_PARTIAL_OPS)}",
                                 partial=self.partial)
 
     def __str__(self) -> str:
         over = ":" + ",".join(self.partial_over) if self.partial_over else ""
-        return "[" + ", ".join(map(str, self.dims)) + "]" + (f" P({self.partial}{over})" if self.partial else "")
+        pending = f" P({self.partial}{over})" if self.partial else ""
+        return "[" + ", ".join(map(str, self.dims)) + "]" + pending
 
     @classmethod
     def parse(cls, text: str) -> "TensorSharding":
@@ -131,20 +134,24 @@ class TensorSharding:
         if uneven not in ("error", "array_split"):
             raise ShardingError(f"uneven must be 'error' or 'array_split', got {uneven!r}")
         if len(self.dims) != len(shape):
-            raise ShardingError(f"{name}: spec {self} has {len(self.dims)} dims but the shape {tuple(shape)} has "
+            raise ShardingError(f"{name}: spec {self} has {len(self.dims)} dims but the "
+                                f"shape {tuple(shape)} has "
                                 f"{len(shape)}", spec=str(self), shape=tuple(shape))
         self.check_axes(mesh, name)
         seen: dict[str, int] = {}
         for d, dim in enumerate(self.dims):
             for a in dim.axes:
                 if a in seen:
-                    raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice (dims {seen[a]} and {d}); "
+                    raise ShardingError(f"{name}: spec {self} uses mesh axis {a!r} twice "
+                                        f"(dims {seen[a]} and {d}); "
                                         "an axis can split one dim only", spec=str(self), axis=a)
                 seen[a] = d
             if list(dim.axes) != [a for a in mesh.axis_names if a in dim.axes]:  # S(y,x) placed as S(x,y)
                 ordered = ",".join(a for a in mesh.axis_names if a in dim.axes)
-                raise ShardingError(f"{name}: spec {self} lists the axes of dim {d} as ({','.join(dim.axes)}); several "
-                                    f"axes of one dim go major first in the mesh's order {list(mesh.axis_names)}: "
+                raise ShardingError(f"{name}: spec {self} lists the axes of dim {d} as "
+                                    f"({','.join(dim.axes)}); several "
+                                    "axes of one dim go major first in the mesh's order "
+                                    f"{list(mesh.axis_names)}: "
                                     f"write S({ordered})", spec=str(self))
             n = self.group_size(dim, mesh)
             if set(dim.axes) & set(self.partial_over):
@@ -184,122 +191,12 @@ def bounds(m: int, n: int) -> list[int]:
     return [i * q + min(i, r) for i in range(n + 1)]
 
 
-# -- the parser ------------------------------------------------------------------------------------
-# spec := "[" [dim ("," dim)*] "]" [P]      dim := "R" | "S(" name ("," name)* ")"
-# P    := "P(" op [":" name ("," name)*] ")"  name := [A-Za-z_][A-Za-z0-9_]*   (spaces allowed between tokens)
-
-
-def _NAME_CHAR(c: str) -> bool:
-    """A character of a mesh axis name or reduce op: an ASCII letter, digit or underscore."""
-    return c.isascii() and (c.isalnum() or c == "_")
-
-
-class _Reader:
-    """A cursor over the text of a spec; ``fail`` names the column and what was expected there."""
-
-    def __init__(self, text: str, what: str) -> None:
-        if not isinstance(text, str):
-            raise ShardingError(f"a {what} is text like '[S(tp), R]', got {type(text).__name__} {text!r}")
-        self.text, self.what, self.i = text, what, 0
-
-    def fail(self, problem: str) -> ShardingError:
-        shown = self.text[self.i] if self.i < len(self.text) else "the end"
-        near = f"{shown!r}" if self.i < len(self.text) else shown
-        return ShardingError(f"bad {self.what} {self.text!r} at column {self.i}: {problem} (found {near}), "
-                             f"so it cannot parse\n"
-                             f"    {self.text}\n    {' ' * self.i}^", text=self.text, column=self.i)
-
-    def skip(self) -> None:
-        while self.i < len(self.text) and self.text[self.i].isspace():
-            self.i += 1
-
-    def peek(self) -> str:
-        self.skip()
-        return self.text[self.i] if self.i < len(self.text) else ""
-
-    def take(self, token: str, problem: str) -> None:
-        self.skip()
-        if not self.text.startswith(token, self.i):
-            raise self.fail(problem)
-        self.i += len(token)
-
-    def name(self, problem: str) -> str:
-        self.skip()
-        j = self.i
-        if j < len(self.text) and _NAME_CHAR(self.text[j]) and not self.text[j].isdigit():
-            j += 1
-            while j < len(self.text) and _NAME_CHAR(self.text[j]):
-                j += 1
-        if j == self.i:
-            raise self.fail(problem)
-        out, self.i = self.text[self.i:j], j
-        return out
-
-    def names(self, what: str) -> tuple[str, ...]:
-        out = [self.name(f"expected {what}")]
-        while self.peek() == ",":
-            self.take(",", "expected ','")
-            empty = self.peek() in ",)"
-            problem = f"empty entry, expected {what}" if empty else f"expected {what} after ','"
-            out.append(self.name(problem))
-        return tuple(out)
-
-    def dim(self) -> DimSharding:
-        c = self.peek()
-        if c == "R" and not self._word_continues():
-            self.i += 1
-            return DimSharding()
-        if c == "S" and self.text.startswith("S(", self.i):
-            self.i += 2
-            axes = self.names("a mesh axis name")
-            self.take(")", "expected ',' or ')' after a mesh axis name")
-            return DimSharding(axes)
-        if c in (",", "]"):
-            raise self.fail("empty entry, expected R or S(axis,...)")
-        raise self.fail("expected R or S(axis,...)")
-
-    def _word_continues(self) -> bool:
-        j = self.i + 1
-        return j < len(self.text) and (self.text[j].isalnum() or self.text[j] == "_")
-
-    def end(self) -> None:
-        self.skip()
-        if self.i != len(self.text):
-            raise self.fail("expected the end of the spec")
-
-
 def parse_dim(text: str) -> DimSharding:
     """``"R"`` or ``"S(a,b)"`` (see :meth:`DimSharding.parse`)."""
-    r = _Reader(text, "dim sharding")
-    out = r.dim()
-    r.end()
-    return out
+    return DimSharding(read_dim(text))
 
 
 def parse_tensor(text: str) -> TensorSharding:
     """``"[dim, dim, ...] P(op:axes)"`` (see :meth:`TensorSharding.parse`); ``"[]"`` is a 0-d tensor."""
-    r = _Reader(text, "spec")
-    r.take("[", "expected '[' (a spec is e.g. '[S(tp), R]' or '[R] P(sum)')")
-    dims: list[DimSharding] = []
-    if r.peek() != "]":
-        dims.append(r.dim())
-        while r.peek() != "]":
-            if r.peek() != ",":
-                raise r.fail("expected ',' between entries or ']'" if r.peek() else "expected ']'")
-            r.take(",", "expected ','")
-            dims.append(r.dim())
-    r.take("]", "expected ']'")
-    partial, over = None, ()
-    if r.peek():
-        r.take("P(", "expected the end of the spec or a pending reduction P(op)")
-        op_at = r.i
-        partial = r.name(f"expected a reduce op, one of {sorted(_PARTIAL_OPS)}")
-        if partial not in _PARTIAL_OPS:
-            r.i = op_at
-            raise r.fail(f"unknown reduce op {partial!r}: expected one of {sorted(_PARTIAL_OPS)}")
-        if r.peek() == ":":
-            r.take(":", "expected ':'")
-            over = r.names("a mesh axis name")
-        r.take(")", "expected ')' (or ':axis,...' naming the axes the reduction runs over)")
-    r.end()
-    return TensorSharding(tuple(dims), partial, over)
+    dims, partial, over = read_tensor(text)
+    return TensorSharding(tuple(DimSharding(axes) for axes in dims), partial, over)

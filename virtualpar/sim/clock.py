@@ -98,7 +98,8 @@ class DeviceClock(ScheduleCharges):
 
     # -- compute --------------------------------------------------------------------------------------
     def compute(self, flops: float = 0.0, nbytes: float = 0.0, dtype: Any = "float32") -> tuple[float, float]:
-        """Run a kernel of ``flops`` FLOPs touching ``nbytes`` bytes; returns its modelled ``(start, end)``."""
+        """Run a kernel of ``flops`` FLOPs touching ``nbytes`` bytes; returns its modelled ``(start,
+        end)``."""
         if type(flops) not in (int, float) or type(nbytes) not in (int, float) or not (
                 0 <= flops < math.inf and 0 <= nbytes < math.inf):
             flops, nbytes = (self._amount("flops", flops), self._amount("bytes", nbytes))  # (the slow path)
@@ -123,7 +124,8 @@ class DeviceClock(ScheduleCharges):
         """``now = max(now, t)`` (e.g. wait for an event stamped ``t``); returns the new ``now``."""
         t = float(t)
         if math.isnan(t):
-            raise UsageError(f"DeviceClock.advance_to on rank {self.rank}: expected a time in seconds; got nan",
+            raise UsageError(f"DeviceClock.advance_to on rank {self.rank}: expected a "
+                             "time in seconds; got nan",
                              rank=self.rank)
         self.now = max(self.now, t)
         return self.now
@@ -167,7 +169,8 @@ class DeviceClock(ScheduleCharges):
         return depart
 
     def route_time(self, dst: int, nbytes: int) -> float:
-        """``topology.route(rank, dst).time(nbytes)`` = α_route + nbytes / β_route (0 to oneself), from the cache."""
+        """``topology.route(rank, dst).time(nbytes)`` = α_route + nbytes / β_route (0 to oneself), from the
+        cache."""
         figures = self._egress.get(dst) if type(dst) is int else None
         if figures is None:
             figures = self._figures(self.rank, dst, self._egress, dst, True)
@@ -176,7 +179,8 @@ class DeviceClock(ScheduleCharges):
         return figures[2] + (nbytes / figures[3] if nbytes else 0.0)
 
     def on_send_done(self, dst: int, nbytes: int, stamp: float) -> float:
-        """A send that departed at ``stamp`` is complete for its sender: ``now = max(now, stamp + T_route(nbytes))``.
+        """A send that departed at ``stamp`` is complete for its sender: ``now = max(now, stamp +
+        T_route(nbytes))``.
 
         Hockney's model charges the sender α + M/β when it waits on the send, so an isend overlapped
         with compute costs max(compute, transfer), not the sum.  Returns ``stamp + T_route(nbytes)``.

@@ -19,7 +19,8 @@ from virtualpar.sim.max_plus import max_plus_column
 __all__ = ["pairwise_exchange_column"]
 
 
-def pairwise_exchange_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int) -> list[float]:
+def pairwise_exchange_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int],
+                             member: int) -> list[float]:
     """Column ``member`` of the exchange's max-plus matrix (``D[q][member]`` for every q), in
     O(n²): ``piece_nbytes[c]`` is the size of every member's piece for member c (all members' arrays
     have one shape).  On a uniform topology with equal pieces every entry is (n−1)(α + P/β)."""

@@ -37,7 +37,8 @@ def ring_column(steps: "RingSteps", member: int) -> list[float]:
     return max_plus_column(steps, [1] * steps.count, member, n)
 
 
-def max_plus_column(steps: Callable[[int, int], np.ndarray], offsets: Sequence[int], member: int, n: int) -> list[float]:
+def max_plus_column(steps: Callable[[int, int], np.ndarray], offsets: Sequence[int], member: int,
+                    n: int) -> list[float]:
     """Row ``member`` of ``A_K ⊗ … ⊗ A_1`` where step k's matrix maps ``t'_p = max(t_p + c_k[p],
     t_{p−o_k} + c_k[p−o_k])`` (member p's own message keeps it busy c_k[p]; the one from
     p − o_k arrives after c_k[p − o_k]).  Backwards from the last step: ``u'[q] = c_k[q] +
@@ -88,7 +89,8 @@ class RingSteps:
         if len(chunk_nbytes) != n:
             raise ValueError(f"{caller}: {n} ranks need {n} chunk sizes; got {len(chunk_nbytes)}")
         if half not in ("", "reduce_scatter", "all_gather"):
-            raise ValueError(f"{caller}: half must be '' (the whole ring), 'reduce_scatter' or 'all_gather', got {half!r}")
+            raise ValueError(f"{caller}: half must be '' (the whole ring), 'reduce_scatter' or "
+                             f"'all_gather', got {half!r}")
         self.links = RingLinks(topology, ranks) if links is None else links  # (``links``: kept by the caller)
         self.latency, self.bandwidth = self.links.latency, self.links.bandwidth
         self._half, self._windows, self._chunks = half, None, chunk_nbytes
@@ -112,7 +114,8 @@ class RingSteps:
             # reduce-scatter step s sends chunk p−s−1, all-gather step s chunk p−s: chunk (p − shift) mod n,
             # item n − shift + p of the sizes written twice, i.e. row n − shift of that array's n-wide windows
             steps = np.arange(n - 1)
-            self._shift = {"": np.concatenate([steps + 1, steps]), "reduce_scatter": steps + 1, "all_gather": steps}[self._half]
+            self._shift = {"": np.concatenate([steps + 1, steps]), "reduce_scatter": steps + 1,
+                           "all_gather": steps}[self._half]
             self._windows = sliding_window_view(np.concatenate([self._sizes, self._sizes]), n)
         sizes = self._windows[n - self._shift[lo:hi]]
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -18,7 +18,8 @@ from typing import Any
 
 from virtualpar.sim.exchange import pairwise_exchange_column
 from virtualpar.sim.max_plus import RingLinks
-from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_reduce_column, ring_half_column,
+from virtualpar.sim.schedules import (apply_delays, dissemination_column, ring_all_reduce_column,
+                                      ring_half_column,
                                      tree_all_reduce_column, tree_all_reduce_links, tree_broadcast_column)
 
 __all__ = ["ScheduleCharges"]
@@ -61,13 +62,14 @@ class ScheduleCharges:
         """Charge the ring all_reduce over ``ranks`` entered at clocks ``entry`` without running it:
         ``now = max(now, max_q(entry[q] + D[q][me]))`` with ``D`` the schedule's max-plus delay matrix
         (:func:`~virtualpar.sim.schedules.ring_all_reduce_column` computes this device's column in
-        O(n²)); the column is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a repeated call
-        costs n additions.  Returns the new ``now``."""
+        O(n²)); the column is kept per (group, chunk sizes), at most ``_SCHEDULES_KEPT`` of them, so a
+        repeated call costs n additions.  Returns the new ``now``."""
         key = (ranks, tuple(chunk_nbytes))
         column = self._schedules.get(key)
         if column is None:
-            column = self._keep(key, ring_all_reduce_column(self.topology, ranks, chunk_nbytes, ranks.index(self.rank),
-                                                            self._ring_links(ranks)))
+            column = self._keep(key,
+                                ring_all_reduce_column(self.topology, ranks, chunk_nbytes,
+                                                       ranks.index(self.rank), self._ring_links(ranks)))
         return self._exit(column, entry)
 
     def tree_all_reduce(self, ranks: tuple[int, ...], entry: list[float], nbytes: int) -> float:
@@ -81,10 +83,13 @@ class ScheduleCharges:
         column = self._schedules.get(key)
         if column is None:  # the kept column costs no lookup of the links
             links = self._kept((ranks, "tree links"), lambda: tree_all_reduce_links(self.topology, ranks))
-            column = self._keep(key, tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes, links))
+            column = self._keep(key,
+                                tree_all_reduce_column(self.topology, ranks, ranks.index(self.rank), nbytes,
+                                                       links))
         return self._exit(column, entry)
 
-    def ring_half(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int], half: str) -> float:
+    def ring_half(self, ranks: tuple[int, ...], entry: list[float], piece_nbytes: list[int],
+                  half: str) -> float:
         """Charge the ring all_gather (``half="all_gather"``) or reduce_scatter (``"reduce_scatter"``)
         of pieces of ``piece_nbytes`` over ``ranks`` entered at ``entry`` without running it
         (:func:`~virtualpar.sim.schedules.ring_half_column`, kept like :meth:`ring_all_reduce`'s).
@@ -92,8 +97,9 @@ class ScheduleCharges:
         key = (ranks, half, tuple(piece_nbytes))
         column = self._schedules.get(key)
         if column is None:
-            column = self._keep(key, ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank), half,
-                                                      self._ring_links(ranks)))
+            column = self._keep(key,
+                                ring_half_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank),
+                                                 half, self._ring_links(ranks)))
         return self._exit(column, entry)
 
     def _ring_links(self, ranks: tuple[int, ...]) -> RingLinks:
@@ -107,7 +113,9 @@ class ScheduleCharges:
         key = (ranks, "exchange", tuple(piece_nbytes))
         column = self._schedules.get(key)
         if column is None:
-            column = self._keep(key, pairwise_exchange_column(self.topology, ranks, piece_nbytes, ranks.index(self.rank)))
+            column = self._keep(key,
+                                pairwise_exchange_column(self.topology, ranks, piece_nbytes,
+                                                         ranks.index(self.rank)))
         return self._exit(column, entry)
 
     def tree_broadcast(self, ranks: tuple[int, ...], entry: list[float], root: int, nbytes: int) -> float:
@@ -115,7 +123,9 @@ class ScheduleCharges:
         entered at ``entry`` without running it (:func:`~virtualpar.sim.schedules.tree_broadcast_column`,
         kept like :meth:`ring_all_reduce`'s: O(log n) per call).  Returns the new ``now``."""
         key = (ranks, "bcast", root, nbytes)
-        column = self._kept(key, lambda: tree_broadcast_column(self.topology, ranks, root, ranks.index(self.rank), nbytes))
+        column = self._kept(key,
+                            lambda: tree_broadcast_column(self.topology, ranks, root, ranks.index(self.rank),
+                                                          nbytes))
         return self.advance_to(max(entry[q] + d for q, d in column))
 
     def dissemination_barrier(self, ranks: tuple[int, ...], entry: list[float]) -> float:

@@ -34,12 +34,14 @@ import numpy as np
 from virtualpar.mesh.topology import Topology
 from virtualpar.sim.max_plus import NEVER, RingLinks, RingSteps, max_plus_column, ring_column
 
-__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column", "tree_children",
+__all__ = ["ring_all_reduce_delays", "ring_all_reduce_column", "ring_all_reduce_times", "ring_half_column",
+           "tree_children",
            "tree_broadcast_column", "dissemination_column", "tree_all_reduce_times", "tree_all_reduce_column",
            "tree_all_reduce_links", "apply_delays", "max_plus_column", "NEVER"]
 
 
-def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int], chunk_nbytes: Sequence[int]) -> list[list[float]]:
+def ring_all_reduce_delays(topology: Topology, ranks: Sequence[int],
+                           chunk_nbytes: Sequence[int]) -> list[list[float]]:
     """The ring all_reduce over ``ranks`` (see ``collectives/ring.py``) as a max-plus matrix ``D``.
 
     ``chunk_nbytes[c]``: bytes of ring chunk c (the ``numpy.array_split`` of the flattened array
@@ -76,7 +78,8 @@ def ring_all_reduce_column(topology: Topology, ranks: Sequence[int], chunk_nbyte
     ~5 s of CPU per device for its first shared-memory all_reduce).  ``links``: the ring's
     :class:`~virtualpar.sim.max_plus.RingLinks`, if the caller keeps them.
     """
-    return ring_column(RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column", links=links), member)
+    return ring_column(RingSteps(topology, ranks, chunk_nbytes, "ring_all_reduce_column", links=links),
+                       member)
 
 
 def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Sequence[int], member: int,
@@ -89,7 +92,8 @@ def ring_half_column(topology: Topology, ranks: Sequence[int], piece_nbytes: Seq
     return ring_column(RingSteps(topology, ranks, piece_nbytes, f"ring {half} column", half, links), member)
 
 
-def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, member: int, nbytes: int) -> list[tuple[int, float]]:
+def tree_broadcast_column(topology: Topology, ranks: Sequence[int], root: int, member: int,
+                          nbytes: int) -> list[tuple[int, float]]:
     """The nonzero part of column ``member`` of the max-plus matrix of the binomial-tree broadcast
     from ``root`` over ``ranks`` (``collectives/tree.py``): ``(q, D[q][member])`` for the members q on
     the tree path from the root down to ``member``, the only ones whose entry clocks reach it.
@@ -145,11 +149,13 @@ def dissemination_column(topology: Topology, ranks: Sequence[int], member: int) 
     n = len(ranks)
     offsets = [1 << k for k in range(max(n - 1, 0).bit_length())]
     rk = np.asarray(ranks)
-    steps = np.array([topology.figures_many(rk, np.roll(rk, -k))[0] for k in offsets]).reshape(len(offsets), n)  # T(0) = α
+    latencies = [topology.figures_many(rk, np.roll(rk, -k))[0] for k in offsets]
+    steps = np.array(latencies).reshape(len(offsets), n)  # T(0) = α
     return max_plus_column(lambda lo, hi: steps[lo:hi], offsets, member, n)
 
 
-def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float], nbytes: int) -> list[float]:
+def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float],
+                          nbytes: int) -> list[float]:
     """Exit clock of every member of the recursive-doubling all_reduce (``collectives/tree.py``)
     over ``ranks`` entered at ``entry``, by the clock's message rules (a blocking send keeps its
     sender busy T = α + M/β from its post; a receive completes at max(own clock, post + T)):
@@ -160,10 +166,12 @@ def tree_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Seque
 
     O(n log n) per call; exact on links idle at entry, as :func:`ring_all_reduce_delays` is.
     """
-    return _tree_replay(topology, ranks, np.array(entry, dtype=np.float64).reshape(-1, 1), nbytes)[:, 0].tolist()
+    return _tree_replay(topology, ranks, np.array(entry, dtype=np.float64).reshape(-1, 1),
+                        nbytes)[:, 0].tolist()
 
 
-def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[list[tuple], np.ndarray, np.ndarray, bool]:
+def tree_all_reduce_links(topology: Topology,
+                          ranks: Sequence[int]) -> tuple[list[tuple], np.ndarray, np.ndarray, bool]:
     """What :func:`tree_all_reduce_column` needs of the topology, which depends on the group and
     not on the size: the steps in the order the column takes them back (the unfold, the rounds from
     the last, the fold), each as (members it updates: a slice, members they wait for, its messages'
@@ -177,9 +185,11 @@ def tree_all_reduce_links(topology: Topology, ranks: Sequence[int]) -> tuple[lis
     rk = np.asarray(ranks)
     p = 1 << (n.bit_length() - 1)
     steps = [(slice(0, n - p), slice(p, n))]  # unfold: r < e sent to r + p, which waited
-    steps += [(slice(0, p), np.arange(p) ^ (1 << k)) for k in range(p.bit_length() - 2, -1, -1)]  # rounds, last first
+    # rounds, last first
+    steps += [(slice(0, p), np.arange(p) ^ (1 << k)) for k in range(p.bit_length() - 2, -1, -1)]
     steps.append((slice(p, n), slice(0, n - p)))  # fold: r ≥ p sent to r − p
-    latency, bandwidth = topology.figures_many(*(np.concatenate([rk[step[i]] for step in steps]) for i in (0, 1)))
+    latency, bandwidth = topology.figures_many(*(np.concatenate([rk[step[i]] for step in steps])
+                                                 for i in (0, 1)))
     bounds = np.cumsum([0] + [rk[a].size for a, _ in steps]).tolist()
     uniform = n == p and all(float(a.min()) == float(a.max()) for a in (latency, bandwidth))
     return [(a, b, lo, hi) for (a, b), lo, hi in zip(steps, bounds, bounds[1:])], latency, bandwidth, uniform
@@ -246,7 +256,8 @@ def apply_delays(column: Sequence[float], entry: Sequence[float]) -> float:
     return float(max(map(add, entry, column)))
 
 
-def ring_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float], chunk_nbytes: Sequence[int]) -> list[float]:
+def ring_all_reduce_times(topology: Topology, ranks: Sequence[int], entry: Sequence[float],
+                          chunk_nbytes: Sequence[int]) -> list[float]:
     """Exit clock of every member of the ring all_reduce over ``ranks`` entered at clocks ``entry``
     (``entry[p]``: member p's clock on entering); see :func:`ring_all_reduce_delays`."""
     n = len(ranks)

@@ -29,7 +29,8 @@ class Direction(Enum):
 
 
 class Work(NamedTuple):
-    """One unit of work: stage ``stage`` of batch ``batch`` in ``direction``; ``str()`` gives ``f2`` / ``b2``."""
+    """One unit of work: stage ``stage`` of batch ``batch`` in ``direction``; ``str()`` gives ``f2`` /
+    ``b2``."""
 
     stage: int
     batch: int
@@ -47,7 +48,8 @@ class ComputeAndWeightWorkers(NamedTuple):
     weight: int
 
 
-#: A strategy: maps each unit of ``Work`` to the ``ComputeAndWeightWorkers`` that compute it and store its weights.
+#: A strategy: maps each unit of ``Work`` to the ``ComputeAndWeightWorkers`` that compute it and
+#: store its weights.
 Strategy = Callable[[Work], ComputeAndWeightWorkers]
 
 
@@ -75,7 +77,8 @@ def _looped(group_size: int, num_workers: int, x: int, y: int) -> int:
 def _check_group(name: str, group_size: int, num_workers: int) -> None:
     """The groups tile the workers only if ``group_size`` divides W (group g·b mod W would run past
     worker W−1 otherwise)."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or num_workers % group_size:
+    if isinstance(group_size, bool) or not isinstance(group_size,
+                                                      int) or group_size < 1 or num_workers % group_size:
         divisors = [d for d in range(1, num_workers + 1) if num_workers % d == 0]
         raise UsageError(f"{name}: group_size={group_size!r} must divide the {num_workers} workers "
                          f"into equal groups; choose one of {divisors}")
@@ -112,7 +115,11 @@ def Cuckoo(num_workers: int, num_stages: int, num_batches: int) -> Strategy:
     """GPipe, except that the backward of the early stages of the early batches is computed on the
     mirror worker W−1−s (which must keep their input activations meanwhile), weights unmoved."""
     def cuckoo(w: Work) -> ComputeAndWeightWorkers:
-        if w.direction is Direction.BACKWARD and w.stage < num_stages // 2 + 2 and w.batch < num_batches // 2 - 2:
+        if (
+            w.direction is Direction.BACKWARD
+            and w.stage < num_stages // 2 + 2
+            and w.batch < num_batches // 2 - 2
+        ):
             return ComputeAndWeightWorkers(num_workers - w.stage - 1, w.stage)
         return ComputeAndWeightWorkers(w.stage, w.stage)
     return cuckoo
@@ -136,9 +143,11 @@ def _modulo(strategy: Strategy, num_workers: int) -> Strategy:
 #: name -> factory(workers, stages, batches, group_size) -> strategy; unknown names raise KeyError.
 STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "ddp": lambda W, S, B, g=None: DistributedDataParallel if B <= W else _modulo(DistributedDataParallel, W),
-    "fsdp": lambda W, S, B, g=None: FullyShardedDataParallel(W) if B <= W else _modulo(FullyShardedDataParallel(W), W),
+    "fsdp": lambda W, S, B,
+    g=None: FullyShardedDataParallel(W) if B <= W else _modulo(FullyShardedDataParallel(W), W),
     "gpipe": lambda W, S, B, g=None: _stage_per_worker("gpipe", W, S, GPipe),
     "looped": lambda W, S, B, g=None: LoopedPipeline(default_group_size(W) if g is None else g, W),
-    "fs_looped": lambda W, S, B, g=None: FullyShardedLoopedPipeline(default_group_size(W) if g is None else g, W),
+    "fs_looped": lambda W, S, B,
+    g=None: FullyShardedLoopedPipeline(default_group_size(W) if g is None else g, W),
     "cuckoo": lambda W, S, B, g=None: _stage_per_worker("cuckoo", W, S, Cuckoo(W, S, B)),
 }

@@ -96,8 +96,10 @@ def _own_piece(dy: np.ndarray, x: np.ndarray, dev: Any, dim: int, group: Any) ->
     uneven pieces are refused, not answered with another member's rows."""
     piece = local_slice(dy, dev, dim, group)
     if piece.shape[dim] != x.shape[dim]:
-        raise ShardingError(f"{dev.name}: all_gather_invariant of pieces of uneven size along dim {dim} (this "
-                            f"member's: {x.shape[dim]} of {dy.shape[dim]}): its backward needs them laid out as "
+        raise ShardingError(f"{dev.name}: all_gather_invariant of pieces of uneven "
+                            f"size along dim {dim} (this "
+                            f"member's: {x.shape[dim]} of {dy.shape[dim]}): its "
+                            "backward needs them laid out as "
                             "numpy.array_split lays them out (the first ones one longer)")
     return np.ascontiguousarray(piece)
 
@@ -115,7 +117,8 @@ def g(x: np.ndarray, dev: Any, group: Any) -> np.ndarray:
     return dev.all_reduce(x, op="sum", group=group, algorithm=_reduce_algorithm(x))
 
 
-defvjp(f, lambda ans, x, dev, group: lambda dy: dev.all_reduce(dy, op="sum", group=group, algorithm=_reduce_algorithm(dy)))
+defvjp(f, lambda ans, x, dev,
+       group: lambda dy: dev.all_reduce(dy, op="sum", group=group, algorithm=_reduce_algorithm(dy)))
 defvjp(g, lambda ans, x, dev, group: lambda dy: dy)
 
 
@@ -149,7 +152,8 @@ def _scattered_back(dy: np.ndarray, x: np.ndarray, dev: Any, dim: int, group: An
     ``numpy.array_split`` does; pieces laid out otherwise would get another member's rows."""
     piece = dev.reduce_scatter(dy, dim=dim, op="sum", group=group)
     if piece.shape[dim] != x.shape[dim]:
-        raise ShardingError(f"{dev.name}: all_gather of pieces of uneven size along dim {dim} (this member's: "
+        raise ShardingError(f"{dev.name}: all_gather of pieces of uneven size along "
+                            f"dim {dim} (this member's: "
                             f"{x.shape[dim]} of {dy.shape[dim]}): its backward needs them laid out as "
                             "numpy.array_split lays them out (the first ones one longer)")
     return piece
@@ -158,7 +162,8 @@ def _scattered_back(dy: np.ndarray, x: np.ndarray, dev: Any, dim: int, group: An
 defvjp(all_gather, lambda ans, x, dev, dim, group: lambda dy: _scattered_back(dy, x, dev, dim, group))
 defvjp(all_gather_invariant, lambda ans, x, dev, dim, group: lambda dy: _own_piece(dy, x, dev, dim, group))
 defvjp(reduce_scatter, lambda ans, x, dev, dim, group: lambda dy: dev.all_gather(dy, dim=dim, group=group))
-defvjp(all_to_all, lambda ans, x, dev, s, c, group: lambda dy: dev.all_to_all(dy, split_dim=c, concat_dim=s, group=group))
+defvjp(all_to_all, lambda ans, x, dev, s, c,
+       group: lambda dy: dev.all_to_all(dy, split_dim=c, concat_dim=s, group=group))
 
 
 # -- local kernels that charge the modelled clock ------------------------------------------------

@@ -68,9 +68,11 @@ def _owners(spec: TensorSharding, shape: Sequence[int], mesh: Any) -> frozenset[
     return frozenset(seen.values())
 
 
-def _execute_on_device(dev: Any, layer: Any, keys: tuple[str, ...], temp: tuple[str, ...], owners: frozenset[int]):
+def _execute_on_device(dev: Any, layer: Any, keys: tuple[str, ...], temp: tuple[str, ...],
+                       owners: frozenset[int]):
     limit_blas_threads(dev)
-    dev.state.pop(_OUT, None)  # the last output, fetched already: kept, it held a receive buffer the next call re-made
+    # the last output, fetched already: kept, it held a receive buffer the next call re-made
+    dev.state.pop(_OUT, None)
     inputs = [dev.state[k] for k in keys]
     resident = sum(x.nbytes for x in inputs)
     tracemalloc.start()
@@ -141,14 +143,16 @@ class TensorParallelOp(PlacedOperation):
     def place_weights(self, cluster: Any, *weights: np.ndarray) -> int:
         """Send every device its pieces of the weights; returns host→device bytes."""
         if len(weights) != len(self.weights):
-            raise ShardingError(f"place_weights: expected {len(self.weights)} weights (inputs {self.weights}), got {len(weights)}")
+            raise ShardingError(f"place_weights: expected {len(self.weights)} weights (inputs "
+                                f"{self.weights}), got {len(weights)}")
         layer = self._layer(cluster.mesh)
         check_layer("place_weights", layer, self.shapes, self.out_shape, cluster.mesh)
         layouts = layer.input_layouts()
         weights = tuple(np.asarray(w) for w in weights)
         for i, w in zip(self.weights, weights):  # every weight checked before any is sent: all or none
             if w.shape != self.shapes[i]:
-                raise ShardingError(f"place_weights: input {i} has shape {w.shape}, expected {self.shapes[i]}")
+                raise ShardingError(f"place_weights: input {i} has shape {w.shape}, "
+                                    f"expected {self.shapes[i]}")
         total = sum(put_pieces(cluster, self._key(i), w, layouts[i]) for i, w in zip(self.weights, weights))
         self.hold(cluster)
         return total
@@ -163,9 +167,14 @@ class TensorParallelOp(PlacedOperation):
         # the mesh first: a wrong one explains a wrong count too
         check_layer("execute", layer, self.shapes, self.out_shape, cluster.mesh)
         if len(arrays) != len(positions):
-            unplaced = f"; the weights (inputs {sorted(self.weights)}) are not on this cluster: call " \
-                f"place_weights(cluster, ...) first, or pass every input" if self.weights and not placed else ""
-            raise ShardingError(f"execute: expected {len(positions)} arrays (inputs {positions}), got {len(arrays)}"
+            unplaced = (
+                f"; the weights (inputs {sorted(self.weights)}) are not on this cluster: call "
+                f"place_weights(cluster, ...) first, or pass every input"
+                if self.weights and not placed
+                else ""
+            )
+            raise ShardingError(f"execute: expected {len(positions)} arrays (inputs "
+                                f"{positions}), got {len(arrays)}"
                                 f"{unplaced}")
         layouts = layer.input_layouts()
         arrays = tuple(np.asarray(x) for x in arrays)

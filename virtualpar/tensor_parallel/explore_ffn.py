@@ -49,14 +49,16 @@ def _policies(mesh: Any) -> list[FeedForwardShardingPolicy]:
     axes = tuple(mesh.axis_names)
     out = [FeedForwardShardingPolicy.named("unsharded", mesh)]
     for t in _ordered_subsets(axes):
-        out += [FeedForwardShardingPolicy.named(name, mesh, t=t) for name in ("megatron", "sequence_parallel")]
+        out += [FeedForwardShardingPolicy.named(name, mesh,
+                                                t=t) for name in ("megatron", "sequence_parallel")]
     for x in _ordered_subsets(axes):
         for y in _ordered_subsets(tuple(a for a in axes if a not in x)):
             out.append(FeedForwardShardingPolicy.named("gspmd", mesh, x=x, y=y))
     return out
 
 
-def ffn_peak_bytes(policy: FeedForwardShardingPolicy, b: int, s: int, m: int, h: int, mesh: Any, itemsize: int) -> int:
+def ffn_peak_bytes(policy: FeedForwardShardingPolicy, b: int, s: int, m: int, h: int, mesh: Any,
+                   itemsize: int) -> int:
     """Modelled peak bytes per device of the forward (see the module docstring)."""
     shapes = ((b, s, m), (m, h), (h,), (h, m), (m,))
     lays = policy.layouts()
@@ -81,7 +83,8 @@ def ffn_peak_bytes(policy: FeedForwardShardingPolicy, b: int, s: int, m: int, h:
     return itemsize * (sum(local) + gathered + 3 * tokens * hid + tokens * m + coll + out_local)
 
 
-def explore_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: Any = "float32") -> list[FFNCandidate]:
+def explore_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any,
+                dtype: Any = "float32") -> list[FFNCandidate]:
     """Every policy × role assignment that fits the shape, fastest modelled forward first."""
     hardware = estimate_hardware(hardware)
     itemsize = np.dtype(dtype).itemsize
@@ -96,10 +99,12 @@ def explore_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype:
         out.append(FFNCandidate(policy, cost, peak, modelled_estimate(cost.forward, mesh, hardware, dtype),
                                 modelled_estimate(cost.backward, mesh, hardware, dtype),
                                 peak <= hardware.device.memory_capacity))
-    return sorted(out, key=lambda c: (c.modelled_forward_s, c.modelled_backward_s, c.peak_bytes, str(c.policy)))
+    return sorted(out,
+                  key=lambda c: (c.modelled_forward_s, c.modelled_backward_s, c.peak_bytes, str(c.policy)))
 
 
-def choose_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: Any = "float32", policy: str = "auto") -> FFNCandidate:
+def choose_ffn(b: int, s: int, m: int, h: int, mesh: Any, hardware: Any, dtype: Any = "float32",
+               policy: str = "auto") -> FFNCandidate:
     """``policy="auto"``: the fastest candidate on ``hardware`` that fits its memory."""
     if policy != "auto":
         raise ShardingError(f"choose_ffn: unknown policy {policy!r}; expected 'auto'")

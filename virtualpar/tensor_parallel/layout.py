@@ -60,10 +60,12 @@ def role_axes(policy: str, roles: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     for role, v in roles.items():
         axes = (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (list, tuple)) else None
         if axes is None or not all(isinstance(a, str) for a in axes):
-            raise ShardingError(f"policy {policy!r}: role {role}= takes a mesh axis name or a tuple of them, got {v!r}",
+            raise ShardingError(f"policy {policy!r}: role {role}= takes a mesh axis name or a "
+                                f"tuple of them, got {v!r}",
                                 policy=policy)
         if not axes:
-            raise ShardingError(f"policy {policy!r}: role {role!r} needs at least one mesh axis, got {v!r}", policy=policy)
+            raise ShardingError(f"policy {policy!r}: role {role!r} needs at least one mesh axis, got {v!r}",
+                                policy=policy)
         out[role] = axes
     return out
 
@@ -80,7 +82,8 @@ def check_roles(policy: str, roles: dict[str, tuple[str, ...]], mesh: Any, build
         bad = [a for a in axes if a not in names]
         if bad or len(set(axes)) != len(axes):
             what = f"unknown mesh axes {bad}" if bad else "an axis twice"
-            raise ShardingError(f"policy {policy!r}: role {role}={axes} names {what}; the mesh has axes {names}",
+            raise ShardingError(f"policy {policy!r}: role {role}={axes} names {what}; "
+                                f"the mesh has axes {names}",
                                 policy=policy)
         out[role] = tuple(a for a in names if a in axes)
     for label, lay in zip(labels, build(out)):
@@ -88,7 +91,8 @@ def check_roles(policy: str, roles: dict[str, tuple[str, ...]], mesh: Any, build
         twice = [a for a in names if used.count(a) > 1]
         if twice:
             given = ", ".join(f"{k}={'+'.join(v)}" for k, v in sorted(out.items()))
-            raise ShardingError(f"policy {policy!r} with {given} shards {label} {format_layout(lay)}: mesh axis "
+            raise ShardingError(f"policy {policy!r} with {given} shards {label} "
+                                f"{format_layout(lay)}: mesh axis "
                                 f"{twice[0]!r} used twice; give its roles disjoint axes", policy=policy)
     return out
 
@@ -101,7 +105,8 @@ def check_layer(what: str, layer: Any, in_shapes: Sequence[Sequence[int]], out_s
     layouts = layer.input_layouts()
     if len(in_shapes) != len(layouts):
         raise ShardingError(f"{what}: the layer takes {len(layouts)} inputs, got {len(in_shapes)} shapes")
-    name = getattr(getattr(layer, "policy", None), "name", None) or getattr(layer, "name", type(layer).__name__)
+    name = getattr(getattr(layer, "policy", None), "name",
+                   None) or getattr(layer, "name", type(layer).__name__)
     for i, (lay, shape) in enumerate(zip(layouts, in_shapes)):
         check_layout(f"input {i} of {name} ({what})", lay, tuple(shape), mesh)
     if out_shape is not None:

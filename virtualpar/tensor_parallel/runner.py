@@ -1,11 +1,11 @@
 """Run a sharded layer's forward and backward on a cluster and measure each phase.
 
-Differentiation is ``virtualpar.nn.vjp`` (forward now, backward later).  A *layer* here is anything with ``input_layouts()`` (one layout per differentiable input, in
-order), ``output_layout()`` and ``forward(dev, *inputs)`` written with :mod:`.autodiff`.  The host
-places each device's input pieces in ``dev.state`` (they stay there: weights placed once are
-resident), runs the forward, which keeps its vjp on the device, and later the backward with the
-output cotangent in the output's layout ("forward now, backward later").  Each phase is measured
-from the cluster itself: bytes from ``cluster.stats()``, collectives and FLOPs from the trace's
+Differentiation is ``virtualpar.nn.vjp`` (forward now, backward later).  A *layer* here is anything with
+``input_layouts()`` (one layout per differentiable input, in order), ``output_layout()`` and ``forward(dev,
+*inputs)`` written with :mod:`.autodiff`.  The host places each device's input pieces in ``dev.state`` (they
+stay there: weights placed once are resident), runs the forward, which keeps its vjp on the device, and later
+the backward with the output cotangent in the output's layout ("forward now, backward later").  Each phase is
+measured from the cluster itself: bytes from ``cluster.stats()``, collectives and FLOPs from the trace's
 collective and compute events, wall time on this machine, modelled time from the clocks.
 """
 
@@ -45,7 +45,8 @@ class Phase:
     model: float                              # modelled seconds: slowest device's clock advance
 
 
-def place(cluster: Any, arrays: Sequence[np.ndarray], layouts: Sequence[Layout], keys: Sequence[str] | None = None) -> int:
+def place(cluster: Any, arrays: Sequence[np.ndarray], layouts: Sequence[Layout],
+          keys: Sequence[str] | None = None) -> int:
     """Put every device's piece of each array in ``dev.state`` (under ``tp.in.<i>`` or ``keys``).
     Returns the host->device bytes sent."""
     return sum(put_pieces(cluster, keys[i] if keys else f"{_IN}{i}", x, lay)
@@ -92,7 +93,8 @@ def _measure(cluster: Any, fn: Any, *args: Any) -> tuple[list[Any], Phase]:
 
 
 def run_forward(cluster: Any, layer: Any, inputs: Sequence[np.ndarray], out_shape: Sequence[int],
-                keys: Sequence[str] | None = None, placed: bool = False) -> tuple[np.ndarray, list[np.ndarray], Phase]:
+                keys: Sequence[str] | None = None,
+                placed: bool = False) -> tuple[np.ndarray, list[np.ndarray], Phase]:
     """Forward on every device: (full output, output pieces in rank order, the phase measured).
 
     ``placed``: the inputs are already resident under ``keys`` (nothing is sent from the host).
@@ -123,13 +125,15 @@ def _program(layer: Any) -> str:
     return f"{type(layer).__name__} {getattr(layer, 'policy', layer)}"
 
 
-def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
+def run_backward(cluster: Any, layer: Any, dy: np.ndarray, in_shapes: Sequence[Sequence[int]]
+                 ) -> tuple[list[np.ndarray], list[list[np.ndarray]], Phase]:
     """Backward of the last forward: (full input gradients, their pieces per input, the phase).
     ``layer`` must be the one that forward ran (the devices hold its saved values, nothing else's)."""
     layer = _bind(layer, cluster.mesh)
     last = _LAST_FORWARD.get(cluster)
     if last is None:
-        raise UsageError("run_backward has no forward to go back through on this cluster: call run_forward first "
+        raise UsageError("run_backward has no forward to go back through on this "
+                         "cluster: call run_forward first "
                          "(each forward is gone back through once)")
     if last != _program(layer):
         raise UsageError(f"run_backward({_program(layer)}) after a forward of {last}: the devices hold that "
@@ -152,6 +156,7 @@ def _check_matmul_shapes(layer: Any, inputs: Sequence[np.ndarray], out_shape: Se
     if isinstance(layer, MatMul) and len(inputs) == 2:
         a, b = (np.shape(x) for x in inputs)
         if len(a) == 2 and len(b) == 2 and (a[1] != b[0] or tuple(out_shape) != (a[0], b[1])):
-            raise ShardingError(f"run_forward: MatMul of A {a} @ B {b} gives {(a[0], b[1]) if a[1] == b[0] else 'nothing'}"
+            raise ShardingError(f"run_forward: MatMul of A {a} @ B {b} gives "
+                                f"{(a[0], b[1]) if a[1] == b[0] else 'nothing'}"
                                 f"{'' if a[1] == b[0] else f' (inner dimensions {a[1]} and {b[0]} differ)'}; "
                                 f"out_shape is {tuple(out_shape)}")

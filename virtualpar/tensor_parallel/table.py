@@ -25,8 +25,8 @@ from .execute import TensorParallelOp
 from .ffn import FFN_POLICIES, FeedForward, FeedForwardShardingPolicy
 from .matmul import MATMUL_POLICIES, MatMul, MatMulShardingPolicy
 
-__all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "estimate_hardware", "build_op", "reference", "TOLERANCE",
-           "check_shape_fits"]
+__all__ = ["PolicyRow", "policy_rows", "explore_rows", "modelled_estimate", "estimate_hardware", "build_op",
+           "reference", "TOLERANCE", "check_shape_fits"]
 
 #: max |error| / max |reference| allowed per dtype ("correct?" in the table)
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -72,7 +72,8 @@ def _axes_of(mesh: Any, rank: int, group: tuple[int, ...]) -> str:
     return "?"
 
 
-def build_op(name: str, mesh: Any, shape: tuple[int, ...], ffn: bool, hardware: Any = None, dtype: Any = "float32"):
+def build_op(name: str, mesh: Any, shape: tuple[int, ...], ffn: bool, hardware: Any = None,
+             dtype: Any = "float32"):
     """(policy, op, input shapes) for a named policy at ``shape`` (m,k,n or b,s,m,h); "auto" (MatMul
     only) is the explorer's fastest candidate on ``hardware`` that fits its memory."""
     if ffn:
@@ -111,7 +112,8 @@ def reference(inputs: list[np.ndarray], ffn: bool) -> np.ndarray:
 
 
 def _in_shapes(shape: tuple[int, ...], ffn: bool) -> tuple[tuple[int, ...], ...]:
-    return ((shape[0], shape[1], shape[2]), (shape[2], shape[3]), (shape[3],), (shape[3], shape[2]), (shape[2],)) \
+    return ((shape[0], shape[1], shape[2]), (shape[2], shape[3]), (shape[3],), (shape[3], shape[2]),
+            (shape[2],)) \
         if ffn else ((shape[0], shape[1]), (shape[1], shape[2]))
 
 
@@ -133,7 +135,8 @@ def check_shape_fits(shape: tuple[int, ...], ffn: bool = False, dtype: Any = np.
     if need > have:
         what = "FeedForward b,s,m,h" if ffn else "MatMul m,k,n"
         raise UsageError(f"shape {what} = {tuple(shape)} in {np.dtype(dtype)} needs about {gib(need)} of "
-                         f"memory (the inputs and outputs in the driver, with numpy's reference, and once more "
+                         "memory (the inputs and outputs in the driver, with numpy's "
+                         "reference, and once more "
                          f"on the devices) but this machine has {gib(have)} available; use a smaller shape")
 
 
@@ -158,12 +161,13 @@ def policy_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype: 
         try:
             policy, op, _ = build_op(name, mesh, shape, ffn, hw, dtype)
         except ShardingError as exc:
-            rows.append(PolicyRow(name, "-", False, float("nan"), (), 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, False, str(exc)))
+            rows.append(PolicyRow(name, "-", False, float("nan"), (), 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, False,
+                                  str(exc)))
             if progress is not None:
                 progress()
             continue
-        rows.append(_measure(cluster, name, str(policy).split(": ", 1)[1], policy.cost(*shape, mesh, dtype.itemsize).forward,
-                             op, inputs, want, dtype))
+        rows.append(_measure(cluster, name, str(policy).split(": ", 1)[1],
+                             policy.cost(*shape, mesh, dtype.itemsize).forward, op, inputs, want, dtype))
         if progress is not None:
             progress()
     return rows
@@ -187,7 +191,8 @@ def explore_rows(cluster: Any, shape: tuple[int, ...], ffn: bool = False, dtype:
         tick(len(candidates))
         for c in candidates:
             b, s, m, h = shape
-            op = TensorParallelOp(FeedForward(c.policy), ((b, s, m), (m, h), (h,), (h, m), (m,)), (b, s, m), weights=(1, 2, 3, 4))
+            op = TensorParallelOp(FeedForward(c.policy), ((b, s, m), (m, h), (h,), (h, m), (m,)), (b, s, m),
+                                  weights=(1, 2, 3, 4))
             roles = ",".join(f"{k}={'+'.join(v)}" for k, v in c.policy.roles)
             rows.append(_measure(cluster, f"{c.policy.name}({roles})", str(c.policy).split(": ", 1)[1],
                                  c.cost.forward, op, inputs, want, dtype))
@@ -230,10 +235,14 @@ def _measure(cluster: Any, name: str, layouts: str, closed: PhaseCost, op: Tenso
     for e in events:
         if e.kind == "compute":
             flops[e.rank] += float(e.arg("flops", 0.0))
-    colls = tuple(f"{e.name}({_axes_of(mesh, 0, e.group)})" for e in events if e.kind == "collective" and e.rank == 0)
+    colls = tuple(
+        f"{e.name}({_axes_of(mesh, 0, e.group)})" for e in events if e.kind == "collective" and e.rank == 0
+    )
     peak = max(op.peak_bytes(cluster))
     rel = float(np.abs(out - want).max() / np.abs(want).max())
-    ok_closed = all(st.sent(r) == closed.bytes_sent for r in range(mesh.size)) and all(f == closed.flops for f in flops)
+    ok_closed = all(st.sent(r) == closed.bytes_sent for r in range(mesh.size)) and all(
+        f == closed.flops for f in flops
+    )
     return PolicyRow(
         policy=name, layouts=layouts, correct=bool(rel <= TOLERANCE.get(dtype.name, 1e-5)),
         rel_error=rel, collectives=colls, bytes_device_to_device=max(st.sent(r) for r in range(mesh.size)),

@@ -68,7 +68,8 @@ def children(pid: int | None = None) -> dict[int, str]:
     multiprocessing's helpers: pid -> "state command"."""
     pid = os.getpid() if pid is None else pid
     table = {int(e): st for e in os.listdir("/proc") if e.isdigit() and (st := _stat(int(e))) is not None}
-    helpers = {p for p, (_, parent) in table.items() if parent == pid and any(h in _cmdline(p) for h in _HELPERS)}
+    helpers = {p for p,
+               (_, parent) in table.items() if parent == pid and any(h in _cmdline(p) for h in _HELPERS)}
     parents = {pid} | {p for p in helpers if "forkserver" in _cmdline(p)}
     return {p: f"{state} {_cmdline(p)[:80] or f'pid {p}'}" for p, (state, parent) in table.items()
             if parent in parents and p not in helpers}
@@ -175,8 +176,10 @@ class Snapshot:
 
     def new_since(self, before: "Snapshot") -> list[str]:
         """Human-readable lines, one per resource here that ``before`` did not have."""
-        out = [f"process {p} ({cmd}) still running" for p, cmd in self.children.items() if p not in before.children]
-        out += [f"thread {name!r} still running" for ident, name in self.threads.items() if ident not in before.threads]
+        out = [f"process {p} ({cmd}) still running" for p,
+               cmd in self.children.items() if p not in before.children]
+        out += [f"thread {name!r} still running" for ident,
+                name in self.threads.items() if ident not in before.threads]
         out += [f"shared memory /dev/shm/{n} not unlinked" for n in sorted(self.segments - before.segments)]
         out += [f"temporary directory {p} not removed (no live process serves its socket)"
                 for p in sorted(self.tmp - before.tmp)]

@@ -7,8 +7,8 @@
   (other fixture values are passed to every device, so they must pickle).  A failure names the
   device (rank, mesh coordinates) with its remote traceback.
 * After every test that started a cluster (itself, or through a fixture or ``spmd``): no child
-  process, thread, /dev/shm segment, file descriptor or stray /tmp/pymp-* directory may be left (a leak fails the test at
-  teardown; see :mod:`.leaks` for what counts); ``--vp-no-leak-check`` turns this off.  Tests that
+  process, thread, /dev/shm segment, file descriptor or stray /tmp/pymp-* directory may be left (a leak fails
+  the test at teardown; see :mod:`.leaks` for what counts); ``--vp-no-leak-check`` turns this off.  Tests that
   start no cluster are not checked: the plugin loads wherever virtualpar is installed, and another
   project's tests are not its business.  A test that uses a module- or session-scoped fixture is
   compared with the state after its set-up (those fixtures' own resources outlive it by design),
@@ -50,15 +50,19 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--vp-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                     help=f"op timeout of the clusters the plugin starts (default {DEFAULT_TIMEOUT:g})")
     group.addoption("--vp-keep-traces", default=None, metavar="DIR",
-                    help="write the report and the trace (Chrome JSON) of every failed virtualpar test into DIR")
+                    help="write the report and the trace (Chrome JSON) of every failed "
+                         "virtualpar test into DIR")
     group.addoption("--vp-no-leak-check", action="store_true", default=False,
-                    help="do not fail tests that start a cluster and leave processes, threads, shared memory or "
+                    help="do not fail tests that start a cluster and leave processes, "
+                         "threads, shared memory or "
                          "file descriptors behind")
 
 
 def pytest_configure(config: Any) -> None:
-    config.addinivalue_line("markers", "cluster(mesh=2, **options): the VirtualCluster the `cluster` fixture starts")
-    config.addinivalue_line("markers", "spmd(mesh=2, **options): run the test body on every device (def test_x(dev))")
+    config.addinivalue_line("markers",
+                            "cluster(mesh=2, **options): the VirtualCluster the `cluster` fixture starts")
+    config.addinivalue_line("markers",
+                            "spmd(mesh=2, **options): run the test body on every device (def test_x(dev))")
 
 
 def _options(item: Any, marker: str, param: Any = None) -> tuple[Any, dict]:
@@ -66,7 +70,8 @@ def _options(item: Any, marker: str, param: Any = None) -> tuple[Any, dict]:
     m = item.get_closest_marker(marker)
     if m is not None:
         if len(m.args) > 1:
-            raise UsageError(f"@pytest.mark.{marker} takes the mesh as its only positional argument, got {m.args!r}")
+            raise UsageError(f"@pytest.mark.{marker} takes the mesh as its only positional "
+                             f"argument, got {m.args!r}")
         kw.update(m.kwargs)
         if m.args:
             kw["mesh"] = m.args[0]
@@ -115,7 +120,8 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> bool | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: Any) -> Any:
     if item.get_closest_marker("cluster") is not None and "cluster" not in getattr(item, "fixturenames", ()):
-        raise UsageError(f"{item.nodeid}: @pytest.mark.cluster configures the `cluster` fixture, which this test "
+        raise UsageError(f"{item.nodeid}: @pytest.mark.cluster configures the `cluster` "
+                         "fixture, which this test "
                          "does not take (add a `cluster` argument), so no cluster would start")
     check = not item.config.getoption("vp_no_leak_check")
     if check:
@@ -171,7 +177,8 @@ def _keep(directory: str, nodeid: str, text: str, clusters: list) -> None:
     for k, c in enumerate(clusters):
         if not c.closed:
             try:
-                c.trace().write_chrome(f"{stem}.{k}.json")  # what Perfetto opens (save_json is virtualpar's own)
+                # what Perfetto opens (save_json is virtualpar's own)
+                c.trace().write_chrome(f"{stem}.{k}.json")
             except Exception as exc:  # never hide the test's failure
                 with open(stem + ".txt", "a") as f:
                     f.write(f"(trace of cluster {k} not saved: {exc})\n")

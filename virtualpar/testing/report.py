@@ -25,7 +25,9 @@ def _device_line(err: BaseException | None) -> str:
     if rank is None:
         return f"failed in the driver: {type(err).__name__}: {err}" if err is not None else "failed"
     index = getattr(err, "index", None)
-    where = f"device {rank}" + (f" {index}" if index and not str(index).startswith("(") else f" {index or ''}")
+    where = f"device {rank}" + (
+        f" {index}" if index and not str(index).startswith("(") else f" {index or ''}"
+    )
     cause = err.__cause__
     tb = f"\nremote traceback of device {rank}:\n{cause}" if cause is not None else ""
     return f"failed on {where.strip()}: {type(err).__name__}{tb}"
@@ -49,13 +51,18 @@ def failure_report(clusters: list[Any], err: BaseException | None, width: int = 
         else:
             try:
                 trace = cluster.trace()
-                text = trace.to_text(width=width) if len(trace) else \
-                    "(no op of the failed run completed, as in a deadlock: the flight recorder below shows where each device was)"
+                text = (
+                    trace.to_text(width=width)
+                    if len(trace)
+                    else "(no op of the failed run completed, as in a deadlock: the flight recorder below "
+                    "shows where each device was)"
+                )
                 parts.append(f"{name}, timeline of the failed run:\n{text}")
             except Exception as exc:  # a report must never hide the test's own failure
                 log.info("no timeline for %s: %s", name, exc)
                 parts.append(f"{name}: no timeline ({type(exc).__name__}: {exc})")
-        tails = [f"  device {r} {cluster.mesh.index(r)}:\n{format_records(cluster.flight_records(r), FLIGHT_TAIL)}"
+        tails = [f"  device {r} "
+                 f"{cluster.mesh.index(r)}:\n{format_records(cluster.flight_records(r), FLIGHT_TAIL)}"
                  for r in range(cluster.size)]
         parts.append(f"{name}, flight recorder (last {FLIGHT_TAIL} ops per device):\n" + "\n".join(tails))
     return "\n\n".join(parts)

@@ -58,7 +58,8 @@ class SequencePipe(nn.Module):
         """``get_init_states()`` broadcast to ``batch`` samples (a leading batch dim)."""
         states = self.get_init_states()
         if not isinstance(states, tuple):
-            raise UsageError(f"{type(self).__name__}.get_init_states() must return a tuple of arrays, got {type(states).__name__}")
+            raise UsageError(f"{type(self).__name__}.get_init_states() must return a tuple of arrays, got "
+                             f"{type(states).__name__}")
         return tuple(np.broadcast_to(s, (batch, *np.shape(s))).copy() for s in states)
 
 

@@ -37,7 +37,8 @@ _US = 1e6  # seconds -> microseconds
 _FLOW_CAT = "p2p"
 # The slice category: send and recv share the flow's so that viewers binding a flow event to the
 # slice with equal (pid, tid, ts, cat) -- Chrome DevTools does -- find them.
-_CAT = {"compute": "compute", "send": _FLOW_CAT, "recv": _FLOW_CAT, "collective": "collective", "wait": "wait"}
+_CAT = {"compute": "compute", "send": _FLOW_CAT, "recv": _FLOW_CAT, "collective": "collective",
+        "wait": "wait"}
 _TRACK = {"compute": COMPUTE_TID, "send": COMM_TID, "recv": COMM_TID, "collective": COMM_TID,
           "wait": COMM_TID}
 

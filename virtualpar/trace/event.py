@@ -135,7 +135,8 @@ class Event:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise UsageError(f"Event.from_dict: unknown fields {unknown}; expected a subset of {sorted(known)}")
+            raise UsageError(f"Event.from_dict: unknown fields {unknown}; expected a "
+                             f"subset of {sorted(known)}")
         values = {k: _tupled(v) for k, v in data.items()}
         if "args" in values:
             values["args"] = tuple((str(k), v) for k, v in values["args"])

@@ -12,8 +12,8 @@ timeline, a PNG Gantt chart, a summary with the critical path).
 Event kinds (:data:`KINDS`)::
 
     compute      local work (matmul, add, ...)
-    send, recv   one point-to-point message; a matching pair shares a ``flow`` id ("2>5#17"; "2>5#17@1" after a reset)
-    collective   a whole collective call; the send/recv events of its algorithm lie inside it
+    send, recv   one point-to-point message; a matching pair shares a ``flow`` id ("2>5#17"; "2>5#17@1" after
+    a reset) collective   a whole collective call; the send/recv events of its algorithm lie inside it
     wait         time spent blocked on something that is not a message (optional)
 """
 
@@ -126,8 +126,10 @@ class Trace:
             kinds = {kind} if isinstance(kind, str) else set(kind)
             bad = sorted(kinds - _KIND_SET)
             if bad:
-                raise UsageError(f"Trace.filter: unknown {plural(len(bad), 'kind')} {bad}; expected some of {KINDS}")
-        ranks = None if rank is None else ({int(rank)} if isinstance(rank, Integral) else {int(r) for r in rank})
+                raise UsageError(f"Trace.filter: unknown {plural(len(bad), 'kind')} {bad}; "
+                                 f"expected some of {KINDS}")
+        ranks = None if rank is None else ({int(rank)} if isinstance(rank,
+                                                                     Integral) else {int(r) for r in rank})
         kept = [e for e in self._events
                 if (kinds is None or e.kind in kinds)
                 and (ranks is None or e.rank in ranks)

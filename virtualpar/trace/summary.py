@@ -160,7 +160,8 @@ class Summary:
         """A readable table: per-device times, bytes per link, the critical path (``max_path`` rows);
         the opening sentence wraps at ``width`` columns."""
         n = len(self.ranks)
-        sent = f"{format_bytes(self.total_bytes)} sent in {self.messages} message{'s' if self.messages != 1 else ''}"
+        plural = "s" if self.messages != 1 else ""
+        sent = f"{format_bytes(self.total_bytes)} sent in {self.messages} message{plural}"
         if self.shared_bytes:
             sent = (f"{format_bytes(self.total_bytes + self.shared_bytes)} moved: {sent}, "
                     f"{format_bytes(self.shared_bytes)} through shared memory by collectives")
@@ -173,12 +174,14 @@ class Summary:
         for r in self.ranks:
             pct = 100.0 * self.busy[r] / self.span if self.span > 0 else 0.0
             lines.append(f"{self.device_names[r]:<{pad}}  {format_seconds(self.busy[r]):>10}  "
-                         f"{format_seconds(self.comm[r]):>10}  {format_seconds(self.idle[r]):>10}  {pct:>5.1f}%")
+                         f"{format_seconds(self.comm[r]):>10}  "
+                         f"{format_seconds(self.idle[r]):>10}  {pct:>5.1f}%")
         if self.link_bytes:
             lines.append("links (bytes sent):")
             for (src, dst), nbytes in sorted(self.link_bytes.items()):
                 k = self.link_messages[(src, dst)]
-                lines.append(f"  {src} -> {dst}  {format_bytes(nbytes):>10} in {k} message{'s' if k != 1 else ''}")
+                lines.append(f"  {src} -> {dst}  {format_bytes(nbytes):>10} in {k} "
+                             f"message{'s' if k != 1 else ''}")
         path = self.critical_path
         lines.append(f"critical path: {format_seconds(self.critical_path_length)} "
                      f"of {format_seconds(self.span)} in {len(path)} events")
@@ -192,7 +195,8 @@ class Summary:
                 continue
             peer = f" peer {e.peer}" if e.peer is not None else ""
             lines.append(f"  {k:>3}  rank {e.rank:<3} {e.kind:<10} {e.name:<16} "
-                         f"{format_seconds(e.start(self.clock))} .. {format_seconds(e.end(self.clock))}{peer}")
+                         f"{format_seconds(e.start(self.clock))} .. "
+                         f"{format_seconds(e.end(self.clock))}{peer}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -21,7 +21,8 @@ from ..student import COLLECTIVES, StudentFunction, broke_rule
 __all__ = ["Case", "Grader"]
 
 RULE = "this lab asks you to build it from send/recv (dev.send, dev.recv, dev.isend, dev.irecv)"
-WHY = {"strict (eager_limit=0)": "in strict mode a send completes only once its receive is posted: code where "
+WHY = {"strict "
+       "(eager_limit=0)": "in strict mode a send completes only once its receive is posted: code where "
                                  "every device sends before it receives waits forever",
        "shuffled (seed 1)": "in shuffled mode messages arrive in a seeded random order and timing",
        "shuffled (seed 7)": "in shuffled mode messages arrive in a seeded random order and timing"}
@@ -30,7 +31,8 @@ WHY = {"strict (eager_limit=0)": "in strict mode a send completes only once its 
 class Case:
     """One hidden case: ``n`` devices, each with its own array of ``shape`` and ``dtype``."""
 
-    def __init__(self, n: int, shape: tuple[int, ...], dtype: str, strided: bool = False, seed: int = 0) -> None:
+    def __init__(self, n: int, shape: tuple[int, ...], dtype: str, strided: bool = False,
+                 seed: int = 0) -> None:
         self.n, self.shape, self.dtype, self.strided, self.seed = n, shape, np.dtype(dtype), strided, seed
 
     def __repr__(self) -> str:
@@ -61,7 +63,8 @@ class Grader:
         self.rule_broken: Run | None = None
         self.ran_clean = False
 
-    def run(self, fn: StudentFunction, case: Case, mode: str = "plain", trace: bool = False) -> tuple[Run, list[str]]:
+    def run(self, fn: StudentFunction, case: Case, mode: str = "plain",
+            trace: bool = False) -> tuple[Run, list[str]]:
         run = run_student(fn, case.per_rank(), Mesh({"world": case.n}), mode=mode, forbidden=COLLECTIVES,
                           rule=RULE, strided=case.strided, trace=trace)
         if not run.ok:
@@ -71,8 +74,8 @@ class Grader:
         self.ran_clean = True
         rtol = 1e-5 if case.dtype == np.float32 else 1e-10
         atol = 1e-6 if case.dtype.kind == "f" else 0.0
-        return run, [f"{case}, {mode}: {p}" for p in compare(run.results, case.expected(), run.mesh, rtol=rtol,
-                                                              atol=atol)]
+        found = compare(run.results, case.expected(), run.mesh, rtol=rtol, atol=atol)
+        return run, [f"{case}, {mode}: {p}" for p in found]
 
     def correctness(self, groups: Sequence[tuple[str, Sequence[Case]]]) -> None:
         for name, cases in groups:
@@ -94,26 +97,29 @@ class Grader:
         """Both runs of ``case`` with a trace, side by side in the report (text, and PNG if asked)."""
         mine, _ = self.run(self.student, case, trace=True)
         ref, _ = self.run(self.reference, case, trace=True)
-        side_by_side(self.report, [("your run", mine), ("the reference", ref)], repr(case), self.options.width,
-                     self.options.png)
+        side_by_side(self.report, [("your run", mine), ("the reference", ref)], repr(case),
+                     self.options.width, self.options.png)
         return mine, ref
 
     def cost(self, case: Case, optimum_bytes: float, formula: str, time_slack: float = 1.25) -> None:
         """The busiest device's bytes against ``optimum_bytes``, and modelled time against the reference's."""
         mine, ref = self.timelines(case)
         if not mine.ok:
-            self.report.add("cost: bytes sent by the busiest device", False, output="not judged: the run failed")
+            self.report.add("cost: bytes sent by the busiest device", False,
+                            output="not judged: the run failed")
             self.report.add("cost: modelled time against virtualpar's reference", False,
                             output="not judged: the run failed")
             return
         busiest = max(range(case.n), key=lambda r: mine.sent[r])
         ratio = mine.sent[busiest] / optimum_bytes
         self.report.add("cost: bytes sent by the busiest device", ratio <= 1.05,
-                        output=f"your all-reduce: device {busiest} sent {mine.sent[busiest]} B = {ratio:.2f}x the "
+                        output=f"your all-reduce: device {busiest} sent "
+                               f"{mine.sent[busiest]} B = {ratio:.2f}x the "
                                f"bytes of {formula} = {optimum_bytes:.0f} B (n={case.n}, M={case.nbytes} B)")
         t_mine, t_ref = max(mine.clocks), max(ref.clocks)
         self.report.add("cost: modelled time against virtualpar's reference", t_mine <= time_slack * t_ref,
-                        output=f"modelled time {t_mine * 1e6:.1f} µs against the reference's {t_ref * 1e6:.1f} µs "
+                        output=f"modelled time {t_mine * 1e6:.1f} µs against the "
+                               f"reference's {t_ref * 1e6:.1f} µs "
                                f"({t_mine / t_ref:.2f}x) on h100-node")
 
 
@@ -123,4 +129,5 @@ def _summary(problems: list[str]) -> str:
         return ""
     more = [p.splitlines()[0] for p in problems[1:4]]
     rest = len(problems) - 1 - len(more)
-    return "\n".join([problems[0], *(f"also: {m}" for m in more), *([f"and {rest} more"] if rest > 0 else [])])
+    return "\n".join([problems[0], *(f"also: {m}" for m in more),
+                      *([f"and {rest} more"] if rest > 0 else [])])

@@ -17,7 +17,8 @@ RING = Path(__file__).parent.parent / "ring_allreduce" / "reference.py"
 
 def _groups(quick: bool) -> list[tuple[str, list[Case]]]:
     return [
-        ("correct on 1, 2, 4 and 8 devices", [Case(n, (6,), "float64") for n in ((1, 4) if quick else (1, 2, 4, 8))]),
+        ("correct on 1, 2, 4 and 8 devices",
+         [Case(n, (6,), "float64") for n in ((1, 4) if quick else (1, 2, 4, 8))]),
         ("correct on 3, 5 and 6 devices (folding the extra ones)",
          [Case(n, (5,), "float64") for n in ((3, 6) if quick else (3, 5, 6))]),
         ("correct for float32, int64, 2-d and non-contiguous inputs",
@@ -53,7 +54,8 @@ def check(path: str, options: CheckOptions) -> Report:
                           f"2*ceil(log2 n) = {limit} at n={n} (a ring sends 2(n-1) = {2 * (n - 1)})")
         t_tree, t_ring = max(mine.clocks), max(ring.clocks)
         report.add("latency: beats the ring on a 64-byte message (modelled clock)", t_tree < t_ring,
-                   output=f"your all-reduce took {t_tree * 1e6:.2f} µs, virtualpar's ring {t_ring * 1e6:.2f} µs "
+                   output=f"your all-reduce took {t_tree * 1e6:.2f} µs, virtualpar's "
+                          f"ring {t_ring * 1e6:.2f} µs "
                           f"on h100-node, n={n}")
     else:
         for name in ("latency: messages sent by the busiest device",

@@ -14,8 +14,8 @@ from ...student import COLLECTIVES, StudentFunction, broke_rule, load_student
 
 FUNCTIONS = ("mlp_forward", "mlp_backward")
 RULE = "the only communication in this lab is dev.all_reduce(..., group='tp')"
-FORBIDDEN = tuple(c for c in COLLECTIVES if c != "all_reduce") + ("send", "recv", "isend", "irecv", "sendrecv",
-                                                                   "ssend", "issend")
+FORBIDDEN = tuple(c for c in COLLECTIVES if c != "all_reduce") + ("send", "recv", "isend", "irecv",
+                                                                  "sendrecv", "ssend", "issend")
 B, D, H = 3, 4, 8
 
 
@@ -50,7 +50,8 @@ def _calls_problem(run, mesh: Mesh, what: str) -> str | None:
     for rank, calls in enumerate(run.calls or []):
         reduces = [shape for name, shape in calls if name == "all_reduce"]
         if reduces != [(B, D)]:
-            return (f"device {rank} {mesh.index(rank)} made {len(reduces)} all-reduce(s) of shapes {reduces} in "
+            return (f"device {rank} {mesh.index(rank)} made {len(reduces)} "
+                    f"all-reduce(s) of shapes {reduces} in "
                     f"the {what}; Megatron needs exactly one, of the (batch, d) = {(B, D)} output")
     return None
 
@@ -82,17 +83,20 @@ def check(path: str, options: CheckOptions) -> Report:
                 problems[f"{what} cost"].append(f"{where}: {cost}")
     hint = ("\nhint: reduce over group='tp' only — on a dp x tp mesh, group=None sums the data-parallel "
             "replicas too")
-    for key, name in (("forward", "forward matches numpy"), ("backward", "backward (dx, dw1, dw2) matches numpy"),
+    for key, name in (("forward", "forward matches numpy"),
+                      ("backward", "backward (dx, dw1, dw2) matches numpy"),
                       ("forward cost", "forward: exactly one all-reduce of (batch, d)"),
                       ("backward cost", "backward: exactly one all-reduce of (batch, d)")):
         found = problems[key]
         extra = hint if found and any("'dp'" in p or "dp=" in p for p in found) and "cost" not in key else ""
         report.add(name, not found, output="\n".join(found[:3]) + extra)
-    report.add("rules: only all_reduce over tp", not problems["rules"], output="\n".join(problems["rules"][:1]))
+    report.add("rules: only all_reduce over tp", not problems["rules"],
+               output="\n".join(problems["rules"][:1]))
     mesh = Mesh({"dp": 2, "tp": 2})
     args = _data(mesh, seed=1)[1]
+    reference = StudentFunction(LAB.reference, FUNCTIONS[1])
     runs = [(label, run_student(fn, args, mesh, forbidden=FORBIDDEN, rule=RULE, trace=True))
-            for label, fn in (("your run", bwd), ("the reference", StudentFunction(LAB.reference, FUNCTIONS[1])))]
+            for label, fn in (("your run", bwd), ("the reference", reference))]
     side_by_side(report, runs, "the backward on dp=2 x tp=2", options.width, options.png)
     return report
 

@@ -63,13 +63,14 @@ def check(path: str, options: CheckOptions) -> Report:
                output=judged or "\n".join(problems["makespan"][:4]))
     report.add("bubble: (R - 1)/(M + R - 1)", bool(valid) and not problems["bubble"],
                output=judged or "\n".join(problems["bubble"][:4]))
-    report.add("memory: stage s holds at most min(R - s, M) microbatches", bool(valid) and not problems["memory"],
-               output=judged or "\n".join(problems["memory"][:4]))
+    report.add("memory: stage s holds at most min(R - s, M) microbatches",
+               bool(valid) and not problems["memory"], output=judged or "\n".join(problems["memory"][:4]))
     if (4, 8) in timed:
         ref = load_student(LAB.reference, [FUNCTION]).one_f_one_b(4, 8)
         ref_sim = simulate(ref, _placement(4), 8, costs={"F": 1.0, "B": 1.0})
         schedule, sim = timed[(4, 8)]
-        report.timeline = (f"your schedule, R=4, M=8, F=B=1 (makespan {sim.makespan:g}, bubble {sim.bubble:.3f}):\n"
+        report.timeline = (f"your schedule, R=4, M=8, F=B=1 (makespan {sim.makespan:g}, "
+                           f"bubble {sim.bubble:.3f}):\n"
                            f"{format_grid(sim.grid(), line_width=options.width)}\n\nthe reference (makespan "
                            f"{ref_sim.makespan:g}, bubble {ref_sim.bubble:.3f}):\n"
                            f"{format_grid(ref_sim.grid(), line_width=options.width)}")

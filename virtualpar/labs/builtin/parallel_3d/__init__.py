@@ -82,14 +82,16 @@ def check(path: str, options: CheckOptions) -> Report:
         chosen = chosen or cfg
         mine = estimate(model, cfg, BATCH, model.seq_len, get_hardware(HARDWARE))
         if mine.memory["total"] > capacity:
-            problems["fits"].append(f"{what}: your configuration needs {mine.memory['total'] / 2**20:.1f} MiB "
+            problems["fits"].append(f"{what}: your configuration needs "
+                                    f"{mine.memory['total'] / 2**20:.1f} MiB "
                                     f"per device, the budget is {capacity / 2**20:.1f} MiB "
                                     f"({', '.join(f'{k} {v / 2**20:.1f}' for k, v in mine.memory.items())})")
             continue
         best = _best_3d(model, capacity)[0]
         if mine.step_time > 1.1 * best.step_time:
             problems["fast"].append(
-                f"{what}: {mine.label()} takes {mine.step_time * 1e3:.3f} ms modelled (bubble {mine.bubble:.1%}, "
+                f"{what}: {mine.label()} takes {mine.step_time * 1e3:.3f} ms modelled "
+                f"(bubble {mine.bubble:.1%}, "
                 f"exposed communication {mine.exposed_comm * 1e3:.3f} ms); {best.label()} takes "
                 f"{best.step_time * 1e3:.3f} ms (bubble {best.bubble:.1%})")
     report.add("configure: dp = tp = pp = 2, valid for the model and batch", not problems["3d"],

@@ -35,5 +35,6 @@ def configure(model, batch, memory_bytes):
 
 
 def bubble(schedule, pp, microbatches, virtual=2):
-    # TODO 2: (pp - 1) / (microbatches + pp - 1) for gpipe and 1f1b; interleaving divides the bubble by virtual
+    # TODO 2: (pp - 1) / (microbatches + pp - 1) for gpipe and 1f1b;
+    #         interleaving divides the bubble by virtual
     raise NotImplementedError("write bubble")

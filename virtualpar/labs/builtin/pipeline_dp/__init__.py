@@ -51,7 +51,8 @@ def check(path: str, options: CheckOptions) -> Report:
                 ruled = broke_rule(run.error)
                 problems["rules" if ruled else key].append(f"{where}: {describe(run.error, path)}")
                 continue
-            problems[key] += [f"{where}: {p}" for p in compare(run.results, want, mesh, rtol=1e-10, what="gradient")]
+            found = compare(run.results, want, mesh, rtol=1e-10, what="gradient")
+            problems[key] += [f"{where}: {p}" for p in found]
             if mode == "plain":  # between a pipeline's two stages only activations and their gradients travel
                 expected = B * H * 8
                 for rank in range(mesh.size):
@@ -61,7 +62,8 @@ def check(path: str, options: CheckOptions) -> Report:
                     sent = (int(run.bytes[first, last]), int(run.bytes[last, first]))
                     if sent != (expected, expected):
                         problems["bytes"].append(
-                            f"{where}: stage 0 (device {first}) sent {sent[0]} B to stage 1 and got {sent[1]} B "
+                            f"{where}: stage 0 (device {first}) sent {sent[0]} B to "
+                            f"stage 1 and got {sent[1]} B "
                             f"back; the activations h and their gradients are B*H*8 = {expected} B each way")
                         break
     report.add("gradients match numpy over the whole batch", not problems["correct"],
@@ -71,7 +73,8 @@ def check(path: str, options: CheckOptions) -> Report:
     report.add("communication: activations between stages, gradients over dp",
                not problems["correct"] and not problems["bytes"],
                output="\n".join(problems["bytes"][:2]) or ("not judged" if problems["correct"] else ""))
-    report.add("rules: p2p and all_reduce only", not problems["rules"], output="\n".join(problems["rules"][:1]))
+    report.add("rules: p2p and all_reduce only", not problems["rules"],
+               output="\n".join(problems["rules"][:1]))
     mesh, args, _ = _case(2)
     runs = [(label, run_student(f, args, mesh, forbidden=FORBIDDEN, rule=RULE, trace=True))
             for label, f in (("your run", fn), ("the reference", StudentFunction(LAB.reference, FUNCTION)))]

@@ -15,7 +15,8 @@ FUNCTION = "ring_all_reduce"
 def _groups(quick: bool) -> list[tuple[str, list[Case]]]:
     return [
         ("correct on one device", [Case(1, (5,), "float64")]),
-        ("correct when the size divides", [Case(n, (12,), "float64") for n in ((2, 4) if quick else (2, 3, 4))]),
+        ("correct when the size divides",
+         [Case(n, (12,), "float64") for n in ((2, 4) if quick else (2, 3, 4))]),
         ("correct when it does not divide, and with fewer elements than devices",
          [Case(3, (7,), "float64"), Case(4, (2,), "float64"), Case(5, (3, 5), "float64", seed=3)]),
         ("correct for float32 and int64, and for non-contiguous inputs",
@@ -26,7 +27,8 @@ def _groups(quick: bool) -> list[tuple[str, list[Case]]]:
 def check(path: str, options: CheckOptions) -> Report:
     load_student(path, [FUNCTION])  # a missing function or an import error stops here, named
     report = Report(LAB.name)
-    grader = Grader(report, StudentFunction(path, FUNCTION), StudentFunction(LAB.reference, FUNCTION), options)
+    grader = Grader(report, StudentFunction(path, FUNCTION), StudentFunction(LAB.reference, FUNCTION),
+                    options)
     grader.correctness(_groups(options.quick))
     grader.safety(Case(4, (12,), "float64", seed=5))
     n = 4

@@ -15,8 +15,8 @@ ITEMSIZE = 4
 
 
 def _shapes(quick: bool) -> list[tuple[int, int, int, int]]:
-    full = [(64, 4096, 64, 4), (4096, 64, 4096, 4), (512, 512, 512, 2), (256, 64, 1024, 8), (2048, 512, 128, 4),
-            (128, 1024, 4096, 2)]
+    full = [(64, 4096, 64, 4), (4096, 64, 4096, 4), (512, 512, 512, 2), (256, 64, 1024, 8),
+            (2048, 512, 128, 4), (128, 1024, 4096, 2)]
     return full[:3] if quick else full
 
 
@@ -58,7 +58,8 @@ def check(path: str, options: CheckOptions) -> Report:
         if norm.get(key) != best:
             winners = [f"A{a}·B{b}" for a, b, cost in split if cost == best]
             why = ("it does not split the work" if key not in norm else f"it sends {norm[key]} B")
-            wrong_choice.append(f"m={m}, k={k}, n={n}, t={t}: you chose A{choice[0]}·B{choice[1]}, but {why}; "
+            wrong_choice.append(f"m={m}, k={k}, n={n}, t={t}: you chose "
+                                f"A{choice[0]}·B{choice[1]}, but {why}; "
                                 f"the fewest bytes ({best} B) are sent by {', '.join(winners)}")
     report.add("forward_bytes matches the explorer for every layout", not wrong_bytes,
                output="\n".join(wrong_bytes[:4]))

@@ -67,30 +67,35 @@ def check(path: str, options: CheckOptions) -> Report:
                                         what="params")]
         for rank, (_, held) in enumerate(run.results):
             if held > 2 * P // n + 2:
-                problems["memory"].append(f"{n} device(s): device {rank} keeps {held} numbers of optimizer state; "
+                problems["memory"].append(f"{n} device(s): device {rank} keeps {held} "
+                                          "numbers of optimizer state; "
                                           f"ZeRO-1 keeps m and v for its shard only, 2P/n = {2 * P // n}")
                 break
         for rank, calls in enumerate(run.calls or []):
             names = [name for name, _ in calls]
             if names != ["reduce_scatter", "all_gather"] * STEPS:
-                problems["comm"].append(f"{n} device(s): device {rank} called {names[:4]}{'...' if len(names) > 4 else ''}"
-                                        f" over {STEPS} steps; expected one reduce_scatter and one all_gather a step")
+                problems["comm"].append(f"{n} device(s): device {rank} called "
+                                        f"{names[:4]}{'...' if len(names) > 4 else ''}"
+                                        f" over {STEPS} steps; expected one reduce_scatter "
+                                        "and one all_gather a step")
                 break
     report.add("params match Adam on the mean gradient", not problems["correct"],
                output="\n".join(problems["correct"][:3]))
     judged = "" if not problems["correct"] else "not judged until the parameters are right"
-    report.add("memory: optimizer state for one shard only", not problems["correct"] and not problems["memory"],
+    report.add("memory: optimizer state for one shard only",
+               not problems["correct"] and not problems["memory"],
                output=judged or "\n".join(problems["memory"][:2]))
     report.add("communication: one reduce-scatter and one all-gather per step",
-               not problems["correct"] and not problems["comm"], output=judged or "\n".join(problems["comm"][:2]))
+               not problems["correct"] and not problems["comm"],
+               output=judged or "\n".join(problems["comm"][:2]))
     report.add("rules: only reduce_scatter and all_gather", not problems["rules"],
                output="\n".join(problems["rules"][:1]))
     rng = np.random.default_rng(4)
     params, grads = rng.standard_normal(P), rng.standard_normal((4, STEPS, P))
-    runs = [(label, run_student(f, [(params, grads[r]) for r in range(4)], Mesh({"dp": 4}), forbidden=FORBIDDEN,
-                                rule=RULE, trace=True))
-            for label, f in (("your run", fn),
-                             ("the reference", functools.partial(_train, step=StudentFunction(LAB.reference, FUNCTION))))]
+    reference = functools.partial(_train, step=StudentFunction(LAB.reference, FUNCTION))
+    per_rank = [(params, grads[r]) for r in range(4)]
+    runs = [(label, run_student(f, per_rank, Mesh({"dp": 4}), forbidden=FORBIDDEN, rule=RULE, trace=True))
+            for label, f in (("your run", fn), ("the reference", reference))]
     side_by_side(report, runs, f"{STEPS} steps on 4 devices", options.width, options.png)
     return report
 
