@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: the tiny model, 1 round, no peers")
     ap.add_argument("--peer-python", default=sys.executable, metavar="PYTHON",
                     help="the interpreter that runs the peers (a venv with jax or torch; default this one)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON object")
     args = ap.parse_args()
     model = "tiny" if args.quick else "small"
     result = floor_and_wall(model, 1 if args.quick else args.rounds, 1 if args.quick else args.steps)

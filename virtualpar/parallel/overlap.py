@@ -25,6 +25,24 @@ overlap.  T_k is whatever the collective costs on the modelled links (2(n−1)·
 ring of n over uniform links); the seconds per FLOP are learnt from the first charge (the head's or
 the last block's backward, never empty).
 
+A stage whose input gradient leaves the rank (a B of stage s > 0 whose previous stage lives on
+another rank: the lowering puts its send, ``SB``, right after it) is the exception.  One clock
+cannot hold back a blocking collective for a send that is due in the middle of it, so reduced at
+once its buckets would delay that send to c_last and the previous stage would idle (a gpipe
+dp2×pp2 step took 12.75 µs against 8.5 µs with the reduction after the pipeline).  Real DDP sends
+at once (its all-reduces run on another stream).  So the executor charges such a B's compute as
+usual, sends the input gradient at the compute's end, and calls this hook (``charged=True``)
+after the rank's last action: the stage's buckets then run back to back from there::
+
+    send departs at t₀ + F_backward / peak;     end = (the rank's last action's end) + Σ_k T_k
+
+The alternative, a second communication stream on the device clock, would also hide those
+stages' buckets behind their backward, but it needs the runtime's clock and the device protocol to
+carry a stream (every backend); this keeps the change in the executor.  Never slower than the
+reduction after the pipeline: the sends depart as they would without overlap, the buckets of the
+stages that send start no earlier, and those that overlap end no later (in gpipe and 1f1b, only
+stage 0 overlaps; in zero-bubble schedules the last W has no send and every stage overlaps).
+
 What this leaves out: the SP gradients' tp all-reduce of a bucket (if any) runs on the same stream
 just before it, and the all-reduces of earlier stages of an interleaved rank are not overlapped
 with later stages' compute (each stage overlaps its own last backward only).
@@ -69,9 +87,11 @@ def reduce_overlapped(dev: Any, meta: dict, units: list, grads: dict, flops: dic
     catch_up(done)
 
 
-def on_grads(step: Any, kind: str, s: int, m: int) -> bool:
+def on_grads(step: Any, kind: str, s: int, m: int, charged: bool = False) -> bool:
     """The executor's hook (see the module doc): after the last microbatch's B (or W) of stage s,
-    reduce its buckets overlapped with that backward's compute; returns whether it charged it."""
+    reduce its buckets overlapped with that backward's compute; returns whether it charged it.
+    ``charged``: the executor already charged the compute (a B whose input gradient left the rank,
+    hooked after the rank's last action): the buckets then run back to back."""
     st = step.st
     meta = st["meta"]
     if meta["zero"] != 0 or meta["dp"] * meta["cp"] == 1 or kind not in ("B", "W"):
@@ -83,7 +103,7 @@ def on_grads(step: Any, kind: str, s: int, m: int) -> bool:
     per_row = st["flops"].get("units", {})
     factor = 2.0 if kind == "B" else 1.0  # the executor's charges: B = 2 forwards, W = 1
     units = st["units"][s]
-    flops = {u.name: factor * per_row.get(u.name, 0.0) * step.rows for u in units}
+    flops = {u.name: 0.0 if charged else factor * per_row.get(u.name, 0.0) * step.rows for u in units}
     reduce_overlapped(step.dev, meta, units, step.grads[s], flops, kind)
     st.setdefault("summed", set()).add(s)
     return True

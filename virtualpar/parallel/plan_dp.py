@@ -2,8 +2,10 @@
 
 :func:`overlapped` is :mod:`.overlap`'s rule on closed forms — the seconds a stage's last backward
 runs past its compute when zero=0's buckets are all-reduced beside it — which the planner adds to
-that one action in the pipeline simulator; :func:`dp_after` is what a pipeline rank reduces after
-its pipeline (zero 1's reduce-scatter and all-gather, the cp sum, SP's replicated gradients).
+that one action in the pipeline simulator, or all of them after the rank's last action for the
+stages that send an input gradient to another rank (:func:`sending_backwards`); :func:`dp_after`
+is what a pipeline rank reduces after its pipeline (zero 1's reduce-scatter and all-gather, the cp
+sum, SP's replicated gradients).
 Collective times are :mod:`virtualpar.sim.analytic`'s.
 """
 
@@ -15,7 +17,7 @@ from ..sim.analytic import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .config import ParallelConfig
 from .zero import buckets
 
-__all__ = ["overlapped", "last_backwards", "dp_after"]
+__all__ = ["overlapped", "last_backwards", "sending_backwards", "dp_after"]
 
 
 def overlapped(units: list, times: dict[str, float], factor: float, itemsize: int, bucket_bytes: int,
@@ -41,6 +43,19 @@ def last_backwards(schedule: Any, placement: Any) -> dict[int, Any]:
         for a in acts:
             if a is not None and a.kind in ("B", "W"):
                 out[a.stage] = a
+    return out
+
+
+def sending_backwards(schedule: Any, placement: Any) -> dict[int, int]:
+    """Stages whose buckets the executor reduces after their rank's last action, each with that
+    rank (:func:`.overlap.on_grads`): those with a B whose input gradient goes to another rank —
+    reduced at once, the buckets would hold that send back and the previous stage would idle."""
+    out = {}
+    for r, acts in schedule.items():
+        for a in acts:
+            if a is not None and a.kind == "B" and a.stage > 0 \
+                    and placement.rank_of(a.stage - 1, a.microbatch) != r:
+                out[a.stage] = r
     return out
 
 

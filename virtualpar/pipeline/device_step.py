@@ -78,7 +78,11 @@ def _backward(c: StepState, a: Action) -> None:
     c.accumulate(s, g, m)
     if s > 0:
         c.deliver("B", s, m, dx)
-    _charge_grads(c, "B", s, m)
+    if ("B", s, m) in c.outbox and c.spec.on_grads is not None:
+        c.charge("B", s)  # its input gradient goes out first: the hook runs after the rank's actions
+        c.deferred[(s, m)] = "B"
+    else:
+        _charge_grads(c, "B", s, m)
 
 
 def _charge_grads(c: StepState, kind: str, s: int, m: int) -> None:
@@ -187,6 +191,8 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
         w0, m0 = time.monotonic(), dev.clock
         handler(c, a)
         c.records.append(ActionRecord(a, w0, time.monotonic(), m0, dev.clock))
+    for (s, m), kind in c.deferred.items():  # the compute is charged: nothing left to overlap here
+        spec.on_grads(c, kind, s, m, True)
     for req in c.sends:
         req.wait()
     copies = spec.placement.copies
