@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Spill", "open_slots", "write_slot", "read_slot"]
+__all__ = ["Spill", "open_slots", "write_slot", "read_slot", "open_spill", "hand_copy"]
 
 _HEAD = struct.Struct("<qq")  # version, header length
 _ALIGN = 64
@@ -155,3 +155,21 @@ def read_slot(fd: int) -> tuple[int, dict[int, tuple[dict, dict]]] | None:
         state = {k: {slot: take(v) for slot, v in d.items()} for k, d in m["state"].items()}
         stages[int(s)] = (params, {"t": m["t"], "lr": m["lr"], "state": state})
     return version, stages
+
+
+# -- what a device runs (the training operations' device programs call these) ---------------------
+
+def open_spill(dev: Any, key: str, prefix: str) -> None:
+    """Open this device's two slot files for the driver copy of operation ``key``'s state."""
+    dev.state[key]["spill"] = open_slots(prefix, dev.rank)
+
+
+def hand_copy(st: dict, version: int, mine: Any) -> Any:
+    """Hand the driver this device's part ``mine`` of committed state ``version``: written into its
+    slot file (the two alternate), or, without slot files, returned to travel with the step's reply."""
+    slots = st.get("spill")
+    if slots is None:
+        return mine
+    if mine:
+        write_slot(slots[version % 2], version, mine)
+    return None

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.recovery import ResumeError
-from ..checkpoint.spill import open_slots, write_slot
+from ..checkpoint.spill import hand_copy, open_spill
 from ..checkpoint.state import optimizer_state
 from .device_step import fetch, step
 
@@ -83,17 +83,7 @@ def step_keeping(dev: Any, key: str, rows: int, want: int, keep: bool, flops: di
     if not keep:
         return loss, prank, records, None
     mine = _reported(dev, st, st["update"])
-    slots = st.get("spill")
-    if slots is None:  # no slot files (checkpoint/spill.py): the copy goes with the reply
-        return loss, prank, records, mine
-    if mine:
-        write_slot(slots[(want + 1) % 2], want + 1, mine)
-    return loss, prank, records, None
-
-
-def open_spill(dev: Any, key: str, prefix: str) -> None:
-    """Open this device's two slot files for the driver copy (checkpoint/spill.py)."""
-    dev.state[key]["spill"] = open_slots(prefix, dev.rank)
+    return loss, prank, records, hand_copy(st, want + 1, mine)
 
 
 def fetch_raw(dev: Any, key: str, want: int) -> dict[int, tuple[dict, dict]]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.recovery import ResumeError
-from ..checkpoint.spill import open_slots, write_slot
+from ..checkpoint.spill import hand_copy, open_spill
 from ..checkpoint.state import StageState, fork_optimizer, optimizer_state
 from .device_step import run_step
 
@@ -85,17 +85,7 @@ def step_keeping(dev: Any, key: str, rows: int | None, want: int, keep: bool) ->
         prepared[s] = (opt.step(st["params"][s], grads), opt)
     st["prepared"] = (want + 1, prepared)
     mine = {s: (prepared[s][0], optimizer_state(prepared[s][1])) for s in _reported(dev, st) if s in prepared}
-    slots = st.get("spill")
-    if slots is None:  # no slot files (checkpoint/spill.py): the copy goes with the reply
-        return loss, prank, records, mine
-    if mine:
-        write_slot(slots[(want + 1) % 2], want + 1, mine)
-    return loss, prank, records, None
-
-
-def open_spill(dev: Any, key: str, prefix: str) -> None:
-    """Open this device's two slot files for the driver copy (checkpoint/spill.py)."""
-    dev.state[key]["spill"] = open_slots(prefix, dev.rank)
+    return loss, prank, records, hand_copy(st, want + 1, mine)
 
 
 def fetch_state(dev: Any, key: str, want: int) -> dict[int, tuple[dict, dict]]:
