@@ -26,16 +26,14 @@ from functools import cached_property
 from typing import Any, Iterable, NamedTuple
 
 from ..errors import UsageError
-from ..trace.fmt import number, seconds
 from .actions import COMPUTE, Action
+from .diagram_labels import KIND_NAMES, fmt_time
 
 __all__ = ["Box", "Diagram", "MAX_BOXES", "KIND_NAMES", "fmt_time"]
 
 #: Most boxes a diagram draws (e.g. 64 ranks × 512 microbatches × 3 kinds is 98 304).
 MAX_BOXES = 200_000
 
-KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
-              "comm": "transfer"}
 
 
 class Box(NamedTuple):
@@ -59,12 +57,6 @@ class Box(NamedTuple):
 def _box(rank: int, start: float, end: float, kind: str, mb: int, chunk: int, stage: int, text: str) -> Box:
     label = f"{mb}" if kind == "comm" or chunk < 0 else f"{mb}c{chunk}"
     return Box(rank, start, end, kind, mb, max(chunk, 0), stage, text, label)
-
-
-def fmt_time(t: float, unit: str) -> str:
-    """``t`` for a title or a tick, in the one spelling of :mod:`virtualpar.trace.fmt`: seconds
-    scaled to s/ms/µs/ns (``"46.3 µs"``) when ``unit`` is ``"s"``, else a plain number of model units."""
-    return seconds(t) if unit == "s" else number(t)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,13 @@ process-wide backend is untouched.
 
 from __future__ import annotations
 
-from .diagram import Diagram, fmt_time
+from typing import TYPE_CHECKING
+
+from .diagram_labels import fmt_time
 from .diagram_svg import COLOURS, legend_entries, plot_width, shade, text_colour, ticks
+
+if TYPE_CHECKING:  # Diagram's methods call this renderer
+    from .diagram import Diagram
 
 __all__ = ["to_png", "INSTALL_HINT"]
 

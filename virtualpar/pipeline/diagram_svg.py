@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import html
 
-from .diagram import KIND_NAMES, Diagram, fmt_time
+from typing import TYPE_CHECKING
+
+from .diagram_labels import KIND_NAMES, fmt_time
+
+if TYPE_CHECKING:  # Diagram's methods call this renderer
+    from .diagram import Diagram
 
 __all__ = ["to_svg", "to_html", "COLOURS", "shade", "text_colour", "ticks", "plot_width"]
 

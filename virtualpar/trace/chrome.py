@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from virtualpar.trace.event import Event, check_clock, jsonable
-from virtualpar.trace.events import Trace
+
+if TYPE_CHECKING:  # the views take a Trace; events.Trace's methods call the views
+    from virtualpar.trace.events import Trace
 
 __all__ = ["to_chrome", "write_chrome", "COMPUTE_TID", "COMM_TID"]
 

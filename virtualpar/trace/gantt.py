@@ -20,11 +20,15 @@ would switch a notebook user's interactive backend) and without pyplot's global 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 
 from virtualpar.trace.event import check_clock
-from virtualpar.trace.events import Trace
 from virtualpar.trace.fmt import seconds
+
+if TYPE_CHECKING:  # the views take a Trace; events.Trace's methods call the views
+    from virtualpar.trace.events import Trace
 
 __all__ = ["to_png", "figure", "COLOURS", "TINTS"]
 

@@ -36,13 +36,17 @@ and never exceeds the makespan.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from virtualpar.trace.event import Event, check_clock
-from virtualpar.trace.events import Trace
 from virtualpar.trace.fmt import WIDTH, fit, nbytes
 from virtualpar.trace.fmt import seconds as format_seconds
+
+if TYPE_CHECKING:  # the views take a Trace; events.Trace's methods call the views
+    from virtualpar.trace.events import Trace
 
 __all__ = ["Summary", "summarize", "critical_path", "format_bytes"]
 

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from virtualpar.errors import UsageError
 from virtualpar.trace.event import Event, check_clock
-from virtualpar.trace.events import Trace
 from virtualpar.trace.fmt import WIDTH, fit, seconds
+
+if TYPE_CHECKING:  # the views take a Trace; events.Trace's methods call the views
+    from virtualpar.trace.events import Trace
 
 __all__ = ["to_text", "format_seconds", "time_axis", "SYMBOLS", "LEGEND", "MAX_SHORT"]
 
