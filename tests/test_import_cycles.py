@@ -16,7 +16,6 @@ import functools
 from pathlib import Path
 
 import networkx as nx
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "virtualpar"
 
