@@ -150,3 +150,36 @@ def run_gloo(n: int, sizes: list[int], budget: float, repeats: int, p2p: bool) -
     if p2p:
         cmd.append("--p2p")
     return _run_json(cmd, timeout=600)
+
+
+def memcpy_Bps(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """This machine's memcpy bandwidth in bytes per second (``np.copyto`` of ``nbytes``, warm): what
+    the benchmarks' floors charge every byte a step moves."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        np.copyto(dst, src)
+    return repeats * src.nbytes / (time.perf_counter() - t0)
+
+
+def time_slot_writes(mine: Any, reps: int) -> tuple[float, int]:
+    """On a device: the median time of writing ``mine`` (its part of a committed state) into a slot
+    file, as each committed step does (``checkpoint/spill.py``), into a file of its own in the same
+    place — the first write, which gives the file its pages, untimed, as the step's slots keep
+    theirs — and the file's bytes."""
+    import tempfile
+
+    from virtualpar.checkpoint.spill import _directory, write_slot
+
+    if not mine:
+        return 0.0, 0
+    with tempfile.TemporaryFile(dir=_directory()) as f:
+        write_slot(f.fileno(), 1, mine)
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            write_slot(f.fileno(), i + 2, mine)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times), os.fstat(f.fileno()).st_size

@@ -51,6 +51,9 @@ from virtualpar.parallel import ParallelConfig, ParallelTrainer
 from virtualpar.pipeline import TRANSFER, Pipeline, PipelinedOperation, build, lower
 from virtualpar.testing.leaks import children
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory, also when imported
+from _references import time_slot_writes  # noqa: E402
+
 KINDS = ("raise", "kill", "exit", "hang", "interrupt")
 WIDTH, ROWS = 16, 16
 
@@ -252,21 +255,11 @@ def _slot_write_seconds(dev: Any, key: str, reps: int) -> tuple[float, int]:
     """On a device: the median time of writing its raw report of the committed state into a slot file,
     as each committed step does (``parallel/committed.py``), into a file of its own in the same place
     (the first write, which gives the file its pages, untimed, as the step's slots keep theirs)."""
-    from virtualpar.checkpoint.spill import _directory, write_slot
     from virtualpar.parallel.committed import _reported
 
     st = dev.state[key]
     mine = _reported(dev, st, {s: (st["params"][s], st["optimizers"][s]) for s in st["params"]})
-    if not mine:
-        return 0.0, 0
-    with tempfile.TemporaryFile(dir=_directory()) as f:
-        write_slot(f.fileno(), 1, mine)
-        times = []
-        for i in range(reps):
-            t0 = time.perf_counter()
-            write_slot(f.fileno(), i + 2, mine)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times), os.fstat(f.fileno()).st_size
+    return time_slot_writes(mine, reps)
 
 
 def copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:

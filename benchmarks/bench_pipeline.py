@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import os
 import sys
 import time
 
@@ -36,6 +37,9 @@ from virtualpar.pipeline import Pipeline, PipelinedOperation, build, simulate
 from virtualpar.commands.pipeline_demo import seed_mlp
 from virtualpar.commands._progress import bar
 from virtualpar.trace.fmt import number, seconds
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory, also when imported
+from _references import memcpy_Bps, time_slot_writes  # noqa: E402
 
 UNIT = {"F": 1.0, "B": 1.0}
 
@@ -137,16 +141,6 @@ def _compute_floor(pipe: Pipeline, x: np.ndarray, y: np.ndarray, M: int) -> tupl
     return compute, sent, sums
 
 
-def _memcpy_Bps() -> float:
-    src = np.ones(64 << 20, np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        np.copyto(dst, src)
-    return 5 * src.nbytes / (time.perf_counter() - t0)
-
-
 def floor_and_wall(rounds: int = 5, steps: int = 3) -> dict:
     """The 1.3x target: executor wall per step vs. its compute + copy floor, paired.
 
@@ -170,7 +164,7 @@ def floor_and_wall(rounds: int = 5, steps: int = 3) -> dict:
                 compute, sent, _ = _compute_floor(pipe, x, y, M)
                 computes.append(compute)
             compute = statistics.median(computes)
-            memcpy = _memcpy_Bps()
+            memcpy = memcpy_Bps()
             # OpenBLAS's threads spin ~0.1 s after their last call before they sleep: timed at once,
             # the first step shared the cores with the floor's idle BLAS threads (104 ms vs ~65)
             time.sleep(0.3)
@@ -191,25 +185,12 @@ def _slot_write_seconds(dev, key: str, reps: int) -> tuple[float, int]:
     """On a device: the median time of writing the stages it reports into a slot file, as each
     committed step does (checkpoint/spill.py), into a file of its own in the same place (the first
     write, which gives the file its pages, untimed, as the step's slots keep theirs); and the bytes."""
-    import os
-    import tempfile
-
-    from virtualpar.checkpoint.spill import _directory, write_slot
     from virtualpar.checkpoint.state import optimizer_state
     from virtualpar.pipeline.committed import _reported
 
     st = dev.state[key]
     mine = {s: (st["params"][s], optimizer_state(st["optimizers"][s])) for s in _reported(dev, st)}
-    if not mine:
-        return 0.0, 0
-    with tempfile.TemporaryFile(dir=_directory()) as f:
-        write_slot(f.fileno(), 1, mine)
-        times = []
-        for i in range(reps):
-            t0 = time.perf_counter()
-            write_slot(f.fileno(), i + 2, mine)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times), os.fstat(f.fileno()).st_size
+    return time_slot_writes(mine, reps)
 
 
 def driver_copy_cost(rounds: int = 5, steps: int = 4, reps: int = 9) -> dict:

@@ -38,18 +38,11 @@ from virtualpar import VirtualCluster, nn
 from virtualpar.commands.train import synthetic_batch
 from virtualpar.parallel import ParallelConfig, ParallelTrainer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this directory, also when imported
+from _references import memcpy_Bps  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = dict(dp=2, pp=2, tp=2, microbatches=4, schedule="1f1b", zero=1)
-
-
-def _memcpy_Bps() -> float:
-    src = np.ones(64 << 20, np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        np.copyto(dst, src)
-    return 5 * src.nbytes / (time.perf_counter() - t0)
 
 
 def one_process_step(model: nn.GPT, optimizer: nn.Optimizer, tokens: np.ndarray, targets: np.ndarray,
@@ -86,7 +79,7 @@ def floor_and_wall(model_name: str, rounds: int, steps: int) -> dict:
             parts = cfg.dp * cfg.microbatches
             floor_s = statistics.median(one_process_step(reference, opt, tokens, targets, parts)
                                         for _ in range(steps))
-            memcpy = _memcpy_Bps()
+            memcpy = memcpy_Bps()
             time.sleep(0.3)  # the floor's BLAS threads spin a while before they sleep
             walls, moved = [], []
             for _ in range(steps):
