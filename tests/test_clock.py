@@ -378,3 +378,51 @@ def test_compute_refuses_what_is_not_an_amount_of_work():
                 c.run(lambda d, kw=kw: d.compute(**kw))
         assert c.run(lambda d: d.compute(flops=np.float32(0), bytes=0)) == [0.0, 0.0]
         assert c.run(lambda d: d.compute(flops=np.array(0.0))) == [0.0, 0.0]  # a 0-d array is a number
+
+
+# --- the communication stream ----------------------------------------------------------------------
+
+def test_the_communication_stream_runs_beside_the_compute_stream():
+    """Compute 1 s; then a message on the stream from t = 0.25 departs at 0.25 and arrives at
+    0.25 + α + M/β, while the compute stream stays at 1; a second stream block from 0.1 starts
+    where the stream ended; joining takes the later of the two."""
+    s, r = clocks(Topology.fully_connected(2, latency=A, bandwidth=B), DeviceSpec("d", {"float32": 1e9},
+                                                                                  math.inf, math.inf))
+    s.compute(flops=1e9)
+    assert s.begin_stream(0.25) == 0.25 and s.on_stream
+    assert s.on_send(1, M) == 0.25
+    assert s.end_stream() == 0.25 and s.now == 1.0 and not s.on_stream
+    r.begin_stream(0.0)
+    arrival = r.on_recv(0, M, 0.25)
+    assert r.end_stream() == pytest.approx(0.25 + A + M / B, rel=REL) == arrival and r.now == 0.0
+    assert r.begin_stream(0.1) == arrival  # the stream is busy until its last end
+    r.end_stream()
+    assert r.join_stream() == arrival and s.join_stream() == 1.0
+
+
+def test_the_two_streams_keep_their_own_links():
+    """A send on the stream books the link on the stream only: the compute stream's next send on
+    that link departs at its own now (the streams' contention is not modelled)."""
+    s, _ = clocks(Topology.fully_connected(2, latency=A, bandwidth=B))
+    s.begin_stream(0.0)
+    s.on_send(1, M)
+    s.end_stream()
+    assert s.busy_until(0, 1) == 0.0 and s.on_send(1, M) == 0.0
+    s.begin_stream(0.0)
+    assert s.busy_until(0, 1) == pytest.approx(M / B, rel=REL)
+    s.end_stream()
+
+
+def test_streams_refuse_to_nest_or_end_twice_and_reset_returns_to_compute():
+    c = DeviceClock(0, Topology.fully_connected(2, latency=A, bandwidth=B))
+    with pytest.raises(UsageError, match="rank 0: not on the communication stream"):
+        c.end_stream()
+    c.begin_stream(3.0)
+    with pytest.raises(UsageError, match="already on the communication stream"):
+        c.begin_stream(4.0)
+    with pytest.raises(UsageError, match="still on the communication stream"):
+        c.join_stream()
+    c.reset()
+    assert not c.on_stream and c.now == 0.0 and c.join_stream() == 0.0
+    with pytest.raises(UsageError, match="got nan"):
+        c.begin_stream(float("nan"))

@@ -4,6 +4,7 @@ nothing from runtime/ or transport/, and an upper layer's program runs on a mini
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import os
 
@@ -83,6 +84,12 @@ class FakeDevice:
         return np.array(x, copy=True)
 
     def compute(self, flops=0.0, bytes=0.0, dtype="float32", name="compute", since=None):
+        return 0.0
+
+    def comm_stream(self, since=None):
+        return contextlib.nullcontext()
+
+    def wait_comm_stream(self):
         return 0.0
 
     def send(self, *a, **k):

@@ -12,7 +12,7 @@ axis tp, ``("dp", "tp")`` along both.  ``root`` is a position within the group.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, ContextManager, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -161,6 +161,18 @@ class Device(Protocol):
         """Charge a kernel to the modelled clock: ``max(flops / peak(dtype), bytes / memory bandwidth)``;
         returns the seconds charged.  ``name`` labels the trace slice; ``since``: the ``dev.wall`` the work
         began, if it ran before the charge."""
+        ...
+
+    def comm_stream(self, since: float | None = None) -> ContextManager[None]:
+        """``with dev.comm_stream(since):`` runs the calls inside on a second modelled stream, as a GPU
+        runs NCCL beside its kernels: they start at ``max(since, the stream's last end)`` (``since``
+        defaults to ``clock``) and ``clock`` is where it was after the block — the compute stream
+        goes on.  Wall time is unchanged: the calls still block.  Streams do not nest."""
+        ...
+
+    def wait_comm_stream(self) -> float:
+        """The compute stream waits for the communication stream: ``clock = max(clock, its end)``;
+        returns the new ``clock``.  Every run ends with it."""
         ...
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

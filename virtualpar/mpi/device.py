@@ -26,10 +26,11 @@ Requires mpi4py; importing this module without it raises ImportError with the in
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -252,6 +253,17 @@ class MPIDevice(MPICollectives, ReceiveMatching):
         self._record("compute", name, wall0, start)
         return end - start
 
+    @contextlib.contextmanager
+    def comm_stream(self, since: float | None = None) -> Iterator[None]:
+        self._clock.begin_stream(self._clock.now if since is None else since)
+        try:
+            yield
+        finally:
+            self._clock.end_stream()
+
+    def wait_comm_stream(self) -> float:
+        return self._clock.join_stream()
+
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         from ..kernels import matmul
 
@@ -261,6 +273,7 @@ class MPIDevice(MPICollectives, ReceiveMatching):
     def report(self, result: Any) -> tuple[Any, float, np.ndarray, np.ndarray, list[Event]]:
         """This device's part of a run: its result, modelled clock, bytes and messages sent per
         destination, and its events."""
+        self.wait_comm_stream()  # the run's modelled time includes its communication stream
         return result, self._clock.now, self.sent_bytes.copy(), self.sent_messages.copy(), list(self.events)
 
 

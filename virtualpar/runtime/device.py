@@ -14,8 +14,9 @@ device's :class:`~.core.DeviceCore` (``_core``), never through each other's fiel
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -122,6 +123,26 @@ class VirtualDevice(PointToPoint, Probing):
         if core.trace:
             core.events.compute(name, wall0, start, end, core.op_seq, flops, bytes)
         return end - start
+
+    @contextlib.contextmanager
+    def comm_stream(self, since: float | None = None) -> Iterator[None]:
+        """Run the calls inside on the modelled clock's communication stream, from ``max(since, its
+        last end)`` (``since`` defaults to ``clock``), leaving ``clock`` where it was (see
+        :meth:`virtualpar.sim.clock.DeviceClock.begin_stream`)."""
+        core = self._core
+        core.clock.begin_stream(core.clock.now if since is None else since)
+        core.publish_clock()  # what a shared-memory collective's members read as this one's entry
+        try:
+            yield
+        finally:
+            core.clock.end_stream()
+            core.publish_clock()
+
+    def wait_comm_stream(self) -> float:
+        """The compute stream waits for the communication stream: ``clock = max(clock, its end)``."""
+        now = self._core.clock.join_stream()
+        self._core.publish_clock()
+        return now
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``a @ b`` with numpy, charging 2mnk flops to the modelled clock (see :mod:`virtualpar.kernels`)."""

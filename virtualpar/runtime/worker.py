@@ -220,6 +220,7 @@ class _Handlers:
         slot = core.recorder.start(dev.op_seq, f"run {name}() [user code]", dev.clock, core.run)
         try:
             result = fn(dev, *fargs, **fkwargs)
+            dev.wait_comm_stream()  # the run's modelled time includes its communication stream
         except BaseException:
             core.recorder.finish(slot, dev.clock, failed=True)
             raise

@@ -17,6 +17,14 @@ started; it moves only through the device's own program order:
 
   A message to oneself costs nothing.
 
+* **the communication stream** (``begin_stream`` … ``end_stream``, ``join_stream``): a second
+  timeline beside the compute stream, as a GPU runs NCCL on a side stream.  Between ``begin_stream(
+  since)`` and ``end_stream()`` every charge above runs on it: ``now`` starts at ``max(since, the
+  stream's last end)`` and the compute stream's ``now`` is restored at the end, unmoved.  The two
+  streams keep their own busy-until times (the links' contention between them is not modelled, as
+  cross-sender contention is not).  ``join_stream()`` is the compute stream waiting for the other:
+  ``now = max(now, stream end)``.
+
 Why this is deterministic: a clock reads the (immutable) topology and keeps busy-until times only
 for its own egress links (first hops of its sends) and ingress links (last hops of its receives).
 No two processes share mutable state and each update depends only on the device's program order
@@ -81,12 +89,20 @@ class DeviceClock(ScheduleCharges):
         # this device's column of a schedule's max-plus delay matrix, per (group, schedule, sizes)
         # (sim/schedule_charges.py), and the route figures the schedules need, per group
         self._schedules: dict[tuple, Any] = {}
+        # the communication stream: its end and its links; the compute stream's (now, links) while on it
+        self._stream_end = 0.0
+        self._stream_busy: dict[LinkKey, float] = {}
+        self._parked: tuple[float, dict[LinkKey, float]] | None = None
 
     # -- state ----------------------------------------------------------------------------------------
     def reset(self) -> None:
-        """Back to time 0 with every link idle."""
-        self.now = 0.0
+        """Back to time 0 with every link idle, on the compute stream."""
+        if self._parked is not None:
+            self._busy = self._parked[1]
+            self._parked = None
+        self.now = self._stream_end = 0.0
         self._busy.clear()
+        self._stream_busy.clear()
 
     def busy_until(self, u: Hashable, v: Hashable) -> float:
         """When the directed link ``u -> v`` is next free, as this device knows it (0.0 if never used)."""
@@ -95,6 +111,47 @@ class DeviceClock(ScheduleCharges):
     def __repr__(self) -> str:
         return (f"DeviceClock(rank={self.rank}, now={self.now:.9g}s, topology={self.topology.name}, "
                 f"device={self.device.name}, links={len(self._busy)})")
+
+    # -- the communication stream -------------------------------------------------------------------
+    @property
+    def on_stream(self) -> bool:
+        """Are the charges going to the communication stream (between begin_stream and end_stream)?"""
+        return self._parked is not None
+
+    def begin_stream(self, since: float) -> float:
+        """Charge what follows to the communication stream, starting no earlier than ``since`` (a
+        time on the compute stream, e.g. when a gradient became final) nor than the stream's last
+        end; returns that start.  The compute stream's ``now`` waits aside until :meth:`end_stream`."""
+        since = float(since)
+        if self._parked is not None:
+            raise UsageError(f"DeviceClock.begin_stream on rank {self.rank}: already on the communication "
+                             "stream (streams do not nest)", rank=self.rank)
+        if math.isnan(since):
+            raise UsageError(f"DeviceClock.begin_stream on rank {self.rank}: since must be a time in "
+                             "seconds; got nan", rank=self.rank)
+        self._parked = (self.now, self._busy)
+        self._busy = self._stream_busy
+        self.now = max(since, self._stream_end)
+        return self.now
+
+    def end_stream(self) -> float:
+        """Back to the compute stream, its ``now`` as it was; returns the communication stream's end."""
+        if self._parked is None:
+            raise UsageError(f"DeviceClock.end_stream on rank {self.rank}: not on the communication stream",
+                             rank=self.rank)
+        self._stream_end = self.now
+        self.now, self._busy = self._parked
+        self._parked = None
+        return self._stream_end
+
+    def join_stream(self) -> float:
+        """The compute stream waits for the communication stream: ``now = max(now, its end)``."""
+        if self._parked is not None:
+            raise UsageError(f"DeviceClock.join_stream on rank {self.rank}: still on the communication "
+                             "stream", rank=self.rank)
+        if self._stream_end > self.now:
+            self.now = self._stream_end
+        return self.now
 
     # -- compute --------------------------------------------------------------------------------------
     def compute(self, flops: float = 0.0, nbytes: float = 0.0, dtype: Any = "float32") -> tuple[float, float]:
