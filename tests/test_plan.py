@@ -133,19 +133,21 @@ def test_small_on_64_devices_ranks_thousands_of_configurations_and_beats_pure_da
 
 def test_overlapped_buckets_by_hand():
     """Three units, one bucket each, in the backward's order final (1 s forward), blocks.0 (2 s),
-    embed (0 s); backward = 2 × forward.  Buckets of 3 s: final's starts at 2 and ends at 5,
-    blocks.0's is final at 6 and ends at 9, embed's ends at 12; the compute ends at 6: 6 s past it.
-    Buckets of 0.5 s: 2.5, 6.5, 7: 1 s past it (only the last bucket and the one before it show)."""
+    embed (0 s); a backward of 6 s from 0 to 6: final's gradient is final at 6 − 6·2/3 = 2, the
+    others at 6.  Buckets of 3 s on a free stream: 2 → 5, 6 → 9, 9 → 12.  Buckets of 0.5 s: 2.5,
+    6.5, 7.  A stream busy until 8 (another stage's buckets): 11, 14, 17."""
     from types import SimpleNamespace as U
 
     from virtualpar.parallel.plan_dp import overlapped
 
     units = [U(name="embed", padded=100), U(name="blocks.0", padded=100), U(name="final", padded=100)]
     times = {"embed": 0.0, "blocks.0": 2.0, "final": 1.0}
-    assert overlapped(units, times, 2.0, 4, 400, lambda n: 3.0, 0.0) == 6.0
-    assert overlapped(units, times, 2.0, 4, 400, lambda n: 0.5, 0.0) == 1.0
+    assert overlapped(units, times, 6.0, 6.0, 0.0, 4, 400, lambda n: 3.0, 0.0) == 12.0
+    assert overlapped(units, times, 6.0, 6.0, 0.0, 4, 400, lambda n: 0.5, 0.0) == 7.0
+    assert overlapped(units, times, 6.0, 6.0, 8.0, 4, 400, lambda n: 3.0, 0.0) == 17.0
+    assert overlapped(units, times, 9.0, 6.0, 0.0, 4, 400, lambda n: 3.0, 0.0) == 15.0  # from 3 to 9
     sizes = []  # one bucket of all three when they fit: it starts when the compute is done
-    assert overlapped(units, times, 2.0, 4, 1200, lambda n: sizes.append(n) or 3.0, 0.0) == 3.0
+    assert overlapped(units, times, 6.0, 6.0, 0.0, 4, 1200, lambda n: sizes.append(n) or 3.0, 0.0) == 9.0
     assert sizes == [1200]
 
 

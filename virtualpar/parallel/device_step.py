@@ -49,6 +49,7 @@ def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float]
     st["memory"] = _fresh_ledger()
     st["seen"], st["summed"] = {}, set()  # zero=0's buckets reduced during the backward (.overlap)
     loss, prank, records = run_step(dev, key, rows, False)
+    dev.wait_comm_stream()  # zero=0's buckets (.overlap) end before the optimizer, as DDP synchronises
     grads, st["staged"] = st["staged"] or {}, None
     st["memory"]["grads"] = sum(g.nbytes for stage in grads.values() for g in stage.values())
     meta = st["meta"]

@@ -1,11 +1,10 @@
 """The planner's data-parallel gradient reduction: DDP's buckets beside the backward, ZeRO's after it.  Pure.
 
-:func:`overlapped` is :mod:`.overlap`'s rule on closed forms — the seconds a stage's last backward
-runs past its compute when zero=0's buckets are all-reduced beside it — which the planner adds to
-that one action in the pipeline simulator, or all of them after the rank's last action for the
-stages that send an input gradient to another rank (:func:`sending_backwards`); :func:`dp_after`
-is what a pipeline rank reduces after its pipeline (zero 1's reduce-scatter and all-gather, the cp
-sum, SP's replicated gradients).
+:func:`overlapped` is :mod:`.overlap`'s rule on closed forms — the end of a rank's communication
+stream after a stage's zero=0 buckets, all-reduced beside the rest of the step from its last
+backward (:func:`last_backwards`) on — which the planner runs on the simulated schedule;
+:func:`dp_after` is what a pipeline rank reduces after its pipeline (zero 1's reduce-scatter and
+all-gather, the cp sum, SP's replicated gradients).
 Collective times are :mod:`virtualpar.sim.analytic`'s.
 """
 
@@ -17,22 +16,24 @@ from ..sim.analytic import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .config import ParallelConfig
 from .zero import buckets
 
-__all__ = ["overlapped", "last_backwards", "sending_backwards", "dp_after"]
+__all__ = ["overlapped", "last_backwards", "dp_after"]
 
 
-def overlapped(units: list, times: dict[str, float], factor: float, itemsize: int, bucket_bytes: int,
-               bucket_time: Callable[[float], float], sp_time: float) -> float:
-    """Seconds a stage's last backward takes beyond its compute when its buckets are all-reduced
-    beside it (:mod:`.overlap`'s two streams): compute is fixed, unit u final at r(u) (``factor`` ×
-    the forward times of the units after it and of u), bucket k starts at max(r_k, c_{k−1});
-    the action ends at max(compute, c_last)."""
-    done = clock = 0.0
+def overlapped(units: list, times: dict[str, float], end: float, compute: float, stream: float,
+               itemsize: int, bucket_bytes: int, bucket_time: Callable[[float], float],
+               sp_time: float) -> float:
+    """The end of the communication stream (free from ``stream`` on) after a stage's buckets are
+    all-reduced beside its last backward, whose compute of ``compute`` seconds ends at ``end``
+    (:mod:`.overlap`'s two streams): unit u is final at end − compute · (the forward ``times`` of
+    the units still to run after u) / (all of them); bucket k starts at max(r_k, c_{k−1})."""
+    total = rest = sum(times[u.name] for u in units)
+    clock = stream
     for bucket in buckets(units, itemsize, bucket_bytes):
-        done += factor * sum(times[u.name] for u in bucket)
+        rest -= sum(times[u.name] for u in bucket)
+        ready = end - compute * rest / total if total > 0 else end
         nbytes = sum(u.padded for u in bucket) * itemsize
-        clock = max(clock, done) + len(bucket) * sp_time + bucket_time(nbytes)
-    compute = factor * sum(times[u.name] for u in units)
-    return max(clock, compute) - compute
+        clock = max(clock, ready) + len(bucket) * sp_time + bucket_time(nbytes)
+    return clock
 
 
 def last_backwards(schedule: Any, placement: Any) -> dict[int, Any]:
@@ -43,19 +44,6 @@ def last_backwards(schedule: Any, placement: Any) -> dict[int, Any]:
         for a in acts:
             if a is not None and a.kind in ("B", "W"):
                 out[a.stage] = a
-    return out
-
-
-def sending_backwards(schedule: Any, placement: Any) -> dict[int, int]:
-    """Stages whose buckets the executor reduces after their rank's last action, each with that
-    rank (:func:`.overlap.on_grads`): those with a B whose input gradient goes to another rank —
-    reduced at once, the buckets would hold that send back and the previous stage would idle."""
-    out = {}
-    for r, acts in schedule.items():
-        for a in acts:
-            if a is not None and a.kind == "B" and a.stage > 0 \
-                    and placement.rank_of(a.stage - 1, a.microbatch) != r:
-                out[a.stage] = r
     return out
 
 

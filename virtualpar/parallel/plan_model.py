@@ -15,14 +15,14 @@ collective's time is :mod:`virtualpar.sim.analytic`'s (``ring_all_reduce``, ``ri
   per unit and microbatch, 2 for tied embeddings, which keep theirs (I and W halve B's compute for
   the zero-bubble schedules); ``comm`` = one activation's p2p (α + b·s·h/(t if SP)/β).  The
   simulated makespan holds the **bubble**.
-- **Data parallelism, zero=0**: DDP's buckets (:func:`.zero.buckets`) all-reduced over dp·cp beside
-  each stage's last backward, as :mod:`.overlap` runs them: the compute is fixed, bucket k starts
-  at max(r_k, c_{k−1}) (r_k: when its last unit's gradient is final) and takes
-  2(N−1)(α + B_k/(N·β)); what runs past the compute lengthens that one action in the simulator
-  (``extra``), so a stage before it waits too (:mod:`.plan_dp`); a stage whose B sends its input
-  gradient to another rank reduces its buckets back to back after its rank's last action instead
-  (``tail``: the send is not held back, :func:`.plan_dp.sending_backwards`).  **zero 1**: reduce-scatter +
-  all-gather of each unit after the pipeline (exposed), and the cp sum for zero 1 and 3.
+- **Data parallelism, zero=0**: DDP's buckets (:func:`.zero.buckets`) all-reduced over dp·cp on each
+  rank's communication stream from each stage's last backward on, as :mod:`.overlap` runs them:
+  bucket k starts at max(r_k, c_{k−1}) (r_k: when its last unit's gradient is final in that
+  backward's compute, c_{k−1}: the stream's previous end, any stage of the rank) and takes
+  2(N−1)(α + B_k/(N·β)); the compute stream goes on (the simulated schedule is not held back) and a
+  rank's step ends at max(its last action, its stream) (:func:`.plan_dp.overlapped`).  **zero 1**:
+  reduce-scatter + all-gather of each unit after the pipeline (exposed), and the cp sum for zero 1
+  and 3.
 - **Memory** per pipeline rank: ZeRO's (P + G + K)·Ψ/… (:func:`.costs.zero_memory`) + Megatron's
   activations per layer (:func:`.costs.megatron_activation_bytes`) × its layers × the microbatches the
   schedule keeps in flight (the simulator's ``peak_activations``).
@@ -43,7 +43,7 @@ from ..sim.analytic import p2p, ring_all_gather, ring_all_reduce, ring_reduce_sc
 from .config import ParallelConfig
 from .costs import megatron_activation_bytes, model_flops, zero_memory
 from .layout import stage_units
-from .plan_dp import dp_after, last_backwards, overlapped, sending_backwards
+from .plan_dp import dp_after, last_backwards, overlapped
 
 __all__ = ["Estimate", "estimate", "device_memory"]
 
@@ -250,34 +250,34 @@ def estimate(model: Any, cfg: ParallelConfig, batch: int, seq: int, hardware: An
     sp_time = 0.0
     if cfg.sequence_parallel and t > 1:  # per unit: its replicated entries (norms, biases; a few kB)
         sp_time = ring_all_reduce(t, 4 * h * itemsize, *tp_link)
-    extra: dict = {}
-    tail = [0.0] * cfg.pp  # per pipeline rank: buckets reduced after its last action (.overlap)
-    if cfg.zero == 0 and cfg.dp * cfg.cp > 1:  # DDP's buckets beside the last backward (.overlap)
-        group, link = cfg.dp * cfg.cp, dp_link if cfg.dp > 1 else links["cp"]
-        sends = sending_backwards(schedule, placement)
-        for st, a in last_backwards(schedule, placement).items():
-            after_all = st in sends  # its input gradient leaves the rank: reduced after the rank's actions
-            factor = 0.0 if after_all else 2.0 if a.kind == "B" else 1.0
-            seconds = overlapped(units[st], unit_times[st], factor, itemsize, cfg.bucket_bytes,
-                                 lambda n: ring_all_reduce(group, n, *link), sp_time)
-            if after_all:
-                tail[sends[st]] += seconds
-            else:
-                extra[a] = seconds
     p2p_time = p2p(bsh / (t if cfg.sequence_parallel else 1), *links["pp"]) if cfg.pp > 1 else 0.0
     sim = simulate(schedule, placement, m, costs={k: v for k, v in costs.items() if k in kinds},
-                   comm=p2p_time, extra=extra)
+                   comm=p2p_time)
     ends = [0.0] * cfg.pp
     for r, _, e in sim.times.values():
         ends[r] = max(ends[r], e)
-    pipeline_time = max(max(e + x for e, x in zip(ends, tail)), sim.makespan)
+    streams = [0.0] * cfg.pp  # per pipeline rank: the end of its communication stream (.overlap)
+    if cfg.zero == 0 and cfg.dp * cfg.cp > 1:  # DDP's buckets beside the rest of the step
+        group, link = cfg.dp * cfg.cp, dp_link if cfg.dp > 1 else links["cp"]
+
+        def bucket_time(n: float) -> float:
+            return ring_all_reduce(group, n, *link)
+        last = last_backwards(schedule, placement)
+        for r, acts in schedule.items():  # each rank's stream in its program order
+            for a in acts:
+                if a is None or last.get(a.stage) != a:
+                    continue
+                st = a.stage
+                charged = 2 * ftime[st] + redo[st] if a.kind == "B" else ftime[st]
+                streams[r] = overlapped(units[st], unit_times[st], sim.times[a][2], charged, streams[r],
+                                        itemsize, cfg.bucket_bytes, bucket_time, sp_time)
+    pipeline_time = max(max(max(e, c) for e, c in zip(ends, streams)), sim.makespan)
     ranks = [placement.stages_of(pr) for pr in range(cfg.pp)]
     compute = max(sum(3 * ftime[st] + redo[st] for st in sts) * m for sts in ranks)
     comm_inside = max(sum(inner[st] for st in sts) * m for sts in ranks)
     after = max(dp_after(cfg, [u.padded * itemsize for st in sts for u in units[st]], links, sp_time)
                 for sts in ranks)
-    hidden_not = max(sum(v for a, v in extra.items() if a.stage in sts) + tail[r]
-                     for r, sts in enumerate(ranks))
+    hidden_not = max(max(0.0, c - e) for e, c in zip(ends, streams))  # buckets past the compute
     mem = device_memory(model, cfg, batch, seq, itemsize)
     fullest = max(mem, key=lambda d: d["total"])
     step = pipeline_time + after

@@ -78,18 +78,15 @@ def _backward(c: StepState, a: Action) -> None:
     c.accumulate(s, g, m)
     if s > 0:
         c.deliver("B", s, m, dx)
-    if ("B", s, m) in c.outbox and c.spec.on_grads is not None:
-        c.charge("B", s)  # its input gradient goes out first: the hook runs after the rank's actions
-        c.deferred[(s, m)] = "B"
-    else:
-        _charge_grads(c, "B", s, m)
+    _charge_grads(c, "B", s, m)
 
 
 def _charge_grads(c: StepState, kind: str, s: int, m: int) -> None:
-    """Charge a backward that produced gradients, unless the spec's ``on_grads`` hook charged it."""
-    hook = c.spec.on_grads
-    if hook is None or not hook(c, kind, s, m):
-        c.charge(kind, s)
+    """Charge a backward that produced gradients, then tell the spec's ``on_grads`` hook when it ran."""
+    start = c.dev.clock
+    c.charge(kind, s)
+    if c.spec.on_grads is not None:
+        c.spec.on_grads(c, kind, s, m, start, c.dev.clock)
 
 
 def _backward_input(c: StepState, a: Action) -> None:
@@ -191,8 +188,6 @@ def run_step(dev: Any, key: str, rows: int | None = None, commit: bool = False
         w0, m0 = time.monotonic(), dev.clock
         handler(c, a)
         c.records.append(ActionRecord(a, w0, time.monotonic(), m0, dev.clock))
-    for (s, m), kind in c.deferred.items():  # the compute is charged: nothing left to overlap here
-        spec.on_grads(c, kind, s, m, True)
     for req in c.sends:
         req.wait()
     copies = spec.placement.copies

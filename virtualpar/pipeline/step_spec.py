@@ -28,10 +28,9 @@ class StepSpec:
     # another stage program (timeline parallelism): fn(step, stage, microbatch, received) -> (vjp, out, loss)
     stage_forward: Callable[..., Any] | None = None
     shared_axis: Any = None  # stages share one set of weights: sum their gradients over this axis
-    # after a B or W accumulated stage s's gradients of microbatch m: fn(step, kind, stage, microbatch,
-    # charged=False) -> True if it charged that action's compute itself (a stage program overlapping
-    # its gradient reduction with it); a B whose input gradient leaves the rank is charged as usual and
-    # its hook called with charged=True after the rank's last action, so that send never waits for it
+    # after a B or W accumulated stage s's gradients of microbatch m and was charged from ``start`` to
+    # ``end`` on the modelled clock: fn(step, kind, stage, microbatch, start, end) (DDP's buckets on the
+    # communication stream, parallel/overlap.py)
     on_grads: Callable[..., bool] | None = None
 
 

@@ -38,9 +38,6 @@ class StepState:
         self.grads: dict[int, dict[str, np.ndarray]] = {}
         self.losses: dict[int, float] = {}
         self.sends: list[Any] = []
-        # backwards whose gradient hook waits for the end of the rank's actions: their input gradient
-        # leaves for another rank, and a reduction run at once would hold that send back (.overlap)
-        self.deferred: dict[tuple[int, int], str] = {}
         self.records: list[ActionRecord] = []
 
     def peer(self, stage: int, m: int) -> int:
