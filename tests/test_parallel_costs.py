@@ -12,7 +12,7 @@ import pytest
 
 from virtualpar import VirtualCluster, nn
 from virtualpar.parallel import ParallelConfig, ParallelTrainer
-from virtualpar.parallel.costs import (activation_bytes, bubble_fraction, dp_bytes, megatron_activation_bytes,
+from virtualpar.parallel.costs import (bubble_fraction, dp_bytes, megatron_activation_bytes,
                                        mfu, model_flops, tp_bytes, zero_memory)
 from virtualpar.sim import Hardware
 from virtualpar.sim.hardware import DeviceSpec
@@ -148,20 +148,31 @@ def test_sequence_parallelism_divides_every_activation_by_tp_as_megatron_s_form_
              for t, flag in ((1, False), (2, False), (2, True))]
     assert forms[2] * 2 == forms[0] and forms[2] < forms[1] < forms[0]
 
-@pytest.mark.parametrize("kw", [dict(), dict(tp=2), dict(tp=2, sequence_parallel=True)])
-def test_activations_per_layer_equal_this_implementation_s_exact_form(kw):
-    """Megatron's form cannot be matched exactly (no dropout; autograd keeps other tensors: see
-    virtualpar.parallel.costs); the derived form 6·sbh + 26·sbh/t + (as²b + asb)/t + 4sb elements
-    (SP: all of it /t) is, and its attention-score term is Megatron's a·s²·b/t exactly."""
-    t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
-    assert per_layer_activations(**kw) == activation_bytes(8, 8, 16, 4, t=t, sp=sp, itemsize=ITEM)
 
-    def quadratic(form, **k):  # the part that grows with s²: doubling s more than doubles it
-        return form(16, 8, 16, 4, t=t, sp=sp, **k) - 2 * form(8, 8, 16, 4, t=t, sp=sp, **k)
-    ours = quadratic(activation_bytes, itemsize=ITEM)
-    assert ours == ITEM * 4 * (16 ** 2 - 2 * 8 ** 2) * 8 / t  # a·s²·b/t elements, nothing else grows as s²
-    assert ours == quadratic(megatron_activation_bytes, bytes_per=ITEM) / 5 * 2  # Megatron's 5as²b: 2 of them
-    # the softmax output (2 bytes each); its dropout's mask and output are the other 3
+@pytest.mark.parametrize("kw", [dict(), dict(tp=2), dict(tp=2, sequence_parallel=True), dict(tp=4),
+                                dict(tp=4, sequence_parallel=True)])
+def test_activations_per_layer_are_megatron_s_form_without_dropout_to_the_byte(kw):
+    """Measured on the devices: Korthikanti et al.'s per-layer bytes, scaled to 8-byte values and
+    without the dropout masks this GPT does not have — sbh(32 + 4as/h)·(8/2); with TP
+    sbh(8 + 24/t + 4as/(ht))·4; with SP all of it /t.  By hand for s=8, b=8, h=16, a=4 (sbh=1024,
+    as²b=2048): 16·1024 + 2·2048 = 20480 values, 163840 bytes."""
+    t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
+    want = megatron_activation_bytes(8, 8, 16, 4, t=t, sp=sp, bytes_per=ITEM, dropout=False)
+    assert per_layer_activations(**kw) == want
+    if kw == {}:
+        assert want == 163840 == ITEM * (16 * 1024 + 2 * 2048)
+
+
+def test_the_form_with_dropout_is_the_paper_s_and_the_masks_are_its_difference():
+    """The paper's 34 + 5as/h at 16 bits; the masks are 2·sbh + as²b bytes (one byte each)."""
+    s, b, h, a = 8, 8, 16, 4
+    sbh, scores = s * b * h, a * s * s * b
+    assert megatron_activation_bytes(s, b, h, a) == sbh * (34 + 5 * a * s / h)
+    assert megatron_activation_bytes(s, b, h, a, t=2) == sbh * (10 + 24 / 2 + 5 * a * s / (h * 2))
+    for t, sp in ((1, False), (2, False), (2, True), (4, True)):
+        masks = (2 * sbh + scores) / (t if sp else 1) if sp else 2 * sbh + scores / t
+        assert (megatron_activation_bytes(s, b, h, a, t=t, sp=sp)
+                - megatron_activation_bytes(s, b, h, a, t=t, sp=sp, dropout=False)) == masks
 
 
 @pytest.mark.parametrize("schedule, held", [("gpipe", (4, 4)), ("1f1b", (2, 1))])

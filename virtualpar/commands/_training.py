@@ -138,9 +138,9 @@ class Report:
                  nbytes(sum(r["closed_form"][k] for k in kinds)), nbytes(r["measured"]["activations"]),
                  nbytes(r["closed_form"]["activations"])] for r in rows]
         print(f"\nmemory per device: measured on the device, against the closed forms (ZeRO: (P + G + K)·Ψ "
-              f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer at {itemsize}-byte activations, "
-              f"divided as "
-              f"TP/SP divide it, × layers × the schedule's microbatches in flight); capacity "
+              f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer less dropout's masks, 32 + 4as/h, at "
+              f"{itemsize}-byte activations, divided as TP/SP divide it, × layers × the schedule's "
+              f"microbatches in flight); capacity "
               f"{nbytes(s['capacity'])} per device")
         print(table(["device", "dp,pp,cp,tp", "params", "grads", "optimizer", "P+G+K", "ZeRO form",
                      "activations", "Megatron form"], body, width=self.args.width))

@@ -28,14 +28,16 @@ see at least one key in all (true of causal self-attention, which sees itself).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
 import autograd.numpy as anp
 import numpy as np
-from autograd.extend import notrace_primitive
+from autograd.extend import defvjp, notrace_primitive, primitive
 
 from ..errors import UsageError
+from .recompute import recomputed
 
 __all__ = ["AttentionState", "scaled_dot_product_attention", "attention_block_update", "attention_init",
            "attention_finish", "merge_attention_states", "causal_mask", "split_heads", "merge_heads"]
@@ -79,18 +81,29 @@ def _scores(q: Any, k: Any, causal: bool, q_start: int, k_start: int) -> Any:
     return s
 
 
+def _softmax(s: Any, causal: bool) -> Any:
+    """softmax over the last dim of the scores ``s``, the causal mask applied first."""
+    if causal:
+        s = anp.where(causal_mask(np.shape(s)[2], np.shape(s)[3]), s, MASKED)
+    p = anp.exp(s - _row_max(s))
+    return p / anp.sum(p, axis=-1, keepdims=True)
+
+
 def scaled_dot_product_attention(q: Any, k: Any, v: Any, causal: bool = True) -> Any:
     """``softmax(q kᵀ / √head_dim) v`` over the whole key sequence; with ``causal``, q and k cover the
     same positions (s_q == s_k) and query i sees keys 0..i.  Cost: 4·s_q·s_k·head_dim FLOPs per
-    (batch, head) forward."""
+    (batch, head) forward.
+
+    Kept for the backward: q and k (by the scores' matmul), the scores (the softmax keeps its input
+    and normalises again in the backward, :mod:`.recompute`), the probabilities and v (by P·V) —
+    Megatron-LM's tensors (Korthikanti et al. 2022), less the dropout's."""
     _check(q, k, v, "scaled_dot_product_attention")
     if causal and np.shape(q)[2] != np.shape(k)[2]:
         raise UsageError(f"scaled_dot_product_attention: causal needs as many queries as keys, got s_q="
                          f"{np.shape(q)[2]}, s_k={np.shape(k)[2]}; use attention_block_update with q_start, "
                          f"k_start")
-    s = _scores(q, k, causal, 0, 0)
-    p = anp.exp(s - _row_max(s))
-    return anp.matmul(p, v) / anp.sum(p, axis=-1, keepdims=True)
+    s = anp.matmul(q, anp.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(np.shape(q)[-1]))
+    return anp.matmul(recomputed(functools.partial(_softmax, causal=bool(causal)), s), v)
 
 
 def attention_init(q: Any) -> AttentionState:
@@ -140,7 +153,20 @@ def split_heads(x: Any, n_heads: int) -> Any:
     return anp.transpose(anp.reshape(x, (b, s, n_heads, d // n_heads)), (0, 2, 1, 3))
 
 
-def merge_heads(x: Any) -> Any:
-    """(batch, heads, seq, head_dim) → (batch, seq, heads·head_dim), the inverse of :func:`split_heads`."""
+@primitive
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(batch, heads, seq, head_dim) → (batch, seq, heads·head_dim), the inverse of :func:`split_heads`.
+
+    A primitive whose backward is :func:`split_heads` of the gradient: autograd's own reshape keeps
+    its input for the backward (for its shape), which would keep the attention's output beside
+    the merged copy the output projection keeps."""
     b, h, s, d = np.shape(x)
-    return anp.reshape(anp.transpose(x, (0, 2, 1, 3)), (b, s, h * d))
+    return np.reshape(np.transpose(x, (0, 2, 1, 3)), (b, s, h * d))
+
+
+def _merge_heads_vjp(ans: np.ndarray, x: np.ndarray) -> Any:
+    heads = np.shape(x)[1]
+    return lambda g: split_heads(g, heads)
+
+
+defvjp(merge_heads, _merge_heads_vjp)

@@ -5,6 +5,8 @@
 ``RMSNorm``:   ``y = x / √(mean(x²) + ε) · γ`` (no centring, no bias).
 
 Both are per-token and O(d) FLOPs per token (about 7·d and 4·d): negligible next to the matmuls.
+Each keeps only its input for the backward, which normalises again (:mod:`.recompute`): as a
+fused kernel does, not the centred input, the output and the statistics autograd would keep.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from ..errors import UsageError
 from .init import check_dtype, check_size
 from .module import Module, check_input
+from .recompute import recomputed
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
@@ -34,11 +37,14 @@ class LayerNorm(Module):
 
     def forward(self, x: Any) -> Any:
         check_input(self, x, self.normalized_shape)
+        return recomputed(self._normalise, x, self.weight, self.bias)
+
+    def _normalise(self, x: Any, weight: Any, bias: Any) -> Any:
         n = self.normalized_shape  # sum / n, not anp.mean, whose vjp turns float32 gradients float64
         mean = anp.sum(x, axis=-1, keepdims=True) / n
         centred = x - mean
         var = anp.sum(centred * centred, axis=-1, keepdims=True) / n
-        return centred / anp.sqrt(var + self.eps) * self.weight + self.bias
+        return centred / anp.sqrt(var + self.eps) * weight + bias
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -58,8 +64,11 @@ class RMSNorm(Module):
 
     def forward(self, x: Any) -> Any:
         check_input(self, x, self.normalized_shape)
+        return recomputed(self._normalise, x, self.weight)
+
+    def _normalise(self, x: Any, weight: Any) -> Any:
         ms = anp.sum(x * x, axis=-1, keepdims=True) / self.normalized_shape  # not anp.mean: float32 stays
-        return x / anp.sqrt(ms + self.eps) * self.weight
+        return x / anp.sqrt(ms + self.eps) * weight
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"

@@ -32,8 +32,10 @@ from .init import check_dtype, check_size
 from .layers import Linear
 from .module import Module, check_input
 from .norm import LayerNorm, RMSNorm
+from .recompute import recomputed
 
-__all__ = ["MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "qkv_heads", "swiglu_hidden", "silu"]
+__all__ = ["MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "qkv_heads", "swiglu_hidden", "silu",
+           "swiglu"]
 
 
 def _seeds(seed: int, n: int) -> list[int]:
@@ -131,6 +133,11 @@ def silu(x: Any) -> Any:
     return x * (0.5 * (tanh(0.5 * x) + 1.0))
 
 
+def swiglu(gate: Any, up: Any) -> Any:
+    """SwiGLU's activation ``silu(gate) ⊙ up``."""
+    return silu(gate) * up
+
+
 class SwiGLU(Module):
     """``down(silu(gate(x)) ⊙ up(x))`` (Shazeer 2020; LLaMA), no biases by default.  Forward
     6·d·hidden FLOPs per token; ``gate`` and ``up`` are column-parallel, ``down`` row-parallel."""
@@ -147,7 +154,7 @@ class SwiGLU(Module):
         self.down = Linear(self.hidden, d_model, bias=bias, seed=s_down, dtype=dt)
 
     def forward(self, x: Any) -> Any:
-        return self.down(silu(self.gate(x)) * self.up(x))
+        return self.down(recomputed(swiglu, self.gate(x), self.up(x)))
 
     def flops_per_token(self, seq: int = 0) -> float:
         """Forward FLOPs per token: 6·d·hidden, three matmuls (gate, up, down)."""

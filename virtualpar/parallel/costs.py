@@ -19,27 +19,18 @@ sequence length, h = d_model, a = heads, t = tp, L = layers, Ψ = parameters (el
 - **ZeRO memory**: (P + G + K)·Ψ with P = G = itemsize and K the optimizer's bytes per parameter
   (Adam: 2·itemsize); zero=1 divides K by N_d, zero=2 G and K, zero=3 all three — the paper's
   (2 + 2 + K)·Ψ/N_d for 16-bit P and G.
-- **Activations** (Korthikanti et al. 2022, 16-bit activations, bytes per layer):
-  s·b·h·(34 + 5·a·s/h); with TP s·b·h·(10 + 24/t + 5·a·s/(h·t)); with TP and SP s·b·h·(34 + 5·a·s/h)/t;
-  with full recomputation 2·s·b·h (/t with SP).  This implementation cannot match that form
-  exactly, whatever the bytes per value, because it keeps a different set of tensors
-  (:func:`activation_bytes` is its own exact form, measured on the devices by the tests):
-
-  * no dropout: Megatron's count includes two dropout masks (2·sbh bytes), the attention dropout
-    mask (a·s²·b) and the dropped-out probabilities (2·a·s²·b), i.e. 2 + 3·a·s/h of its 34 + 5·a·s/h;
-  * autograd keeps what each numpy operation's backward reads, not what a fused kernel keeps:
-    each LayerNorm its centred input and its normalised output (2·sbh, not its input's sbh) and
-    two per-token statistics (2·sb); the fused QKV output (3·sbh/t) beside the q and k copies
-    the scores read; the softmax unnormalised, with its row sums (a·s·b/t), normalised after P·V;
-    the exact GELU its input, x/√2, erf(x/√2), 1 + erf and ½x (5 arrays of 4·sbh/t, where
-    Megatron keeps the GeLU's input and the down projection's input, 2 of them).
-
-  In elements per layer (GELU MLP with hidden 4h, LayerNorm, at least 2 heads per device):
-  6·sbh + 26·sbh/t + (a·s²·b + a·s·b)/t + 4·sb; with SP (32·sbh + a·s²·b + a·s·b + 4·sb)/t.  Against
-  Megatron's elements (bytes / 2, dropout removed): 4·sbh + 12·sbh/t + a·s²·b/t, and /t of
-  16·sbh + a·s²·b with SP — the same attention-score term a·s²·b/t and the same division by t
-  under SP, which is what the tests check of Megatron's form.  (With one head per device one
-  head-layout copy becomes a view: sbh/t fewer.)
+- **Activations** (Korthikanti et al. 2022, bytes per layer, 16-bit activations and 1-byte dropout
+  masks): s·b·h·(34 + 5·a·s/h); with TP s·b·h·(10 + 24/t + 5·a·s/(h·t)); with TP and SP
+  s·b·h·(34 + 5·a·s/h)/t; with full recomputation 2·s·b·h (/t with SP).  The count is each kernel's
+  input: the LayerNorms' inputs (2·sbh each), the QKV and MLP-up inputs (2·sbh each), Q and K
+  (4·sbh), V (2·sbh), the output projection's input (2·sbh), the GeLU's input and the down
+  projection's (8·sbh each), the softmax output and the dropped-out probabilities (2·a·s²·b each),
+  and three dropout masks (sbh, sbh and a·s²·b).  This GPT keeps exactly those tensors — each
+  elementwise kernel (norm, softmax, activation) keeps its input and runs again in the backward
+  (:mod:`virtualpar.nn.recompute`); the softmax's input fills the "softmax output" slot, the
+  probabilities P·V reads the "dropout output" one — but it has no dropout, so no masks: in its
+  element size e, e·s·b·h·(16 + 2·a·s/h), 16-bit: s·b·h·(32 + 4·a·s/h)
+  (:func:`megatron_activation_bytes` with ``dropout=False``, measured to the byte by the tests).
 - **Bubble**: (p−1)/(v·m + p−1) for p stages of v chunks each and m microbatches (1F1B, GPipe, interleaved).
 - **MFU**: model FLOPs (3 × the forward's ``flops_per_token`` per token) per second over the devices' peak.
 """
@@ -50,8 +41,8 @@ from typing import Any
 
 from .config import ParallelConfig
 
-__all__ = ["tp_bytes", "dp_bytes", "zero_memory", "megatron_activation_bytes", "activation_bytes",
-           "bubble_fraction", "mfu", "model_flops"]
+__all__ = ["tp_bytes", "dp_bytes", "zero_memory", "megatron_activation_bytes", "bubble_fraction", "mfu",
+           "model_flops"]
 
 
 def _ring(n: int) -> float:
@@ -109,28 +100,19 @@ def zero_memory(psi: int, dp: int, zero: int, itemsize: int, optimizer_bytes: in
 
 
 def megatron_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                              recompute: bool = False, bytes_per: int = 2) -> float:
-    """Korthikanti et al.'s activation memory of one transformer layer; ``bytes_per`` scales their
-    16-bit count (2 bytes) to another element size."""
+                              recompute: bool = False, bytes_per: int = 2, dropout: bool = True) -> float:
+    """Korthikanti et al.'s activation memory of one transformer layer (see the module doc);
+    ``bytes_per`` scales their 16-bit count (2 bytes) to another element size; ``dropout=False``
+    leaves out the three dropout masks (2·sbh + a·s²·b bytes: 34 → 32, 10 → 8 with TP, 5 → 4)."""
     scale = bytes_per / 2.0
     if recompute:
         return 2.0 * s * b * h / (t if sp else 1) * scale
-    attn = 5.0 * a * s / h
+    whole, shared, attn = (34.0, 10.0, 5.0 * a * s / h) if dropout else (32.0, 8.0, 4.0 * a * s / h)
     if sp:
-        per = (34.0 + attn) / t
+        per = (whole + attn) / t
     else:
-        per = 10.0 + 24.0 / t + attn / t
+        per = shared + 24.0 / t + attn / t
     return s * b * h * per * scale
-
-
-def activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                     itemsize: int = 8) -> float:
-    """The activations this implementation keeps for one layer's backward (GELU MLP, LayerNorm, at
-    least 2 heads per device), in bytes: the exact form derived in the module doc."""
-    sbh, scores = s * b * h, a * s * s * b + a * s * b
-    if sp:
-        return itemsize * (32 * sbh + scores + 4 * s * b) / t
-    return itemsize * (6 * sbh + 26 * sbh / t + scores / t + 4 * s * b)
 
 
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:

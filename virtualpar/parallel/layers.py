@@ -28,7 +28,8 @@ from autograd.extend import notrace_primitive
 from .. import nn
 from ..nn.activations import gelu
 from ..nn.layers import affine
-from ..nn.transformer import qkv_heads, silu
+from ..nn.recompute import recomputed
+from ..nn.transformer import qkv_heads, swiglu
 from ..tensor_parallel import autodiff as ad
 from .ring import ring_attention
 from .sp import gathered_affine
@@ -129,7 +130,7 @@ def block(c: Ctx, P: dict, index: int, x: Any) -> Any:
     up = (P[p + "mlp.up.weight"], P.get(p + "mlp.up.bias"))
     if mod.mlp_kind == "swiglu":
         gate, up = c.linear_in(h, [(P[p + "mlp.gate.weight"], P.get(p + "mlp.gate.bias")), up])
-        a = silu(gate) * up
+        a = recomputed(swiglu, gate, up)
     else:
         a = gelu(c.linear_in(h, [up])[0], mod.mlp.approximate)
     y = c.leave(affine(a, P[p + "mlp.down.weight"], None))
