@@ -134,7 +134,7 @@ POSITIONAL = {("schedule",): ("1f1b", "nope"), ("strategy",): ("gpipe", "nope"),
 BAD = {"positive_int": "0", "natural_int": "-1", "positive_float": "0", "positive_number": "-1",
        "parse_mesh": "dp=x",
        "parse_costs": "Q=1", "table_width": "10", "output_file": "/nonexistent-dir/x.json",
-       "png_file": "picture.svg", "_shape": "a,b", "int": "x"}
+       "png_file": "picture.svg", "_shape": "a,b", "int": "x", "probability": "1"}
 #: Options that take any text: checked after parsing, below, or a folder to create.
 FREE_TEXT = {("pipeline", "--schedule"), ("lab check", "--png"), ("train", "--save"), ("train", "--resume")}
 

@@ -337,3 +337,65 @@ def test_feed_forwards_match_numpy_on_their_own():
 def test_bad_attention_arguments_are_named(call, match):
     with pytest.raises(UsageError, match=match):
         call()
+
+
+# -- dropout ------------------------------------------------------------------------------------------
+def np_dropped_gpt(model, tokens, step, p):
+    """The GPT's forward with dropout written out in numpy: for each layer, the attention
+    probabilities, the attention output and the MLP output dropped with the layer's masks
+    (kept / (1 − p)), one query row and head at a time."""
+    par = model.parameters()
+    b, s = tokens.shape
+    d, nh = model.d_model, model.n_heads
+    hd = d // nh
+    x = par["tok_emb.weight"][tokens] + par["pos_emb.weight"][:s]
+    for i in range(model.n_layers):
+        drop = model.dropout_at(step, i, (b, s))
+        keep_a = drop.attention((b, nh, s, s))
+        keep_o, keep_m = drop.hidden(2, (b, s, d)), drop.hidden(3, (b, s, d))
+        pre = f"blocks.{i}."
+        h = np_layernorm(x, par[pre + "norm1.weight"], par[pre + "norm1.bias"])
+        qkv = h @ par[pre + "attn.qkv.weight"] + par[pre + "attn.qkv.bias"]
+        heads = np.zeros((b, s, d))
+        for n in range(b):
+            for j in range(nh):
+                q, k, v = (qkv[n, :, 3 * j * hd + c * hd: 3 * j * hd + (c + 1) * hd] for c in range(3))
+                for r in range(s):
+                    scores = q[r] @ k[: r + 1].T / math.sqrt(hd)
+                    w = np.exp(scores - scores.max())
+                    w = w / w.sum() * keep_a[n, j, r, : r + 1] / (1 - p)
+                    heads[n, r, j * hd:(j + 1) * hd] = w @ v[: r + 1]
+        attn = heads @ par[pre + "attn.out.weight"] + par[pre + "attn.out.bias"]
+        x = x + attn * keep_o / (1 - p)
+        h = np_layernorm(x, par[pre + "norm2.weight"], par[pre + "norm2.bias"])
+        mlp = np_gelu_tanh(h @ par[pre + "mlp.up.weight"] + par[pre + "mlp.up.bias"])
+        x = x + (mlp @ par[pre + "mlp.down.weight"] + par[pre + "mlp.down.bias"]) * keep_m / (1 - p)
+    x = np_layernorm(x, par["norm.weight"], par["norm.bias"])
+    return x @ par["head.weight"]
+
+
+def test_gpt_with_dropout_matches_numpy_with_the_same_masks():
+    model = randomise(nn.GPT(**SMALL, seed=1, dtype=np.float64, dropout=0.3))
+    tokens = RNG.integers(0, 11, (2, 6))
+    for step in (0, 5):
+        np.testing.assert_allclose(model(tokens, step=step), np_dropped_gpt(model, tokens, step, 0.3),
+                                   rtol=1e-10, atol=1e-12)
+
+
+def test_blockwise_attention_with_dropout_equals_the_whole_with_the_same_mask():
+    q, k, v = (RNG.standard_normal((2, 3, 6, 4)) for _ in range(3))
+    drop = nn.Dropout(0.25, 7, rows=2, seq=6, heads=3, width=12)
+    whole = nn.scaled_dot_product_attention(q, k, v, True, drop.attention((2, 3, 6, 6)), 0.25)
+    state = nn.attention_init(q)
+    for k0 in (4, 0, 2):  # key blocks in any order, each with its piece of the mask
+        state = nn.attention_block_update(state, q, k[:, :, k0:k0 + 2], v[:, :, k0:k0 + 2], True, 0, k0,
+                                          drop.attention((2, 3, 6, 2), k0), 0.25)
+    np.testing.assert_allclose(nn.attention_finish(state), whole, rtol=1e-12)
+
+
+def test_dropout_rate_is_checked():
+    for bad in (1.0, -0.1, "0.1", True):
+        with pytest.raises(UsageError, match="dropout must be a probability in \\[0, 1\\)"):
+            nn.GPT(**SMALL, dropout=bad)
+    with pytest.raises(UsageError, match="step must be an int >= 0"):
+        nn.GPT(**SMALL, dropout=0.1)(np.zeros((1, 3), int), step=-1)

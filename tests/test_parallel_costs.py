@@ -22,8 +22,8 @@ FREE_COMM = Hardware.uniform(latency=0.0, bandwidth=float("inf"),
                              device=DeviceSpec("giga", {"float32": 1e9}, float("inf"), float("inf")))
 
 
-def gpt(layers: int = 2) -> nn.GPT:
-    return nn.GPT(32, 16, layers, 4, 8, seed=1, dtype=np.float64)
+def gpt(layers: int = 2, dropout: float = 0.0) -> nn.GPT:
+    return nn.GPT(32, 16, layers, 4, 8, seed=1, dtype=np.float64, dropout=dropout)
 
 
 def batch(rows: int = 8):
@@ -32,11 +32,11 @@ def batch(rows: int = 8):
 
 
 def run(cfg: ParallelConfig, layers: int = 2, rows: int = 8, hardware=None, steps: int = 2,
-        pairs: bool = False):
+        pairs: bool = False, dropout: float = 0.0):
     """Train ``steps`` steps; returns (trainer, bytes sent per device in the last step — or with
     ``pairs`` the matrix of bytes device s sent to device d —, ledger)."""
     tokens, targets = batch(rows)
-    trainer = ParallelTrainer(gpt(layers), cfg, optimizer=nn.AdamW(1e-2))
+    trainer = ParallelTrainer(gpt(layers, dropout), cfg, optimizer=nn.AdamW(1e-2))
     kw = {} if hardware is None else {"hardware": hardware}
     with VirtualCluster(cfg.mesh(), **kw) as cluster:
         for _ in range(steps - 1):
@@ -128,11 +128,11 @@ def test_recompute_keeps_each_block_s_input_only():
         assert all(p["activations"] > 5 * r["activations"] for p, r in zip(plain, ledger))
 
 
-def per_layer_activations(**kw) -> int:
+def per_layer_activations(dropout: float = 0.0, **kw) -> int:
     """Bytes one microbatch's forward keeps per transformer layer: stage 0 of a 2-stage pipeline
     with two layers minus the same with one (the embeddings cancel)."""
     cfg = ParallelConfig(pp=2, schedule="gpipe", **kw)
-    two, one = (run(cfg, layers=n, steps=1)[2][0]["stage_activations"][0] for n in (4, 2))
+    two, one = (run(cfg, layers=n, steps=1, dropout=dropout)[2][0]["stage_activations"][0] for n in (4, 2))
     return two - one
 
 
@@ -149,13 +149,26 @@ def test_sequence_parallelism_divides_every_activation_by_tp_as_megatron_s_form_
     assert forms[2] * 2 == forms[0] and forms[2] < forms[1] < forms[0]
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(tp=2), dict(tp=2, sequence_parallel=True), dict(tp=4),
-                                dict(tp=4, sequence_parallel=True)])
-def test_activations_per_layer_are_megatron_s_form_without_dropout_to_the_byte(kw):
-    """Measured on the devices: Korthikanti et al.'s per-layer bytes, scaled to 8-byte values and
-    without the dropout masks this GPT does not have — sbh(32 + 4as/h)·(8/2); with TP
-    sbh(8 + 24/t + 4as/(ht))·4; with SP all of it /t.  By hand for s=8, b=8, h=16, a=4 (sbh=1024,
-    as²b=2048): 16·1024 + 2·2048 = 20480 values, 163840 bytes."""
+TP_SP = [dict(), dict(tp=2), dict(tp=2, sequence_parallel=True), dict(tp=4),
+         dict(tp=4, sequence_parallel=True)]
+
+
+@pytest.mark.parametrize("kw", TP_SP)
+def test_activations_per_layer_are_megatron_s_form_to_the_byte(kw):
+    """Measured on the devices with dropout: Korthikanti et al.'s per-layer bytes with 8-byte values
+    and 1-byte masks — sbh(16·8 + 2 + 17·as/h); with TP sbh(4·8 + 2 + (12·8 + 17·as/h)/t); with SP
+    all of it /t.  By hand for s=8, b=8, h=16, a=4 (sbh = 1024, as²b = 2048): 130·1024 + 17·2048
+    = 167936 bytes."""
+    t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
+    want = megatron_activation_bytes(8, 8, 16, 4, t=t, sp=sp, bytes_per=ITEM)
+    assert per_layer_activations(dropout=0.1, **kw) == want
+    if kw == {}:
+        assert want == 167936 == 130 * 1024 + 17 * 2048
+
+
+@pytest.mark.parametrize("kw", TP_SP)
+def test_without_dropout_there_are_no_masks_and_the_probabilities_are_the_softmax_s(kw):
+    """sbh(32 + 4as/h) at 16 bits: 8-byte values, 16·1024 + 2·2048 = 20480 of them here."""
     t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
     want = megatron_activation_bytes(8, 8, 16, 4, t=t, sp=sp, bytes_per=ITEM, dropout=False)
     assert per_layer_activations(**kw) == want
@@ -163,14 +176,17 @@ def test_activations_per_layer_are_megatron_s_form_without_dropout_to_the_byte(k
         assert want == 163840 == ITEM * (16 * 1024 + 2 * 2048)
 
 
-def test_the_form_with_dropout_is_the_paper_s_and_the_masks_are_its_difference():
-    """The paper's 34 + 5as/h at 16 bits; the masks are 2·sbh + as²b bytes (one byte each)."""
+def test_the_form_is_the_paper_s_at_16_bits_and_the_masks_are_its_dropout_part():
+    """34 + 5as/h and 10 + 24/t + 5as/(ht) at 2-byte values and 1-byte masks; the masks are
+    2·sbh + as²b bytes (replicated over tp without SP, split with it)."""
     s, b, h, a = 8, 8, 16, 4
     sbh, scores = s * b * h, a * s * s * b
     assert megatron_activation_bytes(s, b, h, a) == sbh * (34 + 5 * a * s / h)
     assert megatron_activation_bytes(s, b, h, a, t=2) == sbh * (10 + 24 / 2 + 5 * a * s / (h * 2))
+    assert megatron_activation_bytes(s, b, h, a, t=2, sp=True) == sbh * (34 + 5 * a * s / h) / 2
+    assert megatron_activation_bytes(s, b, h, a, recompute=True) == 2 * sbh
     for t, sp in ((1, False), (2, False), (2, True), (4, True)):
-        masks = (2 * sbh + scores) / (t if sp else 1) if sp else 2 * sbh + scores / t
+        masks = (2 * sbh + scores) / t if sp else 2 * sbh + scores / t
         assert (megatron_activation_bytes(s, b, h, a, t=t, sp=sp)
                 - megatron_activation_bytes(s, b, h, a, t=t, sp=sp, dropout=False)) == masks
 

@@ -35,7 +35,15 @@ def data(batch: int = 8, seq: int = 8, seed: int = 0) -> tuple[np.ndarray, np.nd
 def reference(layers: int, heads: int, batch: int, model_kw: tuple = ()) -> tuple[list[float], dict]:
     tokens, targets = data(batch)
     model = make_gpt(layers, heads, **dict(model_kw))
-    return nn.reference_train(model, [(tokens, targets)], nn.cross_entropy, nn.AdamW(LR), STEPS)
+    if not model.dropout:
+        return nn.reference_train(model, [(tokens, targets)], nn.cross_entropy, nn.AdamW(LR), STEPS)
+    optimizer, losses = nn.AdamW(LR), []
+    for step in range(STEPS):  # step k draws its dropout masks from k, in one process
+        value, grads = nn.value_and_grad(lambda m, x, y: nn.cross_entropy(m(x, step=step), y), model,
+                                         tokens, targets)
+        model.load_state_dict(optimizer.step(model.parameters(), grads))
+        losses.append(float(value))
+    return losses, model.state_dict()
 
 
 def check_exact(cfg: ParallelConfig, layers: int = 4, heads: int = 4, batch: int = 8,
@@ -95,9 +103,42 @@ def test_other_gpt_variants_train_exactly_under_tp_sp_and_dp(model_kw):
     check_exact(C(dp=2, tp=2, sequence_parallel=True, zero=1), model_kw=model_kw)
 
 
+DROPOUT = {
+    "dp2-M2": C(dp=2, microbatches=2),
+    "tp2": C(tp=2),
+    "tp2-sp": C(tp=2, sequence_parallel=True),
+    "cp2": C(cp=2),
+    "cp2-tp2-sp": C(cp=2, tp=2, sequence_parallel=True),
+    "pp2-1f1b-M2": C(pp=2, microbatches=2),
+    "tp2-recompute-zero3": C(dp=2, tp=2, recompute=True, zero=3),
+    "dp2-tp2-pp2-sp-zero1": C(dp=2, tp=2, pp=2, microbatches=2, sequence_parallel=True, zero=1),
+}
+
+
+@pytest.mark.parametrize("name", list(DROPOUT))
+def test_training_with_dropout_equals_one_process(name):
+    """Every device draws its piece of each mask at its global rows, positions and heads, so the
+    same elements drop as in one process given the step (``model(tokens, step=k)``)."""
+    check_exact(DROPOUT[name], model_kw=(("dropout", 0.2),))
+
+
+def test_dropout_draws_different_masks_per_step_and_layer_and_none_without_a_step():
+    model = make_gpt(2, dropout=0.5)
+    tokens, _ = data()
+    plain = model(tokens)
+    assert np.array_equal(plain, make_gpt(2)(tokens))  # no step: no dropout (torch's eval())
+    a, b, again = model(tokens, step=0), model(tokens, step=1), model(tokens, step=0)
+    assert np.array_equal(a, again) and not np.allclose(a, b) and not np.allclose(a, plain)
+    d0, d1 = model.dropout_at(0, 0, (8, 8)), model.dropout_at(0, 1, (8, 8))
+    m0, m1 = d0.hidden(2, (8, 8, 16)), d1.hidden(2, (8, 8, 16))
+    assert not np.array_equal(m0, m1) and abs(m0.mean() - 0.5) < 0.05  # 1024 draws: within 3 sigma
+    assert np.array_equal(d0.at(row0=2, pos0=3).hidden(2, (4, 5, 16)), m0[2:6, 3:8])  # a piece of it
+
+
 def every_configuration():
     """Every (dp, tp, pp, cp) with product <= 8; every schedule when pp > 1; zero 0/1/3 (1 and 3 only
-    with dp > 1); SP on and off (with tp > 1); recompute on and off."""
+    with dp > 1); SP on and off (with tp > 1); recompute on and off (on: with dropout, whose masks
+    the recomputation must draw again)."""
     for dp, tp, pp, cp in itertools.product((1, 2, 4, 8), repeat=4):
         if dp * tp * pp * cp > 8:
             continue
@@ -116,7 +157,8 @@ def test_every_configuration_up_to_8_devices_equals_one_process(dp, tp, pp, cp, 
     microbatches = pp  # interleaved takes microbatches in groups of pp
     cfg = C(dp=dp, tp=tp, pp=pp, cp=cp, microbatches=microbatches, schedule=schedule, zero=zero,
             sequence_parallel=sp, recompute=recompute)
-    check_exact(cfg, layers=pp * chunks, heads=8 if tp == 8 else 4, batch=dp * microbatches)
+    check_exact(cfg, layers=pp * chunks, heads=8 if tp == 8 else 4, batch=dp * microbatches,
+                model_kw=(("dropout", 0.2),) if recompute else ())
 
 
 def test_uneven_cuts_train_exactly():

@@ -58,6 +58,17 @@ def positive_number(text: str) -> float:
     return value
 
 
+def probability(text: str) -> float:
+    """A dropout rate given on the command line: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text}")
+    return value
+
+
 def parse_mesh(text: str):
     """``dp=2,tp=2`` -> ``Mesh({"dp": 2, "tp": 2})``; argparse reports a malformed value, an axis
     named twice or a size the mesh refuses, with the reason."""

@@ -64,7 +64,8 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     from ._args import default_hardware
 
     cfg = config(args)
-    model = nn.GPT.preset(args.model, dtype=np.dtype(args.dtype), seed=args.seed)
+    model = nn.GPT.preset(args.model, dtype=np.dtype(args.dtype), seed=args.seed,
+                          dropout=getattr(args, "dropout", 0.0))
     seq = args.seq or model.seq_len
     group = cfg.dp * cfg.microbatches
     batch = args.batch or group * -(-8 // group)  # at least 8 rows, a multiple of dp × microbatches
@@ -112,6 +113,7 @@ class Report:
 
         s, cfg = self.s, self.s["cfg"]
         itemsize = np.dtype(self.args.dtype).itemsize
+        model_dropout = s["model"].dropout
         forms = device_memory(s["model"], cfg, s["batch"], s["seq"], itemsize)
         mesh = cfg.mesh()
         rows = []
@@ -125,6 +127,7 @@ class Report:
             out = {"command": "train", "model": self.args.model, "dtype": self.args.dtype,
                    "config": {k: getattr(cfg, k) for k in ("dp", "tp", "pp", "cp", "microbatches", "schedule",
                                                             "zero", "sequence_parallel", "recompute")},
+                   "dropout": model_dropout,
                    "batch": s["batch"], "seq": s["seq"], "hardware": s["hardware"], "steps": self.steps,
                    "memory": rows, **extra}
             print(json.dumps(out, indent=1, default=str))
@@ -138,9 +141,9 @@ class Report:
                  nbytes(sum(r["closed_form"][k] for k in kinds)), nbytes(r["measured"]["activations"]),
                  nbytes(r["closed_form"]["activations"])] for r in rows]
         print(f"\nmemory per device: measured on the device, against the closed forms (ZeRO: (P + G + K)·Ψ "
-              f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer less dropout's masks, 32 + 4as/h, at "
-              f"{itemsize}-byte activations, divided as TP/SP divide it, × layers × the schedule's "
-              f"microbatches in flight); capacity "
+              f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer at 2-byte activations and 1-byte "
+              f"masks, here {itemsize}-byte ones{'' if model_dropout else ' and no dropout'}, divided as "
+              f"TP/SP divide it, × layers × the schedule's microbatches in flight); capacity "
               f"{nbytes(s['capacity'])} per device")
         print(table(["device", "dp,pp,cp,tp", "params", "grads", "optimizer", "P+G+K", "ZeRO form",
                      "activations", "Megatron form"], body, width=self.args.width))

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..trace.fmt import WIDTH
 from ._args import (hardware_choices, natural_int, output_file, parse_mesh, positive_float, positive_int,
-                    positive_number, usage_error)
+                    positive_number, probability, usage_error)
 from ._output import table_width
 from ._progress import bar
 from ._training import PERIOD, Report, setup, synthetic_batch, weights_l2
@@ -107,6 +107,9 @@ def register(sub: Any) -> None:
                    help="Megatron's sequence parallelism: norms and dropout sharded over tp along the "
                         "sequence")
     p.add_argument("--recompute", action="store_true", help="recompute each block's forward in the backward")
+    p.add_argument("--dropout", type=probability, default=0.0, metavar="P",
+                   help="dropout rate of each block's attention probabilities and outputs (default 0); the "
+                        "masks depend on the step and position, not on the mesh")
     p.add_argument("--steps", type=positive_int, default=20, metavar="N", help="training steps (default 20)")
     p.add_argument("--batch", type=positive_int, default=None, metavar="ROWS",
                    help="sequences per step, a multiple of dp × microbatches (default: the least >= 8)")

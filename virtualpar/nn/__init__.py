@@ -1,7 +1,8 @@
 """``virtualpar.nn``: models on numpy, one differentiation mechanism, optimizers, the reference.
 
 Transformers: ``MultiHeadAttention`` (its math in :mod:`.attention`, whole and blockwise), ``MLP``,
-``SwiGLU``, ``RMSNorm``, ``TransformerBlock`` and ``GPT`` (:mod:`.transformer`, :mod:`.gpt`).
+``SwiGLU``, ``RMSNorm``, ``TransformerBlock`` and ``GPT`` (:mod:`.transformer`, :mod:`.gpt`), with
+dropout that every sharding draws alike (:mod:`.dropout`).
 
 Pure (no processes).  Every later layer — tensor-parallel operations, pipeline stages, the unified
 strategies, timeline parallelism — builds models from these modules, differentiates them with
@@ -14,6 +15,7 @@ from __future__ import annotations
 from .activations import GELU, ReLU, Tanh, gelu, relu, tanh
 from .attention import (AttentionState, attention_block_update, attention_finish, attention_init, causal_mask,
                         merge_attention_states, merge_heads, scaled_dot_product_attention, split_heads)
+from .dropout import Dropout, dropout
 from .functional import VJP, functional_call, value_and_grad, vjp
 from .layers import Embedding, Linear, Sequential
 from .losses import cross_entropy, mse_loss
@@ -34,5 +36,5 @@ __all__ = [
     "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "qkv_heads",
     "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
     "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads",
-    "merge_heads",
+    "merge_heads", "Dropout", "dropout",
 ]

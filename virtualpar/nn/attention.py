@@ -37,6 +37,7 @@ import numpy as np
 from autograd.extend import defvjp, notrace_primitive, primitive
 
 from ..errors import UsageError
+from .dropout import dropout
 from .recompute import recomputed
 
 __all__ = ["AttentionState", "scaled_dot_product_attention", "attention_block_update", "attention_init",
@@ -89,21 +90,27 @@ def _softmax(s: Any, causal: bool) -> Any:
     return p / anp.sum(p, axis=-1, keepdims=True)
 
 
-def scaled_dot_product_attention(q: Any, k: Any, v: Any, causal: bool = True) -> Any:
+def scaled_dot_product_attention(q: Any, k: Any, v: Any, causal: bool = True, keep: Any = None,
+                                 p: float = 0.0) -> Any:
     """``softmax(q kᵀ / √head_dim) v`` over the whole key sequence; with ``causal``, q and k cover the
     same positions (s_q == s_k) and query i sees keys 0..i.  Cost: 4·s_q·s_k·head_dim FLOPs per
     (batch, head) forward.
 
     Kept for the backward: q and k (by the scores' matmul), the scores (the softmax keeps its input
     and normalises again in the backward, :mod:`.recompute`), the probabilities and v (by P·V) —
-    Megatron-LM's tensors (Korthikanti et al. 2022), less the dropout's."""
+    Megatron-LM's tensors (Korthikanti et al. 2022).  With a dropout mask ``keep`` (batch, heads,
+    s_q, s_k) and rate ``p``, the probabilities are dropped (:mod:`.dropout`): the mask is kept too,
+    and P·V keeps the dropped probabilities instead."""
     _check(q, k, v, "scaled_dot_product_attention")
     if causal and np.shape(q)[2] != np.shape(k)[2]:
         raise UsageError(f"scaled_dot_product_attention: causal needs as many queries as keys, got s_q="
                          f"{np.shape(q)[2]}, s_k={np.shape(k)[2]}; use attention_block_update with q_start, "
                          f"k_start")
     s = anp.matmul(q, anp.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(np.shape(q)[-1]))
-    return anp.matmul(recomputed(functools.partial(_softmax, causal=bool(causal)), s), v)
+    probs = recomputed(functools.partial(_softmax, causal=bool(causal)), s)
+    if keep is not None:
+        probs = dropout(probs, keep, p)
+    return anp.matmul(probs, v)
 
 
 def attention_init(q: Any) -> AttentionState:
@@ -115,21 +122,26 @@ def attention_init(q: Any) -> AttentionState:
 
 
 def attention_block_update(state: AttentionState, q: Any, k_block: Any, v_block: Any, causal: bool = True,
-                           q_start: int = 0, k_start: int = 0) -> AttentionState:
+                           q_start: int = 0, k_start: int = 0, keep: Any = None,
+                           p: float = 0.0) -> AttentionState:
     """Fold one key/value block into ``state`` (see the module's equations).
 
     ``q_start`` and ``k_start`` are the global positions of the first query and the first key of the
     block: the causal mask compares global positions, so a block wholly in a query's past is
-    unmasked, one wholly in its future contributes nothing.  Cost: 4·s_q·s_blk·head_dim FLOPs per
+    unmasked, one wholly in its future contributes nothing.  With a dropout mask ``keep`` of the
+    block's probabilities and rate ``p``, ``o`` gathers the dropped unnormalised probabilities while
+    ``l`` sums them all, so ``o / l`` is dropout(softmax) · V.  Cost: 4·s_q·s_blk·head_dim FLOPs per
     (batch, head), plus O(s_q·(s_blk + head_dim)) elementwise."""
     _check(q, k_block, v_block, "attention_block_update")
     m_old = _plain(state.m)
     s = _scores(q, k_block, causal, q_start, k_start)
     m_new = np.maximum(m_old, _row_max(s))  # plain arrays: the max is a stop-gradient
     alpha = np.exp(m_old - m_new)  # exp(−∞) = 0 on the first block
-    p = anp.exp(s - m_new)
-    l_new = alpha * state.l + anp.sum(p, axis=-1, keepdims=True)
-    return AttentionState(m_new, l_new, alpha * state.o + anp.matmul(p, v_block))
+    e = anp.exp(s - m_new)
+    l_new = alpha * state.l + anp.sum(e, axis=-1, keepdims=True)
+    if keep is not None:
+        e = dropout(e, keep, p)
+    return AttentionState(m_new, l_new, alpha * state.o + anp.matmul(e, v_block))
 
 
 def merge_attention_states(a: AttentionState, b: AttentionState) -> AttentionState:

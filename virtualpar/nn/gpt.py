@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..kernels import matmul_flops
+from .dropout import Dropout, check_rate, layer_key
 from .init import check_dtype, check_size
 from .layers import Embedding, Linear, Sequential, affine
 from .module import Module, check_input
@@ -68,12 +69,18 @@ class LMHead(Module):
 
 class GPT(Module):
     """Token + position embeddings (N(0, 0.02²)), ``n_layers`` pre-norm causal blocks in ``blocks``
-    (a ``Sequential``: ``model.blocks[i]``), a final ``norm`` and the LM ``head``."""
+    (a ``Sequential``: ``model.blocks[i]``), a final ``norm`` and the LM ``head``.
+
+    ``dropout``: the blocks' rate (Megatron's three sites per block, :mod:`.dropout`).  Masks are
+    drawn from (``seed``, the training step, the layer, the position), so ``model(tokens, step=k)``
+    drops the same elements in one process as over any mesh; ``model(tokens)`` drops nothing."""
 
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, seq_len: int, seed: int = 0,
                  dtype: Any = np.float32, tie_embeddings: bool = False, mlp: str = "gelu",
-                 norm: str = "layernorm") -> None:
+                 norm: str = "layernorm", dropout: float = 0.0) -> None:
         dt = check_dtype("GPT", dtype)
+        self.dropout = check_rate("GPT", dropout)
+        self.seed = int(seed)
         self.vocab = check_size("GPT", "vocab", vocab, least=1)
         self.d_model = check_size("GPT", "d_model", d_model, least=1)
         self.n_layers = check_size("GPT", "n_layers", n_layers, least=1)
@@ -88,8 +95,8 @@ class GPT(Module):
         self.tok_emb.weight = (0.02 * self.tok_emb.weight).astype(dt)  # GPT-2's scale, not N(0, 1)
         self.pos_emb = Embedding(seq_len, d_model, seed=s_pos, dtype=dt)
         self.pos_emb.weight = (0.02 * self.pos_emb.weight).astype(dt)
-        self.blocks = Sequential(*(TransformerBlock(d_model, n_heads, mlp=mlp, norm=norm, seed=s, dtype=dt)
-                                   for s in s_blocks))
+        self.blocks = Sequential(*(TransformerBlock(d_model, n_heads, mlp=mlp, norm=norm, seed=s, dtype=dt,
+                                                    dropout=dropout) for s in s_blocks))
         self.norm = norm_cls(d_model, dtype=dt)
         self.head = LMHead(d_model, vocab, self.tok_emb if tie_embeddings else None, seed=s_head, dtype=dt)
 
@@ -97,7 +104,7 @@ class GPT(Module):
     def preset(cls, name: str, **overrides: Any) -> "GPT":
         """``GPT(**PRESETS[name], **overrides)``: ``"tiny"`` (vocab 256, d 64, 4 layers, 4 heads, seq 32)
         or ``"small"`` (vocab 2048, d 256, 8 layers, 8 heads, seq 128; a training step of a (8, 128)
-        batch on 8 devices takes about 0.8 s on an idle 2-core machine: see ``PRESETS``)."""
+        batch on 8 devices takes about 0.65 s on an idle 2-core machine: see ``PRESETS``)."""
         if name not in PRESETS:
             raise UsageError(f"GPT.preset: unknown preset {name!r}; the presets are {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
@@ -117,12 +124,24 @@ class GPT(Module):
                              f"{ids.min()}..{ids.max()}")
         return ids
 
-    def forward(self, tokens: Any) -> Any:
+    def forward(self, tokens: Any, step: int | None = None) -> Any:
+        """Logits (batch, seq, vocab); ``step``: the training step whose dropout masks to draw (None:
+        no dropout)."""
         ids = self.check_tokens(tokens)
         x = self.tok_emb(ids) + self.pos_emb(np.arange(ids.shape[1]))
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.dropout_at(step, i, ids.shape))
         return self.head(self.norm(x))
+
+    def dropout_at(self, step: int | None, layer: int, shape: tuple[int, int]) -> Dropout | None:
+        """Layer ``layer``'s masks in training step ``step`` for a whole batch of ``shape`` (batch,
+        seq) in this process; None without dropout or without a step."""
+        if step is None or not self.dropout:
+            return None
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise UsageError(f"GPT: step must be an int >= 0 (the training step), got {step!r}")
+        return Dropout(self.dropout, layer_key(self.seed, int(step), layer), shape[0], shape[1], self.n_heads,
+                       self.d_model)
 
     def flops_per_token(self, seq: int | None = None) -> float:
         """Forward matmul FLOPs per token at sequence length ``seq`` (default ``seq_len``): the blocks'
@@ -133,4 +152,5 @@ class GPT(Module):
 
     def extra_repr(self) -> str:
         return (f"vocab={self.vocab}, d_model={self.d_model}, n_layers={self.n_layers}, "
-                f"n_heads={self.n_heads}, seq_len={self.seq_len}, tie_embeddings={self.tie_embeddings}")
+                f"n_heads={self.n_heads}, seq_len={self.seq_len}, tie_embeddings={self.tie_embeddings}"
+                + (f", dropout={self.dropout}" if self.dropout else ""))

@@ -28,6 +28,7 @@ from ..errors import UsageError
 from ..kernels import matmul_flops
 from .activations import gelu, tanh
 from .attention import merge_heads, scaled_dot_product_attention
+from .dropout import Dropout, check_rate, dropout
 from .init import check_dtype, check_size
 from .layers import Linear
 from .module import Module, check_input
@@ -76,13 +77,16 @@ class MultiHeadAttention(Module):
         self.qkv = Linear(d_model, 3 * d_model, bias=bias, seed=s_qkv, dtype=dt)
         self.out = Linear(d_model, d_model, bias=bias, seed=s_out, dtype=dt)
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Any, drop: Dropout | None = None) -> Any:
+        """``drop``: where this layer's dropout masks come from (:class:`.dropout.Dropout`), or None."""
         check_input(self, x, self.d_model)
         if len(np.shape(x)) != 3:
             raise UsageError(f"{self!r}: expected input (batch, seq, {self.d_model}), got shape "
                              f"{np.shape(x)}")
         q, k, v = qkv_heads(self.qkv(x), self.n_heads)
-        return self.out(merge_heads(scaled_dot_product_attention(q, k, v, self.causal)))
+        keep = None if drop is None else drop.attention(np.shape(q)[:3] + np.shape(k)[2:3])
+        o = scaled_dot_product_attention(q, k, v, self.causal, keep, drop.p if drop is not None else 0.0)
+        return self.out(merge_heads(o))
 
     def flops_per_token(self, seq: int) -> float:
         """Forward FLOPs per token at sequence length ``seq``: 8·d² + 4·seq·d — the Q, K, V and
@@ -176,16 +180,20 @@ def _choice(where: str, name: str, value: Any, table: dict[str, Any]) -> Any:
 
 
 class TransformerBlock(Module):
-    """Pre-norm block: ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``.
+    """Pre-norm block: ``x = x + drop(attn(norm1(x))); x = x + drop(mlp(norm2(x)))``.
 
-    ``mlp``: ``"gelu"`` (:class:`MLP`) or ``"swiglu"``; ``norm``: ``"layernorm"`` or ``"rmsnorm"``.
+    ``mlp``: ``"gelu"`` (:class:`MLP`) or ``"swiglu"``; ``norm``: ``"layernorm"`` or ``"rmsnorm"``;
+    ``dropout``: the rate of Megatron's three dropouts — the attention probabilities and the two
+    outputs before their residual adds — drawn only when the forward is given a
+    :class:`.dropout.Dropout` (the GPT gives one when it is given the training step).
     Forward FLOPs per token: attention's 8·d² + 4·s·d plus the MLP's (16·d² for GELU with hidden 4d),
     the norms and residuals O(d)."""
 
     def __init__(self, d_model: int, n_heads: int, mlp: str = "gelu", norm: str = "layernorm",
                  causal: bool = True, hidden: int | None = None, seed: int = 0,
-                 dtype: Any = np.float32) -> None:
+                 dtype: Any = np.float32, dropout: float = 0.0) -> None:
         mlp_cls = _choice("TransformerBlock", "mlp", mlp, MLPS)
+        self.dropout = check_rate("TransformerBlock", dropout)
         norm_cls = _choice("TransformerBlock", "norm", norm, NORMS)
         self.d_model = check_size("TransformerBlock", "d_model", d_model, least=1)
         self.mlp_kind, self.norm_kind = mlp, norm
@@ -195,9 +203,14 @@ class TransformerBlock(Module):
         self.norm2 = norm_cls(d_model, dtype=dtype)
         self.mlp = mlp_cls(d_model, hidden, seed=s_mlp, dtype=dtype)
 
-    def forward(self, x: Any) -> Any:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x: Any, drop: Dropout | None = None) -> Any:
+        if drop is None:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        a = self.attn(self.norm1(x), drop)
+        x = x + dropout(a, drop.hidden(2, np.shape(a)), drop.p)
+        m = self.mlp(self.norm2(x))
+        return x + dropout(m, drop.hidden(3, np.shape(m)), drop.p)
 
     def flops_per_token(self, seq: int) -> float:
         """Forward matmul FLOPs per token at sequence length ``seq`` (attention + MLP)."""
@@ -205,4 +218,5 @@ class TransformerBlock(Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.attn.n_heads}, mlp={self.mlp_kind!r}, "
-                f"norm={self.norm_kind!r}, causal={self.attn.causal}")
+                f"norm={self.norm_kind!r}, causal={self.attn.causal}"
+                + (f", dropout={self.dropout}" if self.dropout else ""))

@@ -78,7 +78,7 @@ def step_keeping(dev: Any, key: str, rows: int, want: int, keep: bool, flops: di
     none): ``(loss, pipeline rank, records, reports or None)``."""
     st = dev.state[key]
     settle(st, want, key)
-    loss, prank, records = step(dev, key, rows, False, flops)
+    loss, prank, records = step(dev, key, rows, False, flops, want)
     st["update_for"] = want + 1
     if not keep:
         return loss, prank, records, None

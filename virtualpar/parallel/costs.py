@@ -26,11 +26,11 @@ sequence length, h = d_model, a = heads, t = tp, L = layers, Ψ = parameters (el
   (4·sbh), V (2·sbh), the output projection's input (2·sbh), the GeLU's input and the down
   projection's (8·sbh each), the softmax output and the dropped-out probabilities (2·a·s²·b each),
   and three dropout masks (sbh, sbh and a·s²·b).  This GPT keeps exactly those tensors — each
-  elementwise kernel (norm, softmax, activation) keeps its input and runs again in the backward
-  (:mod:`virtualpar.nn.recompute`); the softmax's input fills the "softmax output" slot, the
-  probabilities P·V reads the "dropout output" one — but it has no dropout, so no masks: in its
-  element size e, e·s·b·h·(16 + 2·a·s/h), 16-bit: s·b·h·(32 + 4·a·s/h)
-  (:func:`megatron_activation_bytes` with ``dropout=False``, measured to the byte by the tests).
+  elementwise kernel (norm, softmax, GELU) keeps its input (:mod:`virtualpar.nn.recompute`); the
+  softmax's input fills the "softmax output" slot — so the devices measure, to the byte, with
+  values of e bytes and masks of one: s·b·h·(16·e + 2 + (2·e + 1)·a·s/h), the paper's at e = 2
+  (:func:`megatron_activation_bytes`).  Without dropout (``GPT(dropout=0)``, the default) there
+  are no masks and P·V reads the softmax's output: s·b·h·(16·e + 2·e·a·s/h).
 - **Bubble**: (p−1)/(v·m + p−1) for p stages of v chunks each and m microbatches (1F1B, GPipe, interleaved).
 - **MFU**: model FLOPs (3 × the forward's ``flops_per_token`` per token) per second over the devices' peak.
 """
@@ -100,19 +100,22 @@ def zero_memory(psi: int, dp: int, zero: int, itemsize: int, optimizer_bytes: in
 
 
 def megatron_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                              recompute: bool = False, bytes_per: int = 2, dropout: bool = True) -> float:
-    """Korthikanti et al.'s activation memory of one transformer layer (see the module doc);
-    ``bytes_per`` scales their 16-bit count (2 bytes) to another element size; ``dropout=False``
-    leaves out the three dropout masks (2·sbh + a·s²·b bytes: 34 → 32, 10 → 8 with TP, 5 → 4)."""
-    scale = bytes_per / 2.0
+                              recompute: bool = False, bytes_per: int = 2, dropout: bool = True,
+                              mask_bytes: int = 1) -> float:
+    """Korthikanti et al.'s activation memory of one transformer layer (see the module doc), with
+    values of ``bytes_per`` bytes (2 in the paper) and dropout masks of ``mask_bytes`` (1):
+
+        replicated over tp   4·e + 2·m    (10: two norms' inputs, the QKV and MLP-up inputs, two masks)
+        split over tp        12·e         (24: Q, K, V, the projection's input, GeLU's in and out)
+        scores               2·e + m      (5: softmax output, mask, dropped-out probabilities) × a·s/h
+
+    per s·b·h, the replicated part /t too under SP; ``dropout=False``: no masks (m = 0)."""
+    e, m = bytes_per, (mask_bytes if dropout else 0)
     if recompute:
-        return 2.0 * s * b * h / (t if sp else 1) * scale
-    whole, shared, attn = (34.0, 10.0, 5.0 * a * s / h) if dropout else (32.0, 8.0, 4.0 * a * s / h)
-    if sp:
-        per = (whole + attn) / t
-    else:
-        per = shared + 24.0 / t + attn / t
-    return s * b * h * per * scale
+        return float(s * b * h * e) / (t if sp else 1)
+    shared, split, scores = 4.0 * e + 2.0 * m, 12.0 * e, (2.0 * e + m) * a * s / h
+    per = (shared + split + scores) / t if sp else shared + (split + scores) / t
+    return s * b * h * per
 
 
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:

@@ -38,14 +38,16 @@ def settle(st: dict, commit: bool) -> None:
             st["params"][s], st["optimizers"][s] = params, optimizer
 
 
-def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float]
+def step(dev: Any, key: str, rows: int, commit: bool, flops: dict[int, float], number: int = 0
          ) -> tuple[float | None, int, list[tuple[str, float, float, float, float]]]:
     """One training step on this device: the executor runs the schedule (forward, backward, the
     microbatches' gradient sums), then the gradients are reduced and the update staged.  Returns the
-    executor's (this replica's loss on a last-stage device, else None; pipeline rank; records)."""
+    executor's (this replica's loss on a last-stage device, else None; pipeline rank; records).
+    ``number``: the training step's index (its dropout masks, :mod:`virtualpar.nn.dropout`)."""
     st = dev.state[key]
     settle(st, commit)
     st["flops"] = flops
+    st["number"], st["rows"] = number, rows
     st["memory"] = _fresh_ledger()
     st["seen"], st["summed"] = {}, set()  # zero=0's buckets reduced during the backward (.overlap)
     loss, prank, records = run_step(dev, key, rows, False)

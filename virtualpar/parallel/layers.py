@@ -27,6 +27,7 @@ from autograd.extend import notrace_primitive
 
 from .. import nn
 from ..nn.activations import gelu
+from ..nn.dropout import layer_key
 from ..nn.layers import affine
 from ..nn.recompute import recomputed
 from ..nn.transformer import qkv_heads, swiglu
@@ -48,6 +49,9 @@ class Ctx:
     sp: bool
     skeleton: Any  # the model with empty parameters: its norms' forward and its flags
     block_flops: float = 0.0  # one block's forward FLOPs per batch row on this device (recompute's charge)
+    step: int | None = None  # the training step (dropout's masks); None: no dropout
+    row0: int = 0  # the global batch row of this microbatch's first row
+    batch: int = 0  # rows of the global batch
 
     @property
     def tp_rank(self) -> int:
@@ -77,6 +81,19 @@ class Ctx:
         b = None if any(b is None for _, b in weights) else anp.concatenate([b for _, b in weights])
         widths = np.cumsum([np.shape(w)[1] for w, _ in weights])[:-1]
         return anp.split(gathered_affine(h, w, b, self.dev), widths, axis=-1)
+
+    def dropout(self, index: int, s_local: int) -> nn.Dropout | None:
+        """Block ``index``'s dropout masks for this device's piece (:mod:`virtualpar.nn.dropout`): its
+        rows, its hidden positions (the cp chunk, its tp part under SP), its queries and its heads."""
+        model = self.skeleton
+        if self.step is None or not model.dropout:
+            return None
+        s_cp = s_local * self.tp if self.sp else s_local
+        q0 = self.cp_rank * s_cp
+        heads = model.n_heads // self.tp
+        pos0 = q0 + (self.tp_rank * s_local if self.sp else 0)
+        return nn.Dropout(model.dropout, layer_key(model.seed, self.step, index), self.batch, s_cp * self.cp,
+                          model.n_heads, model.d_model, self.row0, pos0, q0, self.tp_rank * heads)
 
     def leave(self, x: Any) -> Any:
         """Out of a tensor-parallel region: g (no SP) or reduce_scatter along the sequence (SP)."""
@@ -116,15 +133,19 @@ def block(c: Ctx, P: dict, index: int, x: Any) -> Any:
     mod = c.skeleton.blocks[index]
     p = f"blocks.{index}."
     heads = mod.attn.n_heads // c.tp
+    drop = c.dropout(index, np.shape(x)[1])
     h = _norm(mod.norm1, P, p + "norm1.", x)
     q, k, v = qkv_heads(c.linear_in(h, [(P[p + "attn.qkv.weight"], P.get(p + "attn.qkv.bias"))])[0], heads)
     if c.cp > 1:
-        o = ring_attention(c.dev, q, k, v, mod.attn.causal)
+        o = ring_attention(c.dev, q, k, v, mod.attn.causal, drop)
     else:
-        o = nn.scaled_dot_product_attention(q, k, v, mod.attn.causal)
+        keep = None if drop is None else drop.attention(np.shape(q)[:3] + np.shape(k)[2:3])
+        o = nn.scaled_dot_product_attention(q, k, v, mod.attn.causal, keep, drop.p if drop else 0.0)
     y = c.leave(affine(nn.merge_heads(o), P[p + "attn.out.weight"], None))
     if p + "attn.out.bias" in P:
         y = y + P[p + "attn.out.bias"]
+    if drop is not None:
+        y = nn.dropout(y, drop.hidden(2, np.shape(y)), drop.p)
     x = x + y
     h = _norm(mod.norm2, P, p + "norm2.", x)
     up = (P[p + "mlp.up.weight"], P.get(p + "mlp.up.bias"))
@@ -136,6 +157,8 @@ def block(c: Ctx, P: dict, index: int, x: Any) -> Any:
     y = c.leave(affine(a, P[p + "mlp.down.weight"], None))
     if p + "mlp.down.bias" in P:
         y = y + P[p + "mlp.down.bias"]
+    if drop is not None:
+        y = nn.dropout(y, drop.hidden(3, np.shape(y)), drop.p)
     return x + y
 
 

@@ -54,7 +54,7 @@ def saved_bytes(rec: Any, exclude: Iterable[np.ndarray] = ()) -> int:
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):
             root = _root(obj)
-            if obj.dtype.kind == "f" and id(root) not in skip:
+            if obj.dtype.kind in "fb" and id(root) not in skip:  # floats and dropout masks
                 buffers[id(root)] = root.nbytes
         elif isinstance(obj, types.FunctionType):
             todo.extend(c.cell_contents for c in (obj.__closure__ or ()) if _filled(c))

@@ -24,7 +24,7 @@ collective's time is :mod:`virtualpar.sim.analytic`'s (``ring_all_reduce``, ``ri
   reduce-scatter + all-gather of each unit after the pipeline (exposed), and the cp sum for zero 1
   and 3.
 - **Memory** per pipeline rank: ZeRO's (P + G + K)·Ψ/… (:func:`.costs.zero_memory`) + Megatron's
-  activations per layer without dropout's masks, as this GPT keeps them
+  activations per layer, with dropout's masks if the model drops out, as the devices keep them
   (:func:`.costs.megatron_activation_bytes`) × its layers × the microbatches the
   schedule keeps in flight (the simulator's ``peak_activations``).
 
@@ -159,7 +159,8 @@ def device_memory(model: Any, cfg: ParallelConfig, batch: int, seq: int, itemsiz
     peaks = _peaks(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
     b = batch // (cfg.dp * cfg.microbatches)
     per_layer = megatron_activation_bytes(seq // cfg.cp, b, model.d_model, model.n_heads, cfg.tp,
-                                          cfg.sequence_parallel, cfg.recompute, itemsize, dropout=False)
+                                          cfg.sequence_parallel, cfg.recompute, itemsize,
+                                          dropout=bool(getattr(model, "dropout", 0.0)))
     kbytes = 2 * itemsize if optimizer_bytes is None else optimizer_bytes
     out = []
     for prank in range(cfg.pp):

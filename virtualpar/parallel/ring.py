@@ -53,8 +53,10 @@ def _shift_back(ans: np.ndarray, x: np.ndarray, dev: Any):
 defvjp(ring_shift, _shift_back)
 
 
-def ring_attention(dev: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
-    """Attention of this rank's queries over every rank's keys; q, k, v (b, heads, S/cp, hd)."""
+def ring_attention(dev: Any, q: Any, k: Any, v: Any, causal: bool, drop: Any = None) -> Any:
+    """Attention of this rank's queries over every rank's keys; q, k, v (b, heads, S/cp, hd).
+    ``drop``: the layer's dropout (an ``nn.Dropout``), whose mask of each key chunk is drawn at that
+    chunk's global positions."""
     cp = len(dev.group("cp"))
     r = dev.group_rank("cp")
     chunk = np.shape(q)[2]
@@ -62,7 +64,9 @@ def ring_attention(dev: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
     state = nn.attention_init(q)
     for t in range(cp):
         k_start = ((r - t) % cp) * chunk
-        state = nn.attention_block_update(state, q, k, v, causal, q_start, k_start)
+        keep = None if drop is None else drop.attention(np.shape(q)[:3] + np.shape(k)[2:3], k_start)
+        state = nn.attention_block_update(state, q, k, v, causal, q_start, k_start, keep,
+                                          drop.p if drop is not None else 0.0)
         if t < cp - 1:
             k, v = ring_shift(k, dev), ring_shift(v, dev)
     return nn.attention_finish(state)

@@ -151,7 +151,7 @@ class SpmdTrainer:
         rows = tokens.shape[0] // self.trainer.config.dp
         before = self.dev.clock
         loss, _, self.records = step(self.dev, self.key, rows, self.steps > 0,
-                                     self.trainer.stage_flops(tokens.shape[1]))
+                                     self.trainer.stage_flops(tokens.shape[1]), self.steps)
         self.last_step_time = self.dev.clock - before
         self.steps += 1
         return loss

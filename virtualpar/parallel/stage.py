@@ -140,6 +140,10 @@ def stage_forward(step: Any, s: int, m: int, received: Any) -> tuple[Any, Any, f
     meta = st["meta"]
     c = Ctx(step.dev, meta["tp"], meta["cp"], meta["sp"], st["skeleton"])
     c.block_flops = st["flops"].get("block", 0.0)
+    # dropout's coordinates: this replica's rows are dp_rank·R … of dp·R, its microbatch m·b … of them
+    c.step, b = st.get("number"), step.rows
+    c.batch = st.get("rows", b * step.spec.microbatches) * meta["dp"]
+    c.row0 = (step.dev.group_rank("dp") if meta["dp"] > 1 else 0) * (c.batch // meta["dp"]) + m * b
     first, last = s == 0, s == step.spec.placement.stages - 1
     tokens = step.xs[m] if first else None
     targets = step.ys[m] if last else None
