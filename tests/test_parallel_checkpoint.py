@@ -159,6 +159,29 @@ def test_dp2_tp2_loads_into_tp4_and_trains_on_as_if_never_stopped(tmp_path):
         np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-9, err_msg=k)
 
 
+def test_dropout_resumes_with_the_masks_of_the_steps_it_resumes_at(tmp_path):
+    """A trainer loaded from step 2 draws step 2's and 3's masks: dp2×tp2 saved, tp4 loaded, the
+    four steps equal one process dropping out with steps 0…3."""
+    src, dst = C(dp=2, tp=2), C(tp=4)
+    tr = trainer(src, dropout=0.3)
+    with VirtualCluster(src.mesh()) as cluster:
+        losses = train(tr, cluster, 2)
+        tr.save(cluster, tmp_path / "c")
+    other = trainer(dst, dropout=0.3)
+    with VirtualCluster(dst.mesh()) as cluster:
+        other.load(cluster, tmp_path / "c")
+        losses += train(other, cluster, 2)
+        got = other.state_dict(cluster)
+    model, optimizer, want_losses = gpt(dropout=0.3), nn.AdamW(LR), []
+    for k in range(4):
+        value, grads = nn.value_and_grad(lambda m, x, y: nn.cross_entropy(m(x, step=k), y), model, *data(k))
+        model.load_state_dict(optimizer.step(model.parameters(), grads))
+        want_losses.append(float(value))
+    np.testing.assert_allclose(losses, want_losses, rtol=0, atol=1e-9)
+    for name, value in model.state_dict().items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-9, err_msg=name)
+
+
 # name: (saved under, loaded into, its cuts, bit for bit?).  Moving pipeline cuts changes no sum; at
 # dp=2 zero=1's reduce_scatter and zero=0's all_reduce both compute a + b, which commutes exactly.
 RESHARD = {

@@ -72,13 +72,14 @@ def _reported(dev: Any, st: dict, stages: dict[int, tuple[dict, Any]]) -> dict[i
     return out
 
 
-def step_keeping(dev: Any, key: str, rows: int, want: int, keep: bool, flops: dict) -> tuple:
-    """:func:`~.device_step.step` from state version ``want``; its update makes ``want + 1`` and, with
-    ``keep``, this device's raw report of it is written to its slot file (or returned when it has
-    none): ``(loss, pipeline rank, records, reports or None)``."""
+def step_keeping(dev: Any, key: str, rows: int, want: int, keep: bool, flops: dict, number: int = 0) -> tuple:
+    """:func:`~.device_step.step` number ``number`` (its dropout masks) from state version ``want``;
+    its update makes ``want + 1`` and, with ``keep``, this device's raw report of it is written to
+    its slot file (or returned when it has none): ``(loss, pipeline rank, records, reports or
+    None)``."""
     st = dev.state[key]
     settle(st, want, key)
-    loss, prank, records = step(dev, key, rows, False, flops, want)
+    loss, prank, records = step(dev, key, rows, False, flops, number)
     st["update_for"] = want + 1
     if not keep:
         return loss, prank, records, None

@@ -139,7 +139,7 @@ class ParallelTrainer(TrainerCheckpoints):
         before = cluster.clocks()
         try:
             replies = cluster.run(step_keeping, self.key, rows, self._held(cluster),
-                                  self._recovery.driver_copy, self.stage_flops(seq))
+                                  self._recovery.driver_copy, self.stage_flops(seq), self.step)
         except BaseException:
             self._failed(cluster)
             raise
