@@ -77,7 +77,7 @@ def test_split_flat_s_gradient_is_slicing_s_with_zeros_on_the_padding():
     import autograd.numpy as anp
     from autograd import grad
 
-    from virtualpar.parallel.stage import split_flat
+    from virtualpar.parallel.flat import split_flat
 
     pieces = ((0, 6, (2, 3)), (6, 10, (4,)))
     rng = np.random.default_rng(0)

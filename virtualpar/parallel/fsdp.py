@@ -25,18 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import autograd.numpy as anp
 import numpy as np
 from autograd.extend import defvjp_argnums, primitive
 
 from .. import nn
 
-__all__ = ["fsdp_unit", "Gatherer", "local_params"]
-
-
-def local_params(unit: Any, flat: Any) -> dict[str, Any]:
-    """The unit's named parameters as views of its whole (gathered) flat vector."""
-    return {n: anp.reshape(flat[a:b], shape) for n, a, b, shape in unit.offsets()}
+__all__ = ["fsdp_unit", "Gatherer"]
 
 
 class Gatherer:

@@ -23,12 +23,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-from autograd.extend import defvjp, defvjp_argnums, primitive
+from autograd.extend import defvjp_argnums, primitive
 
 from .. import nn
 from ..tensor_parallel import autodiff as ad
 from .layers import Ctx, block, embed, final_loss
-from .fsdp import Gatherer, fsdp_unit, local_params
+from .flat import unit_params
+from .fsdp import Gatherer, fsdp_unit
 from .memory import Tracked, saved_bytes
 
 __all__ = ["stage_forward", "checkpoint"]
@@ -58,35 +59,11 @@ def _recompute(argnums: tuple[int, ...], ans: Any, args: tuple, kwargs: dict) ->
 defvjp_argnums(checkpoint, _recompute)
 
 
-@primitive
-def split_flat(flat: np.ndarray, pieces: tuple[tuple[int, int, tuple[int, ...]], ...]) -> tuple:
-    """The parameters ``flat[a:b].reshape(shape)`` for each (a, b, shape) of ``pieces``, as views.
-    Its backward concatenates their gradients (zeros over the padding): one pass over the unit,
-    where slicing each parameter out of a traced vector made autograd scatter every gradient into
-    the whole vector with ``np.add.at``."""
-    return tuple(flat[a:b].reshape(shape) for a, b, shape in pieces)
-
-
-def _split_back(ans: tuple, flat: np.ndarray, pieces: tuple) -> Callable[[tuple], np.ndarray]:
-    def vjp(g: tuple) -> np.ndarray:
-        parts = [np.ravel(gi) for gi in g]
-        pad = flat.size - pieces[-1][1] if pieces else flat.size
-        if pad:
-            parts.append(np.zeros(pad, flat.dtype))
-        return np.concatenate(parts).astype(flat.dtype, copy=False)
-    return vjp
-
-
-defvjp(split_flat, _split_back)
-
-
 def unpack(c: Ctx, unit: Any, flat: Any, zero3: bool, dp: int) -> dict[str, Any]:
     """The unit's named local parameters from its flat vector (gathered over dp under ZeRO-3)."""
     if zero3 and dp > 1:
         flat = ad.all_gather(flat, c.dev, 0, "dp")
-    offsets = unit.offsets()
-    params = split_flat(flat, tuple((a, b, tuple(shape)) for _, a, b, shape in offsets))
-    return {n: params[i] for i, (n, _, _, _) in enumerate(offsets)}
+    return unit_params(unit, flat)
 
 
 def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any,
@@ -126,7 +103,7 @@ def stage_program(c: Ctx, meta: dict, units: list, tokens: Any, targets: Any,
                 x = checkpoint(x, flat, again, charge)
             elif fsdp and not (tied and u.name in ("embed", "final")):
                 def whole(xx: Any, full: Any, u: Any = u, run: Any = run) -> Any:
-                    return run(xx, local_params(u, full))
+                    return run(xx, unit_params(u, full))
                 x = fsdp_unit(x, flat, whole, gatherer, [])
             else:
                 x = run(x, unpack(c, u, flat, zero3, dp))
