@@ -38,9 +38,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab=256, d_model=64, n_layers=4, n_heads=4, seq_len=32),
     # 7.4 M parameters; a training step of 3·flops_per_token = 44 MFLOP per token, 45 GFLOP for a
     # (8, 128) batch.  Measured on this 2-core machine, idle, 2026-12-07 (`virtualpar train --model
-    # small`: dp=2, pp=2, tp=2, 4 microbatches, 1F1B, ZeRO-1, float32, AdamW): 1.24k tokens/s, i.e.
-    # 0.83 s a step of the (8, 128) batch on 8 devices, the first 1.04 s (placement, warm-up); under
-    # other jobs' load (load average 6-10) the same steps took 3-6 s.
+    # small`: dp=2, pp=2, tp=2, 4 microbatches, 1F1B, ZeRO-1, float32, AdamW): 1.42k tokens/s, i.e.
+    # 0.72 s a step of the (8, 128) batch on 8 devices, the first 1.08 s (placement, warm-up); under
+    # other jobs' load (load average 6-10) steps took 3-6 s.
     "small": dict(vocab=2048, d_model=256, n_layers=8, n_heads=8, seq_len=128),
 }
 
@@ -104,7 +104,7 @@ class GPT(Module):
     def preset(cls, name: str, **overrides: Any) -> "GPT":
         """``GPT(**PRESETS[name], **overrides)``: ``"tiny"`` (vocab 256, d 64, 4 layers, 4 heads, seq 32)
         or ``"small"`` (vocab 2048, d 256, 8 layers, 8 heads, seq 128; a training step of a (8, 128)
-        batch on 8 devices takes about 0.65 s on an idle 2-core machine: see ``PRESETS``)."""
+        batch on 8 devices takes about 0.7 s on an idle 2-core machine: see ``PRESETS``)."""
         if name not in PRESETS:
             raise UsageError(f"GPT.preset: unknown preset {name!r}; the presets are {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
