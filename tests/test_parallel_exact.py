@@ -34,16 +34,8 @@ def data(batch: int = 8, seq: int = 8, seed: int = 0) -> tuple[np.ndarray, np.nd
 @functools.lru_cache(maxsize=None)
 def reference(layers: int, heads: int, batch: int, model_kw: tuple = ()) -> tuple[list[float], dict]:
     tokens, targets = data(batch)
-    model = make_gpt(layers, heads, **dict(model_kw))
-    if not model.dropout:
-        return nn.reference_train(model, [(tokens, targets)], nn.cross_entropy, nn.AdamW(LR), STEPS)
-    optimizer, losses = nn.AdamW(LR), []
-    for step in range(STEPS):  # step k draws its dropout masks from k, in one process
-        value, grads = nn.value_and_grad(lambda m, x, y: nn.cross_entropy(m(x, step=step), y), model,
-                                         tokens, targets)
-        model.load_state_dict(optimizer.step(model.parameters(), grads))
-        losses.append(float(value))
-    return losses, model.state_dict()
+    model = make_gpt(layers, heads, **dict(model_kw))  # with dropout: step k's masks (reference_train)
+    return nn.reference_train(model, [(tokens, targets)], nn.cross_entropy, nn.AdamW(LR), STEPS)
 
 
 def check_exact(cfg: ParallelConfig, layers: int = 4, heads: int = 4, batch: int = 8,
@@ -120,6 +112,19 @@ def test_training_with_dropout_equals_one_process(name):
     """Every device draws its piece of each mask at its global rows, positions and heads, so the
     same elements drop as in one process given the step (``model(tokens, step=k)``)."""
     check_exact(DROPOUT[name], model_kw=(("dropout", 0.2),))
+
+
+def test_one_process_with_microbatches_draws_each_microbatch_s_rows_of_the_masks():
+    """reference_train's microbatches take their rows of the batch's masks: the mean of their
+    gradients is the whole batch's, as without dropout (to rounding: 1e-12 of the losses; the key
+    bias, whose gradient is a sum of cancelling terms, within 1e-11)."""
+    tokens, targets = data()
+    want = reference(4, 4, 8, (("dropout", 0.2),))
+    got = nn.reference_train(make_gpt(dropout=0.2), [(tokens, targets)], nn.cross_entropy, nn.AdamW(LR),
+                             STEPS, microbatches=4)
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-12)
+    for k in want[1]:
+        np.testing.assert_allclose(got[1][k], want[1][k], rtol=0, atol=1e-11, err_msg=k)
 
 
 def test_dropout_draws_different_masks_per_step_and_layer_and_none_without_a_step():

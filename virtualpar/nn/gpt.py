@@ -124,24 +124,29 @@ class GPT(Module):
                              f"{ids.min()}..{ids.max()}")
         return ids
 
-    def forward(self, tokens: Any, step: int | None = None) -> Any:
-        """Logits (batch, seq, vocab); ``step``: the training step whose dropout masks to draw (None:
-        no dropout)."""
+    def forward(self, tokens: Any, step: int | None = None, rows: tuple[int, int] | None = None) -> Any:
+        """Logits (batch, seq, vocab).  ``step``: the training step whose dropout masks to draw (None:
+        no dropout); ``rows``: (the first row, the rows of the whole batch) when ``tokens`` are a
+        microbatch of a larger batch, whose masks they take their rows of (default: the whole)."""
         ids = self.check_tokens(tokens)
         x = self.tok_emb(ids) + self.pos_emb(np.arange(ids.shape[1]))
         for i, block in enumerate(self.blocks):
-            x = block(x, self.dropout_at(step, i, ids.shape))
+            x = block(x, self.dropout_at(step, i, ids.shape, rows))
         return self.head(self.norm(x))
 
-    def dropout_at(self, step: int | None, layer: int, shape: tuple[int, int]) -> Dropout | None:
-        """Layer ``layer``'s masks in training step ``step`` for a whole batch of ``shape`` (batch,
-        seq) in this process; None without dropout or without a step."""
+    def dropout_at(self, step: int | None, layer: int, shape: tuple[int, int],
+                   rows: tuple[int, int] | None = None) -> Dropout | None:
+        """Layer ``layer``'s masks in training step ``step`` for a batch of ``shape`` (batch, seq) in
+        this process, rows ``rows`` = (first, of) of a larger one; None without dropout or a step."""
         if step is None or not self.dropout:
             return None
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise UsageError(f"GPT: step must be an int >= 0 (the training step), got {step!r}")
-        return Dropout(self.dropout, layer_key(self.seed, int(step), layer), shape[0], shape[1], self.n_heads,
-                       self.d_model)
+        first, total = (0, shape[0]) if rows is None else (int(rows[0]), int(rows[1]))
+        if not 0 <= first <= total - shape[0]:
+            raise UsageError(f"GPT: rows={rows!r} does not hold a microbatch of {shape[0]} rows")
+        return Dropout(self.dropout, layer_key(self.seed, int(step), layer), total, shape[1], self.n_heads,
+                       self.d_model, row0=first)
 
     def flops_per_token(self, seq: int | None = None) -> float:
         """Forward matmul FLOPs per token at sequence length ``seq`` (default ``seq_len``): the blocks'

@@ -30,7 +30,9 @@ def reference_train(model: Module, batches: Sequence[tuple[Any, Any]], loss: Cal
     Each batch is split into ``microbatches`` equal parts along dim 0; the gradient of each is
     taken and the **mean** over microbatches is applied in one optimizer step per batch (equal
     to the full batch's gradient of a mean loss).  The step's loss is the mean of the microbatch
-    losses.  Returns ``(losses per step, final state_dict)``; ``model`` ends trained.
+    losses.  A model with dropout (``GPT(dropout=p)``) is called ``model(x, step=k, rows=...)``:
+    step k's masks, at the microbatch's rows of the batch, as ``ParallelTrainer`` draws them.
+    Returns ``(losses per step, final state_dict)``; ``model`` ends trained.
     """
     if not isinstance(batches, (list, tuple)) or not batches:
         raise UsageError("reference_train: batches must be a non-empty list of (x, y) pairs, got "
@@ -42,11 +44,15 @@ def reference_train(model: Module, batches: Sequence[tuple[Any, Any]], loss: Cal
     if not all(isinstance(b, (list, tuple)) and len(b) == 2 for b in batches):
         raise UsageError("reference_train: every batch must be an (x, y) pair")
     losses = []
+    drops = bool(getattr(model, "dropout", 0.0))
     for step in range(steps):
         x, y = batches[step % len(batches)]
         grads, values = [], []
-        for xm, ym in zip(split_microbatches(x, microbatches), split_microbatches(y, microbatches)):
-            value, g = value_and_grad(lambda m, a, b: loss(m(a), b), model, xm, ym)
+        rows = np.shape(x)[0] // microbatches if microbatches >= 1 else 0
+        pairs = zip(split_microbatches(x, microbatches), split_microbatches(y, microbatches))
+        for i, (xm, ym) in enumerate(pairs):
+            kw = {"step": step, "rows": (i * rows, np.shape(x)[0])} if drops else {}
+            value, g = value_and_grad(lambda m, a, b: loss(m(a, **kw), b), model, xm, ym)
             values.append(value)
             grads.append(g)
         model.load_state_dict(optimizer.step(model.parameters(), accumulate(grads, "mean")))
