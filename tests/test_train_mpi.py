@@ -50,8 +50,9 @@ def check_same_weights(tmp_path, n: int, flags: list[str]) -> None:
 
 
 def test_mpiexec_4_ranks_end_with_the_emulator_s_weights(tmp_path):
+    """With dropout too: each rank draws its piece of the masks from the step it counts itself."""
     check_same_weights(tmp_path, 4, ["--mesh", "pp=2,tp=2", "--microbatches", "2", "--zero", "0",
-                                     "--sequence-parallel"])
+                                     "--sequence-parallel", "--dropout", "0.1"])
 
 
 @pytest.mark.slow
