@@ -200,6 +200,17 @@ class Recoverable(PlacedOperation):
         """The committed state version ``cluster``'s devices hold (None: this operation never ran there)."""
         return (self.state_for(cluster) or {}).get("version")
 
+    def _held_current(self, cluster: Any) -> int | None:
+        """:meth:`_held`, refusing a cluster that holds an older state than the committed one (the
+        operation went on on another cluster, or loaded a checkpoint): its weights would be stale."""
+        held, rec = self._held(cluster), self._recovery
+        if held is not None and held != rec.head.version:
+            raise UsageError(f"{self.key}: this cluster holds an older state than the {rec.head.step} steps "
+                             "committed since (the operation went on on another cluster, or loaded a "
+                             "checkpoint); run a step on it, which places the committed state first, or "
+                             "read op.committed_state_dict()")
+        return held
+
     def _failed(self, cluster: Any) -> None:
         """A step failed.  If it took the cluster down and the driver holds no copy of the last committed
         step, fall back to the newest checkpoint now, so that ``step`` already says where training goes on."""

@@ -158,7 +158,7 @@ class ParallelTrainer(TrainerCheckpoints):
         if not self.is_placed_on(cluster):
             raise UsageError(f"ParallelTrainer {self.key!r} has not run on this cluster, so it holds none "
                              f"of its weights; run a step first: cluster.execute(trainer, tokens, targets)")
-        parts = cluster.run(fetch_weights, self.key, self._held(cluster))
+        parts = cluster.run(fetch_weights, self.key, self._held_current(cluster))
         return assemble(self, cluster.mesh, parts)
 
     def memory(self, cluster: Any) -> list[dict[str, Any]]:

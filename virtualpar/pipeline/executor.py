@@ -228,7 +228,7 @@ class PipelinedOperation(Recoverable):
     def state_dict(self, cluster: Any) -> dict[str, np.ndarray]:
         """The trained weights, fetched from the devices, keyed like ``model.state_dict()``."""
         check_ran(self, cluster)
-        parts = cluster.run(_params, self.key, self._held(cluster))
+        parts = cluster.run(_params, self.key, self._held_current(cluster))
         out: dict[str, np.ndarray] = {}
         names = self._stage_names()  # a stage's own names -> the model's (a traced stage's are the model's)
         for stage_params in parts:

@@ -190,7 +190,7 @@ class TimelineParallel(Recoverable):
             raise UsageError(
                 f"TimelineParallel.state_dict: rank must be an int in 0..{cluster.size - 1}, got {rank!r}"
             )
-        return cluster.run(_weights, self.key, self._held(cluster))[rank]
+        return cluster.run(_weights, self.key, self._held_current(cluster))[rank]
 
     def timeline(self, clock: str = "auto") -> str:
         """The last step as it ran, one row per time segment's device.  ``clock="auto"`` uses the
