@@ -384,7 +384,7 @@ def test_gpt_with_dropout_matches_numpy_with_the_same_masks():
 
 def test_blockwise_attention_with_dropout_equals_the_whole_with_the_same_mask():
     q, k, v = (RNG.standard_normal((2, 3, 6, 4)) for _ in range(3))
-    drop = nn.Dropout(0.25, 7, rows=2, seq=6, heads=3, width=12)
+    drop = nn.DropoutMasks(0.25, 7, rows=2, seq=6, heads=3, width=12)
     whole = nn.scaled_dot_product_attention(q, k, v, True, drop.attention((2, 3, 6, 6)), 0.25)
     state = nn.attention_init(q)
     for k0 in (4, 0, 2):  # key blocks in any order, each with its piece of the mask

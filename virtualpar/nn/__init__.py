@@ -15,7 +15,7 @@ from __future__ import annotations
 from .activations import GELU, ReLU, Tanh, gelu, relu, tanh
 from .attention import (AttentionState, attention_block_update, attention_finish, attention_init, causal_mask,
                         merge_attention_states, merge_heads, scaled_dot_product_attention, split_heads)
-from .dropout import Dropout, dropout
+from .dropout import DropoutMasks, dropout
 from .functional import VJP, functional_call, value_and_grad, vjp
 from .layers import Embedding, Linear, Sequential
 from .losses import cross_entropy, mse_loss
@@ -36,5 +36,5 @@ __all__ = [
     "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "qkv_heads",
     "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
     "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads",
-    "merge_heads", "Dropout", "dropout",
+    "merge_heads", "DropoutMasks", "dropout",
 ]

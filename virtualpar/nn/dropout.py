@@ -1,4 +1,4 @@
-"""Dropout whose masks every sharding draws alike: a counter-based hash of the global position.
+"""DropoutMasks whose masks every sharding draws alike: a counter-based hash of the global position.
 
 A mask element is kept when ``splitmix64(key ⊕ i) ≥ p·2⁶⁴``, with ``i`` the element's index in the
 whole tensor (row-major over its global shape) and ``key`` a hash of (seed, training step, layer,
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import UsageError
 
-__all__ = ["Dropout", "dropout", "layer_key", "keep_mask", "check_rate"]
+__all__ = ["DropoutMasks", "dropout", "layer_key", "keep_mask", "check_rate"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -73,7 +73,7 @@ def dropout(x: Any, mask: np.ndarray, p: float) -> Any:
 
 
 @dataclass(frozen=True)
-class Dropout:
+class DropoutMasks:
     """Where one block's masks come from on this device: rate ``p``, the layer's ``key``, and the
     global coordinates of this device's piece — rows ``row0`` … of ``rows``, hidden positions
     ``pos0`` …, attention queries ``q0`` … of the sequence ``seq``, heads ``head0`` … of ``heads``,
@@ -91,7 +91,7 @@ class Dropout:
     q0: int = 0
     head0: int = 0
 
-    def at(self, **offsets: int) -> "Dropout":
+    def at(self, **offsets: int) -> "DropoutMasks":
         return replace(self, **offsets)
 
     def attention(self, shape: tuple[int, ...], k0: int = 0) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..kernels import matmul_flops
-from .dropout import Dropout, check_rate, layer_key
+from .dropout import DropoutMasks, check_rate, layer_key
 from .init import check_dtype, check_size
 from .layers import Embedding, Linear, Sequential, affine
 from .module import Module, check_input
@@ -135,7 +135,7 @@ class GPT(Module):
         return self.head(self.norm(x))
 
     def dropout_at(self, step: int | None, layer: int, shape: tuple[int, int],
-                   rows: tuple[int, int] | None = None) -> Dropout | None:
+                   rows: tuple[int, int] | None = None) -> DropoutMasks | None:
         """Layer ``layer``'s masks in training step ``step`` for a batch of ``shape`` (batch, seq) in
         this process, rows ``rows`` = (first, of) of a larger one; None without dropout or a step."""
         if step is None or not self.dropout:
@@ -145,8 +145,8 @@ class GPT(Module):
         first, total = (0, shape[0]) if rows is None else (int(rows[0]), int(rows[1]))
         if not 0 <= first <= total - shape[0]:
             raise UsageError(f"GPT: rows={rows!r} does not hold a microbatch of {shape[0]} rows")
-        return Dropout(self.dropout, layer_key(self.seed, int(step), layer), total, shape[1], self.n_heads,
-                       self.d_model, row0=first)
+        key = layer_key(self.seed, int(step), layer)
+        return DropoutMasks(self.dropout, key, total, shape[1], self.n_heads, self.d_model, row0=first)
 
     def flops_per_token(self, seq: int | None = None) -> float:
         """Forward matmul FLOPs per token at sequence length ``seq`` (default ``seq_len``): the blocks'

@@ -28,7 +28,7 @@ from ..errors import UsageError
 from ..kernels import matmul_flops
 from .activations import gelu, tanh
 from .attention import merge_heads, scaled_dot_product_attention
-from .dropout import Dropout, check_rate, dropout
+from .dropout import DropoutMasks, check_rate, dropout
 from .init import check_dtype, check_size
 from .layers import Linear
 from .module import Module, check_input
@@ -77,8 +77,8 @@ class MultiHeadAttention(Module):
         self.qkv = Linear(d_model, 3 * d_model, bias=bias, seed=s_qkv, dtype=dt)
         self.out = Linear(d_model, d_model, bias=bias, seed=s_out, dtype=dt)
 
-    def forward(self, x: Any, drop: Dropout | None = None) -> Any:
-        """``drop``: where this layer's dropout masks come from (:class:`.dropout.Dropout`), or None."""
+    def forward(self, x: Any, drop: DropoutMasks | None = None) -> Any:
+        """``drop``: where this layer's dropout masks come from (:class:`.dropout.DropoutMasks`), or None."""
         check_input(self, x, self.d_model)
         if len(np.shape(x)) != 3:
             raise UsageError(f"{self!r}: expected input (batch, seq, {self.d_model}), got shape "
@@ -185,7 +185,7 @@ class TransformerBlock(Module):
     ``mlp``: ``"gelu"`` (:class:`MLP`) or ``"swiglu"``; ``norm``: ``"layernorm"`` or ``"rmsnorm"``;
     ``dropout``: the rate of Megatron's three dropouts — the attention probabilities and the two
     outputs before their residual adds — drawn only when the forward is given a
-    :class:`.dropout.Dropout` (the GPT gives one when it is given the training step).
+    :class:`.dropout.DropoutMasks` (the GPT gives one when it is given the training step).
     Forward FLOPs per token: attention's 8·d² + 4·s·d plus the MLP's (16·d² for GELU with hidden 4d),
     the norms and residuals O(d)."""
 
@@ -203,7 +203,7 @@ class TransformerBlock(Module):
         self.norm2 = norm_cls(d_model, dtype=dtype)
         self.mlp = mlp_cls(d_model, hidden, seed=s_mlp, dtype=dtype)
 
-    def forward(self, x: Any, drop: Dropout | None = None) -> Any:
+    def forward(self, x: Any, drop: DropoutMasks | None = None) -> Any:
         if drop is None:
             x = x + self.attn(self.norm1(x))
             return x + self.mlp(self.norm2(x))

@@ -82,7 +82,7 @@ class Ctx:
         widths = np.cumsum([np.shape(w)[1] for w, _ in weights])[:-1]
         return anp.split(gathered_affine(h, w, b, self.dev), widths, axis=-1)
 
-    def dropout(self, index: int, s_local: int) -> nn.Dropout | None:
+    def dropout(self, index: int, s_local: int) -> nn.DropoutMasks | None:
         """Block ``index``'s dropout masks for this device's piece (:mod:`virtualpar.nn.dropout`): its
         rows, its hidden positions (the cp chunk, its tp part under SP), its queries and its heads."""
         model = self.skeleton
@@ -92,8 +92,9 @@ class Ctx:
         q0 = self.cp_rank * s_cp
         heads = model.n_heads // self.tp
         pos0 = q0 + (self.tp_rank * s_local if self.sp else 0)
-        return nn.Dropout(model.dropout, layer_key(model.seed, self.step, index), self.batch, s_cp * self.cp,
-                          model.n_heads, model.d_model, self.row0, pos0, q0, self.tp_rank * heads)
+        key = layer_key(model.seed, self.step, index)
+        return nn.DropoutMasks(model.dropout, key, self.batch, s_cp * self.cp, model.n_heads, model.d_model,
+                               self.row0, pos0, q0, self.tp_rank * heads)
 
     def leave(self, x: Any) -> Any:
         """Out of a tensor-parallel region: g (no SP) or reduce_scatter along the sequence (SP)."""

@@ -14,9 +14,10 @@
   bytes one microbatch's forward keeps (``stage_activations``).
 
 Activations are measured by walking the graph autograd recorded for a forward — each node's vjp
-closure holds the arrays its backward reads — and adding up the distinct float buffers, parameters
-excluded.  With ``recompute`` a block's node keeps only its input (b·s·h, /tp under SP:
-Korthikanti et al. 2022's "2sbh" for 16-bit activations, here b·s·h·itemsize).
+closure holds the arrays its backward reads — and adding up the distinct float buffers and boolean
+dropout masks (one byte an element), parameters excluded.  With ``recompute`` a block's node keeps
+only its input (b·s·h, /tp under SP: Korthikanti et al. 2022's "2sbh" for 16-bit activations, here
+b·s·h·itemsize).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def _root(a: np.ndarray) -> np.ndarray:
 
 
 def saved_bytes(rec: Any, exclude: Iterable[np.ndarray] = ()) -> int:
-    """Bytes of the distinct float buffers a recorded forward (an ``nn.vjp`` record) keeps for its
-    backward, the buffers of ``exclude`` (the parameters) and views of them left out.  Walks
+    """Bytes of the distinct float and boolean buffers a recorded forward (an ``nn.vjp`` record)
+    keeps for its backward, the buffers of ``exclude`` (the parameters) and views of them left out.  Walks
     functions' closures, tuples, lists, dicts and autograd's nodes — never other objects (a device,
     a module), which would reach far beyond the record."""
     skip = {id(_root(a)) for a in exclude if isinstance(a, np.ndarray)}

@@ -55,7 +55,7 @@ defvjp(ring_shift, _shift_back)
 
 def ring_attention(dev: Any, q: Any, k: Any, v: Any, causal: bool, drop: Any = None) -> Any:
     """Attention of this rank's queries over every rank's keys; q, k, v (b, heads, S/cp, hd).
-    ``drop``: the layer's dropout (an ``nn.Dropout``), whose mask of each key chunk is drawn at that
+    ``drop``: the layer's dropout (an ``nn.DropoutMasks``), whose mask of each key chunk is drawn at that
     chunk's global positions."""
     cp = len(dev.group("cp"))
     r = dev.group_rank("cp")
