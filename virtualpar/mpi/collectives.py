@@ -76,7 +76,7 @@ class MPICollectives:
                              f"choose from {usable} or leave it to MPI (algorithm=None)", rank=self.rank,
                              op=name)
         sub, ranks = self._comm(group, private=True), self.group(group)
-        comm = MPIComm(self, sub, ranks)
+        comm = MPIComm(self._clock, self._count, sub, ranks)
         try:
             return table[algorithm](comm, *args)
         finally:

@@ -13,7 +13,7 @@ modelled clock is charged as on the emulator: the sender ``α + M/β`` when it w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -47,22 +47,23 @@ class _Deferred:
 
 
 class MPIComm:
-    """Group positions ``0..size-1`` of ``ranks`` (world ranks) over the MPI communicator ``sub``."""
+    """Group positions ``0..size-1`` of ``ranks`` (world ranks) over the MPI communicator ``sub``;
+    ``clock`` is the device's modelled clock, ``count(dst, nbytes)`` its traffic counter."""
 
-    def __init__(self, dev: Any, sub: Any, ranks: tuple[int, ...]) -> None:
-        self._dev, self._sub, self._ranks = dev, sub, ranks
+    def __init__(self, clock: Any, count: Callable[[int, int], None], sub: Any, ranks: tuple[int, ...]) -> None:
+        self._clock, self._count, self._sub, self._ranks = clock, count, sub, ranks
         self.rank, self.size = sub.Get_rank(), sub.Get_size()
         self._in_flight: list[Any] = []  # MPI requests and the buffers they read
 
     def isend(self, x: np.ndarray, peer: int) -> _SendDone:
         x = np.array(x, copy=True, order="C")  # buffered: the caller may reuse its array at once
         dst = self._ranks[peer]
-        stamp = self._dev._clock.on_send(dst, x.nbytes)
+        stamp = self._clock.on_send(dst, x.nbytes)
         self._in_flight.append(self._sub.isend((x.shape, x.dtype.str, stamp), dest=peer, tag=_TAG))
         # bytes: MPI has no type for 'U', 'M'
         self._in_flight.append((self._sub.Isend(byte_view(x), dest=peer, tag=_TAG), x))
-        self._dev._count(dst, x.nbytes)
-        return _SendDone(self._dev._clock, dst, x.nbytes, stamp)
+        self._count(dst, x.nbytes)
+        return _SendDone(self._clock, dst, x.nbytes, stamp)
 
     def send(self, x: np.ndarray, peer: int) -> None:
         self.isend(x, peer).wait()
@@ -77,7 +78,7 @@ class MPIComm:
         )
         buf = out if fits else np.empty(shape, np.dtype(dtype))
         self._sub.Recv(byte_view(buf), source=peer, tag=_TAG)
-        self._dev._clock.on_recv(self._ranks[peer], buf.nbytes, stamp)
+        self._clock.on_recv(self._ranks[peer], buf.nbytes, stamp)
         return buf
 
     def irecv(self, peer: int, out: np.ndarray | None = None) -> _Deferred:
