@@ -149,16 +149,3 @@ def test_overlapped_buckets_by_hand():
     sizes = []  # one bucket of all three when they fit: it starts when the compute is done
     assert overlapped(units, times, 6.0, 6.0, 0.0, 4, 1200, lambda n: sizes.append(n) or 3.0, 0.0) == 9.0
     assert sizes == [1200]
-
-
-def test_simulate_adds_extra_time_to_one_action_and_refuses_a_negative_one():
-    from virtualpar.errors import UsageError
-    from virtualpar.pipeline import Action, build, simulate
-
-    schedule, placement = build("gpipe", 2, 2, 1)
-    plain = simulate(schedule, placement, 2)
-    longer = simulate(schedule, placement, 2, extra={Action(1, "B", 1): 5.0})
-    assert longer.times[Action(1, "B", 1)][2] - longer.times[Action(1, "B", 1)][1] == 2.0 + 5.0
-    assert longer.makespan == plain.makespan + 5.0  # stage 0's B1 waits for it
-    with pytest.raises(UsageError, match="extra"):
-        simulate(schedule, placement, 2, extra={Action(1, "B", 1): -1.0})

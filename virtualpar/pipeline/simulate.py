@@ -176,24 +176,17 @@ def _deps(a: Action, last: int) -> list[Action]:
 
 def simulate(schedule: Schedule, placement: Placement, microbatches: int,
              costs: Mapping[str, float | Mapping[int, float]] | None = None, comm: float = 0.0,
-             fetch: float = 0.0, waits: Mapping[Action, Iterable[Action]] | None = None,
-             extra: Mapping[Action, float] | None = None) -> Simulation:
+             fetch: float = 0.0, waits: Mapping[Action, Iterable[Action]] | None = None) -> Simulation:
     """Times of every action of ``schedule`` (see the module doc).  ``costs[kind]`` is a number or
     a per-stage mapping; missing kinds take ``DEFAULT_COSTS``.  ``comm``: time for a value to cross
     ranks; ``fetch``: time to bring a stage's weights to a rank that does not keep them;
     ``waits[a]``: actions whose end ``a`` also waits for, on any rank and with no transfer (the
-    backward that frees the activation memory a forward needs, as a capped scheduler decided);
-    ``extra[a]``: seconds added to action ``a``'s cost (work a hook does inside it on its rank, as
-    DDP's bucket all-reduces after a stage's last backward, :mod:`virtualpar.parallel.overlap`)."""
+    backward that frees the activation memory a forward needs, as a capped scheduler decided)."""
     check_costs(costs, "simulate", stages=placement.stages)
     for name, value in (("comm", comm), ("fetch", fetch)):  # nan dropped every edge
         if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value < math.inf:
             raise UsageError(f"simulate: {name} must be a finite number >= 0 (seconds per transfer), got "
                              f"{value!r}")
-    added = dict(extra or {})
-    for a, v in added.items():
-        if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < math.inf:
-            raise UsageError(f"simulate: extra[{a}] must be a finite number >= 0 (seconds), got {v!r}")
     keepers = {
         s: set(placement.copies.get(s, ())) or {placement.weight_rank(s)} for s in range(placement.stages)
     }
@@ -226,7 +219,7 @@ def simulate(schedule: Schedule, placement: Placement, microbatches: int,
             for d in extra:  # the weights may arrive while it waits for room
                 start = max(start, times[d][2])
             c = costs[a.kind]
-            dur = float(c[a.stage] if isinstance(c, Mapping) else c) + added.get(a, 0.0)
+            dur = float(c[a.stage] if isinstance(c, Mapping) else c)
             times[a] = (r, start, start + dur)
             free[r] = start + dur
             busy[r] += dur
