@@ -50,7 +50,8 @@ class MPIComm:
     """Group positions ``0..size-1`` of ``ranks`` (world ranks) over the MPI communicator ``sub``;
     ``clock`` is the device's modelled clock, ``count(dst, nbytes)`` its traffic counter."""
 
-    def __init__(self, clock: Any, count: Callable[[int, int], None], sub: Any, ranks: tuple[int, ...]) -> None:
+    def __init__(self, clock: Any, count: Callable[[int, int], None], sub: Any,
+                 ranks: tuple[int, ...]) -> None:
         self._clock, self._count, self._sub, self._ranks = clock, count, sub, ranks
         self.rank, self.size = sub.Get_rank(), sub.Get_size()
         self._in_flight: list[Any] = []  # MPI requests and the buffers they read
