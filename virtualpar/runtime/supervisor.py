@@ -28,8 +28,6 @@ acts on it (shuts down, or resets the rings and keeps going).
 
 from __future__ import annotations
 
-import contextlib
-
 import multiprocessing.connection as mpc
 import pickle
 import signal
@@ -38,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CollectiveTimeout, DeviceDied, PayloadError, RunTimeout, VirtualParError, unpack_error
+from ..errors import DeviceDied, PayloadError, VirtualParError, unpack_error
 from ..mesh import Mesh
 from .recorder import FlightRecorder, OpRecord, format_records
-from .round import Collected, Verdict
+from .round import Collected, Verdict, judge
 
 __all__ = ["Supervisor", "Collected", "Verdict", "unpack_error"]
 
@@ -229,55 +227,7 @@ class Supervisor:
 
     def judge(self, got: Collected, what: str, run_timeout: float | None = None) -> Verdict | None:
         """The error ``got`` calls for, and whether it is fatal; None if every device succeeded."""
-        if got.deadlock is not None:
-            fatal = (
-                f"devices {got.stuck} were stuck after the deadlock and had to be killed"
-                if got.stuck
-                else None
-            )
-            return Verdict(got.deadlock, fatal=fatal or (str(got.deaths[0]) if got.deaths else None))
-        if got.timed_out:
-            err = self._run_timeout(got, what, run_timeout)
-            return Verdict(err, fatal=f"{what}() exceeded run_timeout={run_timeout:g} s; "
-                                      f"devices {got.stuck} were still running and were killed")
-        if got.stuck:
-            root = got.deaths[0] if got.deaths else self.root_error(got.errors)
-            if isinstance(root, CollectiveTimeout):  # the stuck device is the one the others waited for
-                root = root.replace(str(root) + self._stack_text(got), stacks=got.stacks)
-            return Verdict(root, fatal=f"devices {got.stuck} were stuck and had to be killed")
-        if got.deaths:
-            return Verdict(got.deaths[0], fatal=str(got.deaths[0]))
-        if got.errors:
-            return Verdict(self.root_error(got.errors), fatal=None)
-        return None
-
-    def root_error(self, errors: list[tuple[int, tuple]]) -> BaseException:
-        """The first failure that was not itself caused by an abort (earliest, then lowest rank),
-        carrying as ``device_failures`` every device's that failed on its own, in rank order."""
-        primary = sorted([e for e in errors if not e[1][3]] or errors, key=lambda e: e[0])
-        failures = {rank: unpack_error(packaged) for rank, packaged in primary}
-        root = failures[min(primary, key=lambda e: (e[1][2], e[0]))[0]]
-        with contextlib.suppress(AttributeError):  # a type with __slots__: the root alone is reported
-            root.device_failures = failures
-        return root
-
-    def _stack_text(self, got: Collected) -> str:
-        return "".join(f"\n  stack of stuck device {r} {self.mesh.index(r)}:\n{_indent(got.stacks[r])}"
-                       for r in got.stuck)
-
-    def _run_timeout(self, got: Collected, what: str, run_timeout: float | None) -> RunTimeout:
-        names = ", ".join(f"device {r} {self.mesh.index(r)}" for r in got.stuck)
-        last_ops = {r: self._last_op(r) for r in got.stuck}
-        done = [r for r in range(len(self.procs)) if r not in got.stuck]
-        lines = [f"{what}() did not finish within run_timeout={run_timeout:g} s; still running: {names}"]
-        for r in got.stuck:
-            lines.append(f"  device {r} {self.mesh.index(r)} last op: {last_ops[r]}")
-            lines.append(f"  stack of device {r} {self.mesh.index(r)}:\n{_indent(got.stacks[r])}")
-        returned = f"devices {done} had returned; " if done else ""
-        lines.append(f"  {returned}the devices still running were killed and the cluster was shut down. "
-                     "If this function legitimately runs longer, raise run_timeout (None: no limit).")
-        return RunTimeout("\n".join(lines), running=list(got.stuck), last_ops=last_ops,
-                          stacks=dict(got.stacks), run_timeout=run_timeout, function=what)
+        return judge(got, what, run_timeout, self.mesh, self._last_op)
 
     # -- the end ------------------------------------------------------------------------------------
     def kill_all(self) -> None:
@@ -310,6 +260,3 @@ class Supervisor:
             self.blas_release()
             self.blas_release = None
 
-
-def _indent(text: str, prefix: str = "    ") -> str:
-    return "\n".join(prefix + line for line in text.rstrip().splitlines())
