@@ -1,23 +1,21 @@
 """``mpi4py.MPI`` on the emulator: the common subset, so an unmodified mpi4py script runs on devices.
 
 ``virtualpar run --mpi -n 4 prog.py`` runs ``prog.py`` on every device with ``mpi4py`` and
-``mpi4py.MPI`` resolving to :func:`module_for` a device.  Point-to-point calls become the device's
-own (arrays raw, other objects pickled; ``ANY_SOURCE``/``ANY_TAG``; ``Status``; ``ssend`` waits for
-its receive, as MPI's); collectives are built (:mod:`.facade_objects`, :mod:`.facade_buffers`)
-from point-to-point messages in a fixed order (the root gathers in rank order, reduces
-left to right, and sends the result back), so every rank gets the same bits.  A communicator's
-messages carry its own tag range (a context hashed from its parent's and its Split), so collectives
-and other communicators never mix with user messages, even with ``ANY_TAG``: it is received as any
-tag *within* the communicator's range.  Anything outside the subset raises ``NotImplementedError`` naming the
-call (an ``OutsideSubset``, which is also an ``AttributeError``: ``hasattr(comm, "Iallreduce")`` is False,
-as for any name an object lacks).  ``Comm.Abort(errorcode)`` ends the whole job with that exit code,
-as ``mpiexec`` does.
+``mpi4py.MPI`` resolving to a module of the device's (:func:`.script.module_for`), whose communicators
+are this module's. Point-to-point calls become the device's own (arrays raw, other objects pickled;
+``ANY_SOURCE``/``ANY_TAG``; ``Status``; ``ssend`` waits for its receive, as MPI's); collectives are
+built (:mod:`.facade_objects`, :mod:`.facade_buffers`) from point-to-point messages in a fixed order
+(the root gathers in rank order, reduces left to right, and sends the result back), so every rank gets
+the same bits. A communicator's messages carry its own tag range (a context hashed from its parent's and
+its Split), so collectives and other communicators never mix with user messages, even with ``ANY_TAG``:
+it is received as any tag *within* the communicator's range. Anything outside the subset raises
+``NotImplementedError`` naming the call (an ``OutsideSubset``, which is also an ``AttributeError``:
+``hasattr(comm, "Iallreduce")`` is False, as for any name an object lacks). ``Comm.Abort(errorcode)``
+ends the whole job with that exit code, as ``mpiexec`` does.
 """
 
 from __future__ import annotations
 
-import time
-import types
 from typing import Any
 
 import numpy as np
@@ -26,13 +24,11 @@ from ..errors import VirtualParError
 from ..runtime.status import ANY_SOURCE as _DEV_ANY_SOURCE, ANY_TAG, Status as _DevStatus
 from .facade_buffers import BufferCollectives
 from .facade_objects import ObjectCollectives
-from .facade_requests import REQUEST_NULL, UNDEFINED, Request
-from .facade_types import (ANY_SOURCE, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD, SUM,
-                           TAG_UB,
-                           TAG_UB_VALUE, WTIME_IS_GLOBAL, AbortJob, Datatype, Op, Status, _buf, _COLL, _fill,
-                           _SPAN, _wire, context_of)
+from .facade_requests import Request
+from .facade_types import (ANY_SOURCE, PROC_NULL, TAG_UB, TAG_UB_VALUE, WTIME_IS_GLOBAL, AbortJob, Status,
+                           _buf, _COLL, _fill, _SPAN, _wire, context_of)
 
-__all__ = ["module_for", "Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
+__all__ = ["Comm", "Cartcomm", "MPIAbort", "OutsideSubset"]
 
 
 class OutsideSubset(AttributeError, NotImplementedError):
@@ -276,35 +272,3 @@ class Cartcomm(Comm):
         kept = [i for i, keep in enumerate(remain_dims) if keep]
         return Cartcomm(self._dev, sub._ranks, sub._ctx, [self.dims[i] for i in kept],
                         [self.periods[i] for i in kept])
-
-
-
-def module_for(dev: Any) -> types.ModuleType:
-    """An ``mpi4py.MPI`` module for ``dev``: ``COMM_WORLD`` spans every device."""
-    mod = types.ModuleType("mpi4py.MPI")
-    t0 = time.perf_counter()
-    names = dict(COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1), Comm=Comm, Cartcomm=Cartcomm,
-                 Request=Request,
-                 Status=Status, Op=Op, Datatype=Datatype, SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN,
-                 IN_PLACE=IN_PLACE,
-                 ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, UNDEFINED=UNDEFINED,
-                 REQUEST_NULL=REQUEST_NULL, TAG_UB=TAG_UB, WTIME_IS_GLOBAL=WTIME_IS_GLOBAL,
-                 Wtick=lambda: time.get_clock_info("perf_counter").resolution, DOUBLE=DOUBLE, FLOAT=FLOAT,
-                 INT=INT,
-                 LONG=LONG, Wtime=lambda: time.perf_counter() - t0,
-                 Get_processor_name=lambda: f"virtualpar-{dev.rank}",
-                 COMM_SELF=Comm(dev, (dev.rank,), 0))  # context 0: no other communicator's (they are >= 1)
-    finalized = [False]  # mpi4py initialises at import and finalises at exit; a script may also call Finalize
-
-    def finalize() -> None:
-        finalized[0] = True
-
-    names.update(Is_initialized=lambda: True, Is_finalized=lambda: finalized[0], Finalize=finalize)
-    mod.__dict__.update(names)
-
-    def missing(name: str) -> Any:
-        raise OutsideSubset(f"MPI.{name} is outside the subset virtualpar emulates; run this program under "
-                            "real MPI (mpiexec) for it")
-
-    mod.__getattr__ = missing  # type: ignore[attr-defined]
-    return mod

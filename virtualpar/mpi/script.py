@@ -1,14 +1,18 @@
-"""Run an unmodified mpi4py script on one device, with ``mpi4py.MPI`` resolving to the facade."""
+"""Run an unmodified mpi4py script on one device, with ``mpi4py.MPI`` resolving to the facade
+(:func:`module_for` builds that module: ``COMM_WORLD``, the constants, ``Wtime``...)."""
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any
 
-from .facade import MPIAbort, module_for
-from .facade_types import AbortJob
+from .facade import Cartcomm, Comm, MPIAbort, OutsideSubset
+from .facade_requests import REQUEST_NULL, UNDEFINED, Request
+from .facade_types import (ANY_SOURCE, ANY_TAG, DOUBLE, FLOAT, IN_PLACE, INT, LONG, MAX, MIN, PROC_NULL, PROD,
+                           SUM, TAG_UB, WTIME_IS_GLOBAL, AbortJob, Datatype, Op, Status)
 
-__all__ = ["run_script"]
+__all__ = ["run_script", "module_for"]
 
 
 def run_script(dev: Any, path: str, argv: list[str]) -> int:
@@ -76,3 +80,34 @@ def _line_buffered(stream: Any) -> Any:
                     closefd=False)
     except (AttributeError, OSError, ValueError):
         return stream
+
+
+def module_for(dev: Any) -> types.ModuleType:
+    """An ``mpi4py.MPI`` module for ``dev``: ``COMM_WORLD`` spans every device."""
+    mod = types.ModuleType("mpi4py.MPI")
+    t0 = time.perf_counter()
+    names = dict(
+        COMM_WORLD=Comm(dev, tuple(range(dev.size)), 1),
+        COMM_SELF=Comm(dev, (dev.rank,), 0),  # context 0: no other communicator's (they are >= 1)
+        Comm=Comm, Cartcomm=Cartcomm, Request=Request, Status=Status, Op=Op, Datatype=Datatype,
+        SUM=SUM, PROD=PROD, MAX=MAX, MIN=MIN, IN_PLACE=IN_PLACE,
+        DOUBLE=DOUBLE, FLOAT=FLOAT, INT=INT, LONG=LONG,
+        ANY_SOURCE=ANY_SOURCE, ANY_TAG=ANY_TAG, PROC_NULL=PROC_NULL, UNDEFINED=UNDEFINED,
+        REQUEST_NULL=REQUEST_NULL, TAG_UB=TAG_UB, WTIME_IS_GLOBAL=WTIME_IS_GLOBAL,
+        Wtime=lambda: time.perf_counter() - t0, Wtick=lambda: time.get_clock_info("perf_counter").resolution,
+        Get_processor_name=lambda: f"virtualpar-{dev.rank}",
+    )
+    finalized = [False]  # mpi4py initialises at import and finalises at exit; a script may also call Finalize
+
+    def finalize() -> None:
+        finalized[0] = True
+
+    names.update(Is_initialized=lambda: True, Is_finalized=lambda: finalized[0], Finalize=finalize)
+    mod.__dict__.update(names)
+
+    def missing(name: str) -> Any:
+        raise OutsideSubset(f"MPI.{name} is outside the subset virtualpar emulates; run this program under "
+                            "real MPI (mpiexec) for it")
+
+    mod.__getattr__ = missing  # type: ignore[attr-defined]
+    return mod
