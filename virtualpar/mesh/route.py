@@ -2,7 +2,8 @@
 
 ``Link``: one full-duplex link, ``time(n) = α + n/β``.  ``Route``: the path a message takes, with
 ``latency`` = Σ α over its links and ``bandwidth`` = min β (the bottleneck), so that
-``time(n) = Σα + n / min β`` (store-and-forward latency, cut-through bandwidth).
+``time(n) = Σα + n / min β`` (store-and-forward latency, cut-through bandwidth).  ``routing_tables``
+checks a topology's graph and builds what the route search (``best_path``) reads.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+import networkx as nx
 import numpy as np
 
 from virtualpar.errors import MeshError
 
 __all__ = ["Link", "Route", "check_figures", "direct_figures", "gather_figures", "best_path", "is_device",
-           "node_key"]
+           "node_key", "routing_tables"]
 
 
 def is_device(node: Hashable) -> bool:
@@ -66,6 +68,59 @@ def gather_figures(direct: tuple[np.ndarray, np.ndarray], figures: Any, n: int, 
     for i in np.flatnonzero(np.isnan(lat)).tolist():
         lat[i], bw[i] = figures(int(s[i]), int(d[i]))
     return lat, bw
+
+
+def routing_tables(graph: Any, name: str | None
+                   ) -> tuple[int, nx.Graph, dict, float, tuple[np.ndarray, np.ndarray]]:
+    """Check ``graph`` as a topology's and build what routing reads: ``(n, graph, adj, min_latency,
+    direct)``.
+
+    ``graph`` is a canonical copy (devices, then switches sorted; edges grouped by figures);
+    ``adj[u][v] = (node_key(v), latency)``, routing's plain adjacency; ``direct`` the device pairs'
+    figures where a direct link is surely the route (``NaN`` where a detour may be shorter, for
+    ``best_path`` to decide).  One pass over the edges, in the driver, once.
+    """
+    if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
+        raise MeshError(f"a topology needs an undirected networkx.Graph; got {type(graph).__name__}")
+    devices = sorted(n for n in graph.nodes if is_device(n))
+    n = len(devices)
+    if n == 0 or devices != list(range(n)):
+        raise MeshError(f"topology device nodes must be the ints 0..n-1 with n >= 1; got {devices}")
+    others = [v for v in graph.nodes if not is_device(v)]
+    bad = [v for v in others if not isinstance(v, str)]
+    if bad:
+        raise MeshError(f"topology switch nodes must be strings; got {bad!r}")
+    g = nx.Graph()
+    g.add_nodes_from(devices)
+    g.add_nodes_from(sorted(others))
+    # one pass: check and copy the edges; build routing's plain adjacency (in the driver, once)
+    adj: dict[Hashable, dict[Hashable, tuple[tuple, float]]] = {v: {} for v in g.nodes}
+    edges: dict[tuple[float, float], list] = {}
+    direct, min_latency = direct_figures(n), math.inf
+    for u, v, data in graph.edges(data=True):
+        if u == v:
+            raise MeshError(f"topology has a self-loop on node {u!r}")
+        if "latency" not in data or "bandwidth" not in data:
+            raise MeshError(f"topology edge ({u!r}, {v!r}) needs 'latency' and 'bandwidth' "
+                            f"attributes; got {sorted(data)}")
+        lat, bw = check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
+        edges.setdefault((lat, bw), []).append((u, v))  # no dict per edge: few distinct figures
+        adj[u][v], adj[v][u] = (node_key(v), lat), (node_key(u), lat)
+        min_latency = min(min_latency, lat)
+        if is_device(u) and is_device(v):
+            direct[0][u, v] = direct[0][v, u] = lat
+            direct[1][u, v] = direct[1][v, u] = bw
+    for (lat, bw), pairs in edges.items():
+        g.add_edges_from(pairs, latency=lat, bandwidth=bw)
+    component = nx.node_connected_component(g, 0)
+    missing = [d for d in devices if d not in component]
+    if missing:
+        raise MeshError(f"topology {name or 'graph'} is disconnected: no path between device 0 and "
+                        f"device {missing[0]} (unreachable devices: {missing})")
+    min_latency = 0.0 if min_latency == math.inf else min_latency
+    longer = direct[0] > 2 * min_latency  # a detour may be shorter: route() decides those
+    direct[0][longer] = direct[1][longer] = np.nan
+    return n, g, adj, min_latency, direct
 
 
 @dataclass(frozen=True)

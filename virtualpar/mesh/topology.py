@@ -40,6 +40,7 @@ from virtualpar.mesh.route import (
     gather_figures,
     is_device,
     node_key,
+    routing_tables,
 )
 
 __all__ = [
@@ -63,46 +64,7 @@ class Topology:
     """
 
     def __init__(self, graph: nx.Graph, *, name: str | None = None) -> None:
-        if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
-            raise MeshError(f"a topology needs an undirected networkx.Graph; got {type(graph).__name__}")
-        devices = sorted(n for n in graph.nodes if is_device(n))
-        n = len(devices)
-        if n == 0 or devices != list(range(n)):
-            raise MeshError(f"topology device nodes must be the ints 0..n-1 with n >= 1; got {devices}")
-        others = [v for v in graph.nodes if not is_device(v)]
-        bad = [v for v in others if not isinstance(v, str)]
-        if bad:
-            raise MeshError(f"topology switch nodes must be strings; got {bad!r}")
-        g = nx.Graph()
-        g.add_nodes_from(devices)
-        g.add_nodes_from(sorted(others))
-        # one pass: check and copy the edges; build routing's plain adjacency (in the driver, once)
-        adj: dict[Hashable, dict[Hashable, tuple[tuple, float]]] = {v: {} for v in g.nodes}
-        edges: dict[tuple[float, float], list] = {}
-        direct, min_latency = direct_figures(n), math.inf
-        for u, v, data in graph.edges(data=True):
-            if u == v:
-                raise MeshError(f"topology has a self-loop on node {u!r}")
-            if "latency" not in data or "bandwidth" not in data:
-                raise MeshError(f"topology edge ({u!r}, {v!r}) needs 'latency' and 'bandwidth' "
-                                f"attributes; got {sorted(data)}")
-            lat, bw = check_figures(f"topology edge ({u!r}, {v!r})", data["latency"], data["bandwidth"])
-            edges.setdefault((lat, bw), []).append((u, v))  # no dict per edge: few distinct figures
-            adj[u][v], adj[v][u] = (node_key(v), lat), (node_key(u), lat)
-            min_latency = min(min_latency, lat)
-            if is_device(u) and is_device(v):
-                direct[0][u, v] = direct[0][v, u] = lat
-                direct[1][u, v] = direct[1][v, u] = bw
-        for (lat, bw), pairs in edges.items():
-            g.add_edges_from(pairs, latency=lat, bandwidth=bw)
-        component = nx.node_connected_component(g, 0)
-        missing = [d for d in devices if d not in component]
-        if missing:
-            raise MeshError(f"topology {name or 'graph'} is disconnected: no path between device 0 and "
-                            f"device {missing[0]} (unreachable devices: {missing})")
-        min_latency = 0.0 if min_latency == math.inf else min_latency
-        longer = direct[0] > 2 * min_latency  # a detour may be shorter: route() decides those
-        direct[0][longer] = direct[1][longer] = np.nan
+        n, g, adj, min_latency, direct = routing_tables(graph, name)
         self._set_fields(n, name or f"custom({n})", direct, nx.freeze(g), (adj, min_latency), None)
 
     def _set_fields(self, n: int, name: str, direct: tuple, graph: Any, adj: Any, recipe: Any) -> None:
