@@ -100,7 +100,7 @@ def bench_policy(cluster, kind: str, name: str, shape, repeats: int, bandwidth: 
     for _ in range(repeats):
         cluster.reset_stats()
         t0 = time.perf_counter()
-        out = cluster.execute(op, *acts)
+        cluster.execute(op, *acts)
         walls.append(time.perf_counter() - t0)
     st = cluster.stats()
     cluster.run(_start_log)

@@ -5,7 +5,6 @@ and the Gradescope JSON have the shapes graders read."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from importlib import metadata
 from pathlib import Path

@@ -11,7 +11,6 @@ import pytest
 from virtualpar import nn
 from virtualpar.cli import main
 from virtualpar.commands.train import synthetic_batch
-from virtualpar.parallel import ParallelConfig
 from virtualpar.parallel.costs import zero_memory
 
 

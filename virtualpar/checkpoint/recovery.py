@@ -46,7 +46,7 @@ from ..ops.placement import PlacedOperation
 from .spill import Spill
 from .state import StageState, TrainingState, from_checkpoint, to_shards
 from .record import CommittedHead, RecoveryRecord
-from .store import INDEX, Checkpoint, CheckpointError, write_checkpoint
+from .store import INDEX, Checkpoint, write_checkpoint
 
 __all__ = ["Recoverable", "ResumeError"]
 

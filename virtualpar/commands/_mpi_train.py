@@ -34,7 +34,7 @@ def train_mpi(args: argparse.Namespace, s: dict[str, Any]) -> int:
 
     from ..mpi.device import MPIDevice, collect
     from ..parallel.spmd import SpmdTrainer, assemble
-    from .run import ABORT_GRACE, _unlink_job_segments
+    from ._run_mpi import ABORT_GRACE, _unlink_job_segments
     from ._training import Report, synthetic_batch, weights_l2
 
     cfg = s["cfg"]

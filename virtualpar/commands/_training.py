@@ -58,7 +58,6 @@ def config(args: argparse.Namespace) -> Any:
 def setup(args: argparse.Namespace) -> dict[str, Any]:
     """Everything both drivers need, checked before any device starts."""
     from .. import nn
-    from ..errors import UsageError
     from ..parallel import ParallelTrainer
     from ..runtime.hardware_choice import resolve_hardware
     from ._args import default_hardware

@@ -27,7 +27,7 @@ from ._output import can_draw, table_width
 from ._progress import start_cluster
 from ._run_mpi import MPI_ENV, run_mpi_script, run_under_mpiexec
 # (other commands import these two from here)
-from ._run_mpi import ABORT_GRACE, _unlink_job_segments  # noqa: F401
+from ._run_mpi import ABORT_GRACE
 from ._run_output import print_run
 from ._run_script import cluster_options, load
 

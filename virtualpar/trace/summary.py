@@ -182,9 +182,9 @@ class Summary:
                          f"{format_seconds(self.idle[r]):>10}  {pct:>5.1f}%")
         if self.link_bytes:
             lines.append("links (bytes sent):")
-            for (src, dst), nbytes in sorted(self.link_bytes.items()):
+            for (src, dst), sent in sorted(self.link_bytes.items()):
                 k = self.link_messages[(src, dst)]
-                lines.append(f"  {src} -> {dst}  {format_bytes(nbytes):>10} in {k} "
+                lines.append(f"  {src} -> {dst}  {format_bytes(sent):>10} in {k} "
                              f"message{'s' if k != 1 else ''}")
         path = self.critical_path
         lines.append(f"critical path: {format_seconds(self.critical_path_length)} "
