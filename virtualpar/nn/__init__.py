@@ -2,7 +2,8 @@
 
 Transformers: ``MultiHeadAttention`` (its math in :mod:`.attention`, whole and blockwise), ``MLP``,
 ``SwiGLU``, ``RMSNorm``, ``TransformerBlock`` and ``GPT`` (:mod:`.transformer`, :mod:`.gpt`), with
-dropout that every sharding draws alike (:mod:`.dropout`).
+dropout that every sharding draws alike (:mod:`.dropout`), and index lookups that keep indices,
+not values, for the backward (:mod:`.lookup`).
 
 Pure (no processes).  Every later layer — tensor-parallel operations, pipeline stages, the unified
 strategies, timeline parallelism — builds models from these modules, differentiates them with
@@ -19,6 +20,7 @@ from .dropout import DropoutMasks, dropout
 from .functional import VJP, functional_call, value_and_grad, vjp
 from .layers import Embedding, Linear, Sequential
 from .losses import cross_entropy, mse_loss
+from .lookup import pick, rows_of
 from .module import Module, ShapeError
 from .gpt import GPT, PRESETS, LMHead
 from .norm import LayerNorm, RMSNorm
@@ -36,5 +38,5 @@ __all__ = [
     "MultiHeadAttention", "MLP", "SwiGLU", "TransformerBlock", "GPT", "LMHead", "PRESETS", "qkv_heads",
     "swiglu_hidden", "scaled_dot_product_attention", "attention_block_update", "attention_init",
     "attention_finish", "merge_attention_states", "AttentionState", "causal_mask", "split_heads",
-    "merge_heads", "DropoutMasks", "dropout",
+    "merge_heads", "DropoutMasks", "dropout", "pick", "rows_of",
 ]

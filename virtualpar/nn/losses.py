@@ -16,6 +16,7 @@ import numpy as np
 from autograd.extend import defvjp, notrace_primitive, primitive
 
 from ..errors import UsageError
+from .lookup import pick
 
 __all__ = ["mse_loss", "cross_entropy"]
 
@@ -69,7 +70,6 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
         raise UsageError(f"cross_entropy: logits of shape {shape} need labels of shape {shape[:-1]}, got "
                          f"{labels.shape}")
     classes = shape[-1]
-    flat = anp.reshape(logits, (-1, classes))
     rows = labels.reshape(-1)
     if mask is None:
         keep = np.ones(rows.shape, bool)
@@ -85,10 +85,14 @@ def cross_entropy(logits: Any, labels: Any, mask: Any = None) -> Any:
                          f"{used.min()}..{used.max()}")
     count = int(keep.sum())
     if count == 0:
-        return anp.sum(flat) * 0.0
-    picked = flat if mask is None else flat[keep]  # no copy (nor its scatter back) without a mask
+        return anp.sum(logits) * 0.0
+    # without a mask the logits are used as they are: a reshape or a row selection would keep them
+    if mask is None:
+        picked = logits
+    else:
+        picked, labels = anp.reshape(logits, (-1, classes))[keep], rows[keep]
     shift = _row_max(picked)  # a constant to autograd: log-softmax does not depend on the shift
     z = picked - shift
-    logsumexp = anp.log(anp.sum(anp.exp(z), axis=1))
-    chosen = z[np.arange(count), rows[keep]]
+    logsumexp = anp.log(anp.sum(anp.exp(z), axis=-1))
+    chosen = pick(z, labels)  # keeps the labels for the backward, not the logits
     return anp.sum(logsumexp - chosen) / count

@@ -119,10 +119,9 @@ def embed(c: Ctx, P: dict, tokens: np.ndarray) -> Any:
         rows = np.shape(W)[0]
         v0 = c.tp_rank * rows
         mine = (tokens >= v0) & (tokens < v0 + rows)
-        e = W[np.where(mine, tokens - v0, 0)] * mine[..., None].astype(W.dtype)
-        e = c.leave(e)
+        e = c.leave(nn.rows_of(W, np.where(mine, tokens - v0, -1)))  # -1: another rank's id, a zero row
     else:
-        e = W[tokens]
+        e = nn.rows_of(W, tokens)
     s_cp = np.shape(tokens)[1]
     s_loc = np.shape(e)[1]
     start = c.cp_rank * s_cp + (c.tp_rank * s_loc if c.sp else 0)
@@ -181,17 +180,15 @@ def final_loss(c: Ctx, P: dict, x: Any, targets: np.ndarray) -> Any:
     z = c.linear_in(_norm(c.skeleton.norm, P, "norm.", x), [(W, None)])[0]
     z = z - _row_max(z, c.dev, c.tp)
     sumexp = anp.sum(anp.exp(z), axis=-1)
-    b, s, vl = np.shape(z)
-    flat = anp.reshape(z, (b * s, vl))
-    ids = targets.reshape(-1)
+    vl = np.shape(z)[-1]
     if c.tp > 1:
         v0 = c.tp_rank * vl
-        mine = (ids >= v0) & (ids < v0 + vl)
-        picked = flat[np.arange(b * s), np.where(mine, ids - v0, 0)] * mine.astype(z.dtype)
+        mine = (targets >= v0) & (targets < v0 + vl)
+        picked = nn.pick(z, np.where(mine, targets - v0, -1))  # -1: another rank's class, 0
         sumexp, picked = ad.g(sumexp, c.dev, "tp"), ad.g(picked, c.dev, "tp")
     else:
-        picked = flat[np.arange(b * s), ids]
-    loss = anp.sum(anp.log(anp.reshape(sumexp, (-1,))) - picked) / (b * s * c.cp)
+        picked = nn.pick(z, targets)
+    loss = anp.sum(anp.log(sumexp) - picked) / (np.size(targets) * c.cp)
     if c.cp > 1:  # a 1-vector through the collective: the runtime reduces arrays, not scalars
         loss = anp.sum(ad.g(anp.reshape(loss, (1,)), c.dev, "cp"))
     return loss
