@@ -12,8 +12,8 @@ import pytest
 
 from virtualpar import VirtualCluster, nn
 from virtualpar.parallel import ParallelConfig, ParallelTrainer
-from virtualpar.parallel.costs import (bubble_fraction, dp_bytes, megatron_activation_bytes,
-                                       mfu, model_flops, tp_bytes, zero_memory)
+from virtualpar.parallel.costs import (bubble_fraction, dp_bytes, head_activation_bytes,
+                                       megatron_activation_bytes, mfu, model_flops, tp_bytes, zero_memory)
 from virtualpar.sim import Hardware
 from virtualpar.sim.hardware import DeviceSpec
 
@@ -174,6 +174,21 @@ def test_without_dropout_there_are_no_masks_and_the_probabilities_are_the_softma
     assert per_layer_activations(**kw) == want
     if kw == {}:
         assert want == 163840 == ITEM * (16 * 1024 + 2 * 2048)
+
+
+@pytest.mark.parametrize("kw", TP_SP)
+def test_the_ends_keep_the_head_s_form_and_the_embedding_nothing(kw):
+    """A 2-stage pipeline of one layer a stage: stage 0 keeps its layer and nothing for the
+    embedding (ids only); stage 1 its layer and the output end, e·s·b·(2h/t_sp + v/t + 1).  By hand
+    for s=8, b=8, h=16, v=32, 8-byte values, no tp: 8·64·(32 + 32 + 1) = 33280 bytes."""
+    t, sp = kw.get("tp", 1), kw.get("sequence_parallel", False)
+    layer = megatron_activation_bytes(8, 8, 16, 4, t=t, sp=sp, bytes_per=ITEM, dropout=False)
+    _, _, ledger = run(ParallelConfig(pp=2, schedule="gpipe", **kw), steps=1)
+    kept = {s: a for dev in ledger for s, a in dev["stage_activations"].items()}
+    assert kept[0] == layer
+    assert kept[1] - layer == head_activation_bytes(8, 8, 16, 32, t=t, sp=sp, bytes_per=ITEM)
+    if kw == {}:
+        assert kept[1] - layer == 33280 == ITEM * 64 * (32 + 32 + 1)
 
 
 def test_the_form_is_the_paper_s_at_16_bits_and_the_masks_are_its_dropout_part():

@@ -46,8 +46,8 @@ def test_the_modelled_step_is_the_executed_run_s_modelled_clock(cfg):
     assert got.step_time == pytest.approx(want, rel=1e-6)
     forms = device_memory(gpt(), cfg, 8, 16, 4)
     for r, dev in enumerate(ledgers):
-        for kind in ("params", "grads", "optimizer"):
-            assert dev[kind] == forms[cfg.mesh().index(r).pp][kind]
+        for kind in ("params", "grads", "optimizer", "activations"):
+            assert dev[kind] == forms[cfg.mesh().index(r).pp][kind], kind
 
 
 @pytest.mark.parametrize("cfg", [C(tp=2, dp=2, sequence_parallel=True), C(tp=2, cp=2),

@@ -142,7 +142,8 @@ class Report:
         print(f"\nmemory per device: measured on the device, against the closed forms (ZeRO: (P + G + K)·Ψ "
               f"by stage; Megatron: s·b·h·(34 + 5as/h) per layer at 2-byte activations and 1-byte "
               f"masks, here {itemsize}-byte ones{'' if model_dropout else ' and no dropout'}, divided as "
-              f"TP/SP divide it, × layers × the schedule's microbatches in flight); capacity "
+              f"TP/SP divide it, × layers, + the output end e·s·b·(2h + v/t + 1) on the head's stage, × the "
+              f"schedule's microbatches in flight); capacity "
               f"{nbytes(s['capacity'])} per device")
         print(table(["device", "dp,pp,cp,tp", "params", "grads", "optimizer", "P+G+K", "ZeRO form",
                      "activations", "Megatron form"], body, width=self.args.width))

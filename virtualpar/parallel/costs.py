@@ -31,6 +31,11 @@ sequence length, h = d_model, a = heads, t = tp, L = layers, Ψ = parameters (el
   values of e bytes and masks of one: s·b·h·(16·e + 2 + (2·e + 1)·a·s/h), the paper's at e = 2
   (:func:`megatron_activation_bytes`).  Without dropout (``GPT(dropout=0)``, the default) there
   are no masks and P·V reads the softmax's output: s·b·h·(16·e + 2·e·a·s/h).
+- **The ends** (the paper's §4.3, which it then neglects): the token embedding keeps nothing but
+  the ids (no embedding dropout here); the output end keeps the final norm's input and the head's
+  (e·sbh each, /t with SP), the shifted logits' exponentials (e·sbv/t: Megatron's softmax, which it
+  keeps in 32 bits, "4sbv/t") and the per-token sum of exponentials (e·sb), once per stage that
+  holds the head (:func:`head_activation_bytes`).
 - **Bubble**: (p−1)/(v·m + p−1) for p stages of v chunks each and m microbatches (1F1B, GPipe, interleaved).
 - **MFU**: model FLOPs (3 × the forward's ``flops_per_token`` per token) per second over the devices' peak.
 """
@@ -41,8 +46,8 @@ from typing import Any
 
 from .config import ParallelConfig
 
-__all__ = ["tp_bytes", "dp_bytes", "zero_memory", "megatron_activation_bytes", "bubble_fraction", "mfu",
-           "model_flops"]
+__all__ = ["tp_bytes", "dp_bytes", "zero_memory", "megatron_activation_bytes", "head_activation_bytes",
+           "bubble_fraction", "mfu", "model_flops"]
 
 
 def _ring(n: int) -> float:
@@ -116,6 +121,15 @@ def megatron_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bo
     shared, split, scores = 4.0 * e + 2.0 * m, 12.0 * e, (2.0 * e + m) * a * s / h
     per = (shared + split + scores) / t if sp else shared + (split + scores) / t
     return s * b * h * per
+
+
+def head_activation_bytes(s: int, b: int, h: int, v: int, t: int = 1, sp: bool = False,
+                          bytes_per: int = 2) -> float:
+    """Bytes one microbatch's output end keeps for its backward: the final norm's input and the
+    head's input (s·b·h each, /t with SP), the exponentials of the logits (s·b·v/t, the vocabulary
+    split over tp) and the per-token sum of them (s·b) — ``e·s·b·(2h/t_sp + v/t + 1)``.  The target
+    logit is picked by index (:func:`virtualpar.nn.pick`), so no copy of the logits is kept."""
+    return float(bytes_per * s * b * (2 * h / (t if sp else 1) + v / t + 1))
 
 
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:

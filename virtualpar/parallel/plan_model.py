@@ -25,8 +25,9 @@ collective's time is :mod:`virtualpar.sim.analytic`'s (``ring_all_reduce``, ``ri
   and 3.
 - **Memory** per pipeline rank: ZeRO's (P + G + K)·Ψ/… (:func:`.costs.zero_memory`) + Megatron's
   activations per layer, with dropout's masks if the model drops out, as the devices keep them
-  (:func:`.costs.megatron_activation_bytes`) × its layers × the microbatches the
-  schedule keeps in flight (the simulator's ``peak_activations``).
+  (:func:`.costs.megatron_activation_bytes`) × its layers, plus the output end's on the head's
+  stage (:func:`.costs.head_activation_bytes`), × the microbatches the schedule keeps in flight (the
+  simulator's ``peak_activations``).
 
 The figures are the same closed forms :mod:`.costs` checks against executed runs; the ranking is
 confirmed on the modelled clock of real runs by ``virtualpar plan --confirm`` and the tests.
@@ -42,7 +43,7 @@ from typing import Any
 from ..pipeline import build, simulate, validate
 from ..sim.analytic import p2p, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .config import ParallelConfig
-from .costs import megatron_activation_bytes, model_flops, zero_memory
+from .costs import head_activation_bytes, megatron_activation_bytes, model_flops, zero_memory
 from .layout import stage_units
 from .plan_dp import dp_after, last_backwards, overlapped
 
@@ -153,7 +154,8 @@ def device_memory(model: Any, cfg: ParallelConfig, batch: int, seq: int, itemsiz
                   optimizer_bytes: int | None = None) -> list[dict[str, float]]:
     """Per pipeline rank, the closed-form bytes of one device: ``params``, ``grads``, ``optimizer``
     (ZeRO by stage; Adam's 2 moments by default), ``activations`` (Megatron's per-layer form × its
-    layers × the schedule's microbatches in flight) and ``total``."""
+    layers, plus the output end's on the head's stage, × the schedule's microbatches in flight) and
+    ``total``."""
     units = _units(model, cfg.stages, cfg.tp, 1 if cfg.zero == 0 else cfg.dp)
     _, placement = _schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
     peaks = _peaks(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
@@ -161,14 +163,17 @@ def device_memory(model: Any, cfg: ParallelConfig, batch: int, seq: int, itemsiz
     per_layer = megatron_activation_bytes(seq // cfg.cp, b, model.d_model, model.n_heads, cfg.tp,
                                           cfg.sequence_parallel, cfg.recompute, itemsize,
                                           dropout=bool(getattr(model, "dropout", 0.0)))
+    head = head_activation_bytes(seq // cfg.cp, b, model.d_model, model.vocab, cfg.tp, cfg.sequence_parallel,
+                                 itemsize)
     kbytes = 2 * itemsize if optimizer_bytes is None else optimizer_bytes
     out = []
     for prank in range(cfg.pp):
         stages = placement.stages_of(prank)
         psi = sum(u.padded for s in stages for u in units[s])
         mem = zero_memory(psi, cfg.dp, cfg.zero, itemsize, kbytes)
-        layers = {s: sum(u.name.startswith("blocks.") for u in units[s]) for s in stages}
-        mem["activations"] = float(sum(peaks[s] * layers[s] * per_layer for s in stages))
+        kept = {s: sum(per_layer if u.name.startswith("blocks.") else head if u.name == "final" else 0.0
+                       for u in units[s]) for s in stages}
+        mem["activations"] = float(sum(peaks[s] * kept[s] for s in stages))
         mem["total"] = sum(mem.values())
         out.append(mem)
     return out
