@@ -15,6 +15,7 @@ from autograd.extend import defvjp, primitive
 from ..errors import UsageError
 from ..kernels import matmul_backward_flops, matmul_flops
 from .init import check_dtype, check_size, uniform
+from .lookup import rows_of
 from .module import Module, ShapeError, check_input
 
 __all__ = ["Linear", "Embedding", "Sequential", "affine"]
@@ -99,7 +100,7 @@ class Embedding(Module):
             raise ShapeError(
                 f"{self!r}: ids must lie in 0..{self.num_embeddings - 1}, got {ids.min()}..{ids.max()}"
             )
-        return self.weight[ids]
+        return rows_of(self.weight, ids)  # the gradient of autograd's weight[ids], keeping only ids
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
