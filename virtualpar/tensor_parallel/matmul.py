@@ -122,20 +122,16 @@ class MatMulShardingPolicy:
     def named(cls, name: str, mesh: Any, **roles: Any) -> "MatMulShardingPolicy":
         """The policy ``name``; roles not given default to the mesh's axes (see ``_default_roles``)."""
         if name not in MATMUL_POLICIES:
-            raise ShardingError(
-                f"unknown MatMul policy {name!r}; expected one of {sorted(MATMUL_POLICIES)}", policy=name
-            )
+            raise ShardingError(f"unknown MatMul policy {name!r}; expected one of {sorted(MATMUL_POLICIES)}",
+                                policy=name)
         if not hasattr(mesh, "axis_names"):
-            raise ShardingError(
-                f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} {mesh!r}",
-                policy=name,
-            )
+            raise ShardingError(f"policy {name!r} needs a Mesh (for its axes), got {type(mesh).__name__} "
+                                f"{mesh!r}", policy=name)
         needed = MATMUL_POLICIES[name][0]
         unknown = sorted(set(roles) - set(needed))
         if unknown:
-            raise ShardingError(
-                f"policy {name!r} takes roles {needed}, got unexpected {unknown}", policy=name
-            )
+            raise ShardingError(f"policy {name!r} takes roles {needed}, got unexpected {unknown}",
+                                policy=name)
         full = _default_roles(name, tuple(mesh.axis_names)) if set(roles) != set(needed) else {}
         full.update(role_axes(name, roles))
         for role in needed:
@@ -154,38 +150,18 @@ class MatMulShardingPolicy:
         """The policy that takes A in layout ``a`` and B in ``b`` (text like ``"[R, S(x)]"`` is
         parsed); with ``name``, a ShardingError unless that policy is the one these layouts mean."""
         a, b = as_sharding(a).axes, as_sharding(b).axes
-        if len(a) != 2 or len(b) != 2:
-            raise ShardingError(
-                f"a MatMul takes 2-d layouts for A (m, k) and B (k, n); got A{format_layout(a)} "
-                f"B{format_layout(b)}",
-                a=format_layout(a),
-                b=format_layout(b),
-            )
-        found = infer_matmul_policy(a, b)
+        found = infer_matmul_policy(a, b)  # (refuses layouts that are not 2-d)
         if name is None or name == found.name or (name == "row" and found.name == "matched_inner"):
             return found if name is None else cls(name, found.roles)
-        want = (
-            MATMUL_POLICIES[name][2](
-                {
-                    role: ("K",) if role.startswith("k") else (role.upper(),)
-                    for role in MATMUL_POLICIES[name][0]
-                }
-            )
-            if name in MATMUL_POLICIES
-            else None
-        )
-        expected = (
-            f"A{format_layout(want[0])} B{format_layout(want[1])}"
-            if want
-            else f"one of {sorted(MATMUL_POLICIES)}"
-        )
-        raise ShardingError(
-            f"policy {name!r} expects {expected}; received A{format_layout(a)} B{format_layout(b)}, "
-            f"which is {found.name}",
-            policy=name,
-            a=format_layout(a),
-            b=format_layout(b),
-        )
+        if name in MATMUL_POLICIES:
+            roles, _, axes_of = MATMUL_POLICIES[name]
+            want = axes_of({role: ("K",) if role.startswith("k") else (role.upper(),) for role in roles})
+            expected = f"A{format_layout(want[0])} B{format_layout(want[1])}"
+        else:
+            expected = f"one of {sorted(MATMUL_POLICIES)}"
+        raise ShardingError(f"policy {name!r} expects {expected}; received A{format_layout(a)} "
+                            f"B{format_layout(b)}, which is {found.name}", policy=name, a=format_layout(a),
+                            b=format_layout(b))
 
     @property
     def role_axes(self) -> dict[str, tuple[str, ...]]:
