@@ -14,7 +14,8 @@ and later calls raise ``ClusterClosedError``.
 This module is the public API; the mechanism lives in one module per concept:
 
 - :mod:`.startup`: processes, pipes, doorbells and the start-up handshake;
-- :mod:`.supervisor`: collecting replies, aborts, the grace, killing the stuck, the root cause;
+- :mod:`.supervisor`: collecting replies, aborts, the grace, killing the stuck; :mod:`.round`: what
+  a round brought and its root cause;
 - :mod:`.control`: commands, and the two ends of a failure (reset, fatal shutdown);
 - :mod:`.host_link`: ``put`` / ``get`` over the host channel;
 - :mod:`.worker`: the device side of all of the above.
@@ -35,7 +36,8 @@ from ..mesh import Mesh
 from ..transport.shm import Layout, SharedArena
 from . import host_link
 from .capacity import check_capacity
-from .config import ClusterConfig, check_fault, check_options, check_sizes
+from .config import (DEFAULT_SCRATCH_BYTES, ClusterConfig, check_fault, check_options, check_sizes,
+                     default_ring_bytes)
 from .control import ClusterControl
 from .fence_kinds import fence_kinds
 from .hardware_choice import resolve_hardware
@@ -50,13 +52,6 @@ __all__ = ["VirtualCluster", "START_METHODS"]
 
 
 START_METHODS = ("fork", "forkserver", "spawn")
-DEFAULT_SCRATCH_BYTES = 4 << 20
-
-
-def _default_ring_bytes(n: int) -> int:
-    """Ring size per directed channel: larger rings for small clusters (fewer chunks in flight)."""
-    return 4 << 20 if n <= 4 else 2 << 20 if n <= 8 else 1 << 20
-
 
 _created = 0  # clusters this process has begun to start
 
@@ -129,7 +124,7 @@ class VirtualCluster:
         check_options(timeout, run_timeout, eager_limit, shuffle)
         self.mesh = as_mesh(mesh)
         self.size = n = self.mesh.size
-        self.layout = Layout(n, ring_bytes or _default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
+        self.layout = Layout(n, ring_bytes or default_ring_bytes(n), scratch_bytes, fence_kinds(self.mesh))
         check_capacity(self.layout)  # before anything is allocated, or any topology of n devices built
         self.start_method = start_method
         self.abort_grace = abort_grace

@@ -7,8 +7,8 @@ from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["ClusterConfig", "check_sizes", "check_fault", "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE",
-           "TAG_HOST", "FAULT_ACTIONS"]
+__all__ = ["ClusterConfig", "check_sizes", "check_fault", "default_ring_bytes", "DEFAULT_SCRATCH_BYTES",
+           "TAG_FINGERPRINT", "TAG_VERDICT", "TAG_COLLECTIVE", "TAG_HOST", "FAULT_ACTIONS"]
 
 # User tags are >= 0; the runtime's own traffic uses negative tags so it can never be confused
 # with (or steal) a user's message.
@@ -63,6 +63,14 @@ class ClusterConfig:
     shuffle: int | None = None  # shuffled mode: the seed of every device's pauses
     bind: bool = True  # devices bound to their own share of the cores
     start_line: bool = True  # a run's devices begin together
+
+
+DEFAULT_SCRATCH_BYTES = 4 << 20  # per device, for the shared-memory collectives
+
+
+def default_ring_bytes(n: int) -> int:
+    """Ring size per directed channel: larger rings for small clusters (fewer chunks in flight)."""
+    return 4 << 20 if n <= 4 else 2 << 20 if n <= 8 else 1 << 20
 
 
 def check_sizes(ring_bytes: Any, scratch_bytes: Any, abort_grace: Any) -> None:

@@ -100,10 +100,8 @@ class ClusterControl:
         """Send a command whose reply is taken later, by the next reply read from ``rank``."""
         try:
             self.send(rank, msg, what)
-        except VirtualParError:
-            raise
         except BaseException as exc:  # sent or not, nobody knows now: the replies could be a round off
-            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
+            self._interrupted(exc, what)
             raise
         self.posted.setdefault(rank, []).append(what)
 
@@ -138,23 +136,17 @@ class ClusterControl:
         except DeviceDied as died:
             self.fatal_shutdown(str(died))
             raise
-        except VirtualParError:
-            raise
         except BaseException as exc:  # a reply half read (a signal handler's exception): the pipe is off
-            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
+            self._interrupted(exc, what)
             raise
 
-    def broadcast(self, msg: tuple, what: str, run_timeout: float | None = None,
+    def broadcast(self, msg: tuple | None, what: str, run_timeout: float | None = None,
                   check_unmatched: bool = True) -> list[Any]:
         """Send ``msg`` to every device; their replies in rank order, or the root cause of a failure.
+        ``msg`` None: no command, the replies to the warm-up, which start-up sent.
 
         ``run_timeout``: seconds the whole round may take from now (None: no limit).
         """
-        return self._round(msg, what, run_timeout, check_unmatched)
-
-    def _round(self, msg: tuple | None, what: str, run_timeout: float | None = None,
-               check_unmatched: bool = True) -> list[Any]:
-        """``broadcast``; with ``msg`` None, the replies to the warm-up instead."""
         earlier: BaseException | None = None
         # one guard from the first send to the last reply: a gap would leave later replies a round behind
         try:
@@ -190,11 +182,11 @@ class ClusterControl:
         return got.results
 
     def _interrupted(self, exc: BaseException, what: str) -> None:
-        """Shut down for an outside exception (Ctrl-C, a signal handler's) amid sends and replies."""
-        if isinstance(exc, KeyboardInterrupt):
-            self.fatal_shutdown("interrupted by Ctrl-C")
-        elif not isinstance(exc, VirtualParError):
-            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}: {exc}")
+        """Shut down for an outside exception (Ctrl-C, a signal handler's) amid sends and replies:
+        the pipes may be a reply off.  virtualpar's own errors were handled where they arose."""
+        if not isinstance(exc, VirtualParError):
+            how = f": {exc}" if str(exc) else " (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else ""
+            self.fatal_shutdown(f"{what} was interrupted in the driver by {type(exc).__name__}{how}")
 
     # -- the warm-up (runtime/warmup.py) ------------------------------------------------------------
     def start_warm_up(self) -> None:
@@ -211,7 +203,7 @@ class ClusterControl:
         """Wait for the warm-up, then zero the traffic counters and modelled clocks it moved; a
         failure says it was the warm-up's (the devices' errors name its ops)."""
         try:
-            self._round(None, "the warm-up")
+            self.broadcast(None, "the warm-up")
         except VirtualParError as exc:
             raise exc.replace("the cluster's start-up warm-up failed, before any call "
                               "of yours (VirtualCluster("
